@@ -1,0 +1,3 @@
+from forensics.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The ``forensics`` command: parse, call the library, render. Nothing else lives here.
+
+Each command is a module of this package with ``register(subparsers)``; the module sets ``func`` on its parser.
+Modules are discovered, so adding a command touches one file. Bad input (:class:`ForensicsError`) becomes one line
+on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from forensics import __version__
+from forensics.errors import ForensicsError
+
+#: The order commands are listed in ``forensics --help``; a discovered module not named here comes last.
+ORDER = ["demo", "audit", "ingest", "tag", "buckets", "whatif", "check_plan", "validate"]
+_HELPERS = {"common"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forensics",
+        description="Why did the training loss spike? Joins step metrics to the batch plan, finds spikes and "
+        "oscillation, and names the bucket, cluster, batch and samples behind them.",
+        epilog="Start with:  forensics demo && forensics audit forensics-demo/static",
+    )
+    parser.add_argument("--version", action="version", version=f"forensics {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    names = [m.name for m in pkgutil.iter_modules(__path__) if m.name not in _HELPERS and not m.name.startswith("_")]
+    names.sort(key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+    for name in names:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ForensicsError as exc:
+        print(f"forensics: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("forensics: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,1 @@
+"""The detect stage: rules that turn metrics and tags into findings (spikes, oscillation, recurrence, ...)."""

@@ -1,0 +1,148 @@
+"""The reference batch builders of the story, each ``builder(samples, epoch, seed) -> list[list[sample_id]]``.
+
+All four pack greedily under the same rule so that only the *order* they feed to the packer differs: a batch is
+closed when one more sample would push ``batch_size * longest`` over ``token_budget`` (padding to the batch's longest
+sample) or the batch would exceed ``max_batch_size``. Lengths are capped at ``max_len`` first (truncation).
+
+- :func:`static_sorted` is the story's ``build_batches``: sort by length once, pack once, and each epoch only
+  shuffle the order of the batches. The same samples are batch-mates in every epoch: the bug this tool exists for.
+- :func:`shuffle_then_sort` shuffles and then applies the same *stable* sort: only ties between equal lengths move.
+- :func:`bucketed_shuffle` is the story's fix: rebuild every epoch, shuffling inside length buckets.
+- :func:`random_shuffle` shuffles everything: fresh composition, much more padding.
+
+Every builder is a pure function of (samples, epoch, seed): the random generator is seeded with ``(seed, epoch)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from forensics.plan.buckets import bucket_index
+from forensics.schema import DEFAULT_BOUNDARIES, MAX_BATCH_SIZE, MAX_LEN, N_TOKENS, SAMPLE_ID, TOKEN_BUDGET
+
+Builder = Callable[..., list[list[int]]]
+
+
+def _rng(seed: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng([int(seed), int(epoch)])
+
+
+def capped_lengths(samples: pd.DataFrame, max_len: int = MAX_LEN) -> np.ndarray:
+    """Sample lengths as the trainer sees them: truncated at ``max_len``."""
+    return np.minimum(samples[N_TOKENS].to_numpy(np.int64), max_len)
+
+
+def pack_greedy(
+    order: np.ndarray,
+    lengths: np.ndarray,
+    token_budget: int = TOKEN_BUDGET,
+    max_batch_size: int = MAX_BATCH_SIZE,
+) -> list[np.ndarray]:
+    """Split positions ``order`` into consecutive batches under the padded-token budget and the size limit.
+
+    Returns arrays of positions (indices into ``lengths``). A sample longer than the budget gets a batch of its own.
+    """
+    order = np.asarray(order, dtype=np.int64)
+    lens = lengths[order].tolist()
+    cuts = []
+    size = 0
+    longest = 0
+    for i, n in enumerate(lens):
+        new_longest = n if n > longest else longest
+        if size and (size + 1 > max_batch_size or (size + 1) * new_longest > token_budget):
+            cuts.append(i)
+            size, longest = 1, n
+        else:
+            size += 1
+            longest = new_longest
+    return np.split(order, cuts) if len(order) else []
+
+
+def _to_ids(samples: pd.DataFrame, batches: list[np.ndarray]) -> list[list[int]]:
+    ids = samples[SAMPLE_ID].to_numpy(np.int64)
+    return [ids[b].tolist() for b in batches]
+
+
+def static_sorted(
+    samples: pd.DataFrame,
+    epoch: int,
+    seed: int = 0,
+    *,
+    token_budget: int = TOKEN_BUDGET,
+    max_len: int = MAX_LEN,
+    max_batch_size: int = MAX_BATCH_SIZE,
+) -> list[list[int]]:
+    """The story's ``build_batches``: sort by length, pack once; each epoch only the batch order is shuffled."""
+    lengths = capped_lengths(samples, max_len)
+    order = np.argsort(lengths, kind="stable")
+    batches = pack_greedy(order, lengths, token_budget, max_batch_size)
+    perm = _rng(seed, epoch).permutation(len(batches))
+    return _to_ids(samples, [batches[i] for i in perm])
+
+
+def shuffle_then_sort(
+    samples: pd.DataFrame,
+    epoch: int,
+    seed: int = 0,
+    *,
+    token_budget: int = TOKEN_BUDGET,
+    max_len: int = MAX_LEN,
+    max_batch_size: int = MAX_BATCH_SIZE,
+) -> list[list[int]]:
+    """The story's Option 3: shuffle samples, then the same stable sort and packing; only ties move."""
+    rng = _rng(seed, epoch)
+    lengths = capped_lengths(samples, max_len)
+    shuffled = rng.permutation(len(lengths))
+    order = shuffled[np.argsort(lengths[shuffled], kind="stable")]
+    batches = pack_greedy(order, lengths, token_budget, max_batch_size)
+    perm = rng.permutation(len(batches))
+    return _to_ids(samples, [batches[i] for i in perm])
+
+
+def bucketed_shuffle(
+    samples: pd.DataFrame,
+    epoch: int,
+    seed: int = 0,
+    *,
+    boundaries: Sequence[int] = DEFAULT_BOUNDARIES,
+    token_budget: int = TOKEN_BUDGET,
+    max_len: int = MAX_LEN,
+    max_batch_size: int = MAX_BATCH_SIZE,
+) -> list[list[int]]:
+    """The story's fix: each epoch, shuffle inside each length bucket, pack each bucket, shuffle the batch order."""
+    rng = _rng(seed, epoch)
+    lengths = capped_lengths(samples, max_len)
+    buckets = bucket_index(lengths, boundaries)
+    batches: list[np.ndarray] = []
+    for k in range(len(boundaries) - 1):
+        members = np.flatnonzero(buckets == k)
+        if len(members):
+            batches.extend(pack_greedy(rng.permutation(members), lengths, token_budget, max_batch_size))
+    perm = rng.permutation(len(batches))
+    return _to_ids(samples, [batches[i] for i in perm])
+
+
+def random_shuffle(
+    samples: pd.DataFrame,
+    epoch: int,
+    seed: int = 0,
+    *,
+    token_budget: int = TOKEN_BUDGET,
+    max_len: int = MAX_LEN,
+    max_batch_size: int = MAX_BATCH_SIZE,
+) -> list[list[int]]:
+    """A full shuffle packed in that order: composition changes every epoch, padding grows."""
+    lengths = capped_lengths(samples, max_len)
+    order = _rng(seed, epoch).permutation(len(lengths))
+    return _to_ids(samples, pack_greedy(order, lengths, token_budget, max_batch_size))
+
+
+REFERENCE_BUILDERS: dict[str, Builder] = {
+    "static_sorted": static_sorted,
+    "shuffle_then_sort": shuffle_then_sort,
+    "bucketed_shuffle": bucketed_shuffle,
+    "random_shuffle": random_shuffle,
+}

@@ -1,0 +1,490 @@
+"""The tables every stage speaks (metrics, samples, plan), the case folder and ``run.toml``.
+
+This module owns the column names and validates input once, at the boundary: after ``load_*`` a table has the
+documented dtypes, and no other module re-checks them. Bad input raises :class:`~forensics.errors.ForensicsError`
+(one sentence: file, column, a few offending values). Data quirks of real runs are kept and returned as warnings.
+
+Tables (see DESIGN.md):
+- **metrics**: ``step`` int64, unique and sorted; any number of float64 metric columns named as logged;
+  optional ``_timestamp``. NaN and inf are values, never dropped.
+- **samples**: ``sample_id`` int64 unique, ``n_tokens`` int32; optional ``text``, ``source``, ``cluster``,
+  ``token_ids``.
+- **plan**: ``sample_id`` int64 and either ``step`` or (``epoch``, ``batch_id``); optional ``micro``, ``rank``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from forensics.errors import ForensicsError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+# --- column names -------------------------------------------------------------------------------------------------
+STEP = "step"
+TIMESTAMP = "_timestamp"
+SAMPLE_ID = "sample_id"
+N_TOKENS = "n_tokens"
+TEXT = "text"
+SOURCE = "source"
+CLUSTER = "cluster"
+TOKEN_IDS = "token_ids"
+EPOCH = "epoch"
+BATCH_ID = "batch_id"
+MICRO = "micro"
+RANK = "rank"
+
+PLAN_INT_COLUMNS = (STEP, SAMPLE_ID, EPOCH, BATCH_ID, MICRO, RANK)
+
+#: Loss keys tried in this order when none is given (DESIGN.md Conventions).
+LOSS_KEYS = ("train/loss", "loss", "train_loss", "lm loss", "lm_loss")
+
+# --- defaults of the story (DESIGN.md Conventions) ----------------------------------------------------------------
+DEFAULT_BOUNDARIES: tuple[int, ...] = (0, 770, 1216, 1728, 2432, 3296, 8192)
+MAX_LEN = 8192
+MAX_BATCH_SIZE = 64
+#: The story names no budget; 16,384 padded tokens per batch reproduces its ~40% random/sorted throughput.
+TOKEN_BUDGET = 16_384
+RANK_SPLITS = ("round_robin", "per_rank")
+
+_FEW = 5  # offending values quoted in an error message
+
+
+# --- reading files ------------------------------------------------------------------------------------------------
+def read_table(path: str | Path, what: str) -> pd.DataFrame:
+    """Read a Parquet, CSV or JSONL table; a missing or unreadable file is bad input."""
+    path = Path(path)
+    if not path.exists():
+        raise ForensicsError(f"{what} file {path} does not exist")
+    if path.is_dir():
+        parts = sorted(path.glob("*.parquet"))
+        if not parts:
+            raise ForensicsError(f"{what} folder {path} holds no .parquet parts")
+        return pd.concat([read_table(p, what) for p in parts], ignore_index=True)
+    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    try:
+        if suffix in (".parquet", ".pq"):
+            return pd.read_parquet(path)
+        if suffix in (".csv", ".csv.gz"):
+            return pd.read_csv(path)
+        if suffix in (".jsonl", ".json", ".jsonl.gz", ".ndjson"):
+            return pd.read_json(path, lines=suffix != ".json")
+    except (OSError, ValueError) as exc:
+        raise ForensicsError(f"{what} file {path} could not be read: {_first_line(exc)}") from exc
+    except Exception as exc:  # pyarrow raises its own types for corrupt files
+        raise ForensicsError(f"{what} file {path} could not be read: {_first_line(exc)}") from exc
+    raise ForensicsError(f"{what} file {path} has an unknown format {suffix!r}; expected .parquet, .csv or .jsonl")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# --- casting without loss -----------------------------------------------------------------------------------------
+def _few(values: Iterable) -> str:
+    vals = list(values)
+    shown = ", ".join(repr(v.item() if isinstance(v, np.generic) else v) for v in vals[:_FEW])
+    return shown + (", ..." if len(vals) > _FEW else "")
+
+
+def cast_int(df: pd.DataFrame, column: str, dtype: str, what: str, origin: str) -> None:
+    """Cast ``df[column]`` in place to an integer dtype, or raise if that would lose or invent a value."""
+    s = df[column]
+    if pd.api.types.is_integer_dtype(s) and not s.isna().any():
+        info = np.iinfo(dtype)
+        if len(s) and (s.min() < info.min or s.max() > info.max):
+            bad = s[(s < info.min) | (s > info.max)]
+            raise ForensicsError(f"{what} {origin}: column '{column}' has values outside {dtype}: {_few(bad)}")
+        df[column] = s.astype(dtype)
+        return
+    if pd.api.types.is_bool_dtype(s):
+        raise ForensicsError(f"{what} {origin}: column '{column}' holds booleans; expected integers")
+    num = pd.to_numeric(s, errors="coerce")
+    bad_mask = num.isna() | ~np.isfinite(num.astype("float64")) | (num != np.round(num))
+    if bad_mask.any():
+        raise ForensicsError(
+            f"{what} {origin}: column '{column}' must hold whole numbers ({dtype}); got {_few(s[bad_mask])}"
+        )
+    df[column] = num.astype(dtype)
+
+
+def cast_float(df: pd.DataFrame, column: str, what: str, origin: str) -> None:
+    """Cast a metric column to float64 in place; NaN/inf (also as text, e.g. 'nan', 'Infinity') are kept."""
+    s = df[column]
+    if pd.api.types.is_float_dtype(s) or pd.api.types.is_integer_dtype(s) or pd.api.types.is_bool_dtype(s):
+        df[column] = s.astype("float64")
+        return
+    num = pd.to_numeric(s, errors="coerce")
+    lost = num.isna() & s.notna()
+    if lost.any():
+        # pandas does not parse every spelling of non-finite values; accept the common ones explicitly.
+        text = s[lost].astype(str).str.strip().str.lower()
+        special = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
+                   "+infinity": math.inf, "-infinity": -math.inf, "none": math.nan, "null": math.nan}
+        mapped = text.map(special)
+        num = num.astype("float64")
+        num[lost] = mapped
+        still = mapped.isna() & ~text.isin(["nan", "none", "null"])
+        if still.any():
+            raise ForensicsError(
+                f"{what} {origin}: column '{column}' must be numeric; got {_few(s[lost][still])}"
+            )
+    df[column] = num.astype("float64")
+
+
+def _require_columns(df: pd.DataFrame, columns: Sequence[str], what: str, origin: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ForensicsError(
+            f"{what} {origin}: missing column {', '.join(repr(c) for c in missing)}; "
+            f"it has {', '.join(repr(str(c)) for c in df.columns[:12]) or 'no columns'}"
+        )
+
+
+# --- metrics --------------------------------------------------------------------------------------------------------
+@dataclass
+class Rewind:
+    """A resumed run logged steps again: from ``from_step`` on, ``rows_replaced`` earlier rows were overwritten."""
+
+    from_step: int
+    rows_replaced: int
+    source: str = ""
+
+    def describe(self) -> str:
+        where = f" in {self.source}" if self.source else ""
+        return f"rewind{where}: steps from {self.from_step} logged again, {self.rows_replaced} earlier rows replaced"
+
+
+def last_write_wins(
+    df: pd.DataFrame, source: str = "", present: pd.DataFrame | None = None
+) -> tuple[pd.DataFrame, list[Rewind]]:
+    """Collapse repeated steps in write order: per metric, the last value written for a step wins.
+
+    Rows of one step that carry different metrics (a train record and an eval record) are combined. ``present``
+    (same shape, booleans) says which cells were actually written; without it a NaN cell counts as not written,
+    so a logged NaN is only overridden by nothing, and kept when it is the step's only value. A rewind is where the
+    step goes backwards (a resumed run); it is reported with the number of already-written steps it rewrote.
+    """
+    if df.empty:
+        return df.reset_index(drop=True), []
+    steps = df[STEP].to_numpy()
+    rewinds: list[Rewind] = []
+    back = np.flatnonzero(steps[1:] < steps[:-1]) + 1
+    if len(back):
+        bounds = list(back) + [len(steps)]
+        for i, nxt in zip(back, bounds[1:]):
+            earlier = np.unique(steps[:i])
+            rewritten = np.intersect1d(earlier, steps[i:nxt])
+            rewinds.append(Rewind(int(steps[i]), int(len(rewritten)), source))
+    if not df[STEP].duplicated().any():
+        return df.sort_values(STEP, kind="stable").reset_index(drop=True), rewinds
+    unique_steps = np.unique(steps)
+    out = pd.DataFrame({STEP: unique_steps})
+    for col in df.columns:
+        if col == STEP:
+            continue
+        mask = present[col].to_numpy(bool) if present is not None else df[col].notna().to_numpy()
+        sub = df.loc[mask, [STEP, col]].drop_duplicates(STEP, keep="last").set_index(STEP)[col]
+        out[col] = sub.reindex(unique_steps).to_numpy()
+    return out, rewinds
+
+
+def validate_metrics(df: pd.DataFrame, origin: str = "(table)") -> tuple[pd.DataFrame, list[str]]:
+    """Return the canonical metrics table and warnings; raise on bad input (no ``step``, non-numeric values)."""
+    what = "metrics"
+    _require_columns(df, [STEP], what, origin)
+    df = df.copy()
+    cast_int(df, STEP, "int64", what, origin)
+    for col in df.columns:
+        if col != STEP:
+            cast_float(df, col, what, origin)
+    df, rewinds = last_write_wins(df, origin)
+    warnings = [r.describe() for r in rewinds]
+    warnings += nonfinite_warnings(df)
+    return df, warnings
+
+
+def nonfinite_warnings(metrics: pd.DataFrame) -> list[str]:
+    """One line per metric that holds NaN or inf: they are kept as values and reported, never dropped."""
+    out = []
+    for col in metric_columns(metrics):
+        v = metrics[col].to_numpy()
+        n_nan = int(np.isnan(v).sum())
+        n_inf = int(np.isinf(v).sum())
+        if n_nan or n_inf:
+            out.append(f"metric '{col}': {n_nan} NaN and {n_inf} inf values kept")
+    return out
+
+
+def metric_columns(metrics: pd.DataFrame) -> list[str]:
+    """The metric columns of a metrics table (everything but ``step`` and ``_timestamp``)."""
+    return [c for c in metrics.columns if c not in (STEP, TIMESTAMP)]
+
+
+def find_loss_key(columns: Iterable[str], given: str | None = None) -> str:
+    """The loss column: ``given`` when set (it must exist), else the first of :data:`LOSS_KEYS` present."""
+    cols = list(columns)
+    if given:
+        if given not in cols:
+            raise ForensicsError(f"loss key '{given}' is not among the metrics: {', '.join(map(str, cols[:12]))}")
+        return given
+    for key in LOSS_KEYS:
+        if key in cols:
+            return key
+    raise ForensicsError(
+        f"no loss column found: expected one of {', '.join(LOSS_KEYS)} or --loss-key; "
+        f"the metrics are {', '.join(map(str, cols[:12])) or 'none'}"
+    )
+
+
+# --- samples --------------------------------------------------------------------------------------------------------
+def validate_samples(df: pd.DataFrame, origin: str = "(table)") -> pd.DataFrame:
+    """Return the samples table with canonical dtypes; raise on a missing column, a bad type or a duplicate id."""
+    what = "samples"
+    _require_columns(df, [SAMPLE_ID, N_TOKENS], what, origin)
+    df = df.copy()
+    cast_int(df, SAMPLE_ID, "int64", what, origin)
+    cast_int(df, N_TOKENS, "int32", what, origin)
+    dup = df[SAMPLE_ID][df[SAMPLE_ID].duplicated()]
+    if len(dup):
+        raise ForensicsError(f"{what} {origin}: column 'sample_id' must be unique; repeated: {_few(dup.unique())}")
+    neg = df[N_TOKENS][df[N_TOKENS] < 0]
+    if len(neg):
+        raise ForensicsError(f"{what} {origin}: column 'n_tokens' must be >= 0; got {_few(neg)}")
+    if CLUSTER in df.columns:
+        cast_int(df, CLUSTER, "int64", what, origin)
+    for col in (TEXT, SOURCE):
+        if col in df.columns:
+            df[col] = df[col].astype("string").fillna("").astype(object)
+    return df.reset_index(drop=True)
+
+
+# --- plan -----------------------------------------------------------------------------------------------------------
+def validate_plan(df: pd.DataFrame, origin: str = "(table)", samples: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Return the plan with canonical dtypes; raise on a missing column, a bad type or a sample not in samples.
+
+    A plan names its batches either by ``step`` (with optional ``micro``/``rank``) or by (``epoch``, ``batch_id``);
+    the second form is mapped to steps by :mod:`forensics.plan.step_mapping`.
+    """
+    what = "plan"
+    _require_columns(df, [SAMPLE_ID], what, origin)
+    if STEP not in df.columns and not {EPOCH, BATCH_ID} <= set(df.columns):
+        raise ForensicsError(
+            f"{what} {origin}: needs a 'step' column or both 'epoch' and 'batch_id'; "
+            f"it has {', '.join(map(str, df.columns[:12]))}"
+        )
+    df = df.copy()
+    for col in PLAN_INT_COLUMNS:
+        if col in df.columns:
+            cast_int(df, col, "int64", what, origin)
+    for col in (STEP, EPOCH, BATCH_ID, MICRO, RANK):
+        if col in df.columns and len(df) and df[col].min() < 0:
+            raise ForensicsError(f"{what} {origin}: column '{col}' must be >= 0; got {_few(df[col][df[col] < 0])}")
+    if samples is not None:
+        known = pd.Index(samples[SAMPLE_ID])
+        unknown = df[SAMPLE_ID][~df[SAMPLE_ID].isin(known)]
+        if len(unknown):
+            raise ForensicsError(
+                f"{what} {origin}: {unknown.nunique()} sample_id values are not in the samples table, "
+                f"e.g. {_few(unknown.unique())}"
+            )
+    return df.reset_index(drop=True)
+
+
+def alignment_warnings(metric_steps: np.ndarray, plan_steps: np.ndarray) -> list[str]:
+    """Warnings (never errors) for a plan and metrics that do not cover the same steps, as live runs do."""
+    m = np.unique(np.asarray(metric_steps, dtype=np.int64))
+    p = np.unique(np.asarray(plan_steps, dtype=np.int64))
+    out = []
+    if len(p) and len(m):
+        no_metrics = np.setdiff1d(p, m, assume_unique=True)
+        if len(no_metrics):
+            ahead = no_metrics[no_metrics > m.max()]
+            gaps = len(no_metrics) - len(ahead)
+            if len(ahead):
+                out.append(f"the plan runs {len(ahead)} steps ahead of the metrics (steps {ahead[0]}-{ahead[-1]} "
+                           "have no metrics row yet)")
+            if gaps:
+                out.append(f"{gaps} plan steps inside the logged range have no metrics row")
+        past = m[m > p.max()]
+        if len(past):
+            out.append(f"{len(past)} metrics rows are past the plan's last step {p.max()} "
+                       f"(steps {past[0]}-{past[-1]} have no batch)")
+    return out
+
+
+# --- run.toml and the case folder ------------------------------------------------------------------------------------
+@dataclass
+class RunConfig:
+    """The settings of one run, from ``run.toml`` (every key optional), overridable from the CLI."""
+
+    metrics: list[str] = field(default_factory=list)
+    plan: str | None = None
+    samples: str | None = None
+    grad_accum: int = 1
+    world_size: int = 1
+    rank_split: str = "round_robin"
+    step_offset: int = 0
+    loss_key: str | None = None
+    boundaries: list[int] = field(default_factory=lambda: list(DEFAULT_BOUNDARIES))
+    token_budget: int = TOKEN_BUDGET
+    max_len: int = MAX_LEN
+
+    def validated(self, origin: str = "run.toml") -> RunConfig:
+        """Check the values once; raise a message naming the key on a bad one."""
+        for key in ("grad_accum", "world_size", "token_budget", "max_len"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ForensicsError(f"{origin}: '{key}' must be a positive integer; got {v!r}")
+        if not isinstance(self.step_offset, int) or isinstance(self.step_offset, bool):
+            raise ForensicsError(f"{origin}: 'step_offset' must be an integer; got {self.step_offset!r}")
+        if self.rank_split not in RANK_SPLITS:
+            raise ForensicsError(f"{origin}: 'rank_split' must be one of {', '.join(RANK_SPLITS)}; "
+                                 f"got {self.rank_split!r}")
+        self.boundaries = check_boundaries(self.boundaries, origin)
+        if isinstance(self.metrics, str):
+            self.metrics = [self.metrics]
+        return self
+
+
+def check_boundaries(values: Sequence, origin: str = "boundaries") -> list[int]:
+    """Bucket boundaries ``[0, b1, ..., max_len]``: whole numbers, strictly increasing, starting at 0."""
+    try:
+        b = [int(v) for v in values]
+    except (TypeError, ValueError) as exc:
+        raise ForensicsError(f"{origin}: boundaries must be whole numbers; got {list(values)!r}") from exc
+    if len(b) < 2 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
+        raise ForensicsError(f"{origin}: boundaries must start at 0 and strictly increase, at least 2 values; "
+                             f"got {b}")
+    return b
+
+
+def parse_boundaries(text: str) -> list[int]:
+    """``"0,770,8192"`` -> ``[0, 770, 8192]`` (the CLI's comma-separated form)."""
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError as exc:
+        raise ForensicsError(f"--boundaries: expected comma-separated whole numbers like 0,770,8192; got {text!r}") \
+            from exc
+    return check_boundaries(values, "--boundaries")
+
+
+def load_run_toml(path: str | Path) -> tuple[RunConfig, list[str]]:
+    """Read ``run.toml``; unknown keys are warned about (a typo should not pass silently) and kept out."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ForensicsError(f"run.toml {path} does not exist") from exc
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ForensicsError(f"run.toml {path} could not be read: {_first_line(exc)}") from exc
+    known = {f.name for f in fields(RunConfig)}
+    warnings = [f"{path}: unknown key '{k}' ignored" for k in data if k not in known]
+    kwargs = {k: v for k, v in data.items() if k in known}
+    try:
+        cfg = RunConfig(**kwargs)
+    except TypeError as exc:  # pragma: no cover - dataclass accepts every known key
+        raise ForensicsError(f"run.toml {path}: {exc}") from exc
+    return cfg.validated(str(path)), warnings
+
+
+def write_run_toml(cfg: RunConfig, path: str | Path, extra: dict | None = None) -> None:
+    """Write ``run.toml`` (plain TOML by hand: the keys are flat scalars and lists)."""
+    lines = []
+    for f in fields(RunConfig):
+        v = getattr(cfg, f.name)
+        if v is None:
+            continue
+        lines.append(f"{f.name} = {_toml_value(v)}")
+    for k, v in (extra or {}).items():
+        lines.append(f"{k} = {_toml_value(v)}")
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+@dataclass
+class Case:
+    """A case folder: one run's inputs (metrics sources, plan, samples, ``run.toml``) and its outputs."""
+
+    root: Path
+    config: RunConfig
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def metrics_sources(self) -> list[Path]:
+        srcs = self.config.metrics or ["metrics.parquet"]
+        return [self._resolve(s) for s in srcs]
+
+    @property
+    def plan_path(self) -> Path | None:
+        p = self._resolve(self.config.plan or "plan.parquet")
+        return p if (self.config.plan or p.exists()) else None
+
+    @property
+    def samples_path(self) -> Path | None:
+        p = self._resolve(self.config.samples or "samples.parquet")
+        return p if (self.config.samples or p.exists()) else None
+
+    @property
+    def findings_path(self) -> Path:
+        return self.root / "findings.json"
+
+    @property
+    def report_path(self) -> Path:
+        return self.root / "report.html"
+
+    def _resolve(self, p: str) -> Path:
+        path = Path(p)
+        return path if path.is_absolute() else self.root / path
+
+
+def open_case(root: str | Path) -> Case:
+    """Open a case folder; ``run.toml`` is optional (the defaults of DESIGN.md apply without it)."""
+    root = Path(root)
+    if not root.exists():
+        raise ForensicsError(f"case folder {root} does not exist")
+    if not root.is_dir():
+        raise ForensicsError(f"case folder {root} is not a folder")
+    toml = root / "run.toml"
+    if toml.exists():
+        cfg, warnings = load_run_toml(toml)
+    else:
+        cfg, warnings = RunConfig().validated(), []
+    return Case(root=root, config=cfg, warnings=warnings)
+
+
+def load_samples(path: str | Path) -> pd.DataFrame:
+    """Read and validate a samples table."""
+    return validate_samples(read_table(path, "samples"), str(path))
+
+
+def load_plan(path: str | Path, samples: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Read and validate a plan table (a file, or a folder of Parquet parts written by the recorder)."""
+    return validate_plan(read_table(path, "plan"), str(path), samples)
+
+
+def load_metrics_table(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """Read and validate a canonical metrics table (Parquet/CSV/JSONL already in canonical form)."""
+    return validate_metrics(read_table(path, "metrics"), str(path))

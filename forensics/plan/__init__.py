@@ -1,6 +1,7 @@
 """The plan stage: which samples made each optimizer step (record, rebuild, import), the reference builders,
 the step mapping, bucket boundaries and the batch-composition gate."""
 
+from forensics.plan.buckets import bucket_index, bucket_range
 from forensics.plan.builders import (
     REFERENCE_BUILDERS,
     bucketed_shuffle,
@@ -8,7 +9,6 @@ from forensics.plan.builders import (
     shuffle_then_sort,
     static_sorted,
 )
-from forensics.plan.buckets import bucket_index, bucket_range
 from forensics.plan.step_mapping import assign_steps, batch_keys, batches_to_plan
 
 __all__ = [

@@ -1,0 +1,169 @@
+"""Validation at the boundary: each bad input gives one clear message and exit 2; data quirks are warnings."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forensics.cli import main
+from forensics.errors import ForensicsError
+from forensics.plan.step_mapping import assign_steps
+from forensics.schema import (
+    RunConfig,
+    last_write_wins,
+    load_run_toml,
+    validate_metrics,
+    validate_plan,
+    validate_samples,
+    write_run_toml,
+)
+
+
+@pytest.fixture()
+def case(tmp_path):
+    """A small valid case folder: 20 samples, 10 steps of 2 samples, metrics for steps 0-9."""
+    samples = pd.DataFrame({"sample_id": np.arange(20), "n_tokens": np.arange(20) * 10 + 5,
+                            "text": [f"text {i}" for i in range(20)]})
+    plan = pd.DataFrame({"step": np.repeat(np.arange(10), 2), "sample_id": np.arange(20)})
+    metrics = pd.DataFrame({"step": np.arange(10), "train/loss": np.linspace(2, 1, 10)})
+    samples.to_parquet(tmp_path / "samples.parquet")
+    plan.to_parquet(tmp_path / "plan.parquet")
+    metrics.to_parquet(tmp_path / "metrics.parquet")
+    return tmp_path
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_valid_case_loads(case, capsys):
+    code, out, err = run_cli(["validate", str(case)], capsys)
+    assert code == 0, err
+    assert "metrics: 10 steps (0-9)" in out
+    assert "plan: 20 rows, 10 steps" in out
+    assert out.strip().endswith("ok")
+
+
+def test_missing_file_is_exit_2(tmp_path, capsys):
+    code, _, err = run_cli(["validate", "--samples", str(tmp_path / "nope.parquet")], capsys)
+    assert code == 2
+    assert "does not exist" in err and "nope.parquet" in err
+    assert "Traceback" not in err
+
+
+def test_missing_column_names_file_and_column(case, capsys):
+    pd.DataFrame({"sample_id": [1, 2]}).to_parquet(case / "samples.parquet")
+    code, _, err = run_cli(["validate", str(case)], capsys)
+    assert code == 2
+    assert "samples" in err and "'n_tokens'" in err and "samples.parquet" in err
+
+
+def test_lossy_cast_is_rejected_with_values(case, capsys):
+    pd.DataFrame({"sample_id": [1.0, 2.5, 3.0], "n_tokens": [5, 6, 7]}).to_parquet(case / "samples.parquet")
+    code, _, err = run_cli(["validate", str(case)], capsys)
+    assert code == 2
+    assert "'sample_id'" in err and "2.5" in err
+
+
+def test_duplicate_sample_id_is_rejected(case, capsys):
+    pd.DataFrame({"sample_id": [1, 2, 2, 3], "n_tokens": [5, 6, 7, 8]}).to_parquet(case / "samples.parquet")
+    code, _, err = run_cli(["validate", str(case)], capsys)
+    assert code == 2
+    assert "unique" in err and "2" in err
+
+
+def test_plan_sample_not_in_samples_is_rejected(case, capsys):
+    pd.DataFrame({"step": [0, 0, 1], "sample_id": [0, 1, 99]}).to_parquet(case / "plan.parquet")
+    code, _, err = run_cli(["validate", str(case)], capsys)
+    assert code == 2
+    assert "not in the samples" in err and "99" in err
+
+
+def test_unreadable_file_is_exit_2(case, capsys):
+    (case / "plan.parquet").write_bytes(b"this is not parquet")
+    code, _, err = run_cli(["validate", str(case)], capsys)
+    assert code == 2
+    assert "plan.parquet" in err and "could not be read" in err
+
+
+def test_bad_run_toml_value_is_exit_2(case, capsys):
+    (case / "run.toml").write_text('grad_accum = 0\n')
+    code, _, err = run_cli(["validate", str(case)], capsys)
+    assert code == 2 and "'grad_accum' must be a positive integer" in err
+
+
+def test_plan_ahead_and_metrics_past_are_warnings(case, capsys):
+    metrics = pd.DataFrame({"step": np.arange(5), "train/loss": np.ones(5)})
+    metrics.to_parquet(case / "metrics.parquet")
+    code, out, _ = run_cli(["validate", str(case)], capsys)
+    assert code == 0
+    assert "plan runs 5 steps ahead of the metrics (steps 5-9" in out
+
+    metrics = pd.DataFrame({"step": np.arange(14), "train/loss": np.ones(14)})
+    metrics.to_parquet(case / "metrics.parquet")
+    code, out, _ = run_cli(["validate", str(case)], capsys)
+    assert code == 0
+    assert "4 metrics rows are past the plan's last step 9" in out
+
+
+def test_nan_and_inf_are_kept_and_reported():
+    df = pd.DataFrame({"step": [0, 1, 2, 3], "loss": [1.0, math.nan, math.inf, "nan"]})
+    out, warnings = validate_metrics(df)
+    assert out["loss"].tolist()[0] == 1.0
+    assert math.isnan(out["loss"][1]) and math.isinf(out["loss"][2]) and math.isnan(out["loss"][3])
+    assert warnings == ["metric 'loss': 2 NaN and 1 inf values kept"]
+
+
+def test_resumed_steps_last_write_wins_and_rewind_is_reported():
+    # steps 0-5 logged, the run resumed from a checkpoint at 3 and logged 3-6 again
+    df = pd.DataFrame({"step": [0, 1, 2, 3, 4, 5, 3, 4, 5, 6],
+                       "loss": [5, 4, 3, 2, 9, 9, 2.5, 2.4, 2.3, 2.2]})
+    out, rewinds = last_write_wins(df)
+    assert out["step"].tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert out["loss"].tolist() == [5, 4, 3, 2.5, 2.4, 2.3, 2.2]
+    assert len(rewinds) == 1 and rewinds[0].from_step == 3 and rewinds[0].rows_replaced == 3
+
+
+def test_records_of_one_step_with_different_metrics_are_combined():
+    df = pd.DataFrame({"step": [0, 0, 1], "loss": [1.0, np.nan, 0.9], "val/loss": [np.nan, 1.2, np.nan]})
+    out, rewinds = last_write_wins(df)
+    assert rewinds == []
+    assert out["loss"].tolist()[:2] == [1.0, 0.9] and out["val/loss"][0] == 1.2
+
+
+def test_non_numeric_metric_is_bad_input():
+    with pytest.raises(ForensicsError, match="'loss' must be numeric"):
+        validate_metrics(pd.DataFrame({"step": [0, 1], "loss": ["1.0", "abc"]}), "m.csv")
+
+
+def test_plan_needs_step_or_epoch_and_batch_id():
+    with pytest.raises(ForensicsError, match="needs a 'step' column or both 'epoch' and 'batch_id'"):
+        validate_plan(pd.DataFrame({"sample_id": [1], "epoch": [0]}))
+
+
+def test_samples_dtypes_are_canonical():
+    out = validate_samples(pd.DataFrame({"sample_id": [3.0, 4.0], "n_tokens": ["10", "20"]}))
+    assert out["sample_id"].dtype == np.int64 and out["n_tokens"].dtype == np.int32
+
+
+def test_run_toml_round_trip(tmp_path):
+    cfg = RunConfig(grad_accum=4, world_size=2, rank_split="per_rank", loss_key="train/loss",
+                    boundaries=[0, 100, 8192])
+    write_run_toml(cfg, tmp_path / "run.toml")
+    back, warnings = load_run_toml(tmp_path / "run.toml")
+    assert back == cfg and warnings == []
+
+
+def test_step_mapping_round_robin_worked_example():
+    """The README's worked example: G=2, W=2, 10 batches in epoch 0 and 3 in epoch 1."""
+    plan = pd.DataFrame({"epoch": [0] * 10 + [1] * 3, "batch_id": list(range(10)) + [0, 1, 2],
+                         "sample_id": range(13)})
+    out = assign_steps(plan, grad_accum=2, world_size=2)
+    assert out["step"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 3]
+    assert out["rank"].tolist()[:4] == [0, 1, 0, 1]
+    assert out["micro"].tolist()[:4] == [0, 0, 1, 1]

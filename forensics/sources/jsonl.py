@@ -1,0 +1,172 @@
+"""JSONL metrics: one JSON object per line, as most training scripts write them (``json.dumps(record)``).
+
+Speed matters (a long run is millions of lines), so blocks of lines are parsed by ``pyarrow.json`` (multi-threaded
+C++, NaN/Infinity accepted as Python's ``json`` writes them). A block that pyarrow refuses (one bad line, a key whose
+type changes) is split into small blocks, and only the small blocks that still fail are parsed line by line with
+Python's ``json``, so a bad line costs little and is reported with its line number. Nested objects become ``a/b``
+keys (in the base reader). A last line without a newline is consumed only when it is a complete JSON object: no
+proper prefix of a JSON object is itself one, so a half-written line is never mistaken for a whole one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pa_json
+
+from forensics.sources.base import MetricsReader, Records, TailedFile, line_numbers
+
+#: Lines per small block when a big block fails and is retried in pieces.
+_RETRY_LINES = 1024
+
+
+class JsonlReader(MetricsReader):
+    """Reads a JSONL file, live or finished; see the module docstring for how lines are parsed."""
+
+    format_name = "jsonl"
+
+    def _reset_position(self) -> None:
+        self._file = TailedFile(Path(self.source))
+
+    def _read_records(self) -> list[Records]:
+        if self._file.check_restarted():
+            self.report.warn("the file was truncated or replaced; read again from the start")
+        out: list[Records] = []
+        for block, first, n_lines in self._file.chunks():
+            out += self._parse_block(block, first, n_lines)
+        rest = self._file.remainder()
+        if rest.strip():
+            rec = self._parse_last_line(rest)
+            if rec is not None:
+                out.append(rec)
+        return _concat(out)
+
+    def _parse_last_line(self, rest: bytes) -> Records | None:
+        """An unterminated last line: consumed when complete (a whole object), or when the file is finished."""
+        line_no = self._file.lines + 1
+        try:
+            obj = json.loads(rest)
+        except ValueError:
+            if not self.finished:
+                return None
+            self._file.consume_remainder(len(rest))
+            self._malformed(line_no, "incomplete last line (no newline, not valid JSON)")
+            return None
+        self._file.consume_remainder(len(rest))
+        if not isinstance(obj, dict):
+            self._malformed(line_no, f"not a JSON object ({type(obj).__name__})")
+            return None
+        return _records_from_objects([obj], [line_no], self)
+
+    def _parse_block(self, block: bytes, first_line: int, n_lines: int) -> list[Records]:
+        try:
+            table = pa_json.read_json(io.BytesIO(block))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return self._parse_in_pieces(block, first_line)
+        if table.num_rows == n_lines:
+            where = np.arange(first_line, first_line + n_lines, dtype=np.int64)
+        else:
+            where = line_numbers(block, first_line)
+        return [Records(table, where)]
+
+    def _parse_in_pieces(self, block: bytes, first_line: int) -> list[Records]:
+        lines = block.split(b"\n")[:-1]
+        out: list[Records] = []
+        for start in range(0, len(lines), _RETRY_LINES):
+            piece = lines[start:start + _RETRY_LINES]
+            data = b"\n".join(piece) + b"\n"
+            first = first_line + start
+            if len(lines) > _RETRY_LINES:
+                try:
+                    table = pa_json.read_json(io.BytesIO(data))
+                    out.append(Records(table, line_numbers(data, first)))
+                    continue
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    pass
+            objs, where = [], []
+            for i, line in enumerate(piece):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError as exc:
+                    self._malformed(first + i, f"not valid JSON ({str(exc).split(':')[0]})")
+                    continue
+                if not isinstance(obj, dict):
+                    self._malformed(first + i, f"not a JSON object ({type(obj).__name__})")
+                    continue
+                objs.append(obj)
+                where.append(first + i)
+            if objs:
+                out.append(_records_from_objects(objs, where, self))
+        return out
+
+
+def _flatten(obj: dict, prefix: str = "", out: dict | None = None) -> dict:
+    out = {} if out is None else out
+    for k, v in obj.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            _flatten(v, name + "/", out)
+        else:
+            out[name] = v
+    return out
+
+
+def _as_number(v: object) -> float | None:
+    """A JSON value as a float, None when not written (null); NaN when it is text that is not a number."""
+    if v is None:
+        return None
+    if isinstance(v, (bool, int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return math.nan if v.strip().lower() in ("nan", "none", "null") else None
+    return None
+
+
+def _records_from_objects(objs: list[dict], where: list[int], reader: MetricsReader) -> Records:
+    """Objects parsed one by one -> a table; a key with text values in some lines keeps its numbers."""
+    flat = [_flatten(o) for o in objs]
+    keys: dict[str, None] = {}
+    for f in flat:
+        keys.update(dict.fromkeys(f))
+    columns = {}
+    for k in keys:
+        raw = [f.get(k) for f in flat]
+        try:
+            columns[k] = pa.array(raw)
+            if pa.types.is_string(columns[k].type) or pa.types.is_integer(columns[k].type):
+                continue
+            if not (pa.types.is_floating(columns[k].type) or pa.types.is_boolean(columns[k].type)
+                    or pa.types.is_null(columns[k].type)):
+                raise pa.ArrowInvalid("not a scalar")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            nums = [_as_number(v) for v in raw]
+            n_text = sum(1 for v, x in zip(raw, nums) if v is not None and x is None)
+            if n_text == sum(1 for v in raw if v is not None):
+                columns[k] = pa.array([None if v is None else str(v) for v in raw], pa.string())
+                continue
+            if n_text:
+                reader.report.warn(f"column '{k}' holds some non-numeric values; those cells were skipped")
+            columns[k] = pa.array(nums, pa.float64())
+    return Records(pa.table(columns), np.asarray(where, dtype=np.int64))
+
+
+def _concat(records: list[Records]) -> list[Records]:
+    """One table when the blocks' schemas combine (fewer merges downstream), else the blocks as they are."""
+    if len(records) < 2:
+        return records
+    try:
+        table = pa.concat_tables([r.table for r in records], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return records
+    where = np.concatenate([r.where for r in records])
+    return [Records(table, where)]

@@ -1,1 +1,20 @@
 """The report stage: plotly figures shared by the HTML report and the dashboard, and the terminal summary."""
+
+from forensics.report.cards import finding_cards
+from forensics.report.downsample import minmax_indices, plot_indices, stride_indices
+from forensics.report.figures import (
+    bucket_loss_figure,
+    cluster_loss_figure,
+    cluster_mix_figure,
+    composition_figure,
+    group_loss_figure,
+    loss_figure,
+    report_figures,
+)
+from forensics.report.html import build_report, verdict, write_report
+
+__all__ = [
+    "build_report", "bucket_loss_figure", "cluster_loss_figure", "cluster_mix_figure", "composition_figure",
+    "finding_cards", "group_loss_figure", "loss_figure", "minmax_indices", "plot_indices", "report_figures",
+    "stride_indices", "verdict", "write_report",
+]

@@ -9,10 +9,14 @@ from forensics.plan.builders import (
     shuffle_then_sort,
     static_sorted,
 )
+from forensics.plan.gate import GateResult, assert_batches_vary, check_plan
 from forensics.plan.step_mapping import assign_steps, batch_keys, batches_to_plan
 
 __all__ = [
+    "GateResult",
     "REFERENCE_BUILDERS",
+    "assert_batches_vary",
+    "check_plan",
     "assign_steps",
     "batch_keys",
     "batches_to_plan",

@@ -1,0 +1,470 @@
+"""The batch-composition gate: does a plan (or a builder) group samples differently every epoch?
+
+It fails the story's bug (batches built once, only their order shuffled) and its twins: a shuffle undone by a later
+sort, a sampler re-seeded identically every epoch, ``set_epoch`` never called. The measures come from
+:mod:`forensics.plan.composition`; this module holds the limits, the verdict, the JUnit file and the pytest helper.
+
+Checks (all must hold):
+
+- **composition**: for every consecutive pair of epochs and for the first vs the last epoch, ``pair_retention`` and
+  ``identical_batches`` at most their limits (``static`` = this check failed).
+- **coverage**: every sample of the universe once per epoch. ``allow_drop_last = N`` lets an epoch miss at most N
+  samples (the last partial batch dropped, as ``DataLoader(drop_last=True)`` does: set N to the batch size - 1); a
+  sample repeated within an epoch always fails.
+- **padding** (only when ``min_padding_efficiency`` is given): every epoch's real / padded tokens at least that.
+
+How the pair-retention limit is derived (``threshold.how`` says which rule applied and with which numbers):
+
+An absolute limit cannot hold across dataset sizes. The retention a good plan reaches falls with the number of
+samples that can share a batch (about (batch size - 1) / (bucket size - 1)), and the retention of a shuffle followed
+by a sort falls too, because the sort only keeps the shuffle's effect among samples of equal length and large
+datasets have many of them: on a realistic length mix a shuffle-then-sort keeps 97% of pairs at 2K samples but 22%
+at 200K; with lengths in multiples of 64 it keeps about 30% at 2K and 0.44% at 200K, still 22 times what the story's
+fix keeps.
+So the default limit is relative to the fix applied to the same samples: the reference is the pair retention between
+epochs 0 and 1 of :func:`~forensics.plan.builders.bucketed_shuffle` of these samples (seed 0, the given boundaries,
+``max_len``, and the token budget and batch-size limit given or read off the plan: the largest padded size and the
+largest batch of any multi-sample batch), and
+
+    limit = min(CAP, max(FLOOR, MULTIPLE x reference)),  MULTIPLE = 4, FLOOR = 0.002, CAP = 0.5.
+
+Measured with ``python bench/bench_pair_retention.py --calibrate`` (2K-200K samples; lognormal, bimodal QA/code,
+short lengths with many ties, lengths in multiples of 64): other seeds of the bucketed shuffle reach at most 1.26 x
+the reference and a random shuffle at most 1.2 x (usually 0.2 x), while shuffle-then-sort reaches at least 14 x
+from 2K samples up (4 x on 200-sample toys, where the cap catches it: it keeps over 90%) and static_sorted and a
+re-seeded builder keep 100%. 4 sits near the geometric middle of 1.26 and 14, a margin of 3 either way. The floor
+keeps the limit meaningful on millions of samples, where the reference falls to ~0.00003: below 0.2% (one pair in
+500) repeats are negligible whatever built them; it stays below what shuffle-then-sort keeps at 200K samples even
+with 64-token ties (0.44%). The cap says a plan that repeats over half of its pairs never passes, however small.
+Consequences worth knowing: a builder that groups by length more finely than the reference (many narrow buckets, or
+sorted mega-batches as in ``group_by_length`` samplers) keeps 15-70 x the reference at these sizes and fails unless
+its boundaries are given (``--boundaries``) or ``--max-pair-retention`` overrides the limit. With far more samples
+than distinct lengths a shuffle-then-sort really does regroup its ties, and passes once under 0.2% of pairs repeat:
+at 1M samples with 64-token ties it keeps 0.087% and passes; on the lognormal mix it still keeps 5.2% and fails.
+
+``identical_batches`` limit: min(CAP, max(0.1, 3 x the reference's identical share)): small buckets of long samples
+give a good plan some identical pairs of samples by chance (up to 25% on 200-sample toys, where the reference shows it
+too); on realistic sizes a good plan has almost none and a built-once plan has 100%.
+
+Without samples there are no lengths to build a reference from, and fixed limits apply: pair retention 0.1 and
+identical batches 0.1. They catch a plan built once and a re-seeded builder at any size, and shuffle-then-sort where
+ties are few; pass the samples for the size-aware limit.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from forensics.errors import ForensicsError
+from forensics.plan.builders import bucketed_shuffle
+from forensics.plan.composition import (
+    EpochCoverage,
+    EpochMix,
+    PairComposition,
+    PlanMembership,
+    capped_sample_lengths,
+    cluster_mix,
+    compare_epochs,
+    consecutive_pairs,
+    coverage,
+    index_plan,
+    padding_efficiency,
+)
+from forensics.plan.rebuild import rebuild_plan, resolve_builder
+from forensics.schema import (
+    DEFAULT_BOUNDARIES,
+    EPOCH,
+    MAX_LEN,
+    TOKEN_BUDGET,
+    check_boundaries,
+    validate_plan,
+    validate_samples,
+)
+
+MULTIPLE = 4.0
+FLOOR = 0.002
+CAP = 0.5
+IDENTICAL_MULTIPLE = 3.0
+IDENTICAL_FLOOR = 0.1
+FIXED_PAIR_RETENTION = 0.1
+FIXED_IDENTICAL_BATCHES = 0.1
+REFERENCE_SEED = 0
+BUILDER_EPOCHS = 3
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits a plan is judged by, and how they were derived (``how`` is shown to the user)."""
+
+    pair_retention: float
+    identical_batches: float
+    how: str
+    reference_pair_retention: float | None = None
+    reference_identical_batches: float | None = None
+    reference_token_budget: int | None = None
+    reference_max_batch_size: int | None = None
+    allow_drop_last: int = 0
+    min_padding_efficiency: float | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "pair_retention": self.pair_retention,
+            "identical_batches": self.identical_batches,
+            "how": self.how,
+            "reference_pair_retention": self.reference_pair_retention,
+            "reference_identical_batches": self.reference_identical_batches,
+            "reference_token_budget": self.reference_token_budget,
+            "reference_max_batch_size": self.reference_max_batch_size,
+            "multiple": MULTIPLE,
+            "floor": FLOOR,
+            "cap": CAP,
+            "allow_drop_last": self.allow_drop_last,
+            "min_padding_efficiency": self.min_padding_efficiency,
+        }
+
+
+@dataclass
+class GateResult:
+    """The gate's verdict and every measure behind it. ``static``: the composition check failed."""
+
+    passed: bool
+    static: bool
+    epochs: list[int]
+    pairs: list[PairComposition]
+    first_last: PairComposition
+    coverage: list[EpochCoverage]
+    threshold: Limits
+    padding_efficiency: list[float] | None = None
+    cluster_mix: list[EpochMix] | None = None
+    failures: list[str] = field(default_factory=list)
+    composition_failures: list[str] = field(default_factory=list)
+    coverage_failures: list[str] = field(default_factory=list)
+    padding_failures: list[str] = field(default_factory=list)
+    source: str = ""
+
+    @property
+    def pair_retention(self) -> list[float]:
+        return [p.pair_retention for p in self.pairs]
+
+    @property
+    def identical_batches(self) -> list[float]:
+        return [p.identical_batches for p in self.pairs]
+
+    @property
+    def order_only(self) -> list[bool]:
+        return [p.order_only for p in self.pairs]
+
+    def to_json(self) -> dict:
+        """The JSON of DESIGN.md's check-plan contract, plus per-epoch extras and the failure causes."""
+        mix = self.cluster_mix
+        return {
+            "passed": self.passed,
+            "static": self.static,
+            "pair_retention": self.pair_retention,
+            "pair_retention_first_last": self.first_last.pair_retention,
+            "identical_batches": self.identical_batches,
+            "identical_batches_first_last": self.first_last.identical_batches,
+            "order_only": self.order_only,
+            "order_only_first_last": self.first_last.order_only,
+            "same_order": [p.same_order for p in self.pairs],
+            "coverage": [c.to_json() for c in self.coverage],
+            "threshold": self.threshold.to_json(),
+            "epochs": self.epochs,
+            "epoch_pairs": [[p.earlier, p.later] for p in self.pairs],
+            "padding_efficiency": self.padding_efficiency,
+            "cluster_entropy": [m.cluster_entropy for m in mix] if mix else None,
+            "longest_dominant_run": [
+                {"epoch": m.epoch, "steps": m.longest_dominant_run, "cluster": m.dominant_cluster} for m in mix
+            ] if mix else None,
+            "failures": self.failures,
+            "source": self.source,
+        }
+
+
+# --- limits ----------------------------------------------------------------------------------------------------------
+def derive_limits(
+    samples: pd.DataFrame | None,
+    *,
+    token_budget: int | None = None,
+    max_batch_size: int | None = None,
+    max_len: int = MAX_LEN,
+    boundaries: Sequence[int] = DEFAULT_BOUNDARIES,
+    max_pair_retention: float | None = None,
+    max_identical_batches: float | None = None,
+    allow_drop_last: int = 0,
+    min_padding_efficiency: float | None = None,
+) -> Limits:
+    """The limits for a plan over ``samples`` (see the module docstring); deterministic in its arguments."""
+    ref_pr = ref_id = None
+    budget = int(token_budget or TOKEN_BUDGET)
+    bs = int(max_batch_size) if max_batch_size else None
+    if samples is not None and len(samples) >= 2:
+        kw: dict = {"boundaries": list(boundaries), "token_budget": budget, "max_len": int(max_len)}
+        if bs:
+            kw["max_batch_size"] = bs
+        ref_plan = rebuild_plan(samples, lambda s, e, seed: bucketed_shuffle(s, e, seed, **kw), 2, REFERENCE_SEED)
+        ref = compare_epochs(*index_plan(ref_plan, samples).epochs)
+        ref_pr, ref_id = ref.pair_retention, ref.identical_batches
+        pr = min(CAP, max(FLOOR, MULTIPLE * ref_pr))
+        ib = min(CAP, max(IDENTICAL_FLOOR, IDENTICAL_MULTIPLE * ref_id))
+        how = (f"pair retention: min({CAP:g}, max({FLOOR:g}, {MULTIPLE:g} x {ref_pr:.5f})) = {pr:.5f}, where {ref_pr:.5f} "
+               f"is the pair retention between epochs 0 and 1 of bucketed_shuffle of these {len(samples)} samples "
+               f"(seed {REFERENCE_SEED}, boundaries {list(map(int, boundaries))}, token budget {budget}, "
+               f"max batch size {bs or 'default'}, max_len {int(max_len)}); identical batches: "
+               f"min({CAP:g}, max({IDENTICAL_FLOOR:g}, {IDENTICAL_MULTIPLE:g} x {ref_id:.4f})) = {ib:.4f}")
+    else:
+        pr, ib = FIXED_PAIR_RETENTION, FIXED_IDENTICAL_BATCHES
+        how = (f"fixed limits without samples: pair retention {pr:g}, identical batches {ib:g} "
+               "(give the samples for a limit derived from their lengths)")
+    if max_pair_retention is not None:
+        pr = float(max_pair_retention)
+        how = f"pair retention {pr:g} given by --max-pair-retention; " + how
+    if max_identical_batches is not None:
+        ib = float(max_identical_batches)
+        how = f"identical batches {ib:g} given by --max-identical-batches; " + how
+    return Limits(pr, ib, how, ref_pr, ref_id, budget if ref_pr is not None else None, bs,
+                  int(allow_drop_last), min_padding_efficiency)
+
+
+def plan_batch_shape(m: PlanMembership, lengths: np.ndarray) -> tuple[int | None, int | None]:
+    """The token budget and batch-size limit a plan was evidently built under: the largest padded size and the
+    largest size of any multi-sample batch (None when every batch holds one sample)."""
+    budget, size = 0, 0
+    for e in m.epochs:
+        rows = np.bincount(e.row_batch, minlength=len(e.sizes))
+        longest = np.zeros(len(e.sizes), dtype=np.int64)
+        np.maximum.at(longest, e.row_batch, lengths[e.row_sample])
+        multi = rows >= 2
+        if multi.any():
+            budget = max(budget, int((rows[multi] * longest[multi]).max()))
+            size = max(size, int(rows.max()))
+    return (budget or None), (size or None)
+
+
+# --- the gate ----------------------------------------------------------------------------------------------------------
+def check_plan(
+    plan: pd.DataFrame | None = None,
+    samples: pd.DataFrame | None = None,
+    *,
+    builder: str | Callable | None = None,
+    epochs: int | None = None,
+    seed: int = 0,
+    token_budget: int | None = None,
+    max_len: int = MAX_LEN,
+    boundaries: Sequence[int] = DEFAULT_BOUNDARIES,
+    max_pair_retention: float | None = None,
+    max_identical_batches: float | None = None,
+    allow_drop_last: int = 0,
+    min_padding_efficiency: float | None = None,
+    grad_accum: int = 1,
+    world_size: int = 1,
+    rank_split: str = "round_robin",
+    source: str = "",
+) -> GateResult:
+    """Judge a plan (validated, with ``epoch``) or a builder (name, ``module:function``, ``file.py:function`` or a
+    callable; needs ``samples``) over ``epochs`` epochs (all of the plan's; 3 for a builder).
+
+    Raises :class:`ForensicsError` for input the gate cannot judge: no plan nor builder, a builder without samples,
+    a plan without epochs, fewer than two epochs.
+    """
+    boundaries = check_boundaries(boundaries, "boundaries")
+    if (plan is None) == (builder is None):
+        raise ForensicsError("check-plan needs exactly one of a plan or a builder")
+    if epochs is not None and epochs < 2:
+        raise ForensicsError(f"--epochs must be at least 2 to compare epochs; got {epochs}")
+    if builder is not None:
+        if samples is None:
+            raise ForensicsError("--builder needs --samples: a builder is called with the samples table")
+        fn = builder if callable(builder) else resolve_builder(
+            builder, token_budget=token_budget or TOKEN_BUDGET, max_len=max_len, boundaries=list(boundaries))
+        source = source or (f"builder {builder}" if isinstance(builder, str) else
+                            f"builder {getattr(builder, '__name__', repr(builder))}")
+        plan = rebuild_plan(samples, fn, epochs or BUILDER_EPOCHS, seed)
+    assert plan is not None
+    m = index_plan(plan, samples)
+    if epochs is not None and len(m.epochs) > epochs:
+        keep = {e.epoch for e in m.epochs[:epochs]}
+        plan = plan[plan[EPOCH].isin(keep)]
+        m = PlanMembership(m.epochs[:epochs], m.n_samples)
+    if len(m.epochs) < 2:
+        raise ForensicsError(f"plan: holds {len(m.epochs)} epoch(s); comparing batch composition needs at least 2")
+
+    lengths = capped_sample_lengths(samples, max_len) if samples is not None else None
+    budget, batch_size = (token_budget, None)
+    if lengths is not None:
+        seen_budget, batch_size = plan_batch_shape(m, lengths)
+        budget = token_budget or seen_budget
+    limits = derive_limits(samples, token_budget=budget, max_batch_size=batch_size, max_len=max_len,
+                           boundaries=boundaries, max_pair_retention=max_pair_retention,
+                           max_identical_batches=max_identical_batches, allow_drop_last=allow_drop_last,
+                           min_padding_efficiency=min_padding_efficiency)
+    pairs = consecutive_pairs(m)
+    first_last = compare_epochs(m.epochs[0], m.epochs[-1])
+    cov = coverage(m)
+    padding = padding_efficiency(m, lengths) if lengths is not None else None
+    mix = cluster_mix(plan, samples, grad_accum, world_size, rank_split) if samples is not None else None
+    result = GateResult(passed=True, static=False, epochs=[e.epoch for e in m.epochs], pairs=pairs,
+                        first_last=first_last, coverage=cov, threshold=limits, padding_efficiency=padding,
+                        cluster_mix=mix, source=source or "plan")
+    _judge(result)
+    return result
+
+
+def _pct(x: float) -> str:
+    if x >= 0.9995 or x == 0:
+        return f"{x:.0%}"
+    return f"{x:.1%}" if x >= 0.001 else f"{x:.3%}"
+
+
+def _join(tags: list[str]) -> str:
+    return tags[0] if len(tags) == 1 else ", ".join(tags[:-1]) + " and " + tags[-1]
+
+
+def _span(values: list[float]) -> str:
+    lo, hi = _pct(min(values)), _pct(max(values))
+    return lo if lo == hi else f"{lo.rstrip('%')}-{hi}"
+
+
+def _composition_kind(p: PairComposition, lim: Limits) -> str | None:
+    """Which composition failure a pair of epochs shows (None when it passes). Single-sample batches have no
+    composition to repeat: a plan of only those (batch size 1) passes whatever its order."""
+    if p.pairs == 0:
+        return None
+    if p.same_order:
+        return "same_order"
+    if p.order_only:
+        return "order_only"
+    over_pr = p.pair_retention > lim.pair_retention
+    over_id = p.identical_batches > lim.identical_batches
+    if over_pr:
+        return "retention+identical" if over_id else "retention"
+    return "identical" if over_id else None
+
+
+def _composition_cause(kind: str, pairs: list[PairComposition], lim: Limits) -> str:
+    """The cause in words for pairs of epochs that fail the same way."""
+    retention = [p.pair_retention for p in pairs]
+    identical = [p.identical_batches for p in pairs]
+    if kind == "same_order":
+        return ("are the same batches in the same order: the builder repeats itself every epoch "
+                "(a sampler re-seeded identically, or set_epoch never called)")
+    if kind == "order_only":
+        return "share 100% of batch-mate pairs: the batches are built once and only reordered"
+    if kind == "identical":
+        return f"repeat {_span(identical)} of their batches exactly (limit {_pct(lim.identical_batches)})"
+    also = (f" and repeat {_span(identical)} of their batches exactly (limit {_pct(lim.identical_batches)})"
+            if kind == "retention+identical" else "")
+    return (f"share {_span(retention)} of batch-mate pairs (limit {_pct(lim.pair_retention)}){also}: the batches "
+            "are mostly regrouped from the same samples, e.g. a shuffle that a later sort undoes")
+
+
+def _judge(r: GateResult) -> None:
+    """Fill ``failures`` (causes in words, one line per kind of failure), ``static`` and ``passed``."""
+    lim = r.threshold
+    by_kind: dict[str, list[PairComposition]] = {}
+    for p in r.pairs:
+        kind = _composition_kind(p, lim)
+        if kind:
+            by_kind.setdefault(kind, []).append(p)
+    composition = [f"epochs {_join([f'{p.earlier}-{p.later}' for p in ps])} {_composition_cause(k, ps, lim)}"
+                   for k, ps in by_kind.items()]
+    if len(r.epochs) > 2 and not composition:  # e.g. a builder alternating between two plans
+        kind = _composition_kind(r.first_last, lim)
+        if kind:
+            composition.append(f"the first and last epochs ({r.first_last.earlier} and {r.first_last.later}) "
+                               f"{_composition_cause(kind, [r.first_last], lim)}")
+    cov_fail = []
+    for c in r.coverage:
+        if c.duplicated:
+            cov_fail.append(f"epoch {c.epoch} repeats samples: {c.duplicated} row{'s' if c.duplicated > 1 else ''} "
+                            "beyond each sample's first")
+        if c.missing > lim.allow_drop_last:
+            allowed = f"at most {lim.allow_drop_last} may be dropped" if lim.allow_drop_last else \
+                "none may be missing (--allow-drop-last N allows a dropped last batch)"
+            cov_fail.append(f"epoch {c.epoch} misses {c.missing} sample{'s' if c.missing > 1 else ''}; {allowed}")
+    pad_fail = []
+    if lim.min_padding_efficiency is not None:
+        if r.padding_efficiency is None:
+            pad_fail.append("--min-padding-efficiency needs the samples (their n_tokens) to measure padding")
+        else:
+            for ep, eff in zip(r.epochs, r.padding_efficiency):
+                if eff < lim.min_padding_efficiency:
+                    pad_fail.append(f"epoch {ep} padding efficiency {eff:.1%} is below {lim.min_padding_efficiency:.1%}")
+    r.static = bool(composition)
+    r.composition_failures = composition
+    r.coverage_failures = cov_fail
+    r.padding_failures = pad_fail
+    r.failures = composition + cov_fail + pad_fail
+    r.passed = not r.failures
+
+
+# --- outputs and the pytest helper -------------------------------------------------------------------------------------
+def write_junit(result: GateResult, path: str | Path) -> None:
+    """A JUnit XML file CI systems show as test results: one test case per check, a ``failure`` when it failed."""
+    cases = [("batch composition varies across epochs", result.composition_failures),
+             ("every sample once per epoch", result.coverage_failures)]
+    if result.threshold.min_padding_efficiency is not None:
+        cases.append(("padding efficiency", result.padding_failures))
+    suites = ET.Element("testsuites")
+    suite = ET.SubElement(suites, "testsuite", name="forensics check-plan", tests=str(len(cases)),
+                          failures=str(sum(bool(f) for _, f in cases)), errors="0")
+    for name, failures in cases:
+        case = ET.SubElement(suite, "testcase", classname="forensics.check_plan", name=name)
+        if failures:
+            fail = ET.SubElement(case, "failure", message=failures[0], type="BatchCompositionError")
+            fail.text = "\n".join(failures)
+    out = ET.SubElement(suite, "system-out")
+    out.text = summary(result)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def summary(result: GateResult) -> str:
+    """A few plain lines: the measures per epoch pair, the limits and the verdict with its causes."""
+    lines = [f"{result.source}: epochs {result.epochs}"]
+    for p in result.pairs + ([result.first_last] if len(result.epochs) > 2 else []):
+        lines.append(f"epochs {p.earlier}-{p.later}: pair retention {_pct(p.pair_retention)}, identical batches "
+                     f"{_pct(p.identical_batches)}, order only {'yes' if p.order_only else 'no'}")
+    lines.append(f"limits: pair retention {_pct(result.threshold.pair_retention)}, identical batches "
+                 f"{_pct(result.threshold.identical_batches)} ({result.threshold.how})")
+    lines.append("PASS: batch composition varies across epochs" if result.passed else "FAIL")
+    lines += [f"- {f}" for f in result.failures]
+    return "\n".join(lines)
+
+
+def assert_batches_vary(
+    plan_or_builder: pd.DataFrame | str | Path | Callable,
+    samples: pd.DataFrame | None = None,
+    epochs: int | None = None,
+    seed: int = 0,
+    **limits,
+) -> GateResult:
+    """Assert from a test that batch composition varies across epochs (the same checks as ``forensics check-plan``).
+
+    ``plan_or_builder``: a plan DataFrame (with ``epoch``), a plan file (``Path``), a builder callable, or a builder
+    spec string (a reference builder's name, ``module:function`` or ``path/to/file.py:function``). ``epochs``: all of
+    a plan's, 3 for a builder. ``limits``: any keyword of :func:`check_plan` (``max_pair_retention``,
+    ``allow_drop_last``, ``token_budget``, ...). Raises ``AssertionError`` with the causes; returns the result.
+    """
+    from forensics.schema import load_plan
+
+    if samples is not None:
+        samples = validate_samples(samples, "(samples given to assert_batches_vary)")
+    if isinstance(plan_or_builder, pd.DataFrame):
+        result = check_plan(validate_plan(plan_or_builder, "(plan given to assert_batches_vary)", samples), samples,
+                            epochs=epochs, seed=seed, **limits)
+    elif isinstance(plan_or_builder, Path):
+        result = check_plan(load_plan(plan_or_builder, samples), samples, epochs=epochs, seed=seed,
+                            source=str(plan_or_builder), **limits)
+    else:
+        result = check_plan(samples=samples, builder=plan_or_builder, epochs=epochs, seed=seed, **limits)
+    if not result.passed:
+        raise AssertionError("batch composition check failed:\n" + summary(result))
+    return result

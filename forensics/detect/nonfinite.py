@@ -1,0 +1,69 @@
+"""NaN and inf steps: their own finding, one per step, never part of any baseline.
+
+A NaN or infinite loss is not "a very large spike": it says the numbers broke (overflow, a division by zero, a bad
+sample turned into NaN gradients). Each such step is reported as ``{"kind": "nonfinite", "step", "metric",
+"value"}`` (the JSON writes the value as null plus ``value_text``: ``"nan"``, ``"inf"`` or ``"-inf"``). Steps are not
+merged into runs, so every reported step can be looked up as is; they are final as soon as they are seen, which makes
+online and offline answers identical by construction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from forensics.detect.base import Detector
+from forensics.detect.findings import CRITICAL, Finding
+from forensics.errors import ForensicsError
+from forensics.schema import STEP, find_loss_key
+
+
+def nonfinite_findings(steps: np.ndarray, values: np.ndarray, metric: str) -> list[Finding]:
+    """One finding per step whose value is NaN or +-inf, in step order."""
+    bad = np.flatnonzero(~np.isfinite(values))
+    out = []
+    for i in bad:
+        v = float(values[i])
+        word = "NaN" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
+        out.append(Finding(
+            kind="nonfinite", step=int(steps[i]), metric=metric, value=v, severity=CRITICAL,
+            evidence=[f"{metric} is {word} at step {int(steps[i])}; the step is kept out of every baseline and "
+                      "reported on its own."],
+            next_step=f"Check step {int(steps[i])}'s batch and the optimizer state before it (overflow, a bad "
+                      "sample, a too-high learning rate): NaN/inf values usually mean the numbers broke, not the data.",
+        ))
+    return out
+
+
+class NonfiniteDetector(Detector):
+    """Reports every NaN/inf value of one metric.
+
+    Parameters
+    ----------
+    metric:
+        The metric column; ``None`` takes the loss key (the first of ``train/loss``, ``loss``, ... found).
+    """
+
+    def __init__(self, metric: str | None = None):
+        self.metric = metric
+
+    def reset(self) -> None:
+        self.last_step_: int | None = None
+
+    def update(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
+        if not hasattr(self, "last_step_"):
+            self.reset()
+        metric = self.metric or find_loss_key(new_rows.columns)
+        for col in (STEP, metric):
+            if col not in new_rows.columns:
+                raise ForensicsError(f"metrics: missing column '{col}'")
+        steps = new_rows[STEP].to_numpy(dtype=np.int64)
+        values = new_rows[metric].to_numpy(dtype="float64", na_value=np.nan)
+        if self.last_step_ is not None:
+            keep = steps > self.last_step_
+            steps, values = steps[keep], values[keep]
+        if len(steps):
+            self.last_step_ = int(steps.max())
+        return nonfinite_findings(steps, values, metric)

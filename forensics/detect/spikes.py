@@ -1,0 +1,369 @@
+"""Spikes on any metric: a robust causal baseline, two conditions together, events, level shifts, buckets.
+
+**The baseline** of step ``t`` is built only from earlier *accepted* values (a flagged value never enters its own
+baseline, nor any later one): the trend ``T`` is the median of the most recent ``window // 2`` accepted values,
+extrapolated to step ``t`` along the line through that median and the median of the older half (so it follows a
+steep warm-up descent instead of lagging above it), and clamped to the recent half's range (so it never overshoots
+where a descent flattens). With ``trend=False`` it is the plain median of the last ``window`` accepted values.
+
+**Two conditions together** flag a step:
+
+- a robust score ``(value - baseline) / (1.4826 * MAD) >= z``, the MAD being the median absolute residual of the
+  last ``window`` accepted steps about their baselines (the local noise);
+- a relative jump ``value - baseline >= (ratio - 1) * |baseline|`` (and ``>= min_jump``, an absolute margin for
+  metrics near 0).
+
+The score alone fires on heavy-tailed noise (a Student-t with 3 degrees of freedom exceeds 6 robust SDs every few
+hundred steps); the jump alone fires on noisy low-level metrics. Together, a 0.9 -> 4 jump always fires and noise at
+a few percent of the level does not. Only upward moves are spikes.
+
+**Events.** Consecutive flagged rows form one event: ``step`` (start), ``peak_step`` (highest score), ``end_step``,
+``recovery_step`` (the first accepted row after it). NaN/inf rows are reported as ``nonfinite`` findings
+(:mod:`forensics.detect.nonfinite`), enter no window and neither extend nor end an event.
+
+**Level shifts are not spikes.** A spike returns: an event is confirmed as a spike once the median of the ``confirm``
+accepted values after it lies closer to its baseline than to its peak. An event that does not return, or that lasts
+``max_duration`` flagged rows, or whose ``confirm`` values do not arrive within ``max_duration`` judged rows, is the
+start of a new level (a new data mix, an lr restart): the baseline re-anchors to the values since it started and one
+``level_shift`` finding is reported (never in ``spikes``), covering every event still awaiting confirmation.
+
+**Online.** ``update(new_rows)`` reports an event once it is final: a spike ``confirm`` accepted rows after it ends
+(a few steps), a level shift when it is declared, a non-finite step at once. What is open at the end of a chunk is
+pending (``finish()`` shows it as it would be reported if the run ended there). Any chunking gives the same findings.
+
+**Buckets** (with ``tags``: a table keyed by ``step`` with a ``group`` column, ``bucket`` by default). Each step is
+judged against the baseline of its own bucket, ``T + offset``: the offset is the median of ``value - T`` over the
+bucket's last ``bucket_window`` accepted steps, centred on the mean offset of the buckets seen so far, and the trend
+``T`` is built from bucket-adjusted values (``value - offset``), so it does not jump with the batch mix. Everything is
+causal, learned from the accepted history only; this is the spike rule run on the bucket-adjusted series. A step
+high only because of its bucket is therefore not flagged; when a detector without tags would have flagged it (against
+the plain median of the last ``window`` raw values and the MAD about it) it is counted as ``expected_for_bucket``
+(one summary finding per bucket from ``finish``, never in ``spikes``). A bucket's first ``min_bucket_periods`` steps
+after the warm-up are learned from but not judged (its level is not known yet); steps without a bucket are judged
+against the trend alone.
+
+The inner loop is compiled with numba (:mod:`forensics.detect._kernel`); its state is carried between ``update``
+calls, which is what makes online and offline answers identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from forensics.detect import _kernel as K
+from forensics.detect._tags import BUCKET, BUCKET_RANGE, StepLookup, attach_tags, group_ids
+from forensics.detect.base import Detector
+from forensics.detect.findings import CRITICAL, INFO, WARNING, Finding
+from forensics.detect.nonfinite import nonfinite_findings
+from forensics.errors import ForensicsError
+from forensics.plan.buckets import bucket_range
+from forensics.schema import DEFAULT_BOUNDARIES, STEP, find_loss_key
+
+#: A spike this many times its baseline or more is ``critical``; smaller ones are ``warning``.
+CRITICAL_RATIO = 2.0
+#: Example steps kept per bucket for an ``expected_for_bucket`` summary.
+EXAMPLE_STEPS = 10
+#: Events the kernel may emit before it pauses for them to be collected (bounds memory for any chunk size).
+EVENT_BUFFER = 1024
+
+
+class SpikeDetector(Detector):
+    """Spikes of one metric, the same online (``update``) and offline (``detect``); rules in the module docstring.
+
+    Parameters
+    ----------
+    metric:
+        Column to watch; ``None`` takes the loss key (the first of ``train/loss``, ``loss``, ... present).
+    window:
+        Accepted values in the baseline (default 64; the trend uses its two halves). Long enough that a median
+        ignores a few spikes, short enough to follow a decaying loss.
+    z:
+        Robust score threshold in noise units (default 6: Gaussian noise never reaches it, heavy tails do, which is
+        why the ``ratio`` condition must hold too).
+    ratio:
+        Relative jump threshold, ``value >= ratio * baseline`` (default 1.5: the one-step spikes of real runs are
+        1.5-2x their median; the story's 0.9 -> 4 is 4.4x).
+    min_jump:
+        Absolute margin ``value - baseline`` must also reach (default 0; set it for metrics near 0 or negative).
+    max_duration:
+        Flagged rows after which an event is a level shift, not a spike (default 50).
+    confirm:
+        Accepted values after an event that decide whether it returned (default 5): the online delay of a spike.
+    min_periods:
+        Accepted values before anything is judged (default 32).
+    trend:
+        Extrapolate along the two half-window medians (default True); False: the plain rolling median.
+    bucket_window:
+        Accepted steps per bucket whose median residual is the bucket's offset (default 64).
+    min_bucket_periods:
+        Steps a bucket needs before its steps are judged (default 5).
+    group:
+        Tags column whose groups get their own baseline (default ``bucket``; ``cluster`` works the same way).
+    """
+
+    def __init__(self, metric: str | None = None, window: int = 64, z: float = 6.0, ratio: float = 1.5,
+                 min_jump: float = 0.0, max_duration: int = 50, confirm: int = 5, min_periods: int = 32,
+                 trend: bool = True, bucket_window: int = 64, min_bucket_periods: int = 5, group: str = BUCKET):
+        self.metric = metric
+        self.window = window
+        self.z = z
+        self.ratio = ratio
+        self.min_jump = min_jump
+        self.max_duration = max_duration
+        self.confirm = confirm
+        self.min_periods = min_periods
+        self.trend = trend
+        self.bucket_window = bucket_window
+        self.min_bucket_periods = min_bucket_periods
+        self.group = group
+
+    # --- state ------------------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._check_params()
+        w = int(self.window)
+        h = w // 2 if self.trend else w
+        queue = int(self.max_duration) + 2
+        self.params_f_ = np.array([self.z, self.ratio, self.min_jump], dtype=np.float64)
+        self.params_i_ = np.array([
+            w, h, max(1, h // 2) if self.trend else w + 1, max(2, int(self.min_periods)), int(self.max_duration),
+            int(self.confirm), int(self.bucket_window), int(self.min_bucket_periods), queue, 0,
+        ], dtype=np.int64)
+        self.state_ = K.KernelState.empty(max(w, int(self.max_duration), int(self.confirm)),
+                                          int(self.bucket_window), queue)
+        self.metric_: str | None = self.metric
+        self.last_step_: int | None = None
+        self.n_rows_ = 0
+        self.n_skipped_ = 0
+        self.status_counts_ = np.zeros(len(K.STATUS_NAMES), dtype=np.int64)
+        self.expected_: dict[int, dict] = {}
+        self._lookup: StepLookup | None = None
+        self._lookup_src: pd.DataFrame | None = None
+
+    def _check_params(self) -> None:
+        ints = {"window": 4, "max_duration": 2, "confirm": 1, "min_periods": 2, "bucket_window": 1,
+                "min_bucket_periods": 1}
+        for name, lo in ints.items():
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
+                raise ForensicsError(f"SpikeDetector: '{name}' must be an integer >= {lo}; got {v!r}")
+        if not (self.z > 0 and self.ratio >= 1 and self.min_jump >= 0):
+            raise ForensicsError(f"SpikeDetector: need z > 0, ratio >= 1, min_jump >= 0; got z={self.z}, "
+                                 f"ratio={self.ratio}, min_jump={self.min_jump}")
+
+    # --- the protocol -----------------------------------------------------------------------------------------------
+    def update(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
+        """Feed the next rows (``step`` plus the metric column; rows at or before the last step seen are skipped)."""
+        found, _ = self._run(new_rows, tags, keep_rows=False)
+        return found
+
+    def finish(self) -> list[Finding]:
+        """Pending and open events as they would be reported if the run ended now, plus the bucket summaries."""
+        if not hasattr(self, "state_") or self.last_step_ is None:
+            return []
+        st = self.state_.copy()
+        cap = st.pend_i.shape[0] + 2
+        ev_i = np.zeros((cap, K.N_EI), np.int64)
+        ev_f = np.zeros((cap, K.N_EF))
+        n = K.flush(self.params_f_, self.params_i_, st.win, st.ist, st.fst, st.pend_i, st.pend_f,
+                    self.last_step_, ev_i, ev_f)
+        out = [self._event_finding(ev_i[j], ev_f[j]) for j in range(n)]
+        out += self._expected_findings()
+        return sorted(out, key=lambda f: (f.step, f.kind))
+
+    def pending(self) -> list[Finding]:
+        """Alias of :meth:`finish` for live views: what is still open, as it stands now."""
+        return self.finish()
+
+    def trace(self, table: pd.DataFrame, tags: pd.DataFrame | None = None) -> pd.DataFrame:
+        """Per row of a whole run: ``step``, ``value``, ``group``, ``baseline``, ``score``, ``status`` (a name of
+        :data:`forensics.detect._kernel.STATUS_NAMES`). Runs on a clone; this detector's state is untouched."""
+        other = self.clone()
+        other.reset()
+        _, rows = other._run(table, tags, keep_rows=True)
+        return rows
+
+    # --- the work ---------------------------------------------------------------------------------------------------
+    def _run(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None,
+             keep_rows: bool) -> tuple[list[Finding], pd.DataFrame | None]:
+        if not hasattr(self, "state_"):
+            self.reset()
+        if self.metric_ is None:
+            self.metric_ = find_loss_key(new_rows.columns)
+        metric = self.metric_
+        for col in (STEP, metric):
+            if col not in new_rows.columns:
+                raise ForensicsError(f"metrics: missing column '{col}' (the spike detector watches '{metric}'); "
+                                     f"it has {', '.join(map(str, new_rows.columns[:12]))}")
+        steps = new_rows[STEP].to_numpy(dtype=np.int64)
+        values = new_rows[metric].to_numpy(dtype=np.float64, na_value=np.nan)
+        groups = self._groups(new_rows, steps, tags)
+        keep = self._in_order(steps)
+        if not keep.all():
+            self.n_skipped_ += int((~keep).sum())
+            steps, values, groups = steps[keep], values[keep], groups[keep]
+        n = len(steps)
+        if n == 0:
+            return [], (self._rows_frame(steps, values, groups, *(np.empty(0),) * 2, np.empty(0, np.int8))
+                        if keep_rows else None)
+        if self.n_rows_ == 0:  # fixed at the first rows, so that every chunking keeps the same windows
+            self.params_i_[K.PI_USE_RAW] = int(tags is not None or self.group in new_rows.columns)
+        if groups.max() >= 0:
+            self.state_.ensure_buckets(int(groups.max()) + 1)
+        status = np.empty(n, np.int8)
+        base = np.empty(n)
+        score = np.empty(n)
+        ev_i = np.zeros((EVENT_BUFFER + self.state_.pend_i.shape[0] + 2, K.N_EI), np.int64)
+        ev_f = np.zeros((ev_i.shape[0], K.N_EF))
+        found = []
+        done = 0
+        while done < n:  # the kernel pauses when its event buffer fills; collect and go on
+            n_ev, k = K.run_rows(self.params_f_, self.params_i_, *self.state_.args(), steps[done:],
+                                 values[done:], groups[done:], status[done:], base[done:], score[done:], ev_i, ev_f)
+            found += [self._event_finding(ev_i[j], ev_f[j]) for j in range(n_ev)]
+            done += k
+        self.last_step_ = int(steps[-1])
+        self.n_rows_ += n
+        self.status_counts_ += np.bincount(status, minlength=len(K.STATUS_NAMES))[: len(K.STATUS_NAMES)]
+        self._count_expected(steps, values, groups, status)
+        if (status == K.NONFINITE).any():
+            found += nonfinite_findings(steps, values, metric)
+        found.sort(key=lambda f: (f.step, f.kind))
+        rows = self._rows_frame(steps, values, groups, base, score, status) if keep_rows else None
+        return found, rows
+
+    def _in_order(self, steps: np.ndarray) -> np.ndarray:
+        """Rows whose step is past every earlier one (a resumed run's rewrites are the reader's business)."""
+        prev = np.maximum.accumulate(steps) if len(steps) else steps
+        keep = np.ones(len(steps), dtype=bool)
+        if len(steps) > 1:
+            keep[1:] = steps[1:] > prev[:-1]
+        if self.last_step_ is not None:
+            keep &= steps > self.last_step_
+        return keep
+
+    def _groups(self, rows: pd.DataFrame, steps: np.ndarray, tags: pd.DataFrame | None) -> np.ndarray:
+        if tags is not None:
+            if self._lookup is None or self._lookup_src is not tags:
+                self._lookup = StepLookup(tags)
+                self._lookup_src = tags
+            return self._lookup.groups(steps, self.group)
+        if self.group in rows.columns:
+            return group_ids(rows[self.group], self.group)
+        return np.full(len(steps), -1, dtype=np.int64)
+
+    def _rows_frame(self, steps, values, groups, base, score, status) -> pd.DataFrame:
+        names = np.array(K.STATUS_NAMES, dtype=object)
+        return pd.DataFrame({STEP: steps, "value": values, "group": groups, "baseline": base, "score": score,
+                             "status": names[status.astype(np.int64)] if len(status) else np.array([], object)})
+
+    # --- findings ---------------------------------------------------------------------------------------------------
+    def _count_expected(self, steps, values, groups, status) -> None:
+        idx = np.flatnonzero(status == K.EXPECTED)
+        if not len(idx):
+            return
+        for g in np.unique(groups[idx]):
+            sel = idx[groups[idx] == g]
+            rec = self.expected_.setdefault(int(g), {"n_steps": 0, "first_step": int(steps[sel[0]]),
+                                                     "last_step": 0, "max_value": -np.inf, "examples": []})
+            rec["n_steps"] += len(sel)
+            rec["last_step"] = int(steps[sel[-1]])
+            rec["max_value"] = max(rec["max_value"], float(values[sel].max()))
+            room = EXAMPLE_STEPS - len(rec["examples"])
+            if room > 0:
+                rec["examples"].extend(int(s) for s in steps[sel[:room]])
+
+    def _expected_findings(self) -> list[Finding]:
+        out = []
+        st = self.state_
+        for g, rec in sorted(self.expected_.items()):
+            offset = st.offset(g, self.min_bucket_periods)
+            out.append(Finding(
+                kind="expected_for_bucket", step=rec["first_step"], end_step=rec["last_step"], metric=self.metric_,
+                value=rec["max_value"], severity=INFO, tags={self.group: g},
+                evidence=[f"{rec['n_steps']} steps of {self.group} {g} (steps {rec['first_step']}-"
+                          f"{rec['last_step']}) were above the run's trend by more than the spike thresholds (up "
+                          f"to {rec['max_value']:.4g}) but within their {self.group}'s own baseline, which sits "
+                          f"{offset:+.4g} from the trend: expected for their {self.group}, not spikes."],
+                next_step=None,
+                details={"n_steps": rec["n_steps"], "example_steps": rec["examples"], "group": self.group,
+                         "offset": offset},
+            ))
+        return out
+
+    def _event_finding(self, ev_i: np.ndarray, ev_f: np.ndarray) -> Finding:
+        metric = self.metric_
+        kind = "spike" if ev_i[K.EI_KIND] == K.EV_SPIKE else "level_shift"
+        start, end, peak = int(ev_i[K.EI_START]), int(ev_i[K.EI_END]), int(ev_i[K.EI_PEAK])
+        recovery = int(ev_i[K.EI_RECOVERY])
+        n_rows, bucket, is_open = int(ev_i[K.EI_N]), int(ev_i[K.EI_BUCKET]), bool(ev_i[K.EI_OPEN])
+        x, base, z = float(ev_f[K.EF_X]), float(ev_f[K.EF_BASE]), float(ev_f[K.EF_Z])
+        scale, off = float(ev_f[K.EF_SCALE]), float(ev_f[K.EF_OFF])
+        ratio = x / base if base > 0 else float("nan")
+        details = {"n_steps": n_rows, "recovery_step": recovery if recovery >= 0 else None, "ratio": ratio,
+                   "noise_scale": scale, "thresholds": {"z": self.z, "ratio": self.ratio, "min_jump": self.min_jump}}
+        tags = {}
+        if bucket >= 0:
+            tags[self.group] = bucket
+            details["trend"] = base - off
+            details["bucket_offset"] = off
+        jump = f"{ratio:.2f}x the baseline" if base > 0 else f"{x - base:+.4g} above the baseline"
+        rise = (f"{metric} rose to {x:.4g} at step {peak} against a baseline of {base:.4g}: {jump} and "
+                f"{z:.1f} times the local noise scale of {scale:.3g} (thresholds: {self.ratio}x"
+                f"{f', +{self.min_jump:g}' if self.min_jump else ''} and {self.z}).")
+        if kind == "level_shift":
+            new_level = float(ev_f[K.EF_NEW_LEVEL])
+            details["new_level"] = new_level
+            return Finding(
+                kind=kind, step=start, end_step=end, peak_step=peak, metric=metric, value=x, baseline=base, score=z,
+                severity=INFO, tags=tags, details=details,
+                evidence=[rise, f"It did not come back: from step {start} {metric} stayed near {new_level:.4g}, so "
+                                f"this is a new level (a new data mix, an lr change), not a spike; the baseline "
+                                f"re-anchored to it at step {end}."],
+                next_step=f"Check what changed at step {start} (data mix, learning-rate schedule, a restart).",
+            )
+        post = float(ev_f[K.EF_POST])
+        details["post_level"] = post
+        details["open"] = is_open
+        span = f"step {start}" if start == end else f"steps {start}-{end} ({n_rows} flagged steps)"
+        if is_open:
+            after = f"The event spans {span} and was still open at the end of the data."
+        else:
+            after = (f"The event spans {span}; {metric} was back within the thresholds at step {recovery}, and "
+                     f"the next {int(ev_i[K.EI_N_POST])} accepted values had a median of {post:.4g}.")
+        evidence = [rise, after]
+        if bucket >= 0:
+            evidence.append(f"Judged against the baseline of its own {self.group} {bucket}: the run's trend "
+                            f"{base - off:.4g} plus the {self.group}'s offset {off:+.4g}.")
+        return Finding(
+            kind=kind, step=start, end_step=end, peak_step=peak, metric=metric, value=x, baseline=base, score=z,
+            severity=CRITICAL if ratio >= CRITICAL_RATIO else WARNING, tags=tags, evidence=evidence,
+            details=details,
+            next_step=(f"Look at the samples of step {peak}'s batch (suspect_samples) and replay the step from the "
+                       f"checkpoint before it to confirm the cause; without a plan, record or rebuild it "
+                       f"(--plan) to name the batch."),
+        )
+
+
+def detect_spikes(metrics: pd.DataFrame, metric: str | Sequence[str] | None = None,
+                  tags: pd.DataFrame | None = None, boundaries: Sequence[int] | None = None,
+                  **params) -> list[Finding]:
+    """Spikes, level shifts, non-finite steps and bucket summaries of one or several metrics of a whole run.
+
+    ``metric``: a column, a list of columns, or ``None`` for the loss key. ``tags``: the tags table (judging each
+    step against its bucket and copying bucket, bucket_range, cluster, cluster_name and epoch onto the findings).
+    ``params`` go to :class:`SpikeDetector`.
+    """
+    names = [metric] if metric is None or isinstance(metric, str) else list(metric)
+    found: list[Finding] = []
+    for name in names:
+        found += SpikeDetector(name, **params).detect(metrics, tags)
+    attach_tags([f for f in found if f.kind != "expected_for_bucket"], tags, boundaries)
+    bounds = list(boundaries) if boundaries is not None else list(DEFAULT_BOUNDARIES)
+    for f in found:
+        b = f.tags.get(BUCKET) if f.kind == "expected_for_bucket" else None
+        if b is not None and 0 <= b < len(bounds) - 1:
+            f.tags[BUCKET_RANGE] = bucket_range(b, bounds)
+    return sorted(found, key=lambda f: (f.step, f.metric or "", f.kind))

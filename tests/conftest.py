@@ -1,0 +1,35 @@
+"""Shared fixtures: the demo case folders (built once per session at small scale) and paths to real logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository root (the folder holding ``pyproject.toml``)."""
+    return Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def real_logs_dir(repo_root: Path) -> Path:
+    """Real public training logs shared beside the repository; tests using them skip when they are absent."""
+    path = repo_root.parent / "shared/data/real-logs"
+    if not path.is_dir():
+        pytest.skip(f"real logs not found at {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def demo_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the demo's ``static/`` and ``bucketed/`` case folders at ``--scale small`` (seed 0).
+
+    Built once per test session by the real builder; treat it as read-only (copy it before changing anything).
+    """
+    from forensics.demo import build_demo
+
+    out = tmp_path_factory.mktemp("demo-small")
+    build_demo(out, scale="small", seed=0)
+    return out

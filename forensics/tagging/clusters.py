@@ -1,0 +1,223 @@
+"""Content clusters per sample: from the text (TF-IDF, LSA, k-means) or from a label column.
+
+Why this recipe: TF-IDF with sublinear term frequency and English stop words removed, reduced by LSA (truncated SVD)
+and normalised, is the standard scikit-learn recipe for k-means on documents (cosine geometry, dense and small
+vectors). The vocabulary, the SVD and k-means are fitted on at most ``max_fit`` texts drawn with ``seed`` and then
+applied to every text in chunks, so that clustering a million samples costs one pass of tokenisation. Cluster ids
+are renumbered by size (0 = the largest in the fitted sample), and each is named by the top terms of its centroid.
+The same inputs and seed always give the same clusters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from forensics.errors import ForensicsError
+from forensics.schema import CLUSTER, TEXT
+
+CLUSTER_NAME = "cluster_name"
+NO_CLUSTER = -1  # samples without text (or a table without text at all) carry this id
+
+
+@dataclass
+class ClusterInfo:
+    """How the clusters were made: ``method`` is ``text``, ``label:<column>`` or ``given``; ``k`` clusters with
+    ``names``; for text, the silhouette of each k tried when k was chosen automatically."""
+
+    method: str
+    k: int
+    names: dict[int, str]
+    silhouettes: dict[int, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "k": self.k, "names": {str(c): n for c, n in self.names.items()},
+                "silhouettes": {str(k): s for k, s in self.silhouettes.items()}}
+
+
+class TextClusterer:
+    """k-means on TF-IDF + LSA features; ``fit`` on a sample of texts, ``predict`` on any number.
+
+    Parameters
+    ----------
+    k: number of clusters; ``None`` chooses it in ``k_range`` by the silhouette on a subsample (the best-separated
+        partition; ties go to the smaller k).
+    k_range: the (lowest, highest) k tried when ``k`` is ``None``.
+    max_fit: at most this many texts (drawn with ``seed``) fit the vocabulary, the SVD and k-means.
+    seed: seeds the draw, the SVD and k-means.
+    n_components: LSA dimensions (capped by the vocabulary and the sample size).
+    max_features: vocabulary size (most frequent terms of the fitted sample).
+    silhouette_sample: texts k is chosen on (k-means per k and the silhouette).
+    chunk: texts transformed at a time by ``predict`` (bounds memory).
+    n_terms: top terms in a cluster's name.
+    n_init: k-means restarts (the best inertia wins), for each k tried and for the final fit.
+    """
+
+    def __init__(
+        self,
+        k: int | None = None,
+        *,
+        k_range: tuple[int, int] = (2, 10),
+        max_fit: int = 20_000,
+        seed: int = 0,
+        n_components: int = 50,
+        max_features: int = 50_000,
+        silhouette_sample: int = 2_000,
+        chunk: int = 50_000,
+        n_terms: int = 3,
+        n_init: int = 10,
+    ) -> None:
+        self.k = k
+        self.k_range = k_range
+        self.max_fit = max_fit
+        self.seed = seed
+        self.n_components = n_components
+        self.max_features = max_features
+        self.silhouette_sample = silhouette_sample
+        self.chunk = chunk
+        self.n_terms = n_terms
+        self.n_init = n_init
+
+    # --- fit ----------------------------------------------------------------------------------------------------------
+    def fit(self, texts: Sequence[str] | np.ndarray) -> TextClusterer:
+        from threadpoolctl import threadpool_limits
+
+        # One thread: the fitted sample is small (max_fit), a single thread gives the same floating-point sums
+        # on every machine, and on a busy machine it is several times faster than oversubscribed OpenMP threads.
+        with threadpool_limits(limits=1):
+            return self._fit(texts)
+
+    def _fit(self, texts: Sequence[str] | np.ndarray) -> TextClusterer:
+        from sklearn.cluster import KMeans
+        from sklearn.decomposition import TruncatedSVD
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        texts = np.asarray(texts, dtype=object)
+        if self.k is not None and self.k < 1:
+            raise ForensicsError(f"--clusters must be >= 1; got {self.k}")
+        rng = np.random.default_rng(self.seed)
+        n_fit = min(len(texts), self.max_fit)
+        idx = np.sort(rng.choice(len(texts), n_fit, replace=False)) if n_fit < len(texts) else np.arange(n_fit)
+        fit_texts = texts[idx]
+        self.vectorizer_ = TfidfVectorizer(
+            max_features=self.max_features, sublinear_tf=True, stop_words="english",
+            min_df=2 if n_fit >= 1000 else 1, dtype=np.float32,
+        )
+        try:
+            x = self.vectorizer_.fit_transform(fit_texts)
+        except ValueError as exc:  # an empty vocabulary: no words at all
+            raise ForensicsError(f"the sample texts hold no words to cluster ({exc})") from exc
+        n_comp = min(self.n_components, x.shape[1] - 1, n_fit - 1)
+        self.svd_ = TruncatedSVD(n_comp, random_state=self.seed) if n_comp >= 2 else None
+        feats = self._reduce(x, fit=True)
+        n_distinct = len(np.unique(feats.round(6), axis=0))
+        self.silhouettes_: dict[int, float] = {}
+        if self.k is not None:
+            k = min(self.k, n_distinct)
+        else:
+            k = self._choose_k(feats, n_distinct)
+        self.kmeans_ = KMeans(n_clusters=k, random_state=self.seed, n_init=self.n_init).fit(feats)
+        self._order_by_size(self.kmeans_.labels_)
+        self.k_ = k
+        self.names_ = self._names()
+        return self
+
+    def _reduce(self, x, fit: bool = False) -> np.ndarray:
+        from sklearn.preprocessing import normalize
+
+        if self.svd_ is None:
+            return normalize(x).toarray()
+        y = self.svd_.fit_transform(x) if fit else self.svd_.transform(x)
+        return normalize(y).astype(np.float32, copy=False)
+
+    def _choose_k(self, feats: np.ndarray, n_distinct: int) -> int:
+        from sklearn.cluster import KMeans
+        from sklearn.metrics import silhouette_score
+
+        lo, hi = self.k_range
+        hi = min(hi, n_distinct - 1, len(feats) - 1)
+        if hi < max(lo, 2):
+            return max(1, min(lo, n_distinct))
+        # k is chosen on a subsample: the silhouette is quadratic in its points, and k-means per k need not see all
+        rng = np.random.default_rng([self.seed, 1])
+        if len(feats) > self.silhouette_sample:
+            feats = feats[np.sort(rng.choice(len(feats), self.silhouette_sample, replace=False))]
+        best_k, best = lo, -np.inf
+        for k in range(max(lo, 2), hi + 1):
+            labels = KMeans(n_clusters=k, random_state=self.seed, n_init=self.n_init).fit_predict(feats)
+            if len(np.unique(labels)) < 2:
+                continue
+            score = float(silhouette_score(feats, labels))
+            self.silhouettes_[k] = round(score, 6)
+            if score > best + 1e-9:
+                best_k, best = k, score
+        return best_k
+
+    def _order_by_size(self, labels: np.ndarray) -> None:
+        sizes = np.bincount(labels, minlength=self.kmeans_.n_clusters)
+        order = np.lexsort((np.arange(len(sizes)), -sizes))  # largest first, ties by old id
+        self.relabel_ = np.empty_like(order)
+        self.relabel_[order] = np.arange(len(order))
+
+    def _names(self) -> dict[int, str]:
+        centers = self.kmeans_.cluster_centers_
+        weights = self.svd_.inverse_transform(centers) if self.svd_ is not None else centers
+        terms = self.vectorizer_.get_feature_names_out()
+        names = {}
+        for old, new in enumerate(self.relabel_):
+            top = np.argsort(-weights[old], kind="stable")[: self.n_terms]
+            names[int(new)] = " ".join(str(terms[t]) for t in top)
+        return dict(sorted(names.items()))
+
+    # --- predict ------------------------------------------------------------------------------------------------------
+    def predict(self, texts: Sequence[str] | np.ndarray, progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """The cluster of each text, transformed ``chunk`` texts at a time; ``progress(n_done)`` after each chunk."""
+        texts = np.asarray(texts, dtype=object)
+        out = np.empty(len(texts), dtype=np.int64)
+        for start in range(0, len(texts), self.chunk):
+            part = texts[start:start + self.chunk]
+            feats = self._reduce(self.vectorizer_.transform(part))
+            out[start:start + len(part)] = self.relabel_[self.kmeans_.predict(feats)]
+            if progress is not None:
+                progress(start + len(part))
+        return out
+
+
+def cluster_samples(
+    samples: pd.DataFrame,
+    k: int | None = None,
+    cluster_by: str | None = None,
+    max_fit: int = 20_000,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[pd.DataFrame, ClusterInfo]:
+    """Return a copy of ``samples`` with ``cluster`` (int64) and ``cluster_name``, and how they were made.
+
+    ``cluster_by`` names a label column (e.g. ``source``): one cluster per distinct label, numbered in sorted label
+    order and named by the label. Otherwise the ``text`` column is clustered (``k`` given, or chosen). Samples with an
+    empty text are clustered like any other (their vector is zero) only if some texts have words.
+    """
+    out = samples.copy()
+    if cluster_by is not None:
+        if cluster_by not in out.columns:
+            raise ForensicsError(f"samples: --cluster-by column '{cluster_by}' is not there; it has "
+                                 f"{', '.join(map(str, out.columns[:12]))}")
+        labels = out[cluster_by].astype("string").fillna("").astype(object).to_numpy()
+        uniques, codes = np.unique(labels, return_inverse=True)
+        out[CLUSTER] = codes.astype(np.int64)
+        names = {i: (str(u) if u != "" else "(none)") for i, u in enumerate(uniques)}
+        out[CLUSTER_NAME] = pd.array([names[c] for c in range(len(uniques))], dtype="string")[codes] \
+            if len(uniques) else pd.array([], dtype="string")
+        return out, ClusterInfo(method=f"label:{cluster_by}", k=len(uniques), names=names)
+    if TEXT not in out.columns:
+        raise ForensicsError("samples: no 'text' column to cluster; pass --cluster-by COLUMN (e.g. source) or add text")
+    texts = out[TEXT].astype("string").fillna("").astype(object).to_numpy()
+    model = TextClusterer(k, max_fit=max_fit, seed=seed).fit(texts)
+    codes = model.predict(texts, progress=progress)
+    out[CLUSTER] = codes
+    name_list = pd.array([model.names_[c] for c in range(model.k_)], dtype="string")
+    out[CLUSTER_NAME] = name_list[codes]
+    return out, ClusterInfo(method="text", k=model.k_, names=dict(model.names_), silhouettes=dict(model.silhouettes_))

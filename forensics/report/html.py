@@ -59,7 +59,7 @@ def verdict(findings: dict, loss_key: str | None = None) -> str:
         by_metric: dict[str, list[dict]] = {}
         for s in spikes:
             by_metric.setdefault(str(s.get("metric") or loss_key or "loss"), []).append(s)
-        for metric, items in by_metric.items():
+        for metric, items in sorted(by_metric.items(), key=lambda kv: kv[0] != (loss_key or "")):
             steps = ", ".join(str(int(s["step"])) for s in sorted(items, key=lambda s: int(s["step"]))[:6])
             more = " …" if len(items) > 6 else ""
             where = ""

@@ -1,0 +1,94 @@
+"""``forensics audit``: the audit of a run: terminal summary, ``findings.json`` and one offline ``report.html``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from forensics.audit import FAIL_KINDS, failed_kinds, parse_fail_on, resolve_inputs, run_audit
+from forensics.cli.common import add_command, add_step_mapping_options, console, write_json
+
+DEMO_DIR = Path("forensics-demo")
+
+
+def register(sub) -> None:
+    p = add_command(sub, "audit", "Audit a run: spikes, oscillation, batch composition, attribution; writes "
+                    "findings.json and report.html.",
+                    "forensics audit forensics-demo/static --fail-on spike,static-plan")
+    p.add_argument("case", nargs="?", help="case folder (metrics, plan, samples, run.toml); outputs go there")
+    p.add_argument("--demo", action="store_true",
+                   help=f"audit the demo's static run ({DEMO_DIR}/static), building the demo first if missing")
+    p.add_argument("--metrics", action="append", default=None, metavar="SRC",
+                   help="metrics source, anything `forensics ingest` reads (repeatable; later sources win)")
+    p.add_argument("--plan", default=None, help="plan table (Parquet/CSV/JSONL, or a recorder folder)")
+    p.add_argument("--samples", default=None, help="samples table (Parquet/CSV/JSONL)")
+    add_step_mapping_options(p)
+    p.add_argument("--loss-key", default=None, metavar="K", help="the loss column (default: the first of "
+                   "train/loss, loss, train_loss, lm loss, lm_loss)")
+    p.add_argument("--spike-metric", action="append", default=None, metavar="K",
+                   help="also look for spikes in this metric (repeatable; default: the loss and grad norm)")
+    p.add_argument("--json", default=None, metavar="F", help="findings.json path (default CASE/findings.json)")
+    p.add_argument("--html", default=None, metavar="F", help="report path (default CASE/report.html)")
+    p.add_argument("--no-html", action="store_true", help="do not write the HTML report")
+    p.add_argument("--fail-on", default=None, metavar="KIND[,KIND]",
+                   help=f"exit 1 when any of these is found: {', '.join(FAIL_KINDS)}")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    fail_on = parse_fail_on(args.fail_on)
+    err = console(stderr=True)
+    case = args.case
+    if args.demo:
+        case = case or str(_ensure_demo(err))
+    inputs = resolve_inputs(case, metrics=args.metrics, plan=args.plan, samples=args.samples,
+                            grad_accum=args.grad_accum, world_size=args.world_size, rank_split=args.rank_split,
+                            step_offset=args.step_offset, loss_key=args.loss_key)
+
+    @contextmanager
+    def stage(name: str):
+        t0 = time.perf_counter()
+        if err.is_terminal:
+            with err.status(f"{name} ..."):
+                yield
+            err.print(f"[dim]{name}: {time.perf_counter() - t0:.1f} s[/]")
+        else:
+            yield
+
+    audit = run_audit(inputs, spike_metrics=args.spike_metric, stage=stage)
+    written = []
+    json_path = args.json or (str(Path(case) / "findings.json") if case else None)
+    html_path = None if args.no_html else (args.html or (str(Path(case) / "report.html") if case else None))
+    if json_path:
+        write_json(audit.findings, json_path)
+        written.append(json_path)
+    if html_path:
+        from forensics.report import write_report
+
+        with stage("writing the report"):
+            write_report(html_path, audit.findings, audit.metrics, tags=audit.tags, samples=audit.samples,
+                         plan=audit.plan, loss_key=audit.loss_key)
+        written.append(html_path)
+
+    from forensics.report.summary import render_summary
+
+    render_summary(console(), audit.findings, written)
+    failed = failed_kinds(audit.findings, fail_on)
+    if failed:
+        console(stderr=True).print(f"audit: failing on {', '.join(failed)} (--fail-on)")
+        return 1
+    return 0
+
+
+def _ensure_demo(err) -> Path:
+    """The demo's static case, built on first use (full scale, seed 0)."""
+    case = DEMO_DIR / "static"
+    if (case / "metrics.parquet").exists() and (DEMO_DIR / "bucketed" / "metrics.parquet").exists():
+        return case
+    from forensics.demo import build_demo
+
+    err.print(f"building the demo run in {DEMO_DIR}/ (first use; under a minute) ...")
+    build_demo(DEMO_DIR, scale="full", seed=0)
+    return case

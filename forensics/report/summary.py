@@ -1,0 +1,153 @@
+"""The terminal summary of an audit: the run in one line, the verdict in one sentence, the findings with their
+evidence, and the next steps. Rich markup on a terminal, plain text when piped (rich decides from the console).
+
+Dataset text never reaches the terminal through markup: every value is passed through :func:`rich.markup.escape`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from forensics.report.text import fmt_num, fmt_share
+
+MAX_SPIKES_SHOWN = 10
+MAX_EVIDENCE = 4
+
+
+def run_line(findings: dict[str, Any]) -> str:
+    """``52,000 steps (0-51999), 6 epochs; metrics: train/loss, grad_norm, ...; plan: yes``."""
+    run = findings.get("run") or {}
+    parts = [f"{run.get('steps', 0):,} steps ({run.get('first_step')}-{run.get('last_step')})"]
+    if run.get("epochs"):
+        parts.append(f"{run['epochs']} epochs")
+    metrics = run.get("metrics") or []
+    shown = ", ".join(metrics[:6]) + (f" (+{len(metrics) - 6} more)" if len(metrics) > 6 else "")
+    parts.append(f"metrics: {shown}")
+    parts.append("plan: " + ("yes" if run.get("has_plan") else "none"))
+    return "; ".join(parts)
+
+
+def render_summary(out: Console, findings: dict[str, Any], written: list[str] | None = None) -> None:
+    """Print the audit's summary to ``out``."""
+    out.print(f"[bold]run[/]  {escape(run_line(findings))}")
+    out.print(f"[bold]verdict[/]  {escape(findings.get('verdict', ''))}")
+    events = _events(findings)
+    if events:
+        n = len(findings.get("spikes") or [])
+        out.print(f"\n[bold]spikes[/] ({len(events)} events, {n} spikes over all analysed metrics)")
+        for lead, also in events[:MAX_SPIKES_SHOWN]:
+            _spike(out, lead, also)
+        if len(events) > MAX_SPIKES_SHOWN:
+            out.print(f"  ... and {len(events) - MAX_SPIKES_SHOWN} more in findings.json")
+    nonfinite = findings.get("nonfinite") or []
+    if nonfinite:
+        by_metric: dict[str, list[int]] = {}
+        for f in nonfinite:
+            by_metric.setdefault(str(f.get("metric")), []).append(int(f["step"]))
+        out.print("\n[bold]non-finite values[/]")
+        for metric, steps in by_metric.items():
+            first = ", ".join(map(str, steps[:5])) + (" ..." if len(steps) > 5 else "")
+            out.print(f"  {escape(metric)}: {len(steps)} steps ({first})")
+    _oscillation(out, findings.get("oscillation") or {})
+    _plan(out, findings.get("plan"))
+    _forgetting(out, findings.get("forgetting"))
+    warnings = findings.get("warnings") or []
+    if warnings:
+        out.print("\n[bold]data warnings[/] (kept, not fatal)")
+        for w in warnings:
+            out.print(f"  - {escape(str(w))}")
+    steps = _next_steps(findings)
+    if steps:
+        out.print("\n[bold]next steps[/]")
+        for i, text in enumerate(steps, 1):
+            out.print(f"  {i}. {escape(text)}")
+    if written:
+        out.print("\nwrote " + ", ".join(escape(w) for w in written))
+
+
+def _events(findings: dict[str, Any]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Spikes of several metrics at one peak step are one event: the loss leads, the others ride along."""
+    loss = (findings.get("run") or {}).get("loss_key")
+    by_peak: dict[int, list[dict[str, Any]]] = {}
+    for s in findings.get("spikes") or []:
+        by_peak.setdefault(int(s.get("peak_step", s["step"])), []).append(s)
+    events = []
+    for peak in sorted(by_peak):
+        group = sorted(by_peak[peak], key=lambda s: (s.get("metric") != loss, str(s.get("metric"))))
+        events.append((group[0], group[1:]))
+    return events
+
+
+def _ratio(s: dict[str, Any]) -> str:
+    if isinstance(s.get("value"), (int, float)) and isinstance(s.get("baseline"), (int, float)) and s["baseline"]:
+        return f", {s['value'] / s['baseline']:.1f}x"
+    return ""
+
+
+def _spike(out: Console, s: dict[str, Any], also: list[dict[str, Any]] = ()) -> None:
+    span = f"step {s['step']}" if s.get("end_step") in (None, s["step"]) else f"steps {s['step']}-{s['end_step']}"
+    ratio = _ratio(s)
+    where = ""
+    if s.get("bucket") is not None:
+        where = f"; bucket {s['bucket']} {s.get('bucket_range', '')}"
+        if s.get("cluster_name"):
+            where += f" / '{s['cluster_name']}'"
+    out.print(f"  [red]{escape(span)}[/] {escape(str(s.get('metric')))} {fmt_num(s.get('value'))} vs baseline "
+              f"{fmt_num(s.get('baseline'))}{ratio}, score {fmt_num(s.get('score'), 3)}{escape(where)}")
+    if also:
+        riders = "; ".join(f"{a.get('metric')} {fmt_num(a.get('value'))}{_ratio(a)}" for a in also)
+        out.print(f"    at the same step: {escape(riders)}")
+    suspects = s.get("suspect_samples") or []
+    if suspects:
+        more = f" (+{len(suspects) - 8})" if len(suspects) > 8 else ""
+        out.print(f"    suspect samples: {', '.join(map(str, suspects[:8]))}{more}")
+    for e in (s.get("evidence") or [])[:MAX_EVIDENCE]:
+        out.print(f"    - {escape(str(e))}")
+
+
+def _oscillation(out: Console, osc: dict[str, Any]) -> None:
+    if not osc:
+        return
+    share = osc.get("bucket_variance_share")
+    text = "detected" + (f" (period {osc['period']} steps)" if osc.get("period") else "") if osc.get("detected") \
+        else "not detected"
+    extra = f"; {fmt_share(share)} of the detrended loss variance is explained by the bucket" if share is not None \
+        else ""
+    out.print(f"\n[bold]oscillation[/]  {text}{extra}")
+
+
+def _plan(out: Console, plan: Any) -> None:
+    if not isinstance(plan, dict):
+        out.print("\n[bold]batch composition[/]  no plan: give --plan and --samples to name batches and samples")
+        return
+    if plan.get("static") is None:
+        out.print(f"\n[bold]batch composition[/]  not checked ({escape(str(plan.get('note', '')))})")
+        return
+    retention = ", ".join(f"{x:.0%}" for x in plan.get("pair_retention") or [])
+    verdict = "[red]static across epochs[/]" if plan["static"] else "varies across epochs"
+    out.print(f"\n[bold]batch composition[/]  {verdict}; pair retention per epoch pair: {retention}")
+    for failure in plan.get("failures") or []:
+        out.print(f"  - {escape(str(failure))}")
+
+
+def _forgetting(out: Console, forgetting: Any) -> None:
+    if not isinstance(forgetting, dict):
+        return
+    sentence = forgetting.get("verdict") or (forgetting.get("evidence") or [None])[0]
+    if sentence:
+        out.print(f"\n[bold]forgetting[/]  {escape(str(sentence))}")
+
+
+def _next_steps(findings: dict[str, Any]) -> list[str]:
+    steps: list[str] = []
+    for lead, _ in _events(findings):
+        if lead.get("next_step"):
+            steps.append(lead["next_step"])
+    for key in ("oscillation", "plan", "forgetting"):
+        section = findings.get(key)
+        if isinstance(section, dict) and section.get("next_step"):
+            steps.append(section["next_step"])
+    return list(dict.fromkeys(steps))[:4]

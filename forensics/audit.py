@@ -155,10 +155,15 @@ def run_audit(
     from forensics.detect.oscillation import detect_oscillation
 
     with stage("detecting spikes"):
-        found = detect_spikes(metrics, analysed, tags=tags, boundaries=boundaries)
+        # each metric on the rows where it was written: a cell never logged (an eval metric between evals) is
+        # missing, not a NaN, and must neither break a baseline nor be reported as non-finite
+        found = []
         for col in metric_columns(metrics):
-            if col not in analysed:
-                found += NonfiniteDetector(col).detect(metrics)
+            rows = metrics.loc[report.written(metrics, col), [STEP, col]]
+            if col in analysed:
+                found += detect_spikes(rows, col, tags=tags, boundaries=boundaries)
+            else:
+                found += NonfiniteDetector(col).detect(rows)
     spikes = [f for f in found if f.kind == "spike"]
     others = [f for f in found if f.kind != "spike"]
     sections: dict[str, Any] = {}

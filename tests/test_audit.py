@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from forensics.cli import main
@@ -138,7 +140,8 @@ def test_nonfinite_values_are_reported_not_fatal(demo_small, tmp_path, capsys):
     m = pd.read_parquet(case / "metrics.parquet")
     m.loc[m["step"] == 2000, "train/loss"] = np.nan
     m.loc[m["step"] == 2001, "grad_norm"] = np.inf
-    m.to_parquet(case / "metrics.parquet")
+    # written with pyarrow so the NaN stays a NaN (pandas would store it as null, i.e. "never logged")
+    pq.write_table(pa.table({c: pa.array(m[c].to_numpy()) for c in m.columns}), case / "metrics.parquet")
     code, out, _ = audit([str(case), "--no-html", "--fail-on", "nonfinite"], capsys)
     assert code == 1
     f = json.loads((case / "findings.json").read_text())
@@ -165,3 +168,24 @@ def test_audit_does_not_modify_its_inputs(demo_small, tmp_path, capsys):
     audit([str(case), "--no-html"], capsys)
     after = {p.name: p.read_bytes() for p in case.iterdir() if p.is_file() and p.name in before}
     assert before == after
+
+
+def test_missing_cells_are_not_nonfinite_but_logged_nan_is(tmp_path, capsys):
+    """An eval metric logged every 10th step leaves gaps, not NaNs; a logged NaN survives ingest and is reported."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for step in range(600):
+        rec = {"step": step, "loss": float(2.0 * np.exp(-step / 300) + 0.5 + 0.02 * rng.standard_normal())}
+        if step % 10 == 0:
+            rec["val/loss"] = 1.0
+        lines.append(json.dumps(rec))
+    lines[300] = '{"step": 300, "loss": NaN}'
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["ingest", str(tmp_path / "m.jsonl"), "-o", str(tmp_path / "m.parquet")]) == 0
+    capsys.readouterr()
+    for src in ("m.jsonl", "m.parquet"):
+        code, _, err = audit(["--metrics", str(tmp_path / src), "--json", str(tmp_path / "f.json")], capsys)
+        assert code == 0, err
+        f = json.loads((tmp_path / "f.json").read_text())
+        assert [(x["step"], x["metric"]) for x in f["nonfinite"]] == [(300, "loss")], src
+        assert f["spikes"] == []

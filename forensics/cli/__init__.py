@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="forensics",
         description="Why did the training loss spike? Joins step metrics to the batch plan, finds spikes and "
         "oscillation, and names the bucket, cluster, batch and samples behind them.",
-        epilog="Start with:  forensics demo && forensics audit forensics-demo/static",
+        epilog="Start with:  forensics audit --demo   (builds the demo run on first use, then audits it)",
     )
     parser.add_argument("--version", action="version", version=f"forensics {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")

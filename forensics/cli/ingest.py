@@ -6,9 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from forensics.cli.common import add_command, console
 from forensics.errors import ForensicsError
-from forensics.sources import read_metrics
+from forensics.sources import read_metrics, to_arrow
 
 
 def register(sub) -> None:
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         pattern=args.pattern, strict=args.strict, run_id=args.run_id, progress=sys.stderr.isatty(),
     )
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    table.to_parquet(out_path, index=False)
+    pq.write_table(to_arrow(table, report), out_path)
     con = console()
     for line in report.summary_lines():
         con.print(line, markup=False)

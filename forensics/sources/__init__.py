@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from forensics.schema import STEP, metric_columns
 from forensics.sources.base import MetricsReader, ReaderReport, Records, open_reader
@@ -43,6 +44,16 @@ class IngestReport:
     rows: int = 0
     step_range: tuple[int, int] | None = None
     metrics: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Per metric, the steps whose NaN cell is a logged NaN (every other NaN cell of the table was never written).
+    nan_steps: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def written(self, table: pd.DataFrame, metric: str) -> np.ndarray:
+        """Boolean mask of ``table``'s rows where ``metric`` was written: a value, inf, or a logged NaN."""
+        values = table[metric].to_numpy(np.float64)
+        mask = ~np.isnan(values)
+        if metric in self.nan_steps:
+            mask |= np.isnan(values) & np.isin(table[STEP].to_numpy(np.int64), self.nan_steps[metric])
+        return mask
 
     @property
     def malformed(self) -> int:
@@ -71,6 +82,22 @@ class IngestReport:
         lines.append(f"skipped (malformed) records: {self.malformed}")
         lines += [f"warning: {w}" for w in self.warnings]
         return lines
+
+
+def to_arrow(table: pd.DataFrame, report: IngestReport) -> pa.Table:
+    """The metrics table as Arrow with missing cells as null and logged NaN kept as NaN, so that a Parquet file
+    written from it keeps the difference (pandas alone would write both as null)."""
+    arrays, names = [], []
+    for col in table.columns:
+        values = table[col].to_numpy()
+        if col == STEP:
+            arrays.append(pa.array(values, type=pa.int64()))
+        else:
+            values = values.astype(np.float64)
+            missing = ~report.written(table, col)
+            arrays.append(pa.array(values, type=pa.float64(), mask=missing))
+        names.append(str(col))
+    return pa.Table.from_arrays(arrays, names=names)
 
 
 def summarize(table: pd.DataFrame, nan_steps: dict[str, np.ndarray]) -> dict[str, dict[str, int]]:
@@ -109,6 +136,7 @@ def build_report(table: pd.DataFrame, readers: Sequence[MetricsReader], merge_wa
     if len(table):
         report.step_range = (int(table[STEP].iloc[0]), int(table[STEP].iloc[-1]))
     report.metrics = summarize(table, nan_steps)
+    report.nan_steps = dict(nan_steps)
     for r in reports:
         if r.rows == 0:
             report.warnings.append(f"{r.source}: no metrics rows found")

@@ -167,3 +167,33 @@ def test_step_mapping_round_robin_worked_example():
     assert out["step"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 3]
     assert out["rank"].tolist()[:4] == [0, 1, 0, 1]
     assert out["micro"].tolist()[:4] == [0, 0, 1, 1]
+
+
+def test_missing_extra_names_the_extra_to_install():
+    from forensics.errors import MissingExtraError, require
+
+    with pytest.raises(MissingExtraError, match=r"pip install 'loss-spike-forensics\[wandb\]'"):
+        require("forensics_no_such_module_xyz", "wandb", "Reading W&B run files")
+
+
+def test_missing_extra_is_exit_2_from_the_cli(tmp_path, capsys, monkeypatch):
+    """Without tensorboard installed, reading event files says which extra brings it (simulated by hiding it)."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def hide_tensorboard(name, *args, **kwargs):
+        if name.startswith("tensorboard"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    import sys
+
+    for mod in [m for m in sys.modules if m.startswith("tensorboard")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setattr(builtins, "__import__", hide_tensorboard)
+    (tmp_path / "events.out.tfevents.1.host").write_bytes(b"")
+    code = main(["ingest", str(tmp_path), "-o", str(tmp_path / "m.parquet")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "loss-spike-forensics[tensorboard]" in err

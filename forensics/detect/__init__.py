@@ -9,6 +9,11 @@ does not pay for compiling or loading the numba inner loop.
 - :class:`JumpinessDetector`, :func:`bucket_variance_share`, :func:`variance_share`, :func:`group_offsets`.
 - :func:`rank_suspects`, :func:`attach_suspects`: suspect samples of spike batches.
 - :func:`attach_tags`: copy bucket, cluster, epoch, ... of each finding's step onto it.
+- :func:`detect_oscillation`: periodic swings of the loss and whether the bucket or cluster order drives them.
+- :func:`forgetting_signature`: loss against steps since a cluster was last trained (slope with its CI).
+- :func:`recurrence_report`, :func:`batch_recurrence`, :func:`sample_enrichment`: spike batches across epochs.
+- :func:`precedence`: grad norm before, with or after the loss; lr and tokens/s around a spike.
+- :func:`attribute`: each spike's bucket, cluster and samples, most likely first, with evidence and a next step.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ _EXPORTS = {
     "group_offsets": "jumpiness", "eta_squared": "jumpiness", "detrend": "jumpiness",
     "Suspect": "suspects", "rank_suspects": "suspects", "rank_all": "suspects", "attach_suspects": "suspects",
     "attach_tags": "_tags",
+    "detect_oscillation": "oscillation", "forgetting_signature": "forgetting",
+    "recurrence_report": "recurrence", "batch_recurrence": "recurrence", "sample_enrichment": "recurrence",
+    "precedence": "precedence", "attribute": "attribution",
 }
 
 __all__ = sorted(_EXPORTS)

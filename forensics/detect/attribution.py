@@ -1,0 +1,348 @@
+"""Attribution: for each spike, the bucket, the cluster and the samples most likely behind it, with the evidence,
+and what to do next.
+
+For every spike finding (its peak step's batch, from the plan) this module gathers what the other rules measured and
+writes it onto a copy of the finding:
+
+1. **Bucket and cluster**, most likely first. Across the spike events of the same metric, a bucket (cluster) that
+   holds a share ``q`` of the steps but the dominant composition of ``k`` of the ``n`` spike steps gets the binomial
+   tail ``P(X >= k | n, q)``; the buckets (clusters) present in the spike's batch are ranked by that p-value, then
+   by their share of the batch. Evidence reads "bucket 5 (3296, 8192]: 8% of steps but 4 of 4 spikes (p = 4e-05);
+   all 3 samples of this batch".
+2. **Samples**, most suspect first: samples over-represented in spike batches (:func:`~forensics.detect.recurrence.
+   sample_enrichment`, in two spike batches or more, lowest p-value first), then the first-cut ranking of
+   :mod:`forensics.detect.suspects` (recurrence, then length/cluster outlyingness and near-duplicates).
+3. **Recurrence**: where the same batch came back and what the loss did there (:func:`~forensics.detect.recurrence.
+   batch_recurrence`), written to the finding's flat ``recurrence`` list (``epoch``, ``step``, ``value``,
+   ``baseline``, ``ratio``, ``overlap``, ``jaccard``, ``is_spike``) that the report draws.
+4. **Precedence**: grad norm before/with/after the loss, lr and tokens/s (:mod:`forensics.detect.precedence`).
+5. **Next step** in words: which step to replay from which checkpoint (grad-norm-led events: the steps from where
+   the grad norm started to grow), which samples to inspect, and the plan fix when the batches are static (the gate
+   says so, or the spike batch recurs in several epochs), with the what-if throughput when given.
+
+Everything lands in the finding: ``evidence`` (appended to the detector's sentences), ``suspect_samples``,
+``next_step``, the flat ``recurrence`` tag, and ``details["attribution"]`` with the ranked candidates and the
+precedence numbers. The input findings are not modified.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from forensics.detect._tags import BUCKET, BUCKET_RANGE, CLUSTER_NAME, attach_tags
+from forensics.detect.findings import Finding
+from forensics.detect.precedence import precedence
+from forensics.detect.recurrence import MIN_JACCARD, batch_recurrence, sample_enrichment, spike_span
+from forensics.detect.suspects import rank_all
+from forensics.errors import ForensicsError
+from forensics.plan.buckets import bucket_index
+from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
+
+#: A recurrence whose loss is at least this many times its baseline counts as "the loss jumped again".
+RECUR_RATIO = 1.5
+#: Bucketed strategy named in the plan fix (from the what-if), and the random one it is compared with.
+FIX_STRATEGY, RANDOM_STRATEGY = "bucketed_given", "random_shuffle"
+
+
+def attribute(
+    spikes: Sequence[Finding],
+    metrics: pd.DataFrame,
+    tags: pd.DataFrame | None = None,
+    plan: pd.DataFrame | None = None,
+    samples: pd.DataFrame | None = None,
+    *,
+    gate: Any = None,
+    whatif: Any = None,
+    boundaries: Sequence[int] | None = None,
+    max_len: int = MAX_LEN,
+    checkpoint_every: int | None = None,
+    checkpoints: Sequence[int] | None = None,
+    min_jaccard: float = MIN_JACCARD,
+    top: int = 20,
+) -> list[Finding]:
+    """Copies of ``spikes`` (same order) with the attribution of the module docstring.
+
+    ``tags``: the tagging stage's table; ``plan`` with ``step`` and ``sample_id``; ``samples`` with ``sample_id``,
+    ``n_tokens`` and, from tagging, ``cluster``/``cluster_name`` (and ``bucket``). Without a plan only precedence and
+    the checkpoint advice are given. ``gate``: a :class:`~forensics.plan.gate.GateResult` or its JSON (``static``);
+    ``whatif``: a :class:`~forensics.plan.whatif.WhatIf` or its ``to_dict()``; ``checkpoint_every`` /
+    ``checkpoints``: the run's checkpoint cadence or saved steps, for naming the checkpoint to replay from.
+    """
+    boundaries = list(boundaries) if boundaries is not None else list(DEFAULT_BOUNDARIES)
+    out = [copy.deepcopy(f) for f in spikes]
+    attach_tags([f for f in out if BUCKET not in f.tags], tags, boundaries)
+    smp = _samples_with_groups(samples, boundaries, max_len) if samples is not None else None
+    loss_key = _loss_key(metrics)
+    for metric in dict.fromkeys(f.metric for f in out):
+        group = [f for f in out if f.metric == metric]
+        _attribute_group(group, metric if metric in metrics.columns else loss_key, metrics, tags, plan, smp,
+                         gate, whatif, checkpoint_every, checkpoints, min_jaccard, top)
+    return out
+
+
+def _loss_key(metrics: pd.DataFrame) -> str | None:
+    try:
+        return find_loss_key(metrics.columns)
+    except ForensicsError:  # no loss column: recurrence then reports no values
+        return None
+
+
+def _samples_with_groups(samples: pd.DataFrame, boundaries: list[int], max_len: int) -> pd.DataFrame:
+    """The samples with a ``bucket`` column (computed from ``n_tokens`` when absent); never modifies the input."""
+    smp = samples.drop_duplicates(SAMPLE_ID)
+    if BUCKET not in smp.columns and N_TOKENS in smp.columns:
+        lengths = np.minimum(smp[N_TOKENS].to_numpy(np.int64), max_len)
+        smp = smp.assign(**{BUCKET: bucket_index(lengths, boundaries)})
+    return smp
+
+
+def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataFrame, tags: pd.DataFrame | None,
+                     plan: pd.DataFrame | None, smp: pd.DataFrame | None, gate: Any, whatif: Any,
+                     every: int | None, saved: Sequence[int] | None, min_jaccard: float, top: int) -> None:
+    prec = precedence(group, metrics)
+    has_plan = plan is not None and STEP in plan.columns and SAMPLE_ID in plan.columns
+    rec = batch_recurrence(group, plan, metrics if metric else None, tags, metric=metric,
+                           min_jaccard=min_jaccard) if has_plan else [None] * len(group)
+    enr = (sample_enrichment(group, plan, steps=metrics[STEP].to_numpy(np.int64)).set_index(SAMPLE_ID)
+           if has_plan else None)
+    ranked = (rank_all(group, plan, smp, top=None) if has_plan and smp is not None and N_TOKENS in smp.columns
+              else [[] for _ in group])
+    peaks = [spike_span(f)[2] for f in group]
+    conc = {col: _concentration(peaks, tags, col) for col in (BUCKET, CLUSTER)} if tags is not None else {}
+    ids_only = pd.DataFrame({SAMPLE_ID: plan[SAMPLE_ID].unique()}) if has_plan and smp is None else None
+    batches = _batches(plan, smp if smp is not None else ids_only, peaks) if has_plan else {}
+    for f, p, r, suspects in zip(group, prec, rec, ranked):
+        batch = batches.get(spike_span(f)[2]) if batches else None
+        attribution: dict[str, Any] = {"precedence": p}
+        evidence: list[str] = []
+        for col in (BUCKET, CLUSTER):
+            cands = _candidates(col, batch, conc.get(col), f, len(group))
+            attribution[f"{col}s"] = cands
+            if cands:
+                evidence.append(_candidate_sentence(col, cands[0], f))
+        order, sample_rows = _order_samples(suspects, enr, batch)
+        f.suspect_samples = order[:top]
+        attribution["samples"] = sample_rows[:top]
+        if sample_rows:
+            evidence.append(_samples_sentence(sample_rows))
+        if r is not None:
+            f.tags["recurrence"] = [{k: row[k] for k in ("epoch", "step", "value", "baseline", "ratio", "overlap",
+                                                          "jaccard", "is_spike")} for row in r["recurrences"]]
+            attribution["recurrence"] = {k: v for k, v in r.items() if k not in ("evidence", "recurrences")}
+            evidence.append(r["evidence"])
+        evidence.extend(p["evidence"])
+        f.evidence = list(f.evidence) + evidence
+        f.details["attribution"] = attribution
+        f.next_step = _next_step(f, p, r, sample_rows, gate, whatif, every, saved, has_plan)
+
+
+# --- bucket and cluster --------------------------------------------------------------------------------------------
+def _concentration(peaks: list[int], tags: pd.DataFrame, col: str) -> pd.DataFrame | None:
+    """Per group of ``col``: share of all steps, spike events whose peak step it dominates, binomial tail p."""
+    if col not in tags.columns or STEP not in tags.columns:
+        return None
+    t = tags[[STEP, col]].dropna()
+    if t.empty:
+        return None
+    share = t[col].astype(np.int64).value_counts(normalize=True)
+    at_peaks = t.set_index(STEP)[col].reindex(peaks).dropna().astype(np.int64)
+    k = at_peaks.value_counts().reindex(share.index, fill_value=0)
+    n = len(at_peaks)
+    p = stats.binom.sf(k.to_numpy() - 1, n, share.to_numpy()) if n else np.ones(len(share))
+    return pd.DataFrame({"share_of_steps": share, "n_spikes": k, "p_value": np.where(k > 0, p, 1.0),
+                         "n_events": n})
+
+
+def _batches(plan: pd.DataFrame, smp: pd.DataFrame, steps: list[int]) -> dict[int, pd.DataFrame]:
+    """The samples (rows of ``smp``) of each of ``steps``, from one pass over the plan."""
+    rows = plan.loc[plan[STEP].isin(steps), [STEP, SAMPLE_ID]].drop_duplicates()
+    joined = rows.merge(smp, on=SAMPLE_ID, how="inner")
+    return {int(s): g.drop(columns=[STEP]) for s, g in joined.groupby(STEP, sort=True)}
+
+
+def _candidates(col: str, batch: pd.DataFrame | None, conc: pd.DataFrame | None, f: Finding,
+                n_events: int) -> list[dict[str, Any]]:
+    """The groups of ``col`` in the spike's batch (or the step's tag alone), most likely first."""
+    if batch is not None and col in batch.columns and len(batch):
+        counts = batch[col].astype(np.int64).value_counts()
+        names = (batch.drop_duplicates(col).set_index(col)[CLUSTER_NAME].to_dict()
+                 if col == CLUSTER and CLUSTER_NAME in batch.columns else {})
+        size = len(batch)
+    elif col in f.tags and f.tags[col] is not None:
+        counts = pd.Series({int(f.tags[col]): 0})
+        names = {int(f.tags[col]): f.tags.get(CLUSTER_NAME)} if col == CLUSTER else {}
+        size = 0
+    else:
+        return []
+    rows = []
+    for g, c in counts.items():
+        g = int(g)
+        has = conc is not None and g in conc.index
+        row = {col: g, "in_batch": int(c), "batch_size": int(size),
+               "share_of_steps": float(conc.loc[g, "share_of_steps"]) if has else None,
+               "n_spikes": int(conc.loc[g, "n_spikes"]) if has else None,
+               "n_events": int(conc["n_events"].iloc[0]) if conc is not None and len(conc) else n_events,
+               "p_value": float(conc.loc[g, "p_value"]) if has else None}
+        if col == BUCKET and f.tags.get(BUCKET) == g and f.tags.get(BUCKET_RANGE):
+            row[BUCKET_RANGE] = f.tags[BUCKET_RANGE]
+        if col == CLUSTER:
+            name = names.get(g) if names.get(g) is not None else (
+                f.tags.get(CLUSTER_NAME) if f.tags.get(CLUSTER) == g else None)
+            row[CLUSTER_NAME] = None if name is None else str(name)
+        rows.append(row)
+    rows.sort(key=lambda r: (r["p_value"] if r["p_value"] is not None else 1.0, -r["in_batch"], r[col]))
+    return rows
+
+
+def _candidate_sentence(col: str, c: dict[str, Any], f: Finding) -> str:
+    g = c[col]
+    if col == BUCKET:
+        label = f"bucket {g}" + (f" {c[BUCKET_RANGE]}" if c.get(BUCKET_RANGE) else "")
+    else:
+        label = f"cluster {g}" + (f" '{c[CLUSTER_NAME]}'" if c.get(CLUSTER_NAME) else "")
+    facts = []
+    if c["share_of_steps"] is not None:
+        n = c["n_events"]
+        facts.append(f"{100 * c['share_of_steps']:.0f}% of steps but {c['n_spikes']} of {n} {f.metric or ''} "
+                     f"spike{'s' if n != 1 else ''}".replace("  ", " ")
+                     + (f" (binomial p = {c['p_value']:.2g})" if c["n_spikes"] else ""))
+    if c["batch_size"]:
+        facts.append(f"all {c['batch_size']} samples of this batch" if c["in_batch"] == c["batch_size"]
+                     else f"{c['in_batch']} of {c['batch_size']} samples of this batch")
+    return f"{label}: {'; '.join(facts)}." if facts else f"{label}."
+
+
+# --- samples ---------------------------------------------------------------------------------------------------------
+def _order_samples(suspects: list, enr: pd.DataFrame | None,
+                   batch: pd.DataFrame | None) -> tuple[list[int], list[dict[str, Any]]]:
+    """Sample ids most suspect first, and a row per sample with the numbers behind its place."""
+    if suspects:
+        base = [(s.sample_id, s.score, s.reasons) for s in suspects]
+    elif batch is not None and len(batch):
+        base = [(int(i), 0.0, []) for i in sorted(batch[SAMPLE_ID].astype(int).tolist())]
+    else:
+        return [], []
+    rows = []
+    for rank, (sid, score, reasons) in enumerate(base):
+        e = enr.loc[sid] if enr is not None and sid in enr.index else None
+        k = int(e["n_spike_batches"]) if e is not None else 1
+        rows.append({
+            "sample_id": int(sid), "n_spike_batches": k,
+            "spike_steps": list(e["spike_steps"]) if e is not None else [],
+            "p_value": float(e["p_value"]) if e is not None else None,
+            "p_bonferroni": float(e["p_bonferroni"]) if e is not None else None,
+            "outlyingness": float(score), "reasons": list(reasons), "_rank": rank,
+        })
+    rows.sort(key=lambda r: (0 if r["n_spike_batches"] >= 2 else 1,
+                             r["p_value"] if r["n_spike_batches"] >= 2 and r["p_value"] is not None else 1.0,
+                             r["_rank"]))
+    for r in rows:
+        del r["_rank"]
+    return [r["sample_id"] for r in rows], rows
+
+
+def _samples_sentence(rows: list[dict[str, Any]]) -> str:
+    shared = [r for r in rows if r["n_spike_batches"] >= 2]
+    if shared:
+        first = shared[0]
+        same = [r for r in shared if r["spike_steps"] == first["spike_steps"]]
+        ids = ", ".join(str(r["sample_id"]) for r in same[:6]) + (" ..." if len(same) > 6 else "")
+        steps = first["spike_steps"]
+        verb = "is" if len(same) == 1 else "are"
+        text = (f"Samples {ids} {verb} in {len(steps)} spike batches (steps {', '.join(map(str, steps[:8]))}; "
+                f"p = {first['p_value']:.2g}, {first['p_bonferroni']:.2g} after Bonferroni over the plan's samples)")
+    else:
+        text = "No sample of this batch is in another spike batch"
+    top = rows[0]
+    why = "; ".join(top["reasons"][:3])
+    return text + f". First suspect: sample {top['sample_id']}" + (f": {why}." if why else ".")
+
+
+# --- next step -------------------------------------------------------------------------------------------------------
+def checkpoint_before(step: int, every: int | None = None, saved: Sequence[int] | None = None) -> str:
+    """Words naming the checkpoint to replay ``step`` from (the last one saved before it)."""
+    if saved:
+        before = [int(s) for s in saved if int(s) < step]
+        if before:
+            return f"the checkpoint saved at step {max(before)}"
+        return f"the earliest checkpoint (none is saved before step {step}: replay from the start)"
+    if every and every > 0:
+        c = (step // every) * every
+        c = c - every if c >= step else c
+        if c >= 0:
+            return f"the checkpoint before it (step {c} with a checkpoint every {every} steps, or the nearest saved)"
+    return f"the nearest checkpoint saved before step {step}"
+
+
+def _is_static(gate: Any) -> bool | None:
+    if gate is None:
+        return None
+    static = gate.get("static") if isinstance(gate, dict) else getattr(gate, "static", None)
+    return None if static is None else bool(static)
+
+
+def _strategy(whatif: Any, name: str) -> dict[str, float] | None:
+    if whatif is None:
+        return None
+    items = whatif.get("strategies", []) if isinstance(whatif, dict) else getattr(whatif, "strategies", [])
+    for s in items:
+        d = s if isinstance(s, dict) else vars(s)
+        if d.get("name") == name:
+            return {"share": float(d.get("throughput_vs_sorted", np.nan)), "tps": float(d.get("tokens_per_s", np.nan))}
+    return None
+
+
+def _tok(x: float) -> str:
+    return f"{x / 1000:.0f}K tok/s" if np.isfinite(x) and x >= 1000 else f"{x:.3g} tok/s"
+
+
+def plan_fix(whatif: Any = None) -> str:
+    """The plan fix in words, with the what-if throughput of the bucketed shuffle and of a random shuffle."""
+    fix, rnd = _strategy(whatif, FIX_STRATEGY), _strategy(whatif, RANDOM_STRATEGY)
+    text = ("rebuild batches every epoch with bucketed_shuffle (shuffle inside length buckets, then pack) so that "
+            "the same samples stop meeting in every epoch")
+    if fix is not None and np.isfinite(fix["share"]):
+        text += f": ~{100 * fix['share']:.0f}% of the sorted throughput ({_tok(fix['tps'])})"
+        if rnd is not None and np.isfinite(rnd["share"]):
+            text += f" instead of random's ~{100 * rnd['share']:.0f}% ({_tok(rnd['tps'])})"
+    else:
+        text += " (`forensics whatif` measures its throughput against the sorted plan)"
+    return text
+
+
+def _next_step(f: Finding, p: dict[str, Any], r: dict[str, Any] | None, sample_rows: list[dict[str, Any]],
+               gate: Any, whatif: Any, every: int | None, saved: Sequence[int] | None, has_plan: bool) -> str:
+    start, _, peak = spike_span(f)
+    parts = []
+    if p["grad_norm"] == "leads":
+        first = p["grad_norm_first_step"]
+        parts.append(f"The grad norm grew {p['lead_steps']} steps before the loss: replay steps {first}-{peak} from "
+                     f"{checkpoint_before(first, every, saved)} and look at the optimizer state (Adam moments, loss "
+                     "scale) and lr as well as the batches")
+    else:
+        parts.append(f"Replay step {peak} from {checkpoint_before(peak, every, saved)} and compare its loss with "
+                     "control batches of the same bucket")
+    if not has_plan:
+        parts.append("record or rebuild the batch plan (--plan) to name the batch and its samples")
+    shared = [s for s in sample_rows if s["n_spike_batches"] >= 2]
+    if shared:
+        ids = ", ".join(str(s["sample_id"]) for s in shared[:6])
+        parts.append(f"inspect samples {ids} (in {shared[0]['n_spike_batches']} spike batches) and drop or fix "
+                     "them if they are corrupt")
+    elif sample_rows:
+        parts.append(f"inspect sample {sample_rows[0]['sample_id']} first")
+    recurring = r is not None and len(r["epochs"]) >= 2
+    static = _is_static(gate)
+    if static or (static is None and recurring):
+        again = [x for x in (r or {}).get("recurrences", []) if x["ratio"] is not None and x["ratio"] >= RECUR_RATIO]
+        why = (f"the batch recurs in {len(r['epochs'])} other epochs" if recurring else "the plan is static") + (
+            f" and the loss jumped there too (step {again[0]['step']}: {again[0]['ratio']:.2g}x its baseline)"
+            if again else "")
+        parts.append(f"{why}: {plan_fix(whatif)}")
+    return "; ".join(parts) + "."

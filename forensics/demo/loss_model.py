@@ -30,8 +30,9 @@ and ``share_c(s)`` the share of the batch's tokens from source ``c``::
 The other metrics::
 
     train/acc     = clip(exp(-acc_k * loss) + Normal(0, acc_noise_sd), 0, 1)
-    grad_norm     = (grad_floor + grad_warm * exp(-s / grad_tau)) * (1 + grad_gain * (corrupt + aftershock))
+    grad_norm     = (grad_floor + grad_warm * exp(-s / grad_tau)) * (1 + grad_gain * collective(+ aftershock))
                     * LogNormal(0, grad_noise_sd)               rises at the same step as a data-led spike
+                    (collective = the hill term of corrupt(s): a lone duplicate's gradient is diluted by its batch)
     lr            = linear warm-up over lr_warmup_steps to lr_peak, cosine decay to lr_peak * lr_min_ratio
     tokens_per_s  = real_tokens / (padded_tokens / padded_tokens_per_s + step_overhead_s) * LogNormal(0, tps_noise_sd)
     _timestamp    = start_time + cumulative step time
@@ -204,19 +205,23 @@ def simulate(
     n_corrupt = np.bincount(c_steps, minlength=n_steps)
     corrupt_tokens = np.bincount(c_steps, weights=tokens[is_corrupt], minlength=n_steps)
     mean_exposure = np.bincount(c_steps, weights=exposures, minlength=n_steps) / np.maximum(n_corrupt, 1)
-    corrupt = (corrupt_tokens / real) * p.memorise_decay ** mean_exposure * (
-        p.corrupt_amplitude * p.hill(n_corrupt) + p.corrupt_sample_offset)
+    weight = (corrupt_tokens / real) * p.memorise_decay ** mean_exposure
+    collective = weight * p.corrupt_amplitude * p.hill(n_corrupt)
+    corrupt = collective + weight * p.corrupt_sample_offset
     corrupt[n_corrupt == 0] = 0.0
     k = np.arange(1, 16, dtype=np.float64)
     kernel = np.concatenate([[0.0], p.aftershock_frac * np.exp(-k / p.aftershock_tau)])
     aftershock = np.convolve(corrupt, kernel)[:n_steps]
     excess = corrupt + aftershock
+    # the gradient follows the collective push only: a lone corrupted sample has a high loss of its own, but its
+    # gradient is diluted by the rest of the batch, so it does not move the batch's gradient norm
+    grad_excess = collective + np.convolve(collective, kernel)[:n_steps]
 
     noise = rng.normal(0.0, 1.0, n_steps) * p.noise_sd * np.clip(np.sqrt(p.noise_ref_tokens / real), 0.5, 3.0)
     loss = trend + composition + forgetting + excess + noise
 
     acc = np.clip(np.exp(-p.acc_k * loss) + rng.normal(0.0, p.acc_noise_sd, n_steps), 0.0, 1.0)
-    grad_norm = (p.grad_floor + p.grad_warm * np.exp(-s / p.grad_tau)) * (1.0 + p.grad_gain * excess) \
+    grad_norm = (p.grad_floor + p.grad_warm * np.exp(-s / p.grad_tau)) * (1.0 + p.grad_gain * grad_excess) \
         * rng.lognormal(0.0, p.grad_noise_sd, n_steps)
     warm = np.minimum((s + 1) / p.lr_warmup_steps, 1.0)
     progress = np.clip((s - p.lr_warmup_steps) / max(n_steps - p.lr_warmup_steps, 1), 0.0, 1.0)

@@ -431,8 +431,22 @@ def run_rows(pf, pi, win, ist, fst, bucket_f, bucket_i, bucket_m, pend_i, pend_f
             base_out[i] = base
             score_out[i] = zz
             ist[I_N_JUDGED] += 1
-            if zz >= z_thr and r > 0 and r >= max((ratio - 1.0) * abs(base), min_jump):
+            flag = zz >= z_thr and r > 0 and r >= max((ratio - 1.0) * abs(base), min_jump)
+            below_only = False
+            if flag and known and off < 0.0:
+                r0 = v - t
+                below_only = not (r0 / sc >= z_thr and r0 >= max((ratio - 1.0) * abs(t), min_jump))
+                if below_only and bucket_i[b, 1] < Wb:
+                    # flagged only because a young bucket's offset sits below the trend: an offset resting on a
+                    # few steps (a rare bucket first seen in the warm-up's steep descent) is not trusted alone
+                    flag = False
+            if flag:
                 status[i] = FLAGGED
+                if below_only:
+                    # flagged only because its bucket sits below the trend: the bucket keeps learning its
+                    # level, or an offset learned early would flag every later step of that bucket and never
+                    # correct itself
+                    _bucket_push(bucket_f, bucket_i, bucket_m, ist, fst, b, Wb, min_b, v - t)
                 _ring_push(win[W_SHADOW], ist, I_SHADOW_HEAD, D, y)
                 if ist[I_OPEN] == 0:
                     ist[I_OPEN] = 1

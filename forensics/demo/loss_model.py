@@ -88,7 +88,7 @@ class LossModelParams:
     corrupt_sample_offset: float = 0.4  # a corrupted sample's own extra loss (garbage text is hard to predict)
     hill_half: float = 2.6  # duplicates per batch at half the collective effect
     hill_power: float = 10.0  # steepness: 1 -> ~0, 2 -> 0.07, 3 -> 0.81, 4 -> 0.99
-    memorise_decay: float = 0.25  # the effect shrinks by this factor with each earlier exposure
+    memorise_decay: float = 0.2  # the effect shrinks by this factor with each earlier exposure
     aftershock_frac: float = 0.05
     aftershock_tau: float = 1.5  # steps
     label_threshold: float = 0.5  # corrupt + aftershock at or above this is a labelled spike

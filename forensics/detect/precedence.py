@@ -115,7 +115,7 @@ def precedence(
     lead_window: int = 10,
     lag_window: int = 3,
     baseline_rows: int = 50,
-    factor: float = 2.0,
+    factor: float = 1.5,
     z: float = 4.0,
     lr_window: int = 20,
     lr_jump: float = 0.2,

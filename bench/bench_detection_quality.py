@@ -1,0 +1,259 @@
+"""Bench of detection quality (issue 10, part 5): our detector and the frameworks' rules, one corpus, one table.
+
+The corpus is the project's own labelled corpus (:mod:`forensics.demo.corpus`: runs with known spikes of six shapes,
+Gaussian and heavy-tailed noise, bucket effects, NaN steps, resumed logs, grad accumulation, level shifts); the
+scores are :mod:`forensics.detect.scoring`'s (a hit = a detected event starting within 2 steps of a labelled start;
+false events = events outside every labelled span, per 10,000 clean steps; attribution = the labelled bucket, cluster
+and samples named first). Detectors, each on the loss:
+
+- ``forensics + tags + plan``: what ``forensics audit`` runs with a plan: :func:`~forensics.detect.detect_spikes`
+  with the tags table (each step judged against its bucket), then suspects and attribution;
+- ``forensics, metrics only``: :func:`~forensics.detect.detect_spikes` without tags;
+- the five framework rules of :mod:`forensics.detect.framework_rules`, with their published parameters.
+
+Rows are ranked: first the detectors within the issue's false-event target (at most 1 per 10,000 clean steps), by
+recall; then the others, by false-event rate. The target check below the table compares each of our rows with every
+rule: recall at least theirs, fewer false events than any rule of equal recall, at most 1 false event per 10,000
+clean steps. A second table splits the false events by kind of run; a third runs every detector on the real logs in
+``../shared/data/real-logs`` (modded-nanogpt's noisy ``train_loss``; BLOOM-176B's spike at iteration 31219).
+
+Output: printed, and written as Markdown to ``--out`` (default ``bench/out/detection_quality.md``, git-ignored).
+
+    python3 bench/bench_detection_quality.py            # the full corpus (~47 runs, ~450K steps)
+    python3 bench/bench_detection_quality.py --quick    # one run per kind, shorter
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from forensics.demo.corpus import SHAPES, Run, corpus_specs, make_run
+from forensics.demo.loss_model import LOSS
+from forensics.detect import attach_suspects, detect_spikes
+from forensics.detect.attribution import attribute
+from forensics.detect.findings import Finding
+from forensics.detect.framework_rules import FRAMEWORK_RULES, MetaseqEwmRatio
+from forensics.detect.scoring import ATTRIBUTION_KEYS, MARGIN, Score, score_run
+from forensics.sources import read_metrics
+
+OURS_TAGS = "forensics + tags + plan"
+OURS_PLAIN = "forensics, metrics only"
+OURS = (OURS_TAGS, OURS_PLAIN)
+TARGET_FALSE_PER_10K = 1.0
+REAL_LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-logs"
+BLOOM_SPIKE = 31219
+
+
+# --- detectors -------------------------------------------------------------------------------------------------------
+def ours_with_tags(metrics: pd.DataFrame, metric: str, run: Run | None = None) -> list[Finding]:
+    """The audit's path with a plan: spikes judged per bucket, then suspects and attribution."""
+    found = detect_spikes(metrics, metric, tags=run.tags if run is not None else None)
+    spikes = [f for f in found if f.kind == "spike"]
+    if run is None or not spikes:
+        return spikes
+    attach_suspects(spikes, run.plan, run.samples)
+    return attribute(spikes, metrics, run.tags, run.plan, run.samples)
+
+
+def ours_plain(metrics: pd.DataFrame, metric: str, run: Run | None = None) -> list[Finding]:
+    return detect_spikes(metrics, metric)
+
+
+def _rule(cls) -> Callable[[pd.DataFrame, str, Run | None], list[Finding]]:
+    def detect(metrics: pd.DataFrame, metric: str, run: Run | None = None) -> list[Finding]:
+        return cls(metric).detect(metrics)
+    return detect
+
+
+DETECTORS: dict[str, Callable[[pd.DataFrame, str, Run | None], list[Finding]]] = {
+    OURS_TAGS: ours_with_tags, OURS_PLAIN: ours_plain, **{cls.label: _rule(cls) for cls in FRAMEWORK_RULES},
+}
+#: metaseq publishes no default for ``--ewm-ratio-to-skip-batch``: its row uses 1.5, these show other choices.
+METASEQ_RATIOS = (2.0, 3.0)
+
+
+# --- formatting ------------------------------------------------------------------------------------------------------
+def pct(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+
+
+def rate(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.2f}"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def ranked(scores: dict[str, Score]) -> list[str]:
+    """Within the false-event target first, by recall (then fewer false events); then the rest by false rate."""
+    def key(name: str):
+        s = scores[name]
+        ok = s.false_per_10k <= TARGET_FALSE_PER_10K
+        return (0, -s.n_hits, s.n_false, name) if ok else (1, s.false_per_10k, -s.n_hits, name)
+    return sorted(scores, key=key)
+
+
+def main_table(scores: dict[str, Score], seconds: dict[str, float]) -> list[str]:
+    shapes = [s for s in SHAPES if any(s in sc.by_shape for sc in scores.values())]
+    header = (["#", "detector", "recall", *[f"{s}" for s in shapes], "false / 10K clean", "false events",
+               *[f"attr. {k}" for k in ATTRIBUTION_KEYS], "seconds"])
+    rows = []
+    for i, name in enumerate(ranked(scores), start=1):
+        s = scores[name]
+        attr = [pct(s.attribution_accuracy(k)) if s.names_anything else "n/a" for k in ATTRIBUTION_KEYS]
+        rows.append([str(i), f"**{name}**" if name in OURS else name, f"{pct(s.recall)} ({s.n_hits}/{s.n_labels})",
+                     *[pct(s.shape_recall(sh)) for sh in shapes], rate(s.false_per_10k), str(s.n_false), *attr,
+                     f"{seconds[name]:.2f}"])
+    return md_table(header, rows)
+
+
+def target_check(scores: dict[str, Score]) -> list[str]:
+    lines = []
+    rules = [n for n in scores if n not in OURS]
+    for ours in OURS:
+        s = scores[ours]
+        fails = []
+        for r in rules:
+            o = scores[r]
+            if s.n_hits < o.n_hits:
+                fails.append(f"recall below {r} ({pct(s.recall)} < {pct(o.recall)})")
+            elif s.n_hits == o.n_hits and not s.n_false < o.n_false:
+                fails.append(f"equal recall to {r} without fewer false events ({s.n_false} vs {o.n_false})")
+        if s.false_per_10k > TARGET_FALSE_PER_10K:
+            fails.append(f"{rate(s.false_per_10k)} false events per 10K clean steps (target <= "
+                         f"{TARGET_FALSE_PER_10K:g})")
+        verdict = "PASS" if not fails else "FAIL: " + "; ".join(fails)
+        lines.append(f"- **{ours}**: {verdict}")
+    return lines
+
+
+def kind_table(by_kind: dict[str, dict[str, Score]], names: list[str]) -> list[str]:
+    kinds = list(by_kind)
+    header = ["detector", *kinds]
+    rows = [[name, *[rate(by_kind[k][name].false_per_10k) + f" ({by_kind[k][name].n_false})" for k in kinds]]
+            for name in names]
+    clean = ["clean steps", *[f"{by_kind[k][names[0]].n_clean_steps:,}" for k in kinds]]
+    return md_table(header, [clean, *rows])
+
+
+# --- real logs -------------------------------------------------------------------------------------------------------
+def real_logs(folder: Path) -> list[str]:
+    files = {"modded-nanogpt": ("modded-nanogpt-1b-adamw.log", "train_loss"),
+             "BLOOM-176B": ("bloom-176b-tr11-megatron.log", "lm loss")}
+    if not all((folder / f).exists() for f, _ in files.values()):
+        return [f"(real logs not found in {folder}: skipped)"]
+    tables = {}
+    for name, (fname, metric) in files.items():
+        metrics, _ = read_metrics([folder / fname])
+        tables[name] = metrics.loc[metrics[metric].notna(), ["step", metric]].reset_index(drop=True)
+    header = ["detector", "modded-nanogpt events", "of which one step", "BLOOM events", f"BLOOM {BLOOM_SPIKE} found"]
+    rows = []
+    for name, fn in DETECTORS.items():
+        found = {k: [f for f in fn(tables[k], files[k][1], None) if f.kind == "spike"] for k in tables}
+        mod = found["modded-nanogpt"]
+        one = sum(1 for f in mod if (f.end_step if f.end_step is not None else f.step) == f.step)
+        bloom = found["BLOOM-176B"]
+        hit = any(abs(f.step - BLOOM_SPIKE) <= MARGIN or f.step <= BLOOM_SPIKE <= (f.end_step or f.step)
+                  for f in bloom)
+        rows.append([name, str(len(mod)), str(one), str(len(bloom)), "yes" if hit else "no"])
+    n_mod, n_bloom = len(tables["modded-nanogpt"]), len(tables["BLOOM-176B"])
+    notes = [f"modded-nanogpt: {n_mod:,} logged steps of `train_loss` (rank 0's last micro-batch; its README counts "
+             f"~36 one-step spikes of 1.5-1.9x that recover at the next step). BLOOM: the {n_bloom} logged iterations "
+             f"of the chronicle's excerpt (12695, 31214-31222, 31250-31251, 45000) of `lm loss`; our detector "
+             f"judges nothing before `min_periods` (32) accepted values, so it cannot judge an excerpt this short."]
+    return md_table(header, rows) + [""] + notes
+
+
+# --- main ------------------------------------------------------------------------------------------------------------
+def run_bench(size: str, seed: int, real: Path | None) -> list[str]:
+    specs = corpus_specs(size, seed)
+    scores = {name: Score() for name in DETECTORS}
+    seconds = dict.fromkeys(DETECTORS, 0.0)
+    by_kind: dict[str, dict[str, Score]] = {}
+    sensitivity = {r: Score() for r in METASEQ_RATIOS}
+    build_s = 0.0
+    n_steps = 0
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("corpus runs", total=len(specs))
+        for spec in specs:
+            progress.update(task, description=f"{spec.name:16s}")
+            t = time.perf_counter()
+            run = make_run(spec)
+            build_s += time.perf_counter() - t
+            n_steps += run.n_steps
+            spans = run.labels.spans()
+            steps = run.metrics["step"].to_numpy(np.int64)
+            kind = spec.name.rsplit("-", 1)[0]
+            for name, fn in DETECTORS.items():
+                t = time.perf_counter()
+                found = fn(run.metrics, LOSS, run)
+                seconds[name] += time.perf_counter() - t
+                sc = score_run(run.labels.spikes, spans, steps, found, metric=LOSS)
+                scores[name] = scores[name] + sc
+                by_kind.setdefault(kind, {}).setdefault(name, Score())
+                by_kind[kind][name] = by_kind[kind][name] + sc
+            for r in METASEQ_RATIOS:
+                found = MetaseqEwmRatio(LOSS, ratio=r).detect(run.metrics)
+                sensitivity[r] = sensitivity[r] + score_run(run.labels.spikes, spans, steps, found, metric=LOSS)
+            progress.advance(task)
+    any_score = scores[OURS_TAGS]
+    out = [f"# Detection quality: {len(specs)} corpus runs ({size}, seed {seed}), {n_steps:,} steps, "
+           f"{any_score.n_labels} labelled spikes, {any_score.n_clean_steps:,} clean steps",
+           "",
+           f"Corpus built in {build_s:.1f} s. A hit is a detected event starting within {MARGIN} steps of a "
+           f"labelled start; false events start outside every labelled span. Rank: within the target of "
+           f"{TARGET_FALSE_PER_10K:g} false event per 10K clean steps first, by recall; then the rest by false rate. "
+           f"Shape columns are recall per spike shape; attribution is over hits whose label names it (n/a: the "
+           f"detector names no bucket, cluster or sample).", ""]
+    out += main_table(scores, seconds)
+    out += ["", "## Target check (issue 10)", ""] + target_check(scores)
+    out += ["", "metaseq's skip threshold (`--ewm-ratio-to-skip-batch`) has no published default; its row uses 1.5 "
+            "(our detector's `ratio`). Other choices: " + "; ".join(
+                f"{r:g}: recall {pct(sc.recall)}, {rate(sc.false_per_10k)} false / 10K"
+                for r, sc in sensitivity.items()) + "."]
+    out += ["", "## False events per 10K clean steps, by kind of run (count in brackets)", ""]
+    out += kind_table(by_kind, ranked(scores))
+    if real is not None:
+        out += ["", "## Real logs", ""] + real_logs(real)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", choices=("full", "quick", "test"), default="full", help="corpus size (default full)")
+    p.add_argument("--quick", action="store_true", help="same as --size quick")
+    p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+    p.add_argument("--real-logs", type=Path, default=REAL_LOGS, help="folder of the real logs")
+    p.add_argument("--no-real-logs", action="store_true", help="skip the real logs")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "detection_quality.md")
+    args = p.parse_args(argv)
+    size = "quick" if args.quick else args.size
+    t = time.perf_counter()
+    lines = run_bench(size, args.seed, None if args.no_real_logs else args.real_logs)
+    lines += ["", f"Total {time.perf_counter() - t:.1f} s. Command: `python3 bench/bench_detection_quality.py"
+              f"{' --size ' + size if size != 'full' else ''}{' --seed ' + str(args.seed) if args.seed else ''}`"]
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+    print(f"\nwritten to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

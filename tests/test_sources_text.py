@@ -172,3 +172,18 @@ def test_step_key_names_another_step_word(tmp_path):
     df, _ = read_metrics([path], step_key="it")
     assert df["step"].tolist() == [0, 1, 2, 3] and df["loss"].tolist() == [0.0, 0.5, 1.0, 1.5]
     assert df["epoch"].tolist() == [1.0] * 4
+
+
+def test_nanogpt_iter_and_eval_lines(tmp_path):
+    """nanoGPT's train.py prints ``iter N: loss X, time Yms, mfu Z%`` and ``step N: train loss X, val loss Y``."""
+    log = tmp_path / "nanogpt.log"
+    lines = ["step 0: train loss 10.9876, val loss 10.9901"]
+    lines += [f"iter {i}: loss {10 - i / 10:.4f}, time {120 + i:.2f}ms, mfu {30 + i / 100:.2f}%" for i in range(0, 50, 10)]
+    lines += ["step 50: train loss 5.5000, val loss 5.6000", "saving checkpoint to out"]
+    log.write_text("\n".join(lines) + "\n")
+    table, report = read_metrics([log])
+    assert table["step"].tolist() == [0, 10, 20, 30, 40, 50]
+    assert table["loss"].tolist()[:5] == [10.0, 9.0, 8.0, 7.0, 6.0]
+    assert table.loc[table["step"] == 50, "val loss"].item() == 5.6
+    assert table.loc[table["step"] == 0, "train loss"].item() == 10.9876
+    assert table["time"].tolist()[1] == 130.0 and report.malformed == 0

@@ -39,7 +39,7 @@ _STEP_WORDS = ("global_step", "iteration", "step", "iter")
 def _step_regex(words: tuple[str, ...]) -> re.Pattern:
     alternatives = "|".join(re.escape(w) for w in words)
     return re.compile(
-        rf"(?<![\w.])(?P<word>{alternatives})(?![\w])\s*[:=]?\s*(?P<step>[^\s|,;/]+)(?:\s*/\s*(?P<total>\d+))?",
+        rf"(?<![\w.])(?P<word>{alternatives})(?![\w])\s*[:=]?\s*(?P<step>[^\s|,;/:]+)(?:\s*/\s*(?P<total>\d+))?",
         re.IGNORECASE,
     )
 #: A field of a ``|``-separated line: a key (spaces and parentheses allowed) then the value.
@@ -107,6 +107,13 @@ class LineParser:
                     out.append((f.group("key").strip(), f.group("val")))
             return out
         rest = line[:m.start()] + " " + line[m.end():]
+        if "," in rest and not _PAIR.search(rest):
+            # comma-separated ``key value`` fields whose keys may hold spaces (nanoGPT: ``iter 10: loss 4.2,
+            # time 120.1ms`` and ``step 0: train loss 10.98, val loss 10.99``)
+            segs = [_FIELD.match(seg.strip(" :")) for seg in rest.split(",")]
+            pairs = [(f.group("key").strip(), f.group("val")) for f in segs if f]
+            if pairs:
+                return pairs
         pairs = [(p.group("key"), p.group("val")) for p in _PAIR.finditer(rest)]
         if not pairs:
             pairs = [(p.group("key"), p.group("val")) for p in _SPACED.finditer(rest)]

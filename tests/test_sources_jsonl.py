@@ -163,3 +163,24 @@ def test_large_file_with_bad_lines_in_many_places(tmp_path):
     assert not set(df["step"]) & bad
     assert (df["loss"].to_numpy() == df["step"].to_numpy() * 0.25).all()
     assert sorted(w for w, _ in reader.report.malformed_examples) == sorted(s + 1 for s in bad)
+
+
+def test_hf_trainer_state_json_log_history(tmp_path):
+    """HF Trainer's trainer_state.json: train and eval records interleaved in log_history, a logged NaN kept."""
+    import json as _json
+
+    from forensics.sources import read_metrics as _read
+
+    state = {"global_step": 30, "log_history": [
+        {"epoch": 0.1, "grad_norm": 1.2, "learning_rate": 5e-5, "loss": 2.5, "step": 10},
+        {"epoch": 0.2, "grad_norm": 1.1, "learning_rate": 4e-5, "loss": float("nan"), "step": 20},
+        {"epoch": 0.2, "eval_loss": 2.3, "step": 20},
+        {"epoch": 0.3, "grad_norm": 1.0, "learning_rate": 3e-5, "loss": 2.0, "step": 30},
+    ]}
+    path = tmp_path / "trainer_state.json"
+    path.write_text(_json.dumps(state))
+    table, report = _read([path])
+    assert table["step"].tolist() == [10, 20, 30]
+    assert table["eval_loss"].isna().tolist() == [True, False, True]
+    assert report.metrics["loss"]["nan"] == 1 and report.metrics["eval_loss"]["missing"] == 2
+    assert table["grad_norm"].tolist() == [1.2, 1.1, 1.0]

@@ -14,6 +14,7 @@ Live use: a reader remembers where it stopped (a byte offset per file, or the la
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -514,12 +515,13 @@ def metrics_frame(df: pd.DataFrame) -> pd.DataFrame:
 # --- choosing a reader ----------------------------------------------------------------------------------------------
 #: File suffixes per local format (a file with none of them is sniffed from its first bytes).
 SUFFIXES = {
-    "jsonl": (".jsonl", ".ndjson", ".json"),
+    "jsonl": (".jsonl", ".ndjson"),
+    "json": (".json",),
     "csv": (".csv", ".tsv"),
     "text": (".log", ".txt", ".out", ".err"),
     "parquet": (".parquet", ".pq"),
 }
-FORMATS = ("jsonl", "csv", "tensorboard", "text", "parquet", "wandb", "wandb-api")
+FORMATS = ("jsonl", "json", "csv", "tensorboard", "text", "parquet", "wandb", "wandb-api")
 
 
 def is_wandb_api_source(source: str) -> bool:
@@ -531,6 +533,24 @@ def is_wandb_api_source(source: str) -> bool:
     parts = s.split("/")
     return (len(parts) == 3 and all(parts) and not s.startswith((".", "~")) and not Path(parts[0]).exists()
             and "." not in parts[-1])
+
+
+def _json_or_jsonl(path: Path) -> str:
+    """A ``.json`` file is JSON Lines when its first line is a whole object, else one JSON document."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline().strip()
+    except OSError as exc:
+        raise ForensicsError(f"metrics file {path} could not be read: {exc.strerror or exc}") from exc
+    if first.startswith(b"{") and first.endswith(b"}"):
+        try:
+            obj = json.loads(first)
+        except ValueError:
+            return "json"
+        # a one-line document that holds its records as a list (trainer_state.json written compactly)
+        holds_records = any(isinstance(v, list) and v and isinstance(v[0], dict) for v in obj.values())
+        return "json" if holds_records else "jsonl"
+    return "json"
 
 
 def detect_format(source: str | Path) -> str:
@@ -556,6 +576,8 @@ def detect_format(source: str | Path) -> str:
     if path.suffix == ".wandb":
         return "wandb"
     suffix = path.suffix.lower()
+    if suffix == ".json":
+        return _json_or_jsonl(path)
     for fmt, suffixes in SUFFIXES.items():
         if suffix in suffixes:
             return fmt
@@ -600,6 +622,10 @@ def open_reader(
         from forensics.sources.jsonl import JsonlReader
 
         return JsonlReader(source, **common)
+    if fmt == "json":
+        from forensics.sources.json_document import JsonDocumentReader
+
+        return JsonDocumentReader(source, **common)
     if fmt == "csv":
         from forensics.sources.csv_export import CsvReader
 

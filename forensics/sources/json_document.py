@@ -1,0 +1,85 @@
+"""One JSON document holding a list of log records: a top-level array, or HF Trainer's ``trainer_state.json``
+(its ``log_history``: one record per logging step, train and eval records interleaved, each with ``step``).
+
+A JSON document cannot be appended to, so, as for Parquet, a live read re-reads the file when it changed and
+passes on only the records past the steps already read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+
+from forensics.errors import ForensicsError
+from forensics.sources.base import MetricsReader, Records
+
+#: Keys under which a document keeps its records, tried in order (``log_history``: HF Trainer).
+RECORD_KEYS = ("log_history", "history", "records", "logs")
+
+
+def document_records(data: object, source: str) -> list[dict]:
+    """The list of record objects in a parsed JSON document."""
+    if isinstance(data, dict):
+        for key in RECORD_KEYS:
+            if isinstance(data.get(key), list):
+                data = data[key]
+                break
+    if not isinstance(data, list):
+        raise ForensicsError(f"metrics file {source}: a JSON document must be a list of records or hold one "
+                             f"under {', '.join(RECORD_KEYS)}")
+    return [r for r in data if isinstance(r, dict)]
+
+
+class JsonDocumentReader(MetricsReader):
+    """Reads the records of one JSON document (see the module docstring)."""
+
+    format_name = "json"
+    _where_word = "record"
+
+    def _reset_position(self) -> None:
+        self._stamp: tuple[float, int] | None = None
+        self._seen = 0
+
+    def _read_records(self) -> Records | None:
+        path = Path(self.source)
+        try:
+            st = path.stat()
+            stamp = (st.st_mtime, st.st_size)
+            if stamp == self._stamp:
+                return None
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ForensicsError(f"metrics file {path} could not be read: {exc}") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if self.finished:
+                raise ForensicsError(f"metrics file {path} is not valid JSON ({exc.msg} at line {exc.lineno})") \
+                    from exc
+            return None  # a writer is replacing the file: read it once it is whole
+        self._stamp = stamp
+        records = document_records(data, str(path))
+        new = records[self._seen:]
+        self._seen = len(records)
+        if not new:
+            return None
+        # Arrow keeps a key absent from a record as null and a logged NaN as NaN (pandas would merge the two)
+        rows = [_flat(r) for r in new]
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        return Records(pa.table({k: pa.array([r.get(k) for r in rows]) for k in keys}))
+
+
+def _flat(record: dict, prefix: str = "") -> dict:
+    """Nested objects as ``a/b`` keys; values that are not numbers (text, lists) are left for the base to drop."""
+    out: dict = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, name + "/"))
+        elif isinstance(value, bool):
+            out[name] = float(value)
+        elif isinstance(value, (int, float)):
+            out[name] = value
+    return out

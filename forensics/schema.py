@@ -111,11 +111,16 @@ def cast_int(df: pd.DataFrame, column: str, dtype: str, what: str, origin: str) 
     if pd.api.types.is_bool_dtype(s):
         raise ForensicsError(f"{what} {origin}: column '{column}' holds booleans; expected integers")
     num = pd.to_numeric(s, errors="coerce")
-    bad_mask = num.isna() | ~np.isfinite(num.astype("float64")) | (num != np.round(num))
+    as_float = num.astype("float64")
+    bad_mask = num.isna() | ~np.isfinite(as_float) | (num != np.round(num))
     if bad_mask.any():
         raise ForensicsError(
             f"{what} {origin}: column '{column}' must hold whole numbers ({dtype}); got {_few(s[bad_mask])}"
         )
+    info = np.iinfo(dtype)
+    out_of_range = (as_float < info.min) | (as_float >= -float(info.min))  # float(max) rounds up to 2**63
+    if out_of_range.any():
+        raise ForensicsError(f"{what} {origin}: column '{column}' has values outside {dtype}: {_few(s[out_of_range])}")
     df[column] = num.astype(dtype)
 
 
@@ -355,6 +360,12 @@ class RunConfig:
         self.boundaries = check_boundaries(self.boundaries, origin)
         if isinstance(self.metrics, str):
             self.metrics = [self.metrics]
+        if not isinstance(self.metrics, list) or not all(isinstance(m, str) for m in self.metrics):
+            raise ForensicsError(f"{origin}: 'metrics' must be a path or a list of paths; got {self.metrics!r}")
+        for key in ("plan", "samples", "loss_key"):
+            v = getattr(self, key)
+            if v is not None and not isinstance(v, str):
+                raise ForensicsError(f"{origin}: '{key}' must be a string; got {v!r}")
         return self
 
 
@@ -364,6 +375,8 @@ def check_boundaries(values: Sequence, origin: str = "boundaries") -> list[int]:
         b = [int(v) for v in values]
     except (TypeError, ValueError) as exc:
         raise ForensicsError(f"{origin}: boundaries must be whole numbers; got {list(values)!r}") from exc
+    if any(float(v) != x for v, x in zip(values, b)):
+        raise ForensicsError(f"{origin}: boundaries must be whole numbers; got {list(values)!r}")
     if len(b) < 2 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
         raise ForensicsError(f"{origin}: boundaries must start at 0 and strictly increase, at least 2 values; "
                              f"got {b}")

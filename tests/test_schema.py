@@ -197,3 +197,28 @@ def test_missing_extra_is_exit_2_from_the_cli(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert code == 2
     assert "loss-spike-forensics[tensorboard]" in err
+
+
+@pytest.mark.parametrize("values,needle", [
+    ([1e19, 2.0], "outside int64"),
+    (["9223372036854775808", "1"], "outside int64"),
+])
+def test_ids_beyond_int64_are_rejected_not_wrapped(values, needle):
+    with pytest.raises(ForensicsError, match=needle):
+        validate_samples(pd.DataFrame({"sample_id": values, "n_tokens": [5, 6]}))
+
+
+def test_token_counts_beyond_int32_are_rejected():
+    with pytest.raises(ForensicsError, match="outside int32"):
+        validate_samples(pd.DataFrame({"sample_id": [1, 2], "n_tokens": [3e9, 5.0]}))
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("boundaries = [0, 770.7, 8192]\n", "whole numbers"),
+    ("plan = 5\n", "'plan' must be a string"),
+    ("metrics = [1, 2]\n", "'metrics' must be a path"),
+])
+def test_bad_run_toml_types_are_one_clear_error(tmp_path, text, needle):
+    (tmp_path / "run.toml").write_text(text)
+    with pytest.raises(ForensicsError, match=needle):
+        load_run_toml(tmp_path / "run.toml")

@@ -78,3 +78,18 @@ def test_batch_keys_separate_ranks_that_share_batch_ids():
     plan = pd.concat([_plan({0: 2}, per_batch=1, rank=0), _plan({0: 2}, per_batch=1, rank=1)], ignore_index=True)
     keys = batch_keys(plan)
     assert len(np.unique(keys)) == 4
+
+
+def test_round_robin_refuses_per_rank_streams():
+    """A recorder per rank numbers batches per rank: under round_robin they would merge, so it is bad input."""
+    import pandas as pd
+    import pytest
+
+    from forensics.errors import ForensicsError
+    from forensics.plan.step_mapping import assign_steps
+
+    plan = pd.DataFrame({"epoch": [0, 0, 0, 0], "batch_id": [0, 0, 1, 1], "rank": [0, 1, 0, 1],
+                         "sample_id": [1, 2, 3, 4]})
+    with pytest.raises(ForensicsError, match="per_rank"):
+        assign_steps(plan, grad_accum=1, world_size=2)
+    assert assign_steps(plan, 1, 2, "per_rank")["step"].tolist() == [0, 0, 1, 1]

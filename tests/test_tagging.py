@@ -247,3 +247,16 @@ def test_cli_bad_input_exits_2_with_one_line(tiny, tmp_path, capsys, args, messa
     assert code == 2
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "t.parquet").exists()
+
+
+def test_texts_without_words_tag_without_clusters_and_say_so():
+    import numpy as np
+    import pandas as pd
+
+    from forensics.tagging import tag_case
+
+    samples = pd.DataFrame({"sample_id": np.arange(10), "n_tokens": np.arange(10) * 100 + 5, "text": [""] * 10})
+    plan = pd.DataFrame({"step": np.repeat(np.arange(5), 2), "sample_id": np.arange(10)})
+    result = tag_case(plan, samples)
+    assert result.tags["cluster"].tolist() == [-1] * 5
+    assert any("hold no words" in w for w in result.warnings)

@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v is not None and not 0 <= v <= 1:
             raise ForensicsError(f"--{name.replace('_', '-')} must be between 0 and 1; got {v}")
+    for name in ("token_budget", "max_len", "grad_accum", "world_size", "epochs"):
+        v = getattr(args, name, None)
+        if v is not None and v < 1:
+            raise ForensicsError(f"--{name.replace('_', '-')} must be a positive integer; got {v}")
     if args.allow_drop_last < 0:
         raise ForensicsError(f"--allow-drop-last must be >= 0; got {args.allow_drop_last}")
     err = console(stderr=True)

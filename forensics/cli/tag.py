@@ -64,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
                         ("--world-size", args.world_size), ("--max-len", args.max_len), ("--n-buckets", args.n_buckets)):
         if value is not None and value < 1:
             raise ForensicsError(f"{flag} must be >= 1; got {value}")
+    inputs = {Path(x).resolve() for x in (samples_src, plan_src) if x}
+    for out in (args.out, args.samples_out):
+        if out and Path(out).resolve() in inputs:
+            raise ForensicsError(f"output {out} is one of the inputs; inputs are never overwritten")
     samples = load_samples(samples_src)
     max_len = args.max_len or cfg.max_len
     if args.builder:

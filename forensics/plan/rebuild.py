@@ -63,6 +63,8 @@ def _import_target(target: str, spec: str):
         return importlib.import_module(target)
     except ImportError as exc:
         raise ForensicsError(f"--builder {spec}: cannot import module '{target}': {exc}") from exc
+    except Exception as exc:  # the user's module raised while importing
+        raise ForensicsError(f"--builder {spec}: importing '{target}' failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _accepted(fn, params: dict) -> dict:
@@ -81,9 +83,10 @@ def rebuild_plan(samples: pd.DataFrame, builder: Builder, epochs: int, seed: int
     for epoch in range(epochs):
         try:
             batches = builder(samples, epoch, seed)
+            per_epoch.append([[int(s) for s in b] for b in batches])
         except ForensicsError:
             raise
         except Exception as exc:
-            raise ForensicsError(f"the builder failed on epoch {epoch}: {type(exc).__name__}: {exc}") from exc
-        per_epoch.append([list(b) for b in batches])
+            raise ForensicsError(f"the builder failed on epoch {epoch} (it must return a list of batches of "
+                                 f"sample ids): {type(exc).__name__}: {exc}") from exc
     return batches_to_plan(per_epoch)

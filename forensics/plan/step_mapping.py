@@ -68,6 +68,11 @@ def assign_steps(
         micro = j % grad_accum
         rank = out[RANK].to_numpy(np.int64)
     else:
+        if RANK in out.columns and out[RANK].nunique() > 1 and \
+                out.groupby([EPOCH, BATCH_ID], sort=False)[RANK].nunique().max() > 1:
+            raise ForensicsError(
+                "plan: the same (epoch, batch_id) appears on several ranks, so each rank has its own batch stream; "
+                "use rank_split 'per_rank' (--rank-split per_rank, or rank_split in run.toml)")
         k = _dense_order(out, [EPOCH])  # batch index within the epoch
         local_step = k // (grad_accum * world_size)
         rank = k % world_size

@@ -44,8 +44,9 @@ def _step_regex(words: tuple[str, ...]) -> re.Pattern:
     )
 #: A field of a ``|``-separated line: a key (spaces and parentheses allowed) then the value.
 _FIELD = re.compile(r"^\s*(?P<key>[A-Za-z_][\w .()/\-\[\]]*?)\s*(?:[:=]\s*|\s+)(?P<val>\S+)\s*$")
-#: ``key=value`` or ``key: value`` anywhere in a line (keys without spaces).
-_PAIR = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w./\-\[\]]*)\s*(?:=|:(?!//))\s*(?P<val>[^\s,;|=:]++)(?![=:])")
+#: ``key=value`` or ``key: value`` anywhere in a line (keys without spaces). The value is maximal and not followed
+#: by ``=``/``:`` (written without a possessive quantifier, which Python 3.10 lacks).
+_PAIR = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w./\-\[\]]*)\s*(?:=|:(?!//))\s*(?P<val>[^\s,;|=:]+)(?![^\s,;|])")
 #: ``key value`` pairs, for lines with neither ``|`` nor ``:``/``=`` fields (``step 5 loss 4.2``).
 _SPACED = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w./\-]*)\s+(?P<val>[-+.\d][^\s,;|]*|nan|inf)(?=[\s,;|]|$)",
                      re.IGNORECASE)

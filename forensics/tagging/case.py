@@ -58,9 +58,10 @@ def resolve_boundaries(
     n_buckets: int | None = None,
 ) -> list[int]:
     """``None`` -> the story's defaults; ``"optimal"`` -> the optimal-boundary finder with ``n_buckets`` buckets
-    (default: as many as the defaults have); a list -> checked as is."""
+    (default: as many as the defaults have); a list -> checked, and made to end at ``max_len`` (a last boundary
+    below it gains a bucket up to ``max_len``; boundaries above it are dropped, since lengths are capped there)."""
     if boundaries is None:
-        return list(DEFAULT_BOUNDARIES)
+        boundaries = list(DEFAULT_BOUNDARIES)
     if isinstance(boundaries, str):
         if boundaries != "optimal":
             raise ForensicsError(f"--boundaries: expected b0,b1,... or 'optimal'; got {boundaries!r}")
@@ -69,7 +70,12 @@ def resolve_boundaries(
         k = n_buckets or len(DEFAULT_BOUNDARIES) - 1
         lengths = np.minimum(samples[N_TOKENS].to_numpy(np.int64), max_len)
         return check_boundaries(optimal_boundaries(lengths, k, max_len=max_len), "optimal boundaries")
-    return check_boundaries(boundaries, "boundaries")
+    bounds = check_boundaries(boundaries, "boundaries")
+    if bounds[-1] < max_len:  # lengths above the last boundary get a bucket of their own up to max_len
+        bounds.append(int(max_len))
+    elif bounds[-1] > max_len:  # lengths are capped at max_len: the last bucket ends there
+        bounds = [b for b in bounds[:-1] if b < max_len] + [int(max_len)]
+    return bounds
 
 
 def tag_case(
@@ -104,9 +110,18 @@ def tag_case(
     if isinstance(clusters, bool) or (isinstance(clusters, str) and clusters != "auto"):
         raise ForensicsError(f"--clusters: expected a whole number or 'auto'; got {clusters!r}")
     k = None if clusters == "auto" else clusters
+    clustered = None
+    no_text_reason = "samples have no 'text' column"
     if cluster_by is not None or (TEXT in samples.columns and (clusters is not None or CLUSTER not in samples.columns)):
-        clustered, info = cluster_samples(samples, k=k, cluster_by=cluster_by, max_fit=max_fit, seed=seed,
-                                          progress=progress)
+        try:
+            clustered, info = cluster_samples(samples, k=k, cluster_by=cluster_by, max_fit=max_fit, seed=seed,
+                                              progress=progress)
+        except ForensicsError as exc:  # texts with no words at all: tag without content clusters, and say so
+            if cluster_by is not None or "hold no words" not in str(exc):
+                raise
+            no_text_reason = "the samples' texts hold no words to cluster"
+    if clustered is not None:
+        pass  # clustered from text or labels above
     elif CLUSTER in samples.columns:
         clustered = samples.copy()
         ids = np.unique(clustered[CLUSTER].to_numpy(np.int64))
@@ -120,7 +135,7 @@ def tag_case(
         clustered[CLUSTER_NAME] = pd.array(["(no text)"] * len(samples), dtype="string")
         info = ClusterInfo(method="none", k=0, names={})
         hint = " (or --cluster-by source)" if SOURCE in samples.columns else ""
-        warnings.append(f"samples have no 'text' column: every step's cluster is {NO_CLUSTER}; pass --cluster-by "
+        warnings.append(f"{no_text_reason}: every step's cluster is {NO_CLUSTER}; pass --cluster-by "
                         f"COLUMN{hint} for content clusters")
     clustered[BUCKET] = bucket_index(np.minimum(clustered[N_TOKENS].to_numpy(np.int64), max_len), bounds)
     tags = tag_steps(steps, clustered, bounds, max_len)

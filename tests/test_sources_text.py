@@ -187,3 +187,13 @@ def test_nanogpt_iter_and_eval_lines(tmp_path):
     assert table.loc[table["step"] == 50, "val loss"].item() == 5.6
     assert table.loc[table["step"] == 0, "train loss"].item() == 10.9876
     assert table["time"].tolist()[1] == 130.0 and report.malformed == 0
+
+
+def test_clock_and_date_fields_do_not_spoil_the_line(tmp_path):
+    log = tmp_path / "eta.log"
+    log.write_text("step 1 | loss: 2.0 | eta 0:01:02\nstep 2 | loss: 1.9 | eta 0:00:58 | date 2024-05-01\n"
+                   "step 3 | loss: 2.4.1\n")
+    table, report = read_metrics([log])
+    assert table["step"].tolist() == [1, 2]
+    assert table["loss"].tolist() == [2.0, 1.9]
+    assert report.malformed == 1  # '2.4.1' looks like a number and is not one: counted

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow as pa
-
 from forensics.errors import ForensicsError
 from forensics.sources.base import MetricsReader, Records
+from forensics.sources.jsonl import records_from_objects
 
 #: Keys under which a document keeps its records, tried in order (``log_history``: HF Trainer).
 RECORD_KEYS = ("log_history", "history", "records", "logs")
@@ -65,21 +64,5 @@ class JsonDocumentReader(MetricsReader):
         self._seen = len(records)
         if not new:
             return None
-        # Arrow keeps a key absent from a record as null and a logged NaN as NaN (pandas would merge the two)
-        rows = [_flat(r) for r in new]
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        return Records(pa.table({k: pa.array([r.get(k) for r in rows]) for k in keys}))
-
-
-def _flat(record: dict, prefix: str = "") -> dict:
-    """Nested objects as ``a/b`` keys; values that are not numbers (text, lists) are left for the base to drop."""
-    out: dict = {}
-    for key, value in record.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flat(value, name + "/"))
-        elif isinstance(value, bool):
-            out[name] = float(value)
-        elif isinstance(value, (int, float)):
-            out[name] = value
-    return out
+        # the JSONL reader's own conversion: absent keys null, logged NaN kept, "NaN"/"Infinity" text read as values
+        return records_from_objects(new, list(range(self._seen - len(new) + 1, self._seen + 1)), self)

@@ -61,7 +61,7 @@ class JsonlReader(MetricsReader):
         if not isinstance(obj, dict):
             self._malformed(line_no, f"not a JSON object ({type(obj).__name__})")
             return None
-        return _records_from_objects([obj], [line_no], self)
+        return records_from_objects([obj], [line_no], self)
 
     def _parse_block(self, block: bytes, first_line: int, n_lines: int) -> list[Records]:
         try:
@@ -103,7 +103,7 @@ class JsonlReader(MetricsReader):
                 objs.append(obj)
                 where.append(first + i)
             if objs:
-                out.append(_records_from_objects(objs, where, self))
+                out.append(records_from_objects(objs, where, self))
         return out
 
 
@@ -132,7 +132,7 @@ def _as_number(v: object) -> float | None:
     return None
 
 
-def _records_from_objects(objs: list[dict], where: list[int], reader: MetricsReader) -> Records:
+def records_from_objects(objs: list[dict], where: list[int], reader: MetricsReader) -> Records:
     """Objects parsed one by one -> a table; a key with text values in some lines keeps its numbers."""
     flat = [_flatten(o) for o in objs]
     keys: dict[str, None] = {}

@@ -52,6 +52,10 @@ _SPACED = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w./\-]*)\s+(?P<val>[-+.\d][^
                      re.IGNORECASE)
 
 
+#: Clock times and dates (``0:01:02``, ``12:00:00.5``, ``2024-05-01``) are fields, not malformed numbers.
+_TIME_OR_DATE = re.compile(r"^\d+(?::\d+)+(?:\.\d+)?,?$|^\d{4}-\d{2}-\d{2}")
+
+
 def parse_value(token: str) -> float | None:
     """A logged value as a float (units dropped, nan/inf kept), or None when it is not a number."""
     m = _VALUE.fullmatch(token.rstrip(",;"))
@@ -88,9 +92,9 @@ class LineParser:
         for key, token in fields:
             x = parse_value(token)
             if x is None:
-                if _looks_numeric(token):
+                if _looks_numeric(token) and not _TIME_OR_DATE.match(token):
                     return f"value of '{key}' is not a number ({token!r})"
-                continue
+                continue  # text, or a clock time / date field (``eta 0:01:02``): not a metric
             values[key] = x
         if not values:
             return None

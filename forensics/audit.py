@@ -21,7 +21,9 @@ import pandas as pd
 
 from forensics.errors import ForensicsError
 from forensics.schema import (
+    SOURCE,
     STEP,
+    TEXT,
     RunConfig,
     alignment_warnings,
     find_loss_key,
@@ -31,8 +33,8 @@ from forensics.schema import (
     open_case,
 )
 
-#: Metrics analysed for spikes besides the loss, when present (others on request with ``metrics=``).
-GRAD_NORM_KEYS = ("grad_norm", "train/grad_norm", "grad norm", "gradient_norm", "optimizer/grad_norm")
+#: Below this many written values a metric's first ``min_periods`` (history, not judged) weigh heavily: say so.
+SHORT_RUN = 100
 
 #: The ``--fail-on`` kinds and how each is read off ``findings.json``.
 FAIL_KINDS = ("spike", "nonfinite", "static-plan", "oscillation")
@@ -107,9 +109,6 @@ def resolve_inputs(
                        warnings=warnings)
 
 
-Stage = Callable[[str], Any]
-
-
 @contextmanager
 def _quiet_stage(name: str) -> Iterator[None]:
     yield
@@ -119,9 +118,14 @@ def run_audit(
     inputs: AuditInputs,
     *,
     spike_metrics: Sequence[str] | None = None,
+    cluster_by: str | None = None,
     stage: Callable[[str], Any] | None = None,
 ) -> Audit:
-    """Run every stage on ``inputs``; ``stage(name)`` is a context manager factory used to show progress."""
+    """Run every stage on ``inputs``; ``stage(name)`` is a context manager factory used to show progress.
+
+    Content clusters come from the sample text, or from the label column ``cluster_by``; samples without text but
+    with a ``source`` label are clustered by that label.
+    """
     stage = stage or _quiet_stage
     cfg = inputs.config
     warnings = list(inputs.warnings)
@@ -144,14 +148,18 @@ def run_audit(
             plan = load_plan(inputs.plan, samples)
         from forensics.tagging import tag_case
 
+        if cluster_by is None and TEXT not in samples.columns and SOURCE in samples.columns:
+            cluster_by = SOURCE
+            warnings.append("samples have no 'text' column: clusters are their 'source' labels")
         with stage("tagging steps (buckets, clusters)"):
             tagged = tag_case(plan, samples, grad_accum=cfg.grad_accum, world_size=cfg.world_size,
-                              rank_split=cfg.rank_split, boundaries=cfg.boundaries, max_len=cfg.max_len)
+                              rank_split=cfg.rank_split, boundaries=cfg.boundaries, max_len=cfg.max_len,
+                              cluster_by=cluster_by)
         tags, samples, plan, boundaries = tagged.tags, tagged.samples, tagged.plan, tagged.boundaries
         warnings += tagged.warnings
         warnings += alignment_warnings(metrics[STEP].to_numpy(), plan[STEP].to_numpy())
 
-    from forensics.detect import Findings, NonfiniteDetector, attach_suspects, detect_spikes
+    from forensics.detect import Findings, NonfiniteDetector, SpikeDetector, detect_spikes
     from forensics.detect.oscillation import detect_oscillation
 
     with stage("detecting spikes"):
@@ -162,6 +170,10 @@ def run_audit(
             rows = metrics.loc[report.written(metrics, col), [STEP, col]]
             if col in analysed:
                 found += detect_spikes(rows, col, tags=tags, boundaries=boundaries)
+                history = SpikeDetector().min_periods
+                if len(rows) < SHORT_RUN:
+                    warnings.append(f"'{col}' has only {len(rows)} values: the first {min(history, len(rows))} "
+                                    "serve as the detector's history and are not judged for spikes")
             else:
                 found += NonfiniteDetector(col).detect(rows)
     spikes = [f for f in found if f.kind == "spike"]
@@ -192,8 +204,6 @@ def run_audit(
                 whatif = run_whatif(lengths, token_budget=cfg.token_budget, boundaries=boundaries,
                                     max_len=cfg.max_len, grad_accum=cfg.grad_accum, world_size=cfg.world_size)
                 sections["whatif"] = whatif.to_dict()
-        with stage("naming suspect samples"):
-            attach_suspects(spikes, plan, samples)
     else:
         sections["plan"] = None
         if spikes:
@@ -210,7 +220,8 @@ def run_audit(
             from forensics.detect.recurrence import recurrence_report
 
             with stage("recurrence across epochs"):
-                sections["recurrence"] = recurrence_report(spikes, plan, metrics, tags, metric=loss_key)
+                loss_spikes = [f for f in spikes if f.metric == loss_key]
+                sections["recurrence"] = recurrence_report(loss_spikes, plan, metrics, tags, metric=loss_key)
     if plan is not None:
         from forensics.detect.forgetting import forgetting_signature
 
@@ -239,8 +250,10 @@ def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[
             raise ForensicsError(f"--spike-metric: {', '.join(missing)} not among the metrics "
                                  f"({', '.join(cols[:12])})")
         return list(dict.fromkeys([loss_key, *requested]))
-    grad = next((k for k in GRAD_NORM_KEYS if k in cols), None)
-    return [loss_key] + ([grad] if grad else [])
+    from forensics.detect.precedence import GRAD_NORM_KEYS, find_column  # one lookup for audit and precedence
+
+    grad = find_column(cols, GRAD_NORM_KEYS, contains=("gradnorm",))
+    return [loss_key] + ([grad] if grad and grad != loss_key else [])
 
 
 def _run_section(inputs: AuditInputs, metrics: pd.DataFrame, loss_key: str, analysed: list[str],

@@ -88,9 +88,45 @@ def test_recurrence_of_the_spike_batches_is_reported(static_audit):
     assert epochs == {1, 2, 3, 4, 5}
 
 
-def test_report_is_written_next_to_findings(static_audit):
+def test_report_has_a_card_per_spike_event(static_audit):
     html = (static_audit["dir"] / "report.html").read_text()
-    assert html.count("Plotly.newPlot") >= 1 and "254" in html
+    events = {s["peak_step"] for s in static_audit["findings"]["spikes"]}
+    for step in events:
+        assert f'data-step="{step}"' in html
+
+
+def test_outputs_go_into_the_case_folder_by_default(demo_small, tmp_path, capsys):
+    case = tmp_path / "case"
+    shutil.copytree(demo_small / "bucketed", case, ignore=shutil.ignore_patterns("wandb"))
+    code, out, _ = audit([str(case)], capsys)
+    assert code == 0
+    assert json.loads((case / "findings.json").read_text())["plan"]["static"] is False
+    html = (case / "report.html").read_text()
+    assert html.count("<script") == html.count("</script>") and "Plotly.newPlot" in html
+    assert f"wrote {case / 'findings.json'}, {case / 'report.html'}" in out
+
+
+def test_short_runs_say_what_was_not_judged(tmp_path, capsys):
+    rows = [{"step": i, "loss": 2.0 - i / 100} for i in range(45)]
+    rows[20]["loss"] = 12.0
+    (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    code, _, _ = audit(["--metrics", str(tmp_path / "m.jsonl"), "--json", str(tmp_path / "f.json")], capsys)
+    assert code == 0
+    f = json.loads((tmp_path / "f.json").read_text())
+    assert any("only 45 values: the first 32" in w for w in f["warnings"])
+
+
+def test_samples_without_text_are_clustered_by_their_source(demo_small, tmp_path, capsys):
+    case = tmp_path / "case"
+    shutil.copytree(demo_small / "static", case, ignore=shutil.ignore_patterns("wandb"))
+    samples = pd.read_parquet(case / "samples.parquet").drop(columns=["text"])
+    samples.to_parquet(case / "samples.parquet")
+    code, _, _ = audit([str(case), "--no-html"], capsys)
+    assert code == 0
+    f = json.loads((case / "findings.json").read_text())
+    first = next(s for s in f["spikes"] if s["step"] == 254 and s["metric"] == "train/loss")
+    assert first["cluster_name"] == "code"
+    assert any("clusters are their 'source' labels" in w for w in f["warnings"])
 
 
 def test_bucketed_demo_has_no_spike_and_bucket_explained_jumpiness(bucketed_audit):

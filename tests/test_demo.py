@@ -221,8 +221,7 @@ def test_wandb_runs_written_in_parallel_processes_hold_every_row(tmp_path: Path)
 
 
 def test_same_seed_gives_identical_tables_and_another_seed_differs(demo_small: Path, tmp_path: Path) -> None:
-    summary = build_demo(tmp_path / "again", scale="small", seed=0, wandb=False)
-    assert summary["seconds"]["total"] < 20
+    build_demo(tmp_path / "again", scale="small", seed=0, wandb=False)
     for case in CASES:
         for name in ("samples.parquet", "plan.parquet", "metrics.parquet"):
             a = pd.read_parquet(demo_small / case / name)

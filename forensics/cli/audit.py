@@ -29,6 +29,8 @@ def register(sub) -> None:
                    "train/loss, loss, train_loss, lm loss, lm_loss)")
     p.add_argument("--spike-metric", action="append", default=None, metavar="K",
                    help="also look for spikes in this metric (repeatable; default: the loss and grad norm)")
+    p.add_argument("--cluster-by", default=None, metavar="COLUMN",
+                   help="content clusters from this samples column (e.g. source) instead of the text")
     p.add_argument("--json", default=None, metavar="F", help="findings.json path (default CASE/findings.json)")
     p.add_argument("--html", default=None, metavar="F", help="report path (default CASE/report.html)")
     p.add_argument("--no-html", action="store_true", help="do not write the HTML report")
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             yield
 
-    audit = run_audit(inputs, spike_metrics=args.spike_metric, stage=stage)
+    audit = run_audit(inputs, spike_metrics=args.spike_metric, cluster_by=args.cluster_by, stage=stage)
     written = []
     json_path = args.json or (str(Path(case) / "findings.json") if case else None)
     html_path = None if args.no_html else (args.html or (str(Path(case) / "report.html") if case else None))

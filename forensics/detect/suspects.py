@@ -89,7 +89,11 @@ def rank_all(events: Sequence[int | tuple[int, int] | Finding], plan: pd.DataFra
     spans = [_event_steps(e) for e in events]
     batches = [_batch_ids(plan_steps, plan_ids, a, b) for a, b in spans]
     where: dict[int, list[int]] = {}
+    seen_spans: set[tuple[int, int]] = set()
     for k, ids in enumerate(batches):
+        if spans[k] in seen_spans:  # the loss and grad norm spiking at one step are one spike batch
+            continue
+        seen_spans.add(spans[k])
         for sid in np.unique(ids):
             where.setdefault(int(sid), []).append(spans[k][0])
     ctx = _RunContext(samples)

@@ -87,7 +87,7 @@ def test_story_spikes_alone_still_name_the_batch_and_its_recurrence(static):
         assert [r["epoch"] for r in f.tags["recurrence"]] == [1, 2, 3, 4, 5]
         assert f.tags["recurrence"][0]["ratio"] > 1.5  # the loss jumped again in epoch 1
         # no gate given: the recurrence itself calls for the plan fix
-        assert "the batch recurs in 5 other epochs and the loss jumped there too" in f.next_step
+        assert "the batch recurs in 5 other epochs and train/loss jumped there too" in f.next_step
         assert "forensics whatif" in f.next_step
         assert "No sample of this batch is in another spike batch" in " ".join(f.evidence)
 

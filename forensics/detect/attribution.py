@@ -105,7 +105,9 @@ def _samples_with_groups(samples: pd.DataFrame, boundaries: list[int], max_len: 
 def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataFrame, tags: pd.DataFrame | None,
                      plan: pd.DataFrame | None, smp: pd.DataFrame | None, gate: Any, whatif: Any,
                      every: int | None, saved: Sequence[int] | None, min_jaccard: float, top: int) -> None:
-    prec = precedence(group, metrics)
+    # precedence asks whether the grad norm moved before the loss: it means nothing for a grad-norm spike itself
+    is_loss = metric is not None and metric == _loss_key(metrics)
+    prec = precedence(group, metrics) if is_loss else [None] * len(group)
     has_plan = plan is not None and STEP in plan.columns and SAMPLE_ID in plan.columns
     rec = batch_recurrence(group, plan, metrics if metric else None, tags, metric=metric,
                            min_jaccard=min_jaccard) if has_plan else [None] * len(group)
@@ -136,7 +138,8 @@ def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataF
                                                           "jaccard", "is_spike")} for row in r["recurrences"]]
             attribution["recurrence"] = {k: v for k, v in r.items() if k not in ("evidence", "recurrences")}
             evidence.append(r["evidence"])
-        evidence.extend(p["evidence"])
+        if p is not None:
+            evidence.extend(p["evidence"])
         f.evidence = list(f.evidence) + evidence
         f.details["attribution"] = attribution
         f.next_step = _next_step(f, p, r, sample_rows, gate, whatif, every, saved, has_plan)
@@ -320,7 +323,7 @@ def _next_step(f: Finding, p: dict[str, Any], r: dict[str, Any] | None, sample_r
                gate: Any, whatif: Any, every: int | None, saved: Sequence[int] | None, has_plan: bool) -> str:
     start, _, peak = spike_span(f)
     parts = []
-    if p["grad_norm"] == "leads":
+    if p is not None and p["grad_norm"] == "leads":
         first = p["grad_norm_first_step"]
         parts.append(f"The grad norm grew {p['lead_steps']} steps before the loss: replay steps {first}-{peak} from "
                      f"{checkpoint_before(first, every, saved)} and look at the optimizer state (Adam moments, loss "
@@ -342,7 +345,8 @@ def _next_step(f: Finding, p: dict[str, Any], r: dict[str, Any] | None, sample_r
     if static or (static is None and recurring):
         again = [x for x in (r or {}).get("recurrences", []) if x["ratio"] is not None and x["ratio"] >= RECUR_RATIO]
         why = (f"the batch recurs in {len(r['epochs'])} other epochs" if recurring else "the plan is static") + (
-            f" and the loss jumped there too (step {again[0]['step']}: {again[0]['ratio']:.2g}x its baseline)"
+            f" and {f.metric or 'the loss'} jumped there too (step {again[0]['step']}: {again[0]['ratio']:.2g}x its "
+            "baseline)"
             if again else "")
         parts.append(f"{why}: {plan_fix(whatif)}")
     return "; ".join(parts) + "."

@@ -121,3 +121,13 @@ def test_ingest_bad_input_exits_2(tmp_path, capsys, args):
     err = capsys.readouterr().err
     assert err.startswith("forensics: error:") and len(err.strip().splitlines()) == 1
     assert (tmp_path / "bad.jsonl").read_text() == '{"step": 0, "loss": 1}\n{"step": 1,\n'
+
+
+def test_parquet_metrics_keyed_by_another_step_name(tmp_path):
+    import pandas as pd
+
+    from forensics.sources import read_metrics
+
+    pd.DataFrame({"global_step": [0, 1, 2], "loss": [1.0, 2.0, 3.0]}).to_parquet(tmp_path / "m.parquet")
+    table, _ = read_metrics([tmp_path / "m.parquet"])
+    assert table["step"].tolist() == [0, 1, 2] and table["loss"].tolist() == [1.0, 2.0, 3.0]

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from forensics.errors import ForensicsError
 from forensics.schema import STEP
-from forensics.sources.base import MetricsReader, Records
+from forensics.sources.base import STEP_KEYS, MetricsReader, Records
 
 
 class ParquetReader(MetricsReader):
@@ -42,7 +42,7 @@ class ParquetReader(MetricsReader):
         except (OSError, pa.ArrowException) as exc:
             raise ForensicsError(f"metrics file {path} could not be read as Parquet: {exc}") from exc
         self._stamp = stamp
-        step_name = self.step_key or STEP
+        step_name = self.step_key or next((k for k in STEP_KEYS if k in table.column_names), STEP)
         if step_name not in table.column_names:
             raise ForensicsError(f"metrics file {path}: missing column '{step_name}'; "
                                  f"it has {', '.join(table.column_names[:12])}")

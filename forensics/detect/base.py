@@ -21,6 +21,8 @@ import pandas as pd
 
 from forensics.detect.findings import Finding
 
+#: Scales a median absolute deviation to a standard deviation for normal noise (1 / Phi^-1(3/4)).
+MAD_TO_SD = 1.4826
 
 class Detector:
     """Base class: parameters in ``__init__``, state in attributes ending with ``_`` (created by ``reset``)."""

@@ -38,13 +38,13 @@ import numpy as np
 import pandas as pd
 from scipy import sparse, stats
 
+from forensics.detect.base import MAD_TO_SD
 from forensics.detect.findings import Finding
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
 from forensics.tagging import steps_since_seen
 
-MAD_TO_SD = 1.4826
 CLUSTER_NAME = "cluster_name"
 BUCKET = "bucket"
 

@@ -23,12 +23,10 @@ import numpy as np
 import pandas as pd
 
 from forensics.detect._tags import BUCKET, StepLookup
-from forensics.detect.base import Detector
+from forensics.detect.base import MAD_TO_SD, Detector
 from forensics.detect.findings import INFO, Finding
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key
-
-MAD_TO_SD = 1.4826
 
 
 def detrend(values: np.ndarray, window: int = 101) -> np.ndarray:

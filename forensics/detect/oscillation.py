@@ -52,11 +52,11 @@ import numpy as np
 import pandas as pd
 
 from forensics.detect._tags import BUCKET, StepLookup
+from forensics.detect.base import MAD_TO_SD
 from forensics.detect.jumpiness import bucket_variance_share
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key
 
-MAD_TO_SD = 1.4826
 #: Share of the period-P profile that removing a group's offsets must remove to call the swing that group's.
 ALIGN_EXPLAINED = 0.5
 #: Folded share the group-offset sequence itself must reach at period P (the groups come in a cycle).

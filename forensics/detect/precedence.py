@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from forensics.detect.base import MAD_TO_SD
 from forensics.detect.recurrence import SpikeLike, spike_span
 from forensics.schema import STEP, metric_columns
 
-MAD_TO_SD = 1.4826
 GRAD_NORM_KEYS = ("grad_norm", "grad norm", "train/grad_norm", "gradient_norm", "grad_norm/total", "global_grad_norm")
 LR_KEYS = ("lr", "learning rate", "learning_rate", "train/lr", "train/learning_rate", "lr-adamw", "optim/lr")
 TPS_KEYS = ("tokens_per_s", "tokens_per_second", "tokens per second", "train/tokens_per_s", "throughput",

@@ -31,6 +31,7 @@ import pandas as pd
 from scipy import stats
 
 from forensics.detect._tags import BUCKET, StepLookup
+from forensics.detect.base import MAD_TO_SD
 from forensics.detect.findings import Finding
 from forensics.detect.jumpiness import detrend
 from forensics.errors import ForensicsError
@@ -77,7 +78,7 @@ def step_baseline(metrics: pd.DataFrame, metric: str, tags: pd.DataFrame | None 
     frame = pd.DataFrame({"g": groups, "r": r})
     ok = np.isfinite(r)
     med = frame[ok].groupby("g")["r"].median()
-    spread = frame[ok].assign(d=lambda f: (f["r"] - f["g"].map(med)).abs()).groupby("g")["d"].median() * 1.4826
+    spread = frame[ok].assign(d=lambda f: (f["r"] - f["g"].map(med)).abs()).groupby("g")["d"].median() * MAD_TO_SD
     offset = frame["g"].map(med).fillna(0.0).to_numpy(np.float64)
     return pd.DataFrame({
         STEP: steps, "value": values, "baseline": values - r + offset,

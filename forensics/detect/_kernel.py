@@ -72,7 +72,7 @@ N_EI = 9
 N_EF = 7
 
 # parameters
-PF_Z, PF_RATIO, PF_MIN_JUMP = range(3)
+PF_Z, PF_RATIO, PF_MIN_JUMP, PF_Z_LARGE, PF_RATIO_LARGE = range(5)
 (PI_W, PI_H, PI_MIN_OLD, PI_MIN_PERIODS, PI_D, PI_R, PI_WB, PI_MIN_B, PI_QCAP, PI_USE_RAW) = range(10)
 
 MAD_TO_SD = 1.4826
@@ -384,6 +384,16 @@ def _bucket_push(bucket_f, bucket_i, bucket_m, ist, fst, b, Wb, min_b, resid):
 
 
 @nb.njit(cache=True)
+def _over(r, sc, base, z_thr, ratio, z_large, ratio_large, min_jump):
+    """Above the thresholds: the score and the relative jump together; a larger jump needs a smaller score."""
+    if r <= 0.0:
+        return False
+    if r / sc >= z_thr and r >= max((ratio - 1.0) * abs(base), min_jump):
+        return True
+    return r / sc >= z_large and r >= max((ratio_large - 1.0) * abs(base), min_jump)
+
+
+@nb.njit(cache=True)
 def run_rows(pf, pi, win, ist, fst, bucket_f, bucket_i, bucket_m, pend_i, pend_f, steps, x, bkt,
              status, base_out, score_out, ev_i, ev_f):
     """Process rows in order, updating the state in place.
@@ -392,6 +402,7 @@ def run_rows(pf, pi, win, ist, fst, bucket_f, bucket_i, bucket_m, pend_i, pend_f
     are left (one row can emit at most ``Q + 1`` events), so a small event buffer serves any number of rows.
     """
     z_thr, ratio, min_jump = pf[PF_Z], pf[PF_RATIO], pf[PF_MIN_JUMP]
+    z_large, ratio_large = pf[PF_Z_LARGE], pf[PF_RATIO_LARGE]
     W, h, min_old, min_periods = pi[PI_W], pi[PI_H], pi[PI_MIN_OLD], pi[PI_MIN_PERIODS]
     D, R, Wb, min_b, Q, use_raw = pi[PI_D], pi[PI_R], pi[PI_WB], pi[PI_MIN_B], pi[PI_QCAP], pi[PI_USE_RAW]
     n_ev = 0
@@ -431,11 +442,11 @@ def run_rows(pf, pi, win, ist, fst, bucket_f, bucket_i, bucket_m, pend_i, pend_f
             base_out[i] = base
             score_out[i] = zz
             ist[I_N_JUDGED] += 1
-            flag = zz >= z_thr and r > 0 and r >= max((ratio - 1.0) * abs(base), min_jump)
+            flag = _over(r, sc, base, z_thr, ratio, z_large, ratio_large, min_jump)
             below_only = False
             if flag and known and off < 0.0:
                 r0 = v - t
-                below_only = not (r0 / sc >= z_thr and r0 >= max((ratio - 1.0) * abs(t), min_jump))
+                below_only = not _over(r0, sc, t, z_thr, ratio, z_large, ratio_large, min_jump)
                 if below_only and bucket_i[b, 1] < Wb:
                     # flagged only because a young bucket's offset sits below the trend: an offset resting on a
                     # few steps (a rare bucket first seen in the warm-up's steep descent) is not trusted alone
@@ -475,7 +486,7 @@ def run_rows(pf, pi, win, ist, fst, bucket_f, bucket_i, bucket_m, pend_i, pend_f
                 sc_raw = MAD_TO_SD * _median(win[W_RAW], ist[I_RAW_N])
                 sc_raw = max(sc_raw, 1e-9 * abs(mix) + 1e-12)
                 r_raw = v - mix
-                if r_raw / sc_raw >= z_thr and r_raw > 0 and r_raw >= max((ratio - 1.0) * abs(mix), min_jump):
+                if _over(r_raw, sc_raw, mix, z_thr, ratio, z_large, ratio_large, min_jump):
                     st = EXPECTED
         status[i] = st
         # accept: the value enters every window

@@ -417,3 +417,15 @@ def test_report_reads_findings_json_as_the_findings_model_writes_it():
     shift = re.search(r'<article class="card finding" data-kind="level_shift".*?</article>', html, re.S).group(0)
     assert "<td>600</td>" in shift and "the loss moved from 0.9 to 1.4 and stayed" in shift
     assert "1 loss spike (254) in bucket 5 / &#x27;code&#x27;; 1 non-finite value" in html
+
+
+def test_composition_figure_names_the_gates_epoch_pairs():
+    """Epochs counted from 1 (or with gaps) keep their names; a missing value stays a gap, not a shift."""
+    from forensics.report import composition_figure
+
+    plan_section = {"static": True, "pair_retention": [1.0, None, 0.5], "identical_batches": [1.0, None, 0.2],
+                    "epoch_pairs": [[1, 2], [2, 3], [3, 5]], "threshold": {"pair_retention": 0.1}}
+    fig = composition_figure({"plan": plan_section})
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert list(bars[0].x) == ["1→2", "2→3", "3→5"]
+    assert list(bars[0].y) == [1.0, None, 0.5]

@@ -431,9 +431,11 @@ def _evidence(out: dict[str, Any], peak: dict[str, float], period: int, raw: flo
         if out["detected"] and out["aligned_with"] == BUCKET:
             ev.append(f"The buckets come in a cycle: the bucket explains {_pct(share)} of the jumpiness and its "
                       f"levels repeat every {period} steps.")
-        elif not out["detected"]:
+        elif not out["detected"] and share >= 0.2:
             ev.append(f"The bucket explains {_pct(share)} of the detrended variance, in no periodic order: that "
                       "jumpiness comes from the random order of single-bucket batches, not from an oscillation.")
+        elif not out["detected"]:
+            ev.append(f"The bucket explains only {_pct(share)} of the detrended variance.")
     return ev
 
 

@@ -292,11 +292,17 @@ def nonfinite_card(items: list[dict]) -> str:
     ])
 
 
+#: From this share of the detrended loss variance on, the bucket "explains the jumpiness" (the jumpiness detector's
+#: threshold); below it the bucket mix is only a detail.
+JUMPINESS_SHARE = 0.2
+
+
 def oscillation_card(osc: dict) -> str:
     """Oscillation and bucket-explained jumpiness: detected or not, and how much bucket / cluster explain."""
     detected = bool(osc.get("detected"))
     share = osc.get("bucket_variance_share")
-    title = "Oscillation detected" if detected else "Jumpiness explained by the batch mix" if share else "Oscillation"
+    explained = share is not None and share >= JUMPINESS_SHARE
+    title = "Oscillation detected" if detected else "Jumpiness explained by the batch mix" if explained else "Oscillation"
     shown = {"detected", "bucket_variance_share", "cluster_variance_share", "evidence", "next_step"}
     numbers = _numbers([
         ("detected", "yes" if detected else "no"),

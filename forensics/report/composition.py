@@ -60,10 +60,16 @@ def composition_figure(findings: dict | None = None, plan: pd.DataFrame | None =
     pf = (findings or {}).get("plan") or {}
     has_plan = plan is not None and EPOCH in plan.columns and len(plan)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1)
-    retention = [v for v in (pf.get("pair_retention") or []) if as_float(v) is not None]
-    identical = [v for v in (pf.get("identical_batches") or []) if as_float(v) is not None]
+    retention = list(pf.get("pair_retention") or [])
+    identical = list(pf.get("identical_batches") or [])
     n_pairs = max(len(retention), len(identical))
-    pairs = [f"{e}→{e + 1}" for e in range(n_pairs)]
+    # the gate names its epoch pairs (epochs may start at 1 or have gaps); a missing value stays a gap
+    named = pf.get("epoch_pairs") or []
+    pairs = [f"{a}→{b}" for a, b in named] if len(named) == n_pairs else [f"{e}→{e + 1}" for e in range(n_pairs)]
+    retention = [as_float(v) for v in retention]
+    identical = [as_float(v) for v in identical]
+    retention = retention if any(v is not None for v in retention) else []
+    identical = identical if any(v is not None for v in identical) else []
     if retention:
         fig.add_trace(go.Bar(x=pairs[:len(retention)], y=retention, name="batch-mate pairs kept",
                              marker_color=QUALITATIVE[0], texttemplate="%{y:.0%}", textposition="outside",

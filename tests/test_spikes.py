@@ -269,3 +269,19 @@ def test_real_log_one_step_spikes_are_found(real_logs_dir):
     assert by_step[5964].baseline == pytest.approx(3.0, abs=0.1)
     assert all(f.details["n_steps"] == 1 for f in spikes)
     assert all(1.5 <= f.details["ratio"] < 2.2 for f in spikes)
+
+
+def test_a_spike_on_a_metric_below_zero_is_graded_by_its_score():
+    """A negative baseline has no ratio: a huge jump is still critical (score), never a NaN-ratio 'warning'."""
+    import numpy as np
+    import pandas as pd
+
+    from forensics.detect import SpikeDetector
+
+    rng = np.random.default_rng(3)
+    values = -1.0 + 0.01 * rng.standard_normal(600)
+    values[400] = 5.0
+    found = SpikeDetector("m", min_jump=0.5).detect(pd.DataFrame({"step": np.arange(600), "m": values}))
+    spikes = [f for f in found if f.kind == "spike"]
+    assert [f.step for f in spikes] == [400]
+    assert spikes[0].severity == "critical"

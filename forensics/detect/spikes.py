@@ -352,7 +352,9 @@ class SpikeDetector(Detector):
                             f"{base - off:.4g} plus the {self.group}'s offset {off:+.4g}.")
         return Finding(
             kind=kind, step=start, end_step=end, peak_step=peak, metric=metric, value=x, baseline=base, score=z,
-            severity=CRITICAL if ratio >= CRITICAL_RATIO else WARNING, tags=tags, evidence=evidence,
+            # a baseline at or below 0 (a metric near 0 or negative) has no ratio: judge the size by the score
+            severity=CRITICAL if (ratio >= CRITICAL_RATIO if base > 0 else z >= 2 * self.z) else WARNING,
+            tags=tags, evidence=evidence,
             details=details,
             next_step=(f"Look at the samples of step {peak}'s batch (suspect_samples) and replay the step from the "
                        f"checkpoint before it to confirm the cause; without a plan, record or rebuild it "

@@ -82,7 +82,7 @@ def _events(findings: dict[str, Any]) -> list[tuple[dict[str, Any], list[dict[st
 
 
 def _ratio(s: dict[str, Any]) -> str:
-    if isinstance(s.get("value"), (int, float)) and isinstance(s.get("baseline"), (int, float)) and s["baseline"]:
+    if isinstance(s.get("value"), (int, float)) and isinstance(s.get("baseline"), (int, float)) and s["baseline"] > 0:
         return f", {s['value'] / s['baseline']:.1f}x"
     return ""
 

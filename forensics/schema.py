@@ -6,7 +6,8 @@ documented dtypes, and no other module re-checks them. Bad input raises :class:`
 
 Tables (see DESIGN.md):
 - **metrics**: ``step`` int64, unique and sorted; any number of float64 metric columns named as logged;
-  optional ``_timestamp``. NaN and inf are values, never dropped.
+  optional ``_timestamp``. NaN and inf are values, never dropped. Every source reaches this form through the
+  readers of :mod:`forensics.sources` (one validation path, built on :func:`cast_float` and :func:`last_write_wins`).
 - **samples**: ``sample_id`` int64 unique, ``n_tokens`` int32; optional ``text``, ``source``, ``cluster``,
   ``token_ids``.
 - **plan**: ``sample_id`` int64 and either ``step`` or (``epoch``, ``batch_id``); optional ``micro``, ``rank``.
@@ -79,9 +80,7 @@ def read_table(path: str | Path, what: str) -> pd.DataFrame:
             return pd.read_csv(path)
         if suffix in (".jsonl", ".json", ".jsonl.gz", ".ndjson"):
             return pd.read_json(path, lines=suffix != ".json")
-    except (OSError, ValueError) as exc:
-        raise ForensicsError(f"{what} file {path} could not be read: {_first_line(exc)}") from exc
-    except Exception as exc:  # pyarrow raises its own types for corrupt files
+    except Exception as exc:  # OSError, ValueError, and pyarrow's own types for corrupt files
         raise ForensicsError(f"{what} file {path} could not be read: {_first_line(exc)}") from exc
     raise ForensicsError(f"{what} file {path} has an unknown format {suffix!r}; expected .parquet, .csv or .jsonl")
 
@@ -171,30 +170,17 @@ class Rewind:
         return f"rewind{where}: steps from {self.from_step} logged again, {self.rows_replaced} earlier rows replaced"
 
 
-def last_write_wins(
-    df: pd.DataFrame, source: str = "", present: pd.DataFrame | None = None
-) -> tuple[pd.DataFrame, list[Rewind]]:
+def last_write_wins(df: pd.DataFrame, present: pd.DataFrame | None = None) -> pd.DataFrame:
     """Collapse repeated steps in write order: per metric, the last value written for a step wins.
 
     Rows of one step that carry different metrics (a train record and an eval record) are combined. ``present``
     (same shape, booleans) says which cells were actually written; without it a NaN cell counts as not written,
-    so a logged NaN is only overridden by nothing, and kept when it is the step's only value. A rewind is where the
-    step goes backwards (a resumed run); it is reported with the number of already-written steps it rewrote.
+    so a logged NaN is only overridden by nothing, and kept when it is the step's only value. Rewinds are found by
+    the readers (:mod:`forensics.sources.base`), which know which cells a later write replaced.
     """
-    if df.empty:
-        return df.reset_index(drop=True), []
-    steps = df[STEP].to_numpy()
-    rewinds: list[Rewind] = []
-    back = np.flatnonzero(steps[1:] < steps[:-1]) + 1
-    if len(back):
-        bounds = list(back) + [len(steps)]
-        for i, nxt in zip(back, bounds[1:]):
-            earlier = np.unique(steps[:i])
-            rewritten = np.intersect1d(earlier, steps[i:nxt])
-            rewinds.append(Rewind(int(steps[i]), int(len(rewritten)), source))
-    if not df[STEP].duplicated().any():
-        return df.sort_values(STEP, kind="stable").reset_index(drop=True), rewinds
-    unique_steps = np.unique(steps)
+    if df.empty or not df[STEP].duplicated().any():
+        return df.sort_values(STEP, kind="stable").reset_index(drop=True)
+    unique_steps = np.unique(df[STEP].to_numpy())
     out = pd.DataFrame({STEP: unique_steps})
     for col in df.columns:
         if col == STEP:
@@ -202,33 +188,6 @@ def last_write_wins(
         mask = present[col].to_numpy(bool) if present is not None else df[col].notna().to_numpy()
         sub = df.loc[mask, [STEP, col]].drop_duplicates(STEP, keep="last").set_index(STEP)[col]
         out[col] = sub.reindex(unique_steps).to_numpy()
-    return out, rewinds
-
-
-def validate_metrics(df: pd.DataFrame, origin: str = "(table)") -> tuple[pd.DataFrame, list[str]]:
-    """Return the canonical metrics table and warnings; raise on bad input (no ``step``, non-numeric values)."""
-    what = "metrics"
-    _require_columns(df, [STEP], what, origin)
-    df = df.copy()
-    cast_int(df, STEP, "int64", what, origin)
-    for col in df.columns:
-        if col != STEP:
-            cast_float(df, col, what, origin)
-    df, rewinds = last_write_wins(df, origin)
-    warnings = [r.describe() for r in rewinds]
-    warnings += nonfinite_warnings(df)
-    return df, warnings
-
-
-def nonfinite_warnings(metrics: pd.DataFrame) -> list[str]:
-    """One line per metric that holds NaN or inf: they are kept as values and reported, never dropped."""
-    out = []
-    for col in metric_columns(metrics):
-        v = metrics[col].to_numpy()
-        n_nan = int(np.isnan(v).sum())
-        n_inf = int(np.isinf(v).sum())
-        if n_nan or n_inf:
-            out.append(f"metric '{col}': {n_nan} NaN and {n_inf} inf values kept")
     return out
 
 
@@ -496,8 +455,3 @@ def load_samples(path: str | Path) -> pd.DataFrame:
 def load_plan(path: str | Path, samples: pd.DataFrame | None = None) -> pd.DataFrame:
     """Read and validate a plan table (a file, or a folder of Parquet parts written by the recorder)."""
     return validate_plan(read_table(path, "plan"), str(path), samples)
-
-
-def load_metrics_table(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
-    """Read and validate a canonical metrics table (Parquet/CSV/JSONL already in canonical form)."""
-    return validate_metrics(read_table(path, "metrics"), str(path))

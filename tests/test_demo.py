@@ -17,12 +17,12 @@ from forensics.plan.buckets import bucket_index
 from forensics.schema import (
     DEFAULT_BOUNDARIES,
     alignment_warnings,
-    load_metrics_table,
     load_plan,
     load_run_toml,
     load_samples,
     open_case,
 )
+from forensics.sources import read_metrics
 
 CASES = ("static", "bucketed")
 LOSS = "train/loss"
@@ -31,7 +31,7 @@ LOSS = "train/loss"
 def _load(case_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
     samples = load_samples(case_dir / "samples.parquet")
     plan = load_plan(case_dir / "plan.parquet", samples)
-    metrics, _ = load_metrics_table(case_dir / "metrics.parquet")
+    metrics, _ = read_metrics([case_dir / "metrics.parquet"])
     labels = json.loads((case_dir / "labels.json").read_text())
     return samples, plan, metrics, labels
 

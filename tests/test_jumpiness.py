@@ -84,11 +84,12 @@ def test_jumpiness_finding_reports_bucket_and_cluster_shares_the_same_online_and
 
 def test_bucketed_demo_has_no_spike_and_its_jumpiness_is_explained_by_bucket(demo_small):
     from forensics.detect import detect_spikes
-    from forensics.schema import load_metrics_table, load_plan, load_samples
+    from forensics.schema import load_plan, load_samples
+    from forensics.sources import read_metrics
     from forensics.tagging.case import tag_case
 
     root = demo_small / "bucketed"
-    metrics, _ = load_metrics_table(root / "metrics.parquet")
+    metrics, _ = read_metrics([root / "metrics.parquet"])
     samples = load_samples(root / "samples.parquet")
     tags = tag_case(load_plan(root / "plan.parquet", samples), samples, cluster_by="source").tags
     found = detect_spikes(metrics, LOSS, tags=tags)

@@ -15,7 +15,6 @@ from forensics.schema import (
     RunConfig,
     last_write_wins,
     load_run_toml,
-    validate_metrics,
     validate_plan,
     validate_samples,
     write_run_toml,
@@ -111,34 +110,62 @@ def test_plan_ahead_and_metrics_past_are_warnings(case, capsys):
     assert "4 metrics rows are past the plan's last step 9" in out
 
 
-def test_nan_and_inf_are_kept_and_reported():
-    df = pd.DataFrame({"step": [0, 1, 2, 3], "loss": [1.0, math.nan, math.inf, "nan"]})
-    out, warnings = validate_metrics(df)
-    assert out["loss"].tolist()[0] == 1.0
-    assert math.isnan(out["loss"][1]) and math.isinf(out["loss"][2]) and math.isnan(out["loss"][3])
-    assert warnings == ["metric 'loss': 2 NaN and 1 inf values kept"]
+def test_nan_and_inf_are_kept_and_reported(tmp_path):
+    """Through the one metrics path (the readers): NaN, inf and their text spellings are values, and counted."""
+    from forensics.sources import read_metrics
+
+    (tmp_path / "m.csv").write_text("step,loss\n0,1.0\n1,nan\n2,inf\n3,NaN\n4,-Infinity\n")
+    out, report = read_metrics([tmp_path / "m.csv"])
+    loss = out["loss"].tolist()
+    assert loss[0] == 1.0 and math.isnan(loss[1]) and loss[2] == math.inf and math.isnan(loss[3])
+    assert loss[4] == -math.inf
+    assert (report.metrics["loss"]["nan"], report.metrics["loss"]["inf"]) == (2, 2)
 
 
-def test_resumed_steps_last_write_wins_and_rewind_is_reported():
+def test_resumed_steps_last_write_wins():
     # steps 0-5 logged, the run resumed from a checkpoint at 3 and logged 3-6 again
     df = pd.DataFrame({"step": [0, 1, 2, 3, 4, 5, 3, 4, 5, 6],
                        "loss": [5, 4, 3, 2, 9, 9, 2.5, 2.4, 2.3, 2.2]})
-    out, rewinds = last_write_wins(df)
+    out = last_write_wins(df)
     assert out["step"].tolist() == [0, 1, 2, 3, 4, 5, 6]
     assert out["loss"].tolist() == [5, 4, 3, 2.5, 2.4, 2.3, 2.2]
-    assert len(rewinds) == 1 and rewinds[0].from_step == 3 and rewinds[0].rows_replaced == 3
+
+
+def test_resumed_log_reports_its_rewind(tmp_path):
+    from forensics.sources import read_metrics
+
+    steps = [0, 1, 2, 3, 4, 5, 3, 4, 5, 6]
+    losses = [5, 4, 3, 2, 9, 9, 2.5, 2.4, 2.3, 2.2]
+    (tmp_path / "m.jsonl").write_text("".join(f'{{"step": {s}, "loss": {v}}}\n' for s, v in zip(steps, losses)))
+    out, report = read_metrics([tmp_path / "m.jsonl"])
+    assert out["loss"].tolist() == [5, 4, 3, 2.5, 2.4, 2.3, 2.2]
+    (rewind,) = report.rewinds
+    assert (rewind.from_step, rewind.rows_replaced) == (3, 3)
 
 
 def test_records_of_one_step_with_different_metrics_are_combined():
     df = pd.DataFrame({"step": [0, 0, 1], "loss": [1.0, np.nan, 0.9], "val/loss": [np.nan, 1.2, np.nan]})
-    out, rewinds = last_write_wins(df)
-    assert rewinds == []
-    assert out["loss"].tolist()[:2] == [1.0, 0.9] and out["val/loss"][0] == 1.2
+    out = last_write_wins(df)
+    assert out["step"].tolist() == [0, 1]
+    assert out["loss"].tolist() == [1.0, 0.9] and out["val/loss"][0] == 1.2 and np.isnan(out["val/loss"][1])
 
 
-def test_non_numeric_metric_is_bad_input():
-    with pytest.raises(ForensicsError, match="'loss' must be numeric"):
-        validate_metrics(pd.DataFrame({"step": [0, 1], "loss": ["1.0", "abc"]}), "m.csv")
+def test_a_logged_nan_written_again_after_a_resume_wins():
+    """With ``present`` (what a reader knows was written), a later logged NaN replaces the earlier value."""
+    df = pd.DataFrame({"step": [0, 1, 2, 1], "loss": [1.0, 2.0, 3.0, np.nan]})
+    present = pd.DataFrame({"step": [True] * 4, "loss": [True] * 4})
+    out = last_write_wins(df, present)
+    assert out["loss"].tolist()[0] == 1.0 and np.isnan(out["loss"][1]) and out["loss"][2] == 3.0
+
+
+def test_text_values_in_a_metric_are_dropped_with_a_warning(tmp_path):
+    from forensics.sources import read_metrics
+
+    (tmp_path / "m.jsonl").write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "loss": "abc"}\n'
+                                      '{"step": 2, "loss": 0.9}\n')
+    out, report = read_metrics([tmp_path / "m.jsonl"])
+    assert out["loss"].tolist()[0] == 1.0 and out["loss"].tolist()[2] == 0.9 and np.isnan(out["loss"][1])
+    assert any("non-numeric" in w for w in report.warnings)
 
 
 def test_plan_needs_step_or_epoch_and_batch_id():

@@ -11,7 +11,6 @@ import pytest
 
 from forensics.cli import main
 from forensics.errors import ForensicsError
-from forensics.schema import load_metrics_table
 from forensics.sources import read_metrics
 from forensics.sources.base import detect_format, is_wandb_api_source, open_reader
 
@@ -100,7 +99,7 @@ def test_ingest_writes_the_canonical_table_and_prints_a_summary(tmp_path, capsys
     assert "train/loss: 11 values (1 NaN)" in text
     assert "rewinds: 1 (3 rows replaced)" in text
     assert "skipped (malformed) records: 2" in text
-    table, warnings = load_metrics_table(out)
+    table, _ = read_metrics([out])
     assert table["step"].tolist() == list(range(-1, 11))
     assert table["train/loss"].tolist()[:7] == [1.0 + s for s in range(7)]
     assert table["grad_norm"].notna().sum() == 1

@@ -71,11 +71,12 @@ def test_a_plan_without_steps_is_bad_input():
 
 def test_static_demo_spikes_carry_bucket_cluster_and_their_labelled_samples_first(demo_small):
     from forensics.detect import detect_spikes
-    from forensics.schema import load_metrics_table, load_plan, load_samples
+    from forensics.schema import load_plan, load_samples
+    from forensics.sources import read_metrics
     from forensics.tagging.case import tag_case
 
     root = demo_small / "static"
-    metrics, _ = load_metrics_table(root / "metrics.parquet")
+    metrics, _ = read_metrics([root / "metrics.parquet"])
     samples = load_samples(root / "samples.parquet")
     tagged = tag_case(load_plan(root / "plan.parquet", samples), samples, cluster_by="source")
     found = detect_spikes(metrics, "train/loss", tags=tagged.tags)

@@ -106,10 +106,3 @@ def batch_keys(plan: pd.DataFrame) -> np.ndarray:
     else:
         cols = [c for c in (STEP, MICRO, RANK) if c in plan.columns]
     return plan.groupby(cols, sort=True, observed=True).ngroup().to_numpy(np.int64)
-
-
-def epoch_of_steps(plan: pd.DataFrame) -> pd.Series:
-    """The epoch of each step (the plan's ``epoch`` column, or 0 when the plan has none)."""
-    if EPOCH not in plan.columns:
-        return pd.Series(0, index=pd.Index(np.unique(plan[STEP]), name=STEP), dtype=np.int64)
-    return plan.groupby(STEP)[EPOCH].min()

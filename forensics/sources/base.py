@@ -245,7 +245,7 @@ class MetricsReader:
             if pd.Series(steps).duplicated().any():
                 written = pd.DataFrame({STEP: steps, **{k: (m if m is not None else np.ones(len(steps), bool))
                                                         for k, m in present.items()}})
-                batch, _ = last_write_wins(batch, self.source, written)
+                batch = last_write_wins(batch, written)
                 grouped = written.groupby(STEP, sort=True).any()
                 present = {k: grouped[k].to_numpy() for k in present}
             else:
@@ -493,8 +493,7 @@ def _steps(col: Any) -> tuple[np.ndarray, np.ndarray]:
     """Step values as int64 and a mask of the rows whose step is present and a whole number."""
     if isinstance(col, (pa.ChunkedArray, pa.Array)):
         if pa.types.is_integer(col.type) and not col.null_count:
-            arr = np.asarray(col.to_numpy(), dtype=np.int64) if isinstance(col, pa.Array) else \
-                np.asarray(col.to_numpy(), dtype=np.int64)
+            arr = np.asarray(col.to_numpy(), dtype=np.int64)
             return arr, np.ones(len(arr), bool)
         col = pd.Series(col.to_pandas() if hasattr(col, "to_pandas") else col.to_pylist())
     num = pd.to_numeric(pd.Series(col), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
@@ -502,14 +501,6 @@ def _steps(col: Any) -> tuple[np.ndarray, np.ndarray]:
     out = np.zeros(len(num), dtype=np.int64)
     out[ok] = num[ok].astype(np.int64)
     return out, ok
-
-
-def metrics_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """An empty-safe copy with ``step`` int64 first and float64 metric columns (for callers building tables)."""
-    cols = [STEP] + [c for c in df.columns if c != STEP]
-    out = df.reindex(columns=cols)
-    out[STEP] = out[STEP].astype(np.int64)
-    return out
 
 
 # --- choosing a reader ----------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from forensics.schema import (
     RunConfig,
     alignment_warnings,
     find_loss_key,
+    grad_norm_column,
     load_plan,
     load_samples,
     metric_columns,
@@ -250,9 +251,7 @@ def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[
             raise ForensicsError(f"--spike-metric: {', '.join(missing)} not among the metrics "
                                  f"({', '.join(cols[:12])})")
         return list(dict.fromkeys([loss_key, *requested]))
-    from forensics.detect.precedence import GRAD_NORM_KEYS, find_column  # one lookup for audit and precedence
-
-    grad = find_column(cols, GRAD_NORM_KEYS, contains=("gradnorm",))
+    grad = grad_norm_column(cols)
     return [loss_key] + ([grad] if grad and grad != loss_key else [])
 
 

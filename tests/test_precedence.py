@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from forensics.detect.findings import Finding
-from forensics.detect.precedence import find_column, precedence
+from forensics.detect.precedence import precedence
+from forensics.schema import find_column
 
 SPIKE = 200
 

@@ -30,8 +30,7 @@ Columns are found by name (``grad_norm``, ``grad norm``, ``train/grad_norm``, ..
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -39,31 +38,7 @@ import pandas as pd
 
 from forensics.detect.base import MAD_TO_SD
 from forensics.detect.recurrence import SpikeLike, spike_span
-from forensics.schema import STEP, metric_columns
-
-GRAD_NORM_KEYS = ("grad_norm", "grad norm", "train/grad_norm", "gradient_norm", "grad_norm/total", "global_grad_norm")
-LR_KEYS = ("lr", "learning rate", "learning_rate", "train/lr", "train/learning_rate", "lr-adamw", "optim/lr")
-TPS_KEYS = ("tokens_per_s", "tokens_per_second", "tokens per second", "train/tokens_per_s", "throughput",
-            "tok/s", "tokens/s", "samples per second", "samples_per_second")
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", str(name).lower())
-
-
-def find_column(columns: Iterable[str], keys: Sequence[str], contains: Sequence[str] = ()) -> str | None:
-    """The first column named as one of ``keys`` (ignoring case and punctuation), else the first whose normalised
-    name contains one of ``contains``; None when absent."""
-    cols = list(columns)
-    by_norm = {_norm(c): c for c in cols}
-    for k in keys:
-        if _norm(k) in by_norm:
-            return by_norm[_norm(k)]
-    for part in contains:
-        for c in cols:
-            if part in _norm(c):
-                return c
-    return None
+from forensics.schema import STEP, grad_norm_column, lr_column, metric_columns, tokens_per_s_column
 
 
 class _Series:
@@ -127,9 +102,9 @@ def precedence(
     ``grad_norm_peak_ratio``, ``lr``, ``lr_change`` (``{kind, step, relative}``), ``tokens_per_s`` (``{value,
     baseline, ratio, anomaly}`` or null), ``columns`` (which metrics were used) and ``evidence`` (sentences)."""
     cols = metric_columns(metrics)
-    grad_col = grad_metric or find_column(cols, GRAD_NORM_KEYS, ("gradnorm",))
-    lr_col = lr_metric or find_column(cols, LR_KEYS, ("learningrate",))
-    tps_col = tps_metric or find_column(cols, TPS_KEYS, ("tokenspers", "throughput"))
+    grad_col = grad_metric or grad_norm_column(cols)
+    lr_col = lr_metric or lr_column(cols)
+    tps_col = tps_metric or tokens_per_s_column(cols)
     grad = _Series(metrics, grad_col) if grad_col else None
     lr = _Series(metrics, lr_col) if lr_col else None
     tps = _Series(metrics, tps_col) if tps_col else None

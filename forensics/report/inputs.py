@@ -8,14 +8,13 @@ clusters by id. Labels built from data are HTML-escaped here, once.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from forensics.report.text import esc, snippet
-from forensics.schema import CLUSTER, SAMPLE_ID, STEP, metric_columns
+from forensics.schema import CLUSTER, SAMPLE_ID, STEP, grad_norm_column, lr_column, metric_columns
 
 #: At most this many groups get their own trace; the rest are pooled as "other".
 MAX_GROUPS = 12
@@ -48,24 +47,12 @@ def finding_spans(findings: dict | None, limit: int = MAX_DETAILED_FINDINGS) -> 
     spans += [(int(n["step"]), int(n["step"])) for n in nonfinite_of(findings)[: min(room, 20)]]
     return spans
 
-def find_column(columns: Sequence[str], exact: Sequence[str], contains: Sequence[Sequence[str]]) -> str | None:
-    lowered = {c: str(c).lower() for c in columns}
-    for name in exact:
-        for c, low in lowered.items():
-            if low == name or low.endswith("/" + name):
-                return c
-    for parts in contains:
-        for c, low in lowered.items():
-            if all(p in low for p in parts):
-                return c
-    return None
-
 def curve_metrics(metrics: pd.DataFrame, loss_key: str, findings: dict | None = None, max_rows: int = 5) -> list[str]:
     """The metrics drawn as curves: the loss, the grad norm and the lr when logged, then any metric with a spike."""
     cols = metric_columns(metrics)
     rows = [loss_key]
-    grad = find_column(cols, ["grad_norm", "gradnorm", "grad-norm"], [("grad", "norm")])
-    lr = find_column(cols, ["lr", "learning_rate", "learning-rate"], [("learning", "rate")])
+    grad = grad_norm_column(cols)
+    lr = lr_column(cols)
     for c in (grad, lr):
         if c is not None and c not in rows:
             rows.append(c)

@@ -40,6 +40,7 @@ from scipy import sparse, stats
 
 from forensics.detect.base import MAD_TO_SD
 from forensics.detect.findings import Finding
+from forensics.detect.jumpiness import rolling_median
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
@@ -219,7 +220,7 @@ def forgetting_signature(
     dof = 1
     for _ in range(max(int(iterations), 1)):
         adjusted = np.where(np.isfinite(y), y - fitted, np.nan)
-        trend = pd.Series(adjusted).rolling(int(window), center=True, min_periods=1).median().to_numpy()
+        trend = rolling_median(adjusted, window)
         r = y - trend
         beta, cov, dof = _ols(X_all[np.flatnonzero(used)], r[used])
         fitted = X_all @ beta

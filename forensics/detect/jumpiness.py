@@ -29,6 +29,11 @@ from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key
 
 
+def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
+    """The centred rolling median the detect rules share as a run's trend (NaN skipped; edges use what is there)."""
+    return pd.Series(values).rolling(int(window), center=True, min_periods=1).median().to_numpy()
+
+
 def detrend(values: np.ndarray, window: int = 101) -> np.ndarray:
     """``values`` minus their centred rolling median over the finite values (NaN where a value is not finite)."""
     values = np.asarray(values, dtype=np.float64)
@@ -36,7 +41,7 @@ def detrend(values: np.ndarray, window: int = 101) -> np.ndarray:
     out = np.full(len(values), np.nan)
     if finite.any():
         v = values[finite]
-        med = pd.Series(v).rolling(int(window), center=True, min_periods=1).median().to_numpy()
+        med = rolling_median(v, window)
         out[finite] = v - med
     return out
 

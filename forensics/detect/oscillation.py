@@ -53,7 +53,7 @@ import pandas as pd
 
 from forensics.detect._tags import BUCKET, StepLookup
 from forensics.detect.base import MAD_TO_SD
-from forensics.detect.jumpiness import bucket_variance_share
+from forensics.detect.jumpiness import bucket_variance_share, rolling_median
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key
 
@@ -121,10 +121,6 @@ def _grid(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return grid, out
 
 
-def _rolling_median(values: np.ndarray, window: int) -> np.ndarray:
-    return pd.Series(values).rolling(int(window), center=True, min_periods=1).median().to_numpy()
-
-
 def warmup_end(values: np.ndarray, trend: np.ndarray, short: int = SHORT_WINDOW, agree_sd: float = 3.0) -> int:
     """The first index where the long rolling median ``trend`` and a ``short`` one agree within ``agree_sd`` noise
     SDs: before it the loss falls faster than a long median can follow (the warm-up), and its residuals would read as
@@ -132,7 +128,7 @@ def warmup_end(values: np.ndarray, trend: np.ndarray, short: int = SHORT_WINDOW,
     values = np.where(np.isfinite(values), values, np.nan)
     if not np.isfinite(values).any():
         return 0
-    t_short = _rolling_median(values, short)
+    t_short = rolling_median(values, short)
     noise = values - t_short
     ok = np.isfinite(noise)
     sd = float(np.median(np.abs(noise[ok] - np.median(noise[ok])))) * MAD_TO_SD if ok.any() else 0.0
@@ -315,7 +311,7 @@ def detect_oscillation(
     if n < max(64, 2 * min_cycles * min_period) or max_p < min_period or np.isfinite(series).sum() < 32:
         out["evidence"].append(f"{n} steps of {metric}: too few to test for a periodic swing.")
         return out
-    trend = _rolling_median(np.where(np.isfinite(series), series, np.nan), w)
+    trend = rolling_median(np.where(np.isfinite(series), series, np.nan), w)
     first = warmup_end(series, trend) if w > SHORT_WINDOW else 0
     if n - first < max(64, 2 * min_cycles * min_period):
         first = 0

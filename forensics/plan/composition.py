@@ -36,7 +36,7 @@ import pandas as pd
 
 from forensics.errors import ForensicsError
 from forensics.plan.step_mapping import assign_steps, batch_keys
-from forensics.schema import BATCH_ID, CLUSTER, EPOCH, MAX_LEN, MICRO, N_TOKENS, RANK, SAMPLE_ID, SOURCE, STEP
+from forensics.schema import BATCH_ID, CLUSTER, EPOCH, MICRO, RANK, SAMPLE_ID, SOURCE, STEP
 
 
 @dataclass(frozen=True)
@@ -241,11 +241,6 @@ def consecutive_pairs(m: PlanMembership) -> list[PairComposition]:
 def coverage(m: PlanMembership) -> list[EpochCoverage]:
     """Per epoch, how many samples of the universe are missing and how many rows repeat a sample."""
     return [EpochCoverage(e.epoch, m.n_samples - e.present, e.rows - e.present) for e in m.epochs]
-
-
-def capped_sample_lengths(samples: pd.DataFrame, max_len: int = MAX_LEN) -> np.ndarray:
-    """Lengths in samples-table order as the trainer sees them (truncated at ``max_len``)."""
-    return np.minimum(samples[N_TOKENS].to_numpy(np.int64), int(max_len))
 
 
 def padding_efficiency(m: PlanMembership, lengths: np.ndarray) -> list[float]:

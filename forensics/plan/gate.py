@@ -62,13 +62,12 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.plan.builders import bucketed_shuffle
+from forensics.plan.builders import bucketed_shuffle, capped_lengths
 from forensics.plan.composition import (
     EpochCoverage,
     EpochMix,
     PairComposition,
     PlanMembership,
-    capped_sample_lengths,
     cluster_mix,
     compare_epochs,
     consecutive_pairs,
@@ -295,7 +294,7 @@ def check_plan(
     if len(m.epochs) < 2:
         raise ForensicsError(f"plan: holds {len(m.epochs)} epoch(s); comparing batch composition needs at least 2")
 
-    lengths = capped_sample_lengths(samples, max_len) if samples is not None else None
+    lengths = capped_lengths(samples, max_len) if samples is not None else None
     budget, batch_size = (token_budget, None)
     if lengths is not None:
         seen_budget, batch_size = plan_batch_shape(m, lengths)

@@ -15,6 +15,7 @@ import pandas as pd
 
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
+from forensics.plan.builders import capped_lengths
 from forensics.plan.step_mapping import assign_steps
 from forensics.schema import (
     BATCH_ID,
@@ -22,7 +23,6 @@ from forensics.schema import (
     DEFAULT_BOUNDARIES,
     EPOCH,
     MAX_LEN,
-    N_TOKENS,
     RANK,
     SOURCE,
     TEXT,
@@ -68,7 +68,7 @@ def resolve_boundaries(
         from forensics.plan.optimal_boundaries import optimal_boundaries
 
         k = n_buckets or len(DEFAULT_BOUNDARIES) - 1
-        lengths = np.minimum(samples[N_TOKENS].to_numpy(np.int64), max_len)
+        lengths = capped_lengths(samples, max_len)
         return check_boundaries(optimal_boundaries(lengths, k, max_len=max_len), "optimal boundaries")
     bounds = check_boundaries(boundaries, "boundaries")
     if bounds[-1] < max_len:  # lengths above the last boundary get a bucket of their own up to max_len
@@ -137,7 +137,7 @@ def tag_case(
         hint = " (or --cluster-by source)" if SOURCE in samples.columns else ""
         warnings.append(f"{no_text_reason}: every step's cluster is {NO_CLUSTER}; pass --cluster-by "
                         f"COLUMN{hint} for content clusters")
-    clustered[BUCKET] = bucket_index(np.minimum(clustered[N_TOKENS].to_numpy(np.int64), max_len), bounds)
+    clustered[BUCKET] = bucket_index(capped_lengths(clustered, max_len), bounds)
     tags = tag_steps(steps, clustered, bounds, max_len)
     return TagResult(tags=tags, samples=clustered, plan=steps, boundaries=bounds, clusters=info, warnings=warnings)
 

@@ -27,8 +27,9 @@ import pandas as pd
 
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
+from forensics.plan.builders import capped_lengths
 from forensics.plan.step_mapping import batch_keys
-from forensics.schema import CLUSTER, EPOCH, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP
+from forensics.schema import CLUSTER, EPOCH, MAX_LEN, SAMPLE_ID, STEP
 from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER
 from forensics.tagging.sequence import run_lengths, steps_since_seen
 
@@ -87,7 +88,7 @@ def tag_steps(
     boundaries = [int(b) for b in boundaries]
     n_buckets = len(boundaries) - 1
     # --- per sample -----------------------------------------------------------------------------------------------
-    capped = np.minimum(samples[N_TOKENS].to_numpy(np.int64), max_len)
+    capped = capped_lengths(samples, max_len)
     sample_bucket = bucket_index(capped, boundaries)
     if CLUSTER in samples.columns:
         cluster_values, sample_cluster = np.unique(samples[CLUSTER].to_numpy(np.int64), return_inverse=True)

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.plan.buckets import bucket_index
+from forensics.plan.buckets import bucket_index, bucket_range
 from forensics.plan.builders import capped_lengths
 from forensics.plan.step_mapping import batch_keys
 from forensics.schema import CLUSTER, EPOCH, MAX_LEN, SAMPLE_ID, STEP
@@ -124,7 +124,7 @@ def tag_steps(
     cluster = cluster_values[cluster_code]
     run_len, run_pos = run_lengths(bucket, cluster)
     first_of_epoch = pd.Series(step_values).groupby(epoch).transform("min").to_numpy(np.int64)
-    ranges = np.array([f"({boundaries[k]}, {boundaries[k + 1]}]" for k in range(n_buckets)], dtype=object)
+    ranges = np.array([bucket_range(k, boundaries) for k in range(n_buckets)], dtype=object)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(padded > 0, (padded - real) / np.maximum(padded, 1), 0.0)
     tags = pd.DataFrame({

@@ -127,6 +127,10 @@ def test_shuffle_then_sort_changes_more_as_ties_grow():
         samples = make_samples(n, seed=8)
         a, b = shuffle_then_sort(samples, 0, 0), shuffle_then_sort(samples, 1, 0)
         shares.append(identical_share(a, b))
+        # still sorted: the batches hold exactly the lengths static_sorted's do, only tied samples swapped
+        length = dict(zip(samples["sample_id"], capped_lengths(samples)))
+        shapes = sorted(tuple(sorted(length[s] for s in x)) for x in b)
+        assert shapes == sorted(tuple(sorted(length[s] for s in x)) for x in static_sorted(samples, 0, 0))
     assert shares[0] > shares[1] > shares[2]
     assert shares[0] > 0.5  # few ties: most batches survive the "shuffle"
     assert shares[2] < 0.3  # many ties: most batches change, yet every batch is still length-homogeneous

@@ -115,7 +115,7 @@ def test_static_demo_spikes_are_data_led(demo_small: Path):
 
 
 def test_bloom_grad_norm_leads_its_first_loss_spike(real_logs_dir: Path):
-    sources = pytest.importorskip("forensics.sources")
+    import forensics.sources as sources
     log = real_logs_dir / "bloom-176b-tr11-megatron.log"
     if not log.exists():
         pytest.skip(f"{log} not found")

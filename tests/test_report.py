@@ -386,7 +386,7 @@ def test_bucket_figure_titles_the_findings_share_and_draws_one_line_per_bucket(c
 
 def test_report_reads_findings_json_as_the_findings_model_writes_it():
     """findings.json from the real model: NaN written as null + value_text, details nested, other kinds listed."""
-    model = pytest.importorskip("forensics.detect.findings")
+    import forensics.detect.findings as model
     found = model.Findings(
         items=[
             model.Finding(kind="spike", step=254, end_step=255, peak_step=255, metric="loss", value=4.8,

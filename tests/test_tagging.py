@@ -136,7 +136,7 @@ def test_given_clusters_are_kept_unless_clustering_is_asked_for(tiny):
 
 
 def test_optimal_boundaries_are_the_finders(tiny):
-    finder = pytest.importorskip("forensics.plan.optimal_boundaries")
+    import forensics.plan.optimal_boundaries as finder
     plan, samples = tiny
     result = tag_case(plan, samples, boundaries="optimal", n_buckets=3)
     lengths = np.minimum(samples["n_tokens"].to_numpy(np.int64), 8192)
@@ -170,13 +170,21 @@ def test_every_demo_step_has_its_bucket_and_a_text_cluster(demo_tables):
         assert adjusted_rand_score(samples["source"], result.samples["cluster"]) >= 0.9
 
 
-def test_static_demo_repeats_its_composition_and_bucketed_mixes_less_padding(demo_tables):
+def test_static_demo_repeats_its_steps_each_epoch_and_pads_less_than_bucketed(demo_tables):
     tags = {name: tag_case(plan, samples, cluster_by="source").tags for name, (_, plan, samples) in
             demo_tables.items()}
-    # the story's static plan: sorted batches are one bucket each, nearly unpadded
+    # both plans put one bucket in each batch
     for t in tags.values():
         assert t["bucket_share"].mean() > 0.9
-    assert tags["static"]["padding_ratio"].mean() < 0.1
+    # static: the same batches every epoch (only their order moves), so each epoch has the same multiset of steps
+    static = tags["static"]
+    per_epoch = [sorted(zip(g["n_samples"], g["real_tokens"])) for _, g in static.groupby("epoch")]
+    assert len(per_epoch) == 6 and all(e == per_epoch[0] for e in per_epoch)
+    bucketed = tags["bucketed"]
+    per_epoch_b = [sorted(zip(g["n_samples"], g["real_tokens"])) for _, g in bucketed.groupby("epoch")]
+    assert per_epoch_b[1] != per_epoch_b[0]
+    # sorted packing is nearly unpadded; shuffling inside wide buckets pads more
+    assert static["padding_ratio"].mean() < 0.1 < bucketed["padding_ratio"].mean()
 
 
 def test_clusters_from_text_alone_recover_the_demo_sources_with_k_chosen(demo_tables):

@@ -94,6 +94,20 @@ class Records:
         return self.table.num_rows if isinstance(self.table, pa.Table) else len(self.table)
 
 
+def sparse_columns(n_rows: int, cells: dict[str, dict[int, float]]) -> dict[str, pa.Array]:
+    """Per key, a float64 Arrow column of ``n_rows`` from ``{row: value}``: rows a key never wrote are null (not
+    written), a NaN value stays NaN (logged), as :class:`Records` reads them."""
+    columns = {}
+    for key, by_row in cells.items():
+        values = np.full(n_rows, np.nan)
+        valid = np.zeros(n_rows, bool)
+        idx = np.fromiter(by_row.keys(), dtype=np.int64, count=len(by_row))
+        values[idx] = np.fromiter(by_row.values(), dtype=np.float64, count=len(by_row))
+        valid[idx] = True
+        columns[key] = pa.array(values, mask=~valid)
+    return columns
+
+
 class MetricsReader:
     """Base class of every reader. Constructing one reads nothing; :meth:`read_new` reads what is there.
 

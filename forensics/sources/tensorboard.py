@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from forensics.errors import ForensicsError, require
 from forensics.schema import TIMESTAMP
-from forensics.sources.base import MetricsReader, Records
+from forensics.sources.base import MetricsReader, Records, sparse_columns
 
 _HEADER = struct.Struct("<QI")
 _FOOTER = 4
@@ -172,13 +172,6 @@ class _RowBuilder:
         if not self.steps:
             return None
         n = len(self.steps)
-        columns = {"step": pa.array(self.steps, pa.int64())}
-        for tag, cells in self.cols.items():
-            values = np.full(n, np.nan)
-            valid = np.zeros(n, bool)
-            idx = np.fromiter(cells.keys(), dtype=np.int64, count=len(cells))
-            values[idx] = np.fromiter(cells.values(), dtype=np.float64, count=len(cells))
-            valid[idx] = True
-            columns[tag] = pa.array(values, mask=~valid)
+        columns = {"step": pa.array(self.steps, pa.int64()), **sparse_columns(n, self.cols)}
         columns[TIMESTAMP] = pa.array(self.wall, pa.float64())
         return Records(pa.table(columns), np.asarray(self.where, dtype=np.int64))

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from forensics.errors import ForensicsError
-from forensics.sources.base import MetricsReader, Records, TailedFile
+from forensics.sources.base import MetricsReader, Records, TailedFile, sparse_columns
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
 _VALUE = re.compile(rf"(?P<num>{_NUMBER})(?P<unit>[A-Za-z%µ]*)", re.IGNORECASE)
@@ -188,14 +188,7 @@ class TextLogReader(MetricsReader):
         if not steps:
             return None
         n = len(steps)
-        table = {"step": pa.array(steps, pa.int64())}
-        for key, cells in cols.items():
-            values = np.full(n, np.nan)
-            valid = np.zeros(n, bool)
-            idx = np.fromiter(cells.keys(), dtype=np.int64, count=len(cells))
-            values[idx] = np.fromiter(cells.values(), dtype=np.float64, count=len(cells))
-            valid[idx] = True
-            table[key] = pa.array(values, mask=~valid)
+        table = {"step": pa.array(steps, pa.int64()), **sparse_columns(n, cols)}
         return Records(pa.table(table), np.asarray(where, dtype=np.int64))
 
     def _parse_lines(self, lines: list[str], first: int, steps: list[int], where: list[int],

@@ -30,10 +30,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from forensics.errors import ForensicsError, require
 from forensics.sources.base import MetricsReader, Records
+from forensics.sources.wandb_files import KEPT_INTERNAL, WANDB_STEP
 from forensics.sources.wandb_records import flatten_numeric, is_internal, rows_table
 
-WANDB_STEP = "_step"
-KEPT_INTERNAL = ("_step", "_timestamp")
 #: Seconds the client waits for one GraphQL answer: a dead host or network fails in seconds, not minutes.
 DEFAULT_TIMEOUT = 10
 #: Steps per history page (the client's default; one GraphQL request each past the parquet export).

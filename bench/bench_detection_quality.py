@@ -1,15 +1,15 @@
 """Bench of detection quality (issue 10, part 5): our detector and the frameworks' rules, one corpus, one table.
 
-The corpus is the project's own labelled corpus (:mod:`forensics.demo.corpus`: runs with known spikes of six shapes,
+The corpus is the project's own labelled corpus (:mod:`forensics.datasets.corpus`: runs with known spikes of six shapes,
 Gaussian and heavy-tailed noise, bucket effects, NaN steps, resumed logs, grad accumulation, level shifts); the
-scores are :mod:`forensics.detect.scoring`'s (a hit = a detected event starting within 2 steps of a labelled start;
+scores are :mod:`forensics.evaluation.scoring`'s (a hit = a detected event starting within 2 steps of a labelled start;
 false events = events outside every labelled span, per 10,000 clean steps; attribution = the labelled bucket, cluster
 and samples named first). Detectors, each on the loss:
 
 - ``forensics + tags + plan``: what ``forensics audit`` runs with a plan: :func:`~forensics.detect.detect_spikes`
   with the tags table (each step judged against its bucket), then suspects and attribution;
 - ``forensics, metrics only``: :func:`~forensics.detect.detect_spikes` without tags;
-- the five framework rules of :mod:`forensics.detect.framework_rules`, with their published parameters.
+- the five framework rules of :mod:`forensics.evaluation.framework_rules`, with their published parameters.
 
 Rows are ranked: first the detectors within the issue's false-event target (at most 1 per 10,000 clean steps), by
 recall; then the others, by false-event rate. The target check below the table compares each of our rows with every
@@ -37,13 +37,13 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from forensics.demo.corpus import SHAPES, Run, corpus_specs, make_run
-from forensics.demo.loss_model import LOSS
+from forensics.datasets.corpus import SHAPES, Run, corpus_specs, make_run
+from forensics.datasets.loss_model import LOSS
 from forensics.detect import attach_suspects, detect_spikes
 from forensics.detect.attribution import attribute
 from forensics.detect.findings import Finding
-from forensics.detect.framework_rules import FRAMEWORK_RULES, MetaseqEwmRatio
-from forensics.detect.scoring import ATTRIBUTION_KEYS, MARGIN, Score, score_run
+from forensics.evaluation.framework_rules import FRAMEWORK_RULES, MetaseqEwmRatio
+from forensics.evaluation.scoring import ATTRIBUTION_KEYS, MARGIN, Score, score_run
 from forensics.sources import read_metrics
 
 OURS_TAGS = "forensics + tags + plan"

@@ -77,7 +77,7 @@ def bench_clustering(texts: int, table: Table) -> str:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.metrics import adjusted_rand_score
 
-    from forensics.demo.samples import make_samples
+    from forensics.datasets.samples import make_samples
     from forensics.tagging import cluster_samples
 
     samples = make_samples(texts, 0)

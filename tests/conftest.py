@@ -28,7 +28,7 @@ def demo_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     Built once per test session by the real builder; treat it as read-only (copy it before changing anything).
     """
-    from forensics.demo import build_demo
+    from forensics.datasets import build_demo
 
     out = tmp_path_factory.mktemp("demo-small")
     build_demo(out, scale="small", seed=0)

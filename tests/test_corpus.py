@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.demo.corpus import (
+from forensics.datasets.corpus import (
     DATA_LED,
     SHAPES,
     T_CAP,
@@ -16,9 +16,9 @@ from forensics.demo.corpus import (
     corpus_specs,
     make_run,
 )
-from forensics.demo.loss_model import LOSS
-from forensics.demo.samples import CORRUPT_PATTERN
-from forensics.detect.scoring import in_spans
+from forensics.datasets.loss_model import LOSS
+from forensics.datasets.samples import CORRUPT_PATTERN
+from forensics.evaluation.scoring import in_spans
 from forensics.schema import CLUSTER, STEP, TEXT
 from forensics.tagging import tag_steps
 

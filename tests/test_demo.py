@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from forensics.cli import main
-from forensics.demo import LossModelParams, build_demo, simulate
-from forensics.demo.samples import CORRUPT_PATTERN
+from forensics.datasets import LossModelParams, build_demo, simulate
+from forensics.datasets.samples import CORRUPT_PATTERN
 from forensics.plan.buckets import bucket_index
 from forensics.schema import (
     DEFAULT_BOUNDARIES,
@@ -190,7 +190,7 @@ def test_wandb_writer_leaves_the_users_wandb_settings_alone(tmp_path: Path, monk
     pytest.importorskip("wandb")
     import os
 
-    from forensics.demo.wandb_writer import write_wandb_run
+    from forensics.datasets.wandb_writer import write_wandb_run
 
     elsewhere, config_dir = tmp_path / "elsewhere", tmp_path / "config"
     monkeypatch.setenv("WANDB_DIR", str(elsewhere))
@@ -205,7 +205,7 @@ def test_wandb_writer_leaves_the_users_wandb_settings_alone(tmp_path: Path, monk
 
 def test_wandb_runs_written_in_parallel_processes_hold_every_row(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
-    from forensics.demo.wandb_writer import WandbJob, write_wandb_runs
+    from forensics.datasets.wandb_writer import WandbJob, write_wandb_runs
 
     metrics = pd.DataFrame({"step": np.arange(300), "train/loss": np.linspace(2.0, 1.0, 300)})
     done = []

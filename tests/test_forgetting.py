@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.demo import LossModelParams, simulate
+from forensics.datasets import LossModelParams, simulate
 from forensics.detect.forgetting import forgetting_signature
 from forensics.tagging import tag_case
 

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from forensics.detect.findings import Finding
-from forensics.detect.framework_rules import (
+from forensics.errors import ForensicsError
+from forensics.evaluation.framework_rules import (
     FRAMEWORK_RULES,
     KillLossSpike,
     LightningSpikeDetection,
@@ -16,7 +17,6 @@ from forensics.detect.framework_rules import (
     OlmoStabilityMonitor,
     framework_rules,
 )
-from forensics.errors import ForensicsError
 
 LOSS = "train/loss"
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from forensics.detect.findings import Finding
-from forensics.detect.scoring import (
+from forensics.evaluation.scoring import (
     Score,
     SpikeLabel,
     clean_steps,

@@ -89,7 +89,7 @@ def _ensure_demo(err) -> Path:
     case = DEMO_DIR / "static"
     if (case / "metrics.parquet").exists() and (DEMO_DIR / "bucketed" / "metrics.parquet").exists():
         return case
-    from forensics.demo import build_demo
+    from forensics.datasets import build_demo
 
     err.print(f"building the demo run in {DEMO_DIR}/ (first use; under a minute) ...")
     build_demo(DEMO_DIR, scale="full", seed=0)

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from forensics.cli.common import add_command, console
-from forensics.demo import SCALES, build_demo
+from forensics.datasets import SCALES, build_demo
 
 
 def register(sub) -> None:

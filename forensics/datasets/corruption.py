@@ -5,7 +5,7 @@ The story's spikes at steps 254 and 258 must come from the batch plan, not be pa
 of the batches; so a batch of long samples of nearly the same length is a fixed group that recurs every epoch.
 
 The demo makes the samples of two such batches corrupted near-duplicates (one scraped code file, copied with small
-edits, with a run of ``<|endoftext|>`` tokens: :func:`forensics.demo.samples.corrupt_text`). Their lengths are left
+edits, with a run of ``<|endoftext|>`` tokens: :func:`forensics.datasets.samples.corrupt_text`). Their lengths are left
 as drawn, so they are adjacent after the sort because their lengths are; the corruption changes only their text and
 source label. Which batch lands at which step is decided by the builder's own seeded shuffle, so rather than move
 batches, :func:`place_corrupt_group` nudges the sample count (taking a longer prefix of one drawn pool, in strides

@@ -2,13 +2,13 @@
 
 Steps (all seeded by ``seed``, so the same seed gives the same tables):
 
-1. Draw a pool of sample lengths and sources (:mod:`forensics.demo.samples`).
+1. Draw a pool of sample lengths and sources (:mod:`forensics.datasets.samples`).
 2. Choose the sample count so that the static plan's epoch-0 batches at steps 254 and 258 are long batches, and make
-   their samples corrupted near-duplicates (:mod:`forensics.demo.corruption`).
+   their samples corrupted near-duplicates (:mod:`forensics.datasets.corruption`).
 3. Build 6 epochs of each plan with the unmodified reference builders (``static_sorted``, ``bucketed_shuffle``),
    world size 1 and grad accumulation 1, so one batch is one optimizer step; map batches to steps with
    :func:`~forensics.plan.step_mapping.assign_steps`.
-4. Simulate the metrics from each plan's batches (:mod:`forensics.demo.loss_model`) and label its spikes.
+4. Simulate the metrics from each plan's batches (:mod:`forensics.datasets.loss_model`) and label its spikes.
 5. Write ``samples.parquet``, ``plan.parquet``, ``metrics.parquet``, ``metrics.jsonl`` (the same values, one JSON
    object per step), ``run.toml``, ``labels.json`` and, when ``wandb`` is installed, a W&B offline run in ``wandb/``.
 
@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forensics.demo.corruption import place_corrupt_group
-from forensics.demo.loss_model import LOSS, LossModelParams, Simulation, label_spikes, simulate
-from forensics.demo.samples import corrupt_text, sample_lengths_and_sources, samples_from_pool
-from forensics.demo.wandb_writer import WandbJob, wandb_available, write_wandb_runs
+from forensics.datasets.corruption import place_corrupt_group
+from forensics.datasets.loss_model import LOSS, LossModelParams, Simulation, label_spikes, simulate
+from forensics.datasets.samples import corrupt_text, sample_lengths_and_sources, samples_from_pool
+from forensics.datasets.wandb_writer import WandbJob, wandb_available, write_wandb_runs
 from forensics.errors import ForensicsError
 from forensics.plan.builders import REFERENCE_BUILDERS
 from forensics.plan.step_mapping import assign_steps, batches_to_plan

@@ -3,18 +3,18 @@
 A detector's thresholds are only as good as the runs they were judged on, so the project generates its own judge:
 runs that vary everything a real run varies (seeds, lengths, Gaussian and heavy-tailed noise, spike shapes, bucket
 effects of several sizes, NaN steps, resumed logs, gradient accumulation, level shifts), each with labels saying where
-the spikes start and what caused them. :mod:`forensics.detect.scoring` turns detections plus these labels into the
+the spikes start and what caused them. :mod:`forensics.evaluation.scoring` turns detections plus these labels into the
 benchmark's numbers; ``bench/bench_detection_quality.py`` prints them for our detector and the frameworks' rules.
 
 **How a run is made** (:func:`make_run`; everything seeded by ``RunSpec.seed``, numpy-vectorised):
 
-1. *Samples*: the demo's synthetic samples (:func:`forensics.demo.samples.make_samples`: lengths correlated with
+1. *Samples*: the demo's synthetic samples (:func:`forensics.datasets.samples.make_samples`: lengths correlated with
    content, text snippets); a sample's ``cluster`` is its source (``cluster_name`` the source's name).
 2. *Plan*: a reference builder (``bucketed_shuffle``, ``static_sorted`` or ``random_shuffle``) epoch after epoch,
    mapped to steps with ``grad_accum`` G batches per step (:func:`~forensics.plan.step_mapping.assign_steps`) and cut
    at ``n_steps``. With G > 1 a step mixes batches of several buckets, so bucket effects shrink.
 3. *Tags*: the tagging stage itself (:func:`forensics.tagging.tag_steps`): ``bucket``, ``cluster``, ``epoch``, ...
-4. *The noise-free loss*: the demo's loss model (:func:`forensics.demo.loss_model.simulate`) with its noise off: a
+4. *The noise-free loss*: the demo's loss model (:func:`forensics.datasets.loss_model.simulate`) with its noise off: a
    warm-up drop from ``initial_loss`` (time constant ``warmup_tau``) to a plateau near ``level``, a slow decline,
    epoch drops (2% of ``level``), forgetting, and each batch's bucket and content levels scaled by ``bucket_scale``
    (0: none; 2: twice the demo's).
@@ -38,14 +38,14 @@ benchmark's numbers; ``bench/bench_detection_quality.py`` prints them for our de
 - ``grad_led`` (p 1.6-4): grad norm climbs x2 -> x300 over 3-6 steps, the loss barely moves, then it jumps and
   decays over 8-20 steps (BLOOM-176B's spike at 31219); no data cause.
 - ``story``: the demo itself at small scale with other seeds (corrupted near-duplicates packed into one batch by
-  ``static_sorted``, recurring in the next epochs); labelled by :func:`forensics.demo.loss_model.label_spikes`,
+  ``static_sorted``, recurring in the next epochs); labelled by :func:`forensics.datasets.loss_model.label_spikes`,
   keeping the events of 1.6x or more (:data:`MIN_FACTOR`, the corpus's definition of a spike).
 
 A label's ``start``/``end`` are the first/last steps at or above half the peak's excess (``g >= 1 + (p - 1) / 2``),
 so a slow rise starts where it becomes visible. Data-led spikes (``one_step``, ``few_steps``, ``warmup``, ``story``)
 are labelled with the ``bucket`` and ``cluster`` of their step and the ``sample_ids`` that caused them: 2-6 samples
 of that step's batch (of its bucket and cluster where there are enough) whose text is replaced by corrupted
-near-duplicates (:func:`forensics.demo.samples.corrupt_text`). **Spans** (:meth:`RunLabels.spans`) are what is not
+near-duplicates (:func:`forensics.datasets.samples.corrupt_text`). **Spans** (:meth:`RunLabels.spans`) are what is not
 clean: every injected event's whole extent (lead-in to decay, plus 2 steps before and 5 after), the story runs' smaller
 recurrences, and NaN steps. Everything else is clean: it holds only the loss model, noise and level shifts.
 
@@ -63,10 +63,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from forensics.demo.build import build_plan, build_samples, write_metrics_jsonl
-from forensics.demo.loss_model import GRAD_NORM, LOSS, LR, LossModelParams, label_spikes, simulate
-from forensics.demo.samples import SOURCE_NAMES, corrupt_text, make_samples
-from forensics.detect.scoring import MARGIN, SpikeLabel, in_spans
+from forensics.datasets.build import build_plan, build_samples, write_metrics_jsonl
+from forensics.datasets.loss_model import GRAD_NORM, LOSS, LR, LossModelParams, label_spikes, simulate
+from forensics.datasets.samples import SOURCE_NAMES, corrupt_text, make_samples
+from forensics.evaluation.scoring import MARGIN, SpikeLabel, in_spans
 from forensics.plan.buckets import bucket_index
 from forensics.plan.builders import REFERENCE_BUILDERS
 from forensics.plan.step_mapping import assign_steps, batches_to_plan

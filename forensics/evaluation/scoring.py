@@ -1,8 +1,8 @@
 """Scoring spike detections against labels: event recall within a margin, false events, attribution accuracy.
 
 The benchmark of detection quality (``bench/bench_detection_quality.py``) judges every detector, ours and the rules
-frameworks ship (:mod:`forensics.detect.framework_rules`), with these functions on one labelled corpus
-(:mod:`forensics.demo.corpus`), so that a table row means the same thing for each of them. Like ruptures'
+frameworks ship (:mod:`forensics.evaluation.framework_rules`), with these functions on one labelled corpus
+(:mod:`forensics.datasets.corpus`), so that a table row means the same thing for each of them. Like ruptures'
 ``metrics/``, they take plain labels and plain detections and know nothing of how either was made.
 
 Definitions (what a caller may rely on):

@@ -16,21 +16,14 @@ Tables (see DESIGN.md):
 from __future__ import annotations
 
 import math
-import re
-import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 # --- column names -------------------------------------------------------------------------------------------------
 STEP = "step"
@@ -47,9 +40,6 @@ MICRO = "micro"
 RANK = "rank"
 
 PLAN_INT_COLUMNS = (STEP, SAMPLE_ID, EPOCH, BATCH_ID, MICRO, RANK)
-
-#: Loss keys tried in this order when none is given (DESIGN.md Conventions).
-LOSS_KEYS = ("train/loss", "loss", "train_loss", "lm loss", "lm_loss")
 
 # --- defaults of the story (DESIGN.md Conventions) ----------------------------------------------------------------
 DEFAULT_BOUNDARIES: tuple[int, ...] = (0, 770, 1216, 1728, 2432, 3296, 8192)
@@ -197,62 +187,6 @@ def metric_columns(metrics: pd.DataFrame) -> list[str]:
     return [c for c in metrics.columns if c not in (STEP, TIMESTAMP)]
 
 
-#: Spellings of the grad norm, the learning rate and the throughput, tried in order (case and punctuation ignored).
-GRAD_NORM_KEYS = ("grad_norm", "grad norm", "train/grad_norm", "gradient_norm", "grad_norm/total", "global_grad_norm")
-LR_KEYS = ("lr", "learning rate", "learning_rate", "train/lr", "train/learning_rate", "lr-adamw", "optim/lr")
-TPS_KEYS = ("tokens_per_s", "tokens_per_second", "tokens per second", "train/tokens_per_s", "throughput",
-            "tok/s", "tokens/s", "samples per second", "samples_per_second")
-
-
-def _squash(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", str(name).lower())
-
-
-def find_column(columns: Iterable[str], keys: Sequence[str], contains: Sequence[str] = ()) -> str | None:
-    """The first column named as one of ``keys`` (ignoring case and punctuation), else the first whose squashed
-    name contains one of ``contains``; None when absent."""
-    cols = list(columns)
-    by_name = {_squash(c): c for c in cols}
-    for k in keys:
-        if _squash(k) in by_name:
-            return by_name[_squash(k)]
-    for part in contains:
-        for c in cols:
-            if part in _squash(c):
-                return c
-    return None
-
-
-def grad_norm_column(columns: Iterable[str]) -> str | None:
-    """The grad-norm metric among ``columns`` (``grad_norm``, ``grad norm``, ``global_grad_norm``, ...)."""
-    return find_column(columns, GRAD_NORM_KEYS, ("gradnorm",))
-
-
-def lr_column(columns: Iterable[str]) -> str | None:
-    """The learning-rate metric among ``columns``."""
-    return find_column(columns, LR_KEYS, ("learningrate",))
-
-
-def tokens_per_s_column(columns: Iterable[str]) -> str | None:
-    """The throughput metric among ``columns``."""
-    return find_column(columns, TPS_KEYS, ("tokenspers", "throughput"))
-
-
-def find_loss_key(columns: Iterable[str], given: str | None = None) -> str:
-    """The loss column: ``given`` when set (it must exist), else the first of :data:`LOSS_KEYS` present."""
-    cols = list(columns)
-    if given:
-        if given not in cols:
-            raise ForensicsError(f"loss key '{given}' is not among the metrics: {', '.join(map(str, cols[:12]))}")
-        return given
-    for key in LOSS_KEYS:
-        if key in cols:
-            return key
-    raise ForensicsError(
-        f"no loss column found: expected one of {', '.join(LOSS_KEYS)} or --loss-key; "
-        f"the metrics are {', '.join(map(str, cols[:12])) or 'none'}"
-    )
-
 
 # --- samples --------------------------------------------------------------------------------------------------------
 def validate_samples(df: pd.DataFrame, origin: str = "(table)") -> pd.DataFrame:
@@ -328,172 +262,3 @@ def alignment_warnings(metric_steps: np.ndarray, plan_steps: np.ndarray) -> list
             out.append(f"{len(past)} metrics rows are past the plan's last step {p.max()} "
                        f"(steps {past[0]}-{past[-1]} have no batch)")
     return out
-
-
-# --- run.toml and the case folder ------------------------------------------------------------------------------------
-@dataclass
-class RunConfig:
-    """The settings of one run, from ``run.toml`` (every key optional), overridable from the CLI."""
-
-    metrics: list[str] = field(default_factory=list)
-    plan: str | None = None
-    samples: str | None = None
-    grad_accum: int = 1
-    world_size: int = 1
-    rank_split: str = "round_robin"
-    step_offset: int = 0
-    loss_key: str | None = None
-    boundaries: list[int] = field(default_factory=lambda: list(DEFAULT_BOUNDARIES))
-    token_budget: int = TOKEN_BUDGET
-    max_len: int = MAX_LEN
-
-    def validated(self, origin: str = "run.toml") -> RunConfig:
-        """Check the values once; raise a message naming the key on a bad one."""
-        for key in ("grad_accum", "world_size", "token_budget", "max_len"):
-            v = getattr(self, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ForensicsError(f"{origin}: '{key}' must be a positive integer; got {v!r}")
-        if not isinstance(self.step_offset, int) or isinstance(self.step_offset, bool):
-            raise ForensicsError(f"{origin}: 'step_offset' must be an integer; got {self.step_offset!r}")
-        if self.rank_split not in RANK_SPLITS:
-            raise ForensicsError(f"{origin}: 'rank_split' must be one of {', '.join(RANK_SPLITS)}; "
-                                 f"got {self.rank_split!r}")
-        self.boundaries = check_boundaries(self.boundaries, origin)
-        if isinstance(self.metrics, str):
-            self.metrics = [self.metrics]
-        if not isinstance(self.metrics, list) or not all(isinstance(m, str) for m in self.metrics):
-            raise ForensicsError(f"{origin}: 'metrics' must be a path or a list of paths; got {self.metrics!r}")
-        for key in ("plan", "samples", "loss_key"):
-            v = getattr(self, key)
-            if v is not None and not isinstance(v, str):
-                raise ForensicsError(f"{origin}: '{key}' must be a string; got {v!r}")
-        return self
-
-
-def check_boundaries(values: Sequence, origin: str = "boundaries") -> list[int]:
-    """Bucket boundaries ``[0, b1, ..., max_len]``: whole numbers, strictly increasing, starting at 0."""
-    try:
-        b = [int(v) for v in values]
-    except (TypeError, ValueError) as exc:
-        raise ForensicsError(f"{origin}: boundaries must be whole numbers; got {list(values)!r}") from exc
-    if any(float(v) != x for v, x in zip(values, b)):
-        raise ForensicsError(f"{origin}: boundaries must be whole numbers; got {list(values)!r}")
-    if len(b) < 2 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
-        raise ForensicsError(f"{origin}: boundaries must start at 0 and strictly increase, at least 2 values; "
-                             f"got {b}")
-    return b
-
-
-def parse_boundaries(text: str) -> list[int]:
-    """``"0,770,8192"`` -> ``[0, 770, 8192]`` (the CLI's comma-separated form)."""
-    try:
-        values = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError as exc:
-        raise ForensicsError(f"--boundaries: expected comma-separated whole numbers like 0,770,8192; got {text!r}") \
-            from exc
-    return check_boundaries(values, "--boundaries")
-
-
-def load_run_toml(path: str | Path) -> tuple[RunConfig, list[str]]:
-    """Read ``run.toml``; unknown keys are warned about (a typo should not pass silently) and kept out."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ForensicsError(f"run.toml {path} does not exist") from exc
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ForensicsError(f"run.toml {path} could not be read: {_first_line(exc)}") from exc
-    known = {f.name for f in fields(RunConfig)}
-    warnings = [f"{path}: unknown key '{k}' ignored" for k in data if k not in known]
-    kwargs = {k: v for k, v in data.items() if k in known}
-    try:
-        cfg = RunConfig(**kwargs)
-    except TypeError as exc:  # pragma: no cover - dataclass accepts every known key
-        raise ForensicsError(f"run.toml {path}: {exc}") from exc
-    return cfg.validated(str(path)), warnings
-
-
-def write_run_toml(cfg: RunConfig, path: str | Path, extra: dict | None = None) -> None:
-    """Write ``run.toml`` (plain TOML by hand: the keys are flat scalars and lists)."""
-    lines = []
-    for f in fields(RunConfig):
-        v = getattr(cfg, f.name)
-        if v is None:
-            continue
-        lines.append(f"{f.name} = {_toml_value(v)}")
-    for k, v in (extra or {}).items():
-        lines.append(f"{k} = {_toml_value(v)}")
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-@dataclass
-class Case:
-    """A case folder: one run's inputs (metrics sources, plan, samples, ``run.toml``) and its outputs."""
-
-    root: Path
-    config: RunConfig
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def metrics_sources(self) -> list[Path]:
-        srcs = self.config.metrics or ["metrics.parquet"]
-        return [self._resolve(s) for s in srcs]
-
-    @property
-    def plan_path(self) -> Path | None:
-        p = self._resolve(self.config.plan or "plan.parquet")
-        return p if (self.config.plan or p.exists()) else None
-
-    @property
-    def samples_path(self) -> Path | None:
-        p = self._resolve(self.config.samples or "samples.parquet")
-        return p if (self.config.samples or p.exists()) else None
-
-    @property
-    def findings_path(self) -> Path:
-        return self.root / "findings.json"
-
-    @property
-    def report_path(self) -> Path:
-        return self.root / "report.html"
-
-    def _resolve(self, p: str) -> Path:
-        path = Path(p)
-        return path if path.is_absolute() else self.root / path
-
-
-def open_case(root: str | Path) -> Case:
-    """Open a case folder; ``run.toml`` is optional (the defaults of DESIGN.md apply without it)."""
-    root = Path(root)
-    if not root.exists():
-        raise ForensicsError(f"case folder {root} does not exist")
-    if not root.is_dir():
-        raise ForensicsError(f"case folder {root} is not a folder")
-    toml = root / "run.toml"
-    if toml.exists():
-        cfg, warnings = load_run_toml(toml)
-    else:
-        cfg, warnings = RunConfig().validated(), []
-    return Case(root=root, config=cfg, warnings=warnings)
-
-
-def load_samples(path: str | Path) -> pd.DataFrame:
-    """Read and validate a samples table."""
-    return validate_samples(read_table(path, "samples"), str(path))
-
-
-def load_plan(path: str | Path, samples: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Read and validate a plan table (a file, or a folder of Parquet parts written by the recorder)."""
-    return validate_plan(read_table(path, "plan"), str(path), samples)

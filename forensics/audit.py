@@ -1,9 +1,11 @@
 """One audit, top to bottom: sources -> plan -> tags -> detection -> findings (the report renders the result).
 
-This is the only module that calls every stage; the stages themselves never call each other. It is the library
-behind ``forensics audit`` and the dashboard: :func:`resolve_inputs` turns a case folder plus overrides into paths
-and settings, :func:`run_audit` runs the stages and returns an :class:`Audit` holding every table it built, so
-the caller can render the summary, ``findings.json`` and ``report.html`` without recomputing anything.
+This is the only module that calls every stage; the stages themselves never call each other, they exchange the
+tables of :mod:`forensics.schema`. It is the library behind ``forensics audit`` and the dashboard: a
+:class:`~forensics.schema.Case` (a case folder and its resolved run configuration, :func:`forensics.schema.open_case`)
+goes in, :func:`run_audit` runs the stages in order (sources -> metrics; plan -> step-mapped plan; tagging -> step
+and sample tags; detect -> findings) and returns an :class:`Audit` holding every table it built, so the caller can
+render the summary, ``findings.json`` and ``report.html`` without recomputing anything.
 
 What needs a plan: suspect samples, bucket/cluster attribution, recurrence, the composition gate and the forgetting
 signature. Without one, metrics alone still give spikes, non-finite steps and oscillation, and the findings say so.
@@ -13,17 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from forensics.errors import ForensicsError
 from forensics.schema import (
-    SOURCE,
     STEP,
-    TEXT,
+    Case,
     RunConfig,
     alignment_warnings,
     find_loss_key,
@@ -31,26 +31,10 @@ from forensics.schema import (
     load_plan,
     load_samples,
     metric_columns,
-    open_case,
 )
-
-#: Below this many written values a metric's first ``min_periods`` (history, not judged) weigh heavily: say so.
-SHORT_RUN = 100
 
 #: The ``--fail-on`` kinds and how each is read off ``findings.json``.
 FAIL_KINDS = ("spike", "nonfinite", "static-plan", "oscillation")
-
-
-@dataclass
-class AuditInputs:
-    """Where the run's tables come from and its settings (a case folder's ``run.toml`` plus CLI overrides)."""
-
-    metrics: list[str]
-    plan: str | None
-    samples: str | None
-    config: RunConfig
-    case: Path | None = None
-    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -60,54 +44,23 @@ class Audit:
     findings: dict[str, Any]
     metrics: pd.DataFrame
     loss_key: str
-    config: RunConfig
+    case: Case
     tags: pd.DataFrame | None = None
     plan: pd.DataFrame | None = None
     samples: pd.DataFrame | None = None
     boundaries: list[int] | None = None
 
     @property
+    def config(self) -> RunConfig:
+        return self.case.config
+
+    @property
     def spikes(self) -> list[dict[str, Any]]:
         return self.findings.get("spikes", [])
 
-
-def resolve_inputs(
-    case: str | Path | None = None,
-    *,
-    metrics: Sequence[str] | None = None,
-    plan: str | None = None,
-    samples: str | None = None,
-    grad_accum: int | None = None,
-    world_size: int | None = None,
-    rank_split: str | None = None,
-    step_offset: int | None = None,
-    loss_key: str | None = None,
-) -> AuditInputs:
-    """A case folder's sources and ``run.toml`` settings, each overridden by the option given explicitly."""
-    warnings: list[str] = []
-    if case is not None:
-        c = open_case(case)
-        cfg = c.config
-        warnings += c.warnings
-        metric_src = list(metrics) if metrics else [str(p) for p in c.metrics_sources]
-        plan_src = plan or (str(c.plan_path) if c.plan_path else None)
-        samples_src = samples or (str(c.samples_path) if c.samples_path else None)
-        root: Path | None = c.root
-    else:
-        if not metrics:
-            raise ForensicsError("audit: give a case folder, or the metrics with --metrics SRC")
-        cfg = RunConfig()
-        metric_src, plan_src, samples_src, root = list(metrics), plan, samples, None
-    overrides = {"grad_accum": grad_accum, "world_size": world_size, "rank_split": rank_split,
-                 "step_offset": step_offset, "loss_key": loss_key}
-    for key, value in overrides.items():
-        if value is not None:
-            setattr(cfg, key, value)
-    cfg.validated("options")
-    if plan_src and not samples_src:
-        raise ForensicsError("audit: a plan needs its samples table too (--samples, or samples.parquet in the case)")
-    return AuditInputs(metrics=metric_src, plan=plan_src, samples=samples_src, config=cfg, case=root,
-                       warnings=warnings)
+    def to_json(self) -> dict[str, Any]:
+        """``findings.json`` (DESIGN.md Contracts)."""
+        return self.findings
 
 
 @contextmanager
@@ -116,131 +69,107 @@ def _quiet_stage(name: str) -> Iterator[None]:
 
 
 def run_audit(
-    inputs: AuditInputs,
+    case: Case,
     *,
     spike_metrics: Sequence[str] | None = None,
-    cluster_by: str | None = None,
     stage: Callable[[str], Any] | None = None,
 ) -> Audit:
-    """Run every stage on ``inputs``; ``stage(name)`` is a context manager factory used to show progress.
-
-    Content clusters come from the sample text, or from the label column ``cluster_by``; samples without text but
-    with a ``source`` label are clustered by that label.
-    """
+    """Run every stage on a case; ``stage(name)`` is a context manager factory used to show progress."""
     stage = stage or _quiet_stage
-    cfg = inputs.config
-    warnings = list(inputs.warnings)
+    cfg = case.config
+    warnings = list(case.warnings)
+    if not cfg.metrics:
+        if case.root is None:
+            raise ForensicsError("audit: give a case folder, or the metrics with --metrics SRC")
+        raise ForensicsError(f"audit: case folder {case.root} holds no metrics source (metrics.parquet, "
+                             "trainer_state.json, a log, a TensorBoard or W&B folder) and its run.toml names none; "
+                             "give --metrics SRC")
+    if cfg.plan and not cfg.samples:
+        raise ForensicsError("audit: a plan needs its samples table too (--samples, or samples.parquet in the case)")
 
     from forensics.sources import read_metrics
 
+    sources = case.metrics_sources
     with stage("reading metrics"):
-        metrics, report = read_metrics(inputs.metrics, step_offset=cfg.step_offset)
+        metrics, report = read_metrics([s.path for s in sources], step_offset=cfg.step_offset,
+                                       step_key=cfg.step_key)
     warnings += report.warnings
     if metrics.empty:
-        raise ForensicsError(f"audit: the metrics sources hold no rows: {', '.join(inputs.metrics)}")
+        raise ForensicsError(f"audit: the metrics sources hold no rows: {', '.join(s.path for s in sources)}")
     loss_key = find_loss_key(metric_columns(metrics), cfg.loss_key)
     analysed = _analysed_metrics(metrics, loss_key, spike_metrics)
 
     samples = plan = tags = None
-    boundaries = list(cfg.boundaries)
-    if inputs.plan:
-        with stage("loading the plan"):
-            samples = load_samples(inputs.samples)
-            plan = load_plan(inputs.plan, samples)
-        from forensics.tagging import tag_case
+    boundaries = list(cfg.boundaries) if cfg.boundaries else None
+    if cfg.plan:
+        from forensics.plan import step_plan
+        from forensics.tagging import tag_run
 
-        if cluster_by is None and TEXT not in samples.columns and SOURCE in samples.columns:
-            cluster_by = SOURCE
-            warnings.append("samples have no 'text' column: clusters are their 'source' labels")
+        with stage("loading the plan"):
+            samples = load_samples(case.samples_path)
+            plan = step_plan(load_plan(case.plan_path, samples), cfg)
         with stage("tagging steps (buckets, clusters)"):
-            tagged = tag_case(plan, samples, grad_accum=cfg.grad_accum, world_size=cfg.world_size,
-                              rank_split=cfg.rank_split, boundaries=cfg.boundaries, max_len=cfg.max_len,
-                              cluster_by=cluster_by)
-        tags, samples, plan, boundaries = tagged.tags, tagged.samples, tagged.plan, tagged.boundaries
+            tagged = tag_run(plan, samples, cfg)
+        tags, samples, boundaries = tagged.tags, tagged.samples, tagged.boundaries
         warnings += tagged.warnings
         warnings += alignment_warnings(metrics[STEP].to_numpy(), plan[STEP].to_numpy())
 
-    from forensics.detect import Findings, NonfiniteDetector, SpikeDetector, detect_spikes
-    from forensics.detect.oscillation import detect_oscillation
-
-    with stage("detecting spikes"):
-        # each metric on the rows where it was written: a cell never logged (an eval metric between evals) is
-        # missing, not a NaN, and must neither break a baseline nor be reported as non-finite
-        found = []
-        for col in metric_columns(metrics):
-            rows = metrics.loc[report.written(metrics, col), [STEP, col]]
-            if col in analysed:
-                found += detect_spikes(rows, col, tags=tags, boundaries=boundaries)
-                history = SpikeDetector().min_periods
-                if len(rows) < SHORT_RUN:
-                    warnings.append(f"'{col}' has only {len(rows)} values: the first {min(history, len(rows))} "
-                                    "serve as the detector's history and are not judged for spikes")
-            else:
-                found += NonfiniteDetector(col).detect(rows)
-    spikes = [f for f in found if f.kind == "spike"]
-    others = [f for f in found if f.kind != "spike"]
     sections: dict[str, Any] = {}
-
-    with stage("oscillation and jumpiness"):
-        sections["oscillation"] = detect_oscillation(metrics, tags, loss_key)
-
-    gate = whatif = None
     if plan is not None:
-        from forensics.plan.gate import check_plan
-
-        with stage("checking batch composition across epochs"):
-            try:
-                gate = check_plan(plan, samples, token_budget=cfg.token_budget, max_len=cfg.max_len,
-                                  boundaries=boundaries, grad_accum=cfg.grad_accum, world_size=cfg.world_size,
-                                  rank_split=cfg.rank_split, source=str(inputs.plan))
-                sections["plan"] = gate.to_json()
-            except ForensicsError as exc:  # e.g. a single-epoch plan: the gate has nothing to compare
-                sections["plan"] = {"static": None, "pair_retention": [], "note": str(exc)}
-                warnings.append(f"batch composition not checked: {exc}")
-        if spikes:
-            from forensics.plan.whatif import whatif as run_whatif
-
-            with stage("what-if of batching strategies"):
-                lengths = samples["n_tokens"].to_numpy()
-                whatif = run_whatif(lengths, token_budget=cfg.token_budget, boundaries=boundaries,
-                                    max_len=cfg.max_len, grad_accum=cfg.grad_accum, world_size=cfg.world_size)
-                sections["whatif"] = whatif.to_dict()
+        sections.update(_plan_sections(plan, samples, boundaries, cfg, case, stage, warnings))
     else:
         sections["plan"] = None
-        if spikes:
-            warnings.append("no plan given: spikes are found from the metrics alone; a plan (--plan and --samples) "
-                            "names each spike's bucket, cluster, batch and suspect samples")
 
-    if spikes:
-        from forensics.detect.attribution import attribute
+    from forensics.detect import Findings
+    from forensics.detect.base import RunTables
+    from forensics.detect.rules import build_rules
 
-        with stage("attributing spikes"):
-            spikes = attribute(spikes, metrics, tags, plan, samples, gate=gate, whatif=whatif,
-                               boundaries=boundaries, max_len=cfg.max_len)
-        if plan is not None:
-            from forensics.detect.recurrence import recurrence_report
+    run = RunTables(metrics=metrics, loss_key=loss_key, analysed=analysed,
+                    grad_norm_key=grad_norm_column(metric_columns(metrics)), tags=tags, plan=plan, samples=samples,
+                    boundaries=boundaries, max_len=cfg.max_len, sections=sections)
+    found: list = []
+    for rule in build_rules(cfg.detect, has_plan=plan is not None):
+        with stage(f"rule {rule.name}"):
+            out = rule.detect(run, found)
+        if rule.replaces:
+            found = [f for f in found if f.kind != rule.replaces] + out
+        else:
+            found += out
+        if rule.section_name and rule.section_ is not None:
+            sections[rule.section_name] = rule.section_
+        warnings += getattr(rule, "warnings_", [])
+    if plan is None and any(f.kind == "spike" for f in found):
+        warnings.append("no plan given: spikes are found from the metrics alone; a plan (--plan and --samples) "
+                        "names each spike's bucket, cluster, batch and suspect samples")
 
-            with stage("recurrence across epochs"):
-                loss_spikes = [f for f in spikes if f.metric == loss_key]
-                sections["recurrence"] = recurrence_report(loss_spikes, plan, metrics, tags, metric=loss_key)
-    if plan is not None:
-        from forensics.detect.forgetting import forgetting_signature
-
-        with stage("forgetting signature"):
-            try:
-                sections["forgetting"] = forgetting_signature(metrics, plan, samples, metric=loss_key,
-                                                              spikes=spikes, boundaries=boundaries,
-                                                              max_len=cfg.max_len)
-            except ForensicsError as exc:
-                warnings.append(f"forgetting signature not computed: {exc}")
-
-    sections["run"] = _run_section(inputs, metrics, loss_key, analysed, plan, tags)
-    findings = Findings(items=spikes + others, sections=sections, warnings=warnings).to_dict()
+    sections["run"] = _run_section(case, metrics, loss_key, analysed, plan, tags, boundaries, report)
+    findings = Findings(items=found, sections=sections, warnings=warnings).to_dict()
     from forensics.report.html import verdict
 
     findings["verdict"] = verdict(findings, loss_key)
-    return Audit(findings=findings, metrics=metrics, loss_key=loss_key, config=cfg, tags=tags, plan=plan,
+    return Audit(findings=findings, metrics=metrics, loss_key=loss_key, case=case, tags=tags, plan=plan,
                  samples=samples, boundaries=boundaries)
+
+
+def _plan_sections(plan: pd.DataFrame, samples: pd.DataFrame, boundaries: list[int], cfg: RunConfig, case: Case,
+                   stage: Callable[[str], Any], warnings: list[str]) -> dict[str, Any]:
+    """The plan stage's typed results as findings.json sections: the gate (``plan``) and the what-if."""
+    from forensics.plan.gate import check_plan
+    from forensics.plan.whatif import whatif
+
+    out: dict[str, Any] = {}
+    with stage("checking batch composition across epochs"):
+        try:
+            out["plan"] = check_plan(plan, samples, token_budget=cfg.token_budget, max_len=cfg.max_len,
+                                     boundaries=boundaries, grad_accum=cfg.grad_accum, world_size=cfg.world_size,
+                                     rank_split=cfg.rank_split, source=str(case.plan_path)).to_json()
+        except ForensicsError as exc:  # e.g. a single-epoch plan: the gate has nothing to compare
+            out["plan"] = {"static": None, "pair_retention": [], "note": str(exc)}
+            warnings.append(f"batch composition not checked: {exc}")
+    with stage("what-if of batching strategies"):
+        out["whatif"] = whatif(samples["n_tokens"].to_numpy(), token_budget=cfg.token_budget, boundaries=boundaries,
+                               max_len=cfg.max_len, grad_accum=cfg.grad_accum, world_size=cfg.world_size).to_dict()
+    return out
 
 
 def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[str] | None) -> list[str]:
@@ -255,28 +184,32 @@ def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[
     return [loss_key] + ([grad] if grad and grad != loss_key else [])
 
 
-def _run_section(inputs: AuditInputs, metrics: pd.DataFrame, loss_key: str, analysed: list[str],
-                 plan: pd.DataFrame | None, tags: pd.DataFrame | None) -> dict[str, Any]:
-    cfg = inputs.config
+def _run_section(case: Case, metrics: pd.DataFrame, loss_key: str, analysed: list[str],
+                 plan: pd.DataFrame | None, tags: pd.DataFrame | None, boundaries: list[int] | None,
+                 report: Any) -> dict[str, Any]:
+    cfg = case.config
     steps = metrics[STEP]
     epochs = int(tags["epoch"].max()) + 1 if tags is not None and "epoch" in tags and len(tags) else None
     return {
-        "case": str(inputs.case) if inputs.case else None,
-        "metrics_sources": inputs.metrics,
-        "plan_source": inputs.plan,
-        "samples_source": inputs.samples,
+        "case": str(case.root) if case.root else None,
+        "metrics_sources": [s.path for s in case.metrics_sources],
+        "sources": report.sources_json(),
+        "plan_source": str(case.plan_path) if case.plan_path else None,
+        "samples_source": str(case.samples_path) if case.samples_path else None,
         "steps": int(len(steps)),
         "first_step": int(steps.min()),
         "last_step": int(steps.max()),
         "epochs": epochs,
         "metrics": metric_columns(metrics),
         "loss_key": loss_key,
+        "grad_norm_key": grad_norm_column(metric_columns(metrics)),
         "analysed_metrics": analysed,
         "grad_accum": cfg.grad_accum,
         "world_size": cfg.world_size,
         "rank_split": cfg.rank_split,
-        "step_offset": cfg.step_offset,
-        "boundaries": list(cfg.boundaries),
+        "step_offset": cfg.step_offset or 0,
+        "boundaries": list(boundaries) if boundaries else None,
+        "boundaries_fitted": bool(plan is not None and cfg.boundaries is None),
         "token_budget": cfg.token_budget,
         "max_len": cfg.max_len,
         "has_plan": plan is not None,
@@ -307,3 +240,46 @@ def parse_fail_on(text: str | None) -> list[str]:
     if bad:
         raise ForensicsError(f"--fail-on: unknown kind {', '.join(bad)}; expected some of {', '.join(FAIL_KINDS)}")
     return kinds
+
+
+@dataclass
+class CaseCheck:
+    """``forensics validate``: what loading a case found (counts per table, and the warnings)."""
+
+    lines: list[str]
+    warnings: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"found": self.lines, "warnings": self.warnings}
+
+
+def validate_case(case: Case) -> CaseCheck:
+    """Load a case the way every command does (metrics, samples, step-mapped plan) and say what was found."""
+    cfg = case.config
+    if not (cfg.metrics or cfg.plan or cfg.samples):
+        where = f"{case.root}" if case.root else "the current folder (no case given)"
+        raise ForensicsError(f"validate: no case in {where}: expected run.toml, metrics.parquet, plan.parquet or "
+                             "samples.parquet, or --metrics/--plan/--samples")
+    from forensics.plan import step_plan
+    from forensics.sources import read_metrics
+
+    lines, warnings = [], list(case.warnings)
+    samples = load_samples(case.samples_path) if cfg.samples else None
+    plan = step_plan(load_plan(case.plan_path, samples), cfg) if cfg.plan else None
+    metrics = None
+    if cfg.metrics:
+        metrics, report = read_metrics([s.path for s in case.metrics_sources], step_offset=cfg.step_offset,
+                                       step_key=cfg.step_key)
+        warnings += report.warnings
+        if metrics.empty:
+            raise ForensicsError(f"validate: the metrics sources hold no rows: "
+                                 f"{', '.join(s.path for s in case.metrics_sources)}")
+        lines.append(f"metrics: {len(metrics)} steps ({metrics[STEP].min()}-{metrics[STEP].max()}), "
+                     f"{len(metric_columns(metrics))} metrics")
+    if samples is not None:
+        lines.append(f"samples: {len(samples)}")
+    if plan is not None:
+        lines.append(f"plan: {len(plan)} rows, {plan[STEP].nunique()} steps")
+    if metrics is not None and plan is not None:
+        warnings += alignment_warnings(metrics[STEP].to_numpy(), plan[STEP].to_numpy())
+    return CaseCheck(lines, warnings)

@@ -24,11 +24,11 @@ def static(demo_small: Path) -> dict:
     """The static demo, tagged with text clusters (k = 5, as the audit would cluster it), the gate and the what-if."""
     folder = demo_small / "static"
     plan, samples = pd.read_parquet(folder / "plan.parquet"), pd.read_parquet(folder / "samples.parquet")
-    tagged = tag_case(plan, samples, clusters=5, max_fit=3000)
+    tagged = tag_case(plan, samples, clusters=5, max_fit=3000, boundaries=DEFAULT_BOUNDARIES)  # as its run.toml
     labels = json.loads((folder / "labels.json").read_text())
     return {"metrics": pd.read_parquet(folder / "metrics.parquet"), "plan": tagged.plan, "tags": tagged.tags,
-            "samples": tagged.samples, "labels": labels, "gate": check_plan(plan, samples),
-            "whatif": whatif(samples["n_tokens"].to_numpy(), tokens_per_s=30_000)}
+            "samples": tagged.samples, "labels": labels, "gate": check_plan(plan, samples).to_json(),
+            "whatif": whatif(samples["n_tokens"].to_numpy(), tokens_per_s=30_000).to_dict()}
 
 
 def _findings(labels: dict, steps: tuple[int, ...] | None = None) -> list[Finding]:
@@ -71,9 +71,9 @@ def test_static_demo_spikes_name_the_labelled_bucket_cluster_and_samples_first(s
     first = out[0]
     assert "Replay step 254 from the checkpoint before it (step 250" in first.next_step
     assert "bucketed_shuffle" in first.next_step
-    fix = static["whatif"].by_name("bucketed_given")
-    assert f"~{100 * fix.throughput_vs_sorted:.0f}% of the sorted throughput" in first.next_step
-    assert f"random's ~{100 * static['whatif'].random_over_sorted:.0f}%" in first.next_step
+    fix = next(s for s in static["whatif"]["strategies"] if s["name"] == "bucketed_given")
+    assert f"~{100 * fix['throughput_vs_sorted']:.0f}% of the sorted throughput" in first.next_step
+    assert f"random's ~{100 * static['whatif']['random_over_sorted']:.0f}%" in first.next_step
     doc = Findings(items=out).to_dict()
     json.dumps(doc, allow_nan=False)
     assert doc["spikes"][0]["recurrence"][0]["step"] == out[0].tags["recurrence"][0]["step"]

@@ -311,7 +311,7 @@ def test_cli_epochs_limits_a_plan_to_its_first_epochs(case_files, tmp_path):
     (["--builder", "bucketed_shuffle"], "--builder needs --samples"),
     (["--plan", "no/such/plan.parquet"], "does not exist"),
     (["--builder", "no_such_builder", "--samples", "SAMPLES"], "expected a reference builder"),
-    (["--builder", "static_sorted", "--samples", "SAMPLES", "--token-budget", "-1"], "--token-budget must be"),
+    (["--builder", "static_sorted", "--samples", "SAMPLES", "--token-budget", "-1"], "--token-budget: must be"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(argv, message, capsys, tmp_path):
     samples = tmp_path / "samples.parquet"

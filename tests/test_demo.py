@@ -49,7 +49,7 @@ def test_case_folders_load_validate_and_align(demo_small: Path, case: str) -> No
     cfg, warnings = load_run_toml(case_dir / "run.toml")
     assert warnings == []
     assert (cfg.grad_accum, cfg.world_size, cfg.rank_split, cfg.loss_key) == (1, 1, "round_robin", LOSS)
-    assert cfg.boundaries == list(DEFAULT_BOUNDARIES) and cfg.token_budget == 16_384 and cfg.max_len == 8192
+    assert cfg.boundaries == tuple(DEFAULT_BOUNDARIES) and cfg.token_budget == 16_384 and cfg.max_len == 8192
     assert open_case(case_dir).plan_path == case_dir / "plan.parquet"
     samples, plan, metrics, _ = _load(case_dir)
     assert list(plan.columns) == ["step", "epoch", "batch_id", "sample_id"]

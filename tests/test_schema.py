@@ -12,13 +12,13 @@ from forensics.cli import main
 from forensics.errors import ForensicsError
 from forensics.plan.step_mapping import assign_steps
 from forensics.schema import (
-    RunConfig,
-    last_write_wins,
     load_run_toml,
+    resolve_config,
     validate_plan,
     validate_samples,
     write_run_toml,
 )
+from forensics.sources.ingest import last_write_wins
 
 
 @pytest.fixture()
@@ -99,13 +99,13 @@ def test_bad_run_toml_value_is_exit_2(case, capsys):
 def test_plan_ahead_and_metrics_past_are_warnings(case, capsys):
     metrics = pd.DataFrame({"step": np.arange(5), "train/loss": np.ones(5)})
     metrics.to_parquet(case / "metrics.parquet")
-    code, out, _ = run_cli(["validate", str(case)], capsys)
+    code, _, out = run_cli(["validate", str(case)], capsys)
     assert code == 0
     assert "plan runs 5 steps ahead of the metrics (steps 5-9" in out
 
     metrics = pd.DataFrame({"step": np.arange(14), "train/loss": np.ones(14)})
     metrics.to_parquet(case / "metrics.parquet")
-    code, out, _ = run_cli(["validate", str(case)], capsys)
+    code, _, out = run_cli(["validate", str(case)], capsys)
     assert code == 0
     assert "4 metrics rows are past the plan's last step 9" in out
 
@@ -126,9 +126,9 @@ def test_resumed_steps_last_write_wins():
     # steps 0-5 logged, the run resumed from a checkpoint at 3 and logged 3-6 again
     df = pd.DataFrame({"step": [0, 1, 2, 3, 4, 5, 3, 4, 5, 6],
                        "loss": [5, 4, 3, 2, 9, 9, 2.5, 2.4, 2.3, 2.2]})
-    out = last_write_wins(df)
-    assert out["step"].tolist() == [0, 1, 2, 3, 4, 5, 6]
-    assert out["loss"].tolist() == [5, 4, 3, 2.5, 2.4, 2.3, 2.2]
+    steps, loss, written = last_write_wins(df["step"].to_numpy(), df["loss"].to_numpy())
+    assert steps.tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert loss.tolist() == [5, 4, 3, 2.5, 2.4, 2.3, 2.2] and written.all()
 
 
 def test_resumed_log_reports_its_rewind(tmp_path):
@@ -143,19 +143,23 @@ def test_resumed_log_reports_its_rewind(tmp_path):
     assert (rewind.from_step, rewind.rows_replaced) == (3, 3)
 
 
-def test_records_of_one_step_with_different_metrics_are_combined():
-    df = pd.DataFrame({"step": [0, 0, 1], "loss": [1.0, np.nan, 0.9], "val/loss": [np.nan, 1.2, np.nan]})
-    out = last_write_wins(df)
+def test_records_of_one_step_with_different_metrics_are_combined(tmp_path):
+    from forensics.schema import written
+    from forensics.sources import read_metrics
+
+    (tmp_path / "m.jsonl").write_text('{"step": 0, "loss": 1.0}\n{"step": 0, "val/loss": 1.2}\n'
+                                      '{"step": 1, "loss": 0.9}\n')
+    out, _ = read_metrics([tmp_path / "m.jsonl"])
     assert out["step"].tolist() == [0, 1]
-    assert out["loss"].tolist() == [1.0, 0.9] and out["val/loss"][0] == 1.2 and np.isnan(out["val/loss"][1])
+    assert out["loss"].tolist() == [1.0, 0.9] and out["val/loss"][0] == 1.2
+    assert written(out, "val/loss").tolist() == [True, False]  # step 1 never wrote val/loss: null, not NaN
 
 
 def test_a_logged_nan_written_again_after_a_resume_wins():
-    """With ``present`` (what a reader knows was written), a later logged NaN replaces the earlier value."""
-    df = pd.DataFrame({"step": [0, 1, 2, 1], "loss": [1.0, 2.0, 3.0, np.nan]})
-    present = pd.DataFrame({"step": [True] * 4, "loss": [True] * 4})
-    out = last_write_wins(df, present)
-    assert out["loss"].tolist()[0] == 1.0 and np.isnan(out["loss"][1]) and out["loss"][2] == 3.0
+    """A later logged NaN replaces the earlier value; a cell not written replaces nothing."""
+    steps, loss, has = last_write_wins(np.array([0, 1, 2, 1, 2]), np.array([1.0, 2.0, 3.0, np.nan, np.nan]),
+                                       np.array([True, True, True, True, False]))
+    assert loss[0] == 1.0 and np.isnan(loss[1]) and loss[2] == 3.0 and has.all()
 
 
 def test_text_values_in_a_metric_are_dropped_with_a_warning(tmp_path):
@@ -164,7 +168,7 @@ def test_text_values_in_a_metric_are_dropped_with_a_warning(tmp_path):
     (tmp_path / "m.jsonl").write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "loss": "abc"}\n'
                                       '{"step": 2, "loss": 0.9}\n')
     out, report = read_metrics([tmp_path / "m.jsonl"])
-    assert out["loss"].tolist()[0] == 1.0 and out["loss"].tolist()[2] == 0.9 and np.isnan(out["loss"][1])
+    assert out["loss"].tolist()[0] == 1.0 and out["loss"].tolist()[2] == 0.9 and pd.isna(out["loss"][1])
     assert any("non-numeric" in w for w in report.warnings)
 
 
@@ -179,11 +183,13 @@ def test_samples_dtypes_are_canonical():
 
 
 def test_run_toml_round_trip(tmp_path):
-    cfg = RunConfig(grad_accum=4, world_size=2, rank_split="per_rank", loss_key="train/loss",
-                    boundaries=[0, 100, 8192])
+    cfg, _ = resolve_config(tmp_path, overrides={"grad_accum": 4, "world_size": 2, "rank_split": "per_rank",
+                                                  "loss_key": "train/loss", "boundaries": [0, 100, 8192],
+                                                  "detect": {"spikes": {"z": 5.0}}})
     write_run_toml(cfg, tmp_path / "run.toml")
     back, warnings = load_run_toml(tmp_path / "run.toml")
-    assert back == cfg and warnings == []
+    assert back == cfg and warnings == [] and back.boundaries == (0, 100, 8192) and back.rule_params("spikes") == {
+        "z": 5.0}
 
 
 def test_step_mapping_round_robin_worked_example():

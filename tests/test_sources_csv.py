@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from forensics.sources import read_metrics
-from forensics.sources.base import open_reader
 from forensics.sources.csv_export import wandb_export_names
+from forensics.sources.registry import open_reader
 
 
 def _write_wandb_export(path, runs: dict[str, dict[int, float]], key: str = "train/loss") -> None:
@@ -55,7 +55,7 @@ def test_wandb_export_with_two_runs_keeps_run_names(tmp_path):
     _write_wandb_export(path, {"static": {0: 1.0, 1: 5.0}, "bucketed": {1: 1.1, 2: 1.2}})
     df = open_reader(path).read_all()
     assert list(df.columns) == ["step", "static - train/loss", "bucketed - train/loss"]
-    assert df["static - train/loss"].tolist()[:2] == [1.0, 5.0] and math.isnan(df["static - train/loss"].iloc[2])
+    assert df["static - train/loss"].tolist()[:2] == [1.0, 5.0] and pd.isna(df["static - train/loss"].iloc[2])
     assert wandb_export_names(["Step", "a - x", "a - x__MIN"]) == {"Step": "Step", "a - x": "x", "a - x__MIN": None}
 
 

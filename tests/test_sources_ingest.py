@@ -12,7 +12,7 @@ import pytest
 from forensics.cli import main
 from forensics.errors import ForensicsError
 from forensics.sources import read_metrics
-from forensics.sources.base import detect_format, is_wandb_api_source, open_reader
+from forensics.sources.registry import detect_format, is_wandb_api_source, open_reader
 
 
 def _jsonl(path, records) -> None:

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from forensics.errors import ForensicsError
+from forensics.schema import METRIC_DTYPE
 from forensics.sources import read_metrics
-from forensics.sources.base import open_reader
 from forensics.sources.jsonl import JsonlReader
+from forensics.sources.registry import open_reader
 
 
 def _write(path, records, tail: str = "") -> None:
@@ -29,7 +30,7 @@ def test_nested_keys_are_flattened_and_values_read_exactly(tmp_path):
     _write(path, recs)
     df = open_reader(path).read_all()
     assert list(df.columns) == ["step", "train/loss", "train/opt/lr", "grad_norm"]
-    assert df["step"].dtype == np.int64 and df["train/loss"].dtype == np.float64
+    assert df["step"].dtype == np.int64 and df["train/loss"].dtype == METRIC_DTYPE
     assert df["step"].tolist() == list(range(50))
     assert df["train/loss"].tolist() == [1.0 / (s + 1) for s in range(50)]
     assert df["train/opt/lr"].tolist() == [1e-4 * s for s in range(50)]

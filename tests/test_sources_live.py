@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from forensics.sources.base import open_reader
 from forensics.sources.live import LiveMetrics
+from forensics.sources.registry import open_reader
 
 ROUNDS = 4
 PER_ROUND = 7

@@ -11,7 +11,7 @@ pytest.importorskip("tensorboard")
 SummaryWriter = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
 
 from forensics.sources import read_metrics  # noqa: E402
-from forensics.sources.base import detect_format, open_reader  # noqa: E402
+from forensics.sources.registry import detect_format, open_reader  # noqa: E402
 from forensics.sources.tensorboard import TensorBoardReader, event_files  # noqa: E402
 
 

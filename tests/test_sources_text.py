@@ -9,7 +9,7 @@ import pytest
 
 from forensics.errors import ForensicsError
 from forensics.sources import read_metrics
-from forensics.sources.base import open_reader
+from forensics.sources.registry import open_reader
 from forensics.sources.text_log import LineParser, parse_value
 
 LOSS = [4.21, 3.9, 3.75, math.nan, 3.5]

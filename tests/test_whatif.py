@@ -135,7 +135,7 @@ def test_whatif_command_writes_every_strategy_to_json(samples, tmp_path, capsys)
 @pytest.mark.parametrize("extra,message", [
     (["--boundaries", "0,x,8192"], "--boundaries"),
     (["--boundaries", "10,20"], "start at 0"),
-    (["--token-budget", "0"], "token_budget must be >= 1"),
+    (["--token-budget", "0"], "--token-budget: must be a positive integer"),
 ])
 def test_whatif_command_exits_2_on_bad_options(samples, tmp_path, capsys, extra, message):
     path = tmp_path / "samples.csv"

@@ -13,7 +13,9 @@ import pkgutil
 import sys
 
 from forensics import __version__
+from forensics.cli.common import flag_for
 from forensics.errors import ForensicsError
+from forensics.schema import ConfigError
 
 #: The order commands are listed in ``forensics --help``; a discovered module not named here comes last.
 ORDER = ["demo", "audit", "ingest", "tag", "buckets", "whatif", "check_plan", "validate"]
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except ConfigError as exc:
+        flag = flag_for(getattr(args, "_parser", None), exc.key) if exc.origin == "option" else None
+        print(f"forensics: error: {flag}: {exc.problem}" if flag else f"forensics: error: {exc}", file=sys.stderr)
+        return 2
     except ForensicsError as exc:
         print(f"forensics: error: {exc}", file=sys.stderr)
         return 2

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
-from forensics.audit import FAIL_KINDS, failed_kinds, parse_fail_on, resolve_inputs, run_audit
-from forensics.cli.common import add_command, add_step_mapping_options, console, write_json
+from forensics.audit import FAIL_KINDS, failed_kinds, parse_fail_on, run_audit
+from forensics.cli.common import (
+    add_case_argument,
+    add_command,
+    add_step_mapping_options,
+    clusters_option,
+    console,
+    open_case_from,
+    stage,
+    write_json,
+)
 
 DEMO_DIR = Path("forensics-demo")
 
@@ -17,7 +24,7 @@ def register(sub) -> None:
     p = add_command(sub, "audit", "Audit a run: spikes, oscillation, batch composition, attribution; writes "
                     "findings.json and report.html.",
                     "forensics audit forensics-demo/static --fail-on spike,static-plan")
-    p.add_argument("case", nargs="?", help="case folder (metrics, plan, samples, run.toml); outputs go there")
+    add_case_argument(p, "outputs go there too (an HF Trainer output folder works as one)")
     p.add_argument("--demo", action="store_true",
                    help=f"audit the demo's static run ({DEMO_DIR}/static), building the demo first if missing")
     p.add_argument("--metrics", action="append", default=None, metavar="SRC",
@@ -25,8 +32,14 @@ def register(sub) -> None:
     p.add_argument("--plan", default=None, help="plan table (Parquet/CSV/JSONL, or a recorder folder)")
     p.add_argument("--samples", default=None, help="samples table (Parquet/CSV/JSONL)")
     add_step_mapping_options(p)
-    p.add_argument("--loss-key", default=None, metavar="K", help="the loss column (default: the first of "
-                   "train/loss, loss, train_loss, lm loss, lm_loss)")
+    p.add_argument("--step-key", default=None, metavar="K",
+                   help="the key holding the step in every source (default: what each source says of itself)")
+    p.add_argument("--loss-key", default=None, metavar="K", help="the loss column (default: found by name, "
+                   "e.g. train/loss, loss, train_loss, lm loss)")
+    p.add_argument("--boundaries", default=None, metavar="b0,b1,...|optimal",
+                   help="length-bucket boundaries (default: run.toml's, else fitted to the samples)")
+    p.add_argument("--clusters", type=clusters_option, default=None, metavar="K|auto",
+                   help="content clusters of the sample text (default: chosen from the texts)")
     p.add_argument("--spike-metric", action="append", default=None, metavar="K",
                    help="also look for spikes in this metric (repeatable; default: the loss and grad norm)")
     p.add_argument("--cluster-by", default=None, metavar="COLUMN",
@@ -45,34 +58,23 @@ def run(args: argparse.Namespace) -> int:
     case = args.case
     if args.demo:
         case = case or str(_ensure_demo(err))
-    inputs = resolve_inputs(case, metrics=args.metrics, plan=args.plan, samples=args.samples,
-                            grad_accum=args.grad_accum, world_size=args.world_size, rank_split=args.rank_split,
-                            step_offset=args.step_offset, loss_key=args.loss_key)
+    args.case = case
+    opened = open_case_from(args)
 
-    @contextmanager
-    def stage(name: str):
-        t0 = time.perf_counter()
-        if err.is_terminal:
-            with err.status(f"{name} ..."):
-                yield
-            err.print(f"[dim]{name}: {time.perf_counter() - t0:.1f} s[/]")
-        else:
-            yield
-
-    audit = run_audit(inputs, spike_metrics=args.spike_metric, cluster_by=args.cluster_by, stage=stage)
+    audit = run_audit(opened, spike_metrics=args.spike_metric, stage=stage)
     written = []
-    json_path = args.json or (str(Path(case) / "findings.json") if case else None)
-    html_path = None if args.no_html else (args.html or (str(Path(case) / "report.html") if case else None))
+    json_path = args.json or opened.findings_path
+    html_path = None if args.no_html else (args.html or opened.report_path)
     if json_path:
-        write_json(audit.findings, json_path)
-        written.append(json_path)
+        write_json(audit.to_json(), json_path)
+        written.append(str(json_path))
     if html_path:
         from forensics.report import write_report
 
         with stage("writing the report"):
             write_report(html_path, audit.findings, audit.metrics, tags=audit.tags, samples=audit.samples,
                          plan=audit.plan, loss_key=audit.loss_key)
-        written.append(html_path)
+        written.append(str(html_path))
 
     from forensics.report.summary import render_summary
 

@@ -10,20 +10,20 @@ import argparse
 from rich.markup import escape
 from rich.table import Table
 
-from forensics.cli.common import add_command, console, write_json
+from forensics.cli.common import add_case_argument, add_command, console, open_case_from, stage, write_json
 from forensics.errors import ForensicsError
-from forensics.plan.gate import GateResult, check_plan, write_junit
-from forensics.schema import DEFAULT_BOUNDARIES, MAX_LEN, RANK_SPLITS, load_plan, load_samples, parse_boundaries
+from forensics.plan.gate import GateOptions, GateResult, check_case, write_junit
+from forensics.schema import RANK_SPLITS
 
 
 def register(sub) -> None:
     p = add_command(sub, "check-plan", "CI gate: fail when batch composition does not vary across epochs.",
                     "forensics check-plan --builder my_data.py:build_batches --samples samples.parquet "
                     "--junit check-plan.xml")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--plan", help="plan table with an 'epoch' column (Parquet/CSV/JSONL, or a folder of parts)")
-    src.add_argument("--builder", help="reference builder name, module:function or path/to/file.py:function "
-                     "(called once per epoch; needs --samples)")
+    add_case_argument(p, "its plan, samples and run.toml")
+    p.add_argument("--plan", help="plan table with an 'epoch' column (Parquet/CSV/JSONL, or a folder of parts)")
+    p.add_argument("--builder", help="reference builder name, module:function or path/to/file.py:function "
+                   "(called once per epoch; needs the samples)")
     p.add_argument("--samples", help="samples table (sample_id, n_tokens): size-aware limits, coverage, padding")
     p.add_argument("--epochs", type=int, default=None, metavar="N",
                    help="epochs to compare (default: all in a plan; 3 for a builder)")
@@ -31,9 +31,9 @@ def register(sub) -> None:
     p.add_argument("--token-budget", type=int, default=None, metavar="T",
                    help="padded tokens per batch, for the builder (default 16384) and the reference bucketed "
                         "shuffle (default: the plan's largest padded batch)")
-    p.add_argument("--max-len", type=int, default=MAX_LEN, metavar="L", help=f"truncation length (default {MAX_LEN})")
-    p.add_argument("--boundaries", type=parse_boundaries, default=list(DEFAULT_BOUNDARIES), metavar="b0,b1,...",
-                   help="length-bucket boundaries of the reference bucketed shuffle (default: the story's)")
+    p.add_argument("--max-len", type=int, default=None, metavar="L", help="truncation length (default 8192)")
+    p.add_argument("--boundaries", default=None, metavar="b0,b1,...",
+                   help="length-bucket boundaries of the reference (default: run.toml's, else fitted to the samples)")
     p.add_argument("--max-pair-retention", type=float, default=None, metavar="X",
                    help="override the derived pair-retention limit (0-1)")
     p.add_argument("--max-identical-batches", type=float, default=None, metavar="X",
@@ -41,40 +41,23 @@ def register(sub) -> None:
     p.add_argument("--allow-drop-last", type=int, default=0, metavar="N",
                    help="an epoch may miss at most N samples (a dropped last partial batch); repeats always fail")
     p.add_argument("--min-padding-efficiency", type=float, default=None, metavar="X",
-                   help="fail when an epoch's real/padded tokens is below X (needs --samples)")
-    p.add_argument("--grad-accum", type=int, default=1, metavar="G", help="micro-batches per step (cluster runs)")
-    p.add_argument("--world-size", type=int, default=1, metavar="W", help="data-parallel ranks (cluster runs)")
-    p.add_argument("--rank-split", choices=RANK_SPLITS, default="round_robin", help="how batches go to ranks")
+                   help="fail when an epoch's real/padded tokens is below X (needs the samples)")
+    p.add_argument("--grad-accum", type=int, default=None, metavar="G", help="micro-batches per step (cluster runs)")
+    p.add_argument("--world-size", type=int, default=None, metavar="W", help="data-parallel ranks (cluster runs)")
+    p.add_argument("--rank-split", choices=RANK_SPLITS, default=None, help="how batches go to ranks")
     p.add_argument("--json", default=None, metavar="F", help="write the result as JSON")
     p.add_argument("--junit", default=None, metavar="F", help="write a JUnit XML file for CI")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.builder and not args.samples:
-        raise ForensicsError("--builder needs --samples: a builder is called with the samples table")
-    for name in ("max_pair_retention", "max_identical_batches", "min_padding_efficiency"):
-        v = getattr(args, name)
-        if v is not None and not 0 <= v <= 1:
-            raise ForensicsError(f"--{name.replace('_', '-')} must be between 0 and 1; got {v}")
-    for name in ("token_budget", "max_len", "grad_accum", "world_size", "epochs"):
-        v = getattr(args, name, None)
-        if v is not None and v < 1:
-            raise ForensicsError(f"--{name.replace('_', '-')} must be a positive integer; got {v}")
-    if args.allow_drop_last < 0:
-        raise ForensicsError(f"--allow-drop-last must be >= 0; got {args.allow_drop_last}")
-    err = console(stderr=True)
-    with err.status("checking batch composition across epochs"):
-        samples = load_samples(args.samples) if args.samples else None
-        plan = load_plan(args.plan, samples) if args.plan else None
-        result = check_plan(
-            plan, samples, builder=args.builder, epochs=args.epochs, seed=args.seed, token_budget=args.token_budget,
-            max_len=args.max_len, boundaries=args.boundaries, max_pair_retention=args.max_pair_retention,
-            max_identical_batches=args.max_identical_batches, allow_drop_last=args.allow_drop_last,
-            min_padding_efficiency=args.min_padding_efficiency, grad_accum=args.grad_accum,
-            world_size=args.world_size, rank_split=args.rank_split,
-            source=f"plan {args.plan}" if args.plan else f"builder {args.builder}",
-        )
+    if args.plan and args.builder:
+        raise ForensicsError("check-plan: give --plan or --builder, not both")
+    options = GateOptions(max_pair_retention=args.max_pair_retention, max_identical_batches=args.max_identical_batches,
+                          allow_drop_last=args.allow_drop_last, min_padding_efficiency=args.min_padding_efficiency)
+    case = open_case_from(args)
+    with stage("checking batch composition across epochs"):
+        result = check_case(case, builder=args.builder, epochs=args.epochs, seed=args.seed, options=options)
     if args.json:
         write_json(result.to_json(), args.json)
     if args.junit:

@@ -5,23 +5,62 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from forensics.schema import RANK_SPLITS
+from forensics.schema import RANK_SPLITS, Case, open_case
+
+#: Flags whose value is a key of the run configuration (argparse dest -> RunConfig key).
+CONFIG_FLAGS = ("metrics", "plan", "samples", "grad_accum", "world_size", "rank_split", "step_offset", "step_key",
+                "logging_steps", "loss_key", "boundaries", "n_buckets", "clusters", "cluster_by", "token_budget",
+                "max_len", "max_batch_size", "model", "checkpoints")
 
 
 def add_command(sub: Any, name: str, summary: str, example: str) -> argparse.ArgumentParser:
     """A subcommand whose ``--help`` ends with a worked example."""
-    return sub.add_parser(
+    p = sub.add_parser(
         name,
         help=summary,
         description=summary,
         epilog=f"example:\n  {example}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.set_defaults(_parser=p)
+    return p
+
+
+def add_case_argument(p: argparse.ArgumentParser, what: str = "its inputs") -> None:
+    """The optional CASE folder and ``--set KEY=VALUE`` (any run.toml key, e.g. grad_accum=2, detect.spikes.z=5)."""
+    p.add_argument("case", nargs="?", help=f"case folder (run.toml, plan.parquet, samples.parquet, ...): {what}")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a run.toml key (repeatable), e.g. --set grad_accum=2 --set detect.spikes.z=5")
+
+
+def open_case_from(args: argparse.Namespace) -> Case:
+    """The case the command's arguments name: the folder's run.toml, then ``--set``, then the flags."""
+    overrides = {key: getattr(args, key) for key in CONFIG_FLAGS if getattr(args, key, None) is not None}
+    return open_case(getattr(args, "case", None), sets=getattr(args, "set", None) or [], overrides=overrides)
+
+
+def flag_for(parser: argparse.ArgumentParser | None, key: str) -> str | None:
+    """The option string that sets configuration key ``key`` in ``parser`` (``grad_accum`` -> ``--grad-accum``)."""
+    for action in getattr(parser, "_actions", []):
+        if action.dest == key and action.option_strings:
+            return max(action.option_strings, key=len)
+    return None
+
+
+def clusters_option(text: str) -> int | str | None:
+    """``--clusters K|auto``: a number of clusters, or None for auto (the configuration checks the value)."""
+    if text == "auto":
+        return None
+    return int(text) if text.strip().lstrip("-").isdigit() else text
 
 
 def add_step_mapping_options(p: argparse.ArgumentParser) -> None:
@@ -44,3 +83,48 @@ def write_json(obj: Any, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """One stage of a long command: a spinner on a terminal, and always one line with its elapsed time on stderr
+    (so CI logs show where the time goes)."""
+    err = console(stderr=True)
+    t0 = time.perf_counter()
+    if err.is_terminal:
+        with err.status(f"{name} ..."):
+            yield
+        err.print(f"[dim]{name}: {time.perf_counter() - t0:.1f} s[/]")
+    else:
+        yield
+        err.print(f"{name}: {time.perf_counter() - t0:.1f} s", markup=False, highlight=False)
+
+
+@contextmanager
+def stage_progress(name: str, total: int | None = None) -> Iterator[Callable[..., None]]:
+    """A stage whose work is counted: ``update(done, total=None)``; a bar on a terminal (shown only once work is
+    reported), else one line with the elapsed time when the stage reported any work."""
+    err = console(stderr=True)
+    t0 = time.perf_counter()
+    state: dict[str, Any] = {"bar": None, "task": None, "total": total, "used": False}
+
+    def update(done: int, total: int | None = None) -> None:
+        state["used"] = True
+        if total is not None:
+            state["total"] = total
+        if not err.is_terminal:
+            return
+        if state["bar"] is None:
+            state["bar"] = Progress(TextColumn(name), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                    console=err, transient=True)
+            state["bar"].start()
+            state["task"] = state["bar"].add_task(name, total=state["total"])
+        state["bar"].update(state["task"], completed=done, total=state["total"])
+
+    try:
+        yield update
+    finally:
+        if state["bar"] is not None:
+            state["bar"].stop()
+        if state["used"]:
+            err.print(f"{name}: {time.perf_counter() - t0:.1f} s", markup=False, highlight=False)

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-import pyarrow.parquet as pq
 
 from forensics.cli.common import add_command, console
-from forensics.errors import ForensicsError
-from forensics.sources import read_metrics, to_arrow
+from forensics.sources.read import ingest
 
 
 def register(sub) -> None:
@@ -20,13 +16,13 @@ def register(sub) -> None:
         "forensics ingest train.log wandb/offline-run-20250101_000000-abc123 -o metrics.parquet",
     )
     p.add_argument("sources", nargs="+", metavar="SOURCE",
-                   help="a file or folder (later sources win on a shared step and metric)")
+                   help="a file or folder, or a case folder (later sources win on a shared step and metric)")
     p.add_argument("-o", "--out", required=True, metavar="FILE", help="the metrics table to write (.parquet)")
     p.add_argument("--keys", action="append", default=None, metavar="K",
                    help="keep only this metric (repeatable; glob patterns such as 'train/*' allowed)")
     p.add_argument("--step-key", default=None, metavar="K",
                    help="the key holding the step (default: the first of step, _step, global_step, iter, iteration)")
-    p.add_argument("--step-offset", type=int, default=0, metavar="N",
+    p.add_argument("--step-offset", type=int, default=None, metavar="N",
                    help="metrics step = logged step - N (a log counting from 1 takes N = 1)")
     p.add_argument("--pattern", default=None, metavar="REGEX",
                    help="text logs: a regex with a group 'step' and one named group per metric")
@@ -36,19 +32,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out_path = Path(args.out)
-    if out_path.suffix.lower() not in (".parquet", ".pq"):
-        raise ForensicsError(f"output {out_path} must be a .parquet file")
-    if out_path.resolve() in {Path(s).resolve() for s in args.sources}:
-        raise ForensicsError(f"output {out_path} is one of the sources; inputs are never overwritten")
-    table, report = read_metrics(
-        args.sources, keys=args.keys, step_key=args.step_key, step_offset=args.step_offset,
-        pattern=args.pattern, strict=args.strict, run_id=args.run_id, progress=sys.stderr.isatty(),
-    )
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(to_arrow(table, report), out_path)
-    con = console()
+    table, report = ingest(args.sources, args.out, keys=args.keys, step_key=args.step_key,
+                           step_offset=args.step_offset, pattern=args.pattern, strict=args.strict, run_id=args.run_id,
+                           progress=sys.stderr.isatty())
+    out, err = console(), console(stderr=True)
     for line in report.summary_lines():
-        con.print(line, markup=False)
-    con.print(f"wrote {out_path}", markup=False)
+        out.print(line, markup=False)
+    for w in report.warnings:
+        err.print(f"warning: {w}", markup=False)
+    out.print(f"wrote {args.out}", markup=False)
     return 0

@@ -4,40 +4,31 @@ from __future__ import annotations
 
 import argparse
 
-from rich.progress import Progress
 from rich.table import Table
 
-from forensics.cli.common import add_command, console, write_json
-from forensics.errors import ForensicsError
-from forensics.plan.whatif import STORY_TOKENS_PER_S, STRATEGIES, whatif
-from forensics.schema import (
-    DEFAULT_BOUNDARIES,
-    MAX_BATCH_SIZE,
-    MAX_LEN,
-    N_TOKENS,
-    TOKEN_BUDGET,
-    load_samples,
-    parse_boundaries,
-)
+from forensics.cli.common import add_case_argument, add_command, console, open_case_from, stage_progress, write_json
+from forensics.plan.whatif import STORY_TOKENS_PER_S, STRATEGIES, whatif_case
+from forensics.schema import DEFAULT_BOUNDARIES, MAX_BATCH_SIZE, MAX_LEN, TOKEN_BUDGET
 
 
 def register(sub) -> None:
     p = add_command(sub, "whatif", "What each batching strategy costs: padding, tokens per step, throughput.",
                     "forensics whatif --samples forensics-demo/static/samples.parquet --token-budget 16384")
-    p.add_argument("--samples", required=True, help="samples table (Parquet/CSV/JSONL with sample_id, n_tokens)")
-    p.add_argument("--token-budget", type=int, default=TOKEN_BUDGET, metavar="T",
-                   help=f"padded tokens per batch (default {TOKEN_BUDGET})")
+    add_case_argument(p, "its samples and run.toml")
+    p.add_argument("--samples", default=None, help="samples table (Parquet/CSV/JSONL with sample_id, n_tokens)")
+    p.add_argument("--token-budget", type=int, default=None, metavar="T",
+                   help=f"padded tokens per batch (default: run.toml's, else {TOKEN_BUDGET})")
     p.add_argument("--boundaries", default=None, metavar="b0,b1,...",
-                   help="bucket boundaries of the bucketed strategy (default: the story's "
+                   help="bucket boundaries of the bucketed strategy (default: run.toml's, else the story's "
                         f"{','.join(map(str, DEFAULT_BOUNDARIES))})")
     p.add_argument("--tokens-per-s", type=float, default=STORY_TOKENS_PER_S, metavar="X",
                    help="real tokens/s measured on the static sorted plan; the others are scaled from it by padding "
                         f"efficiency, assuming padded tokens cost the same everywhere (default {STORY_TOKENS_PER_S:,.0f})")
-    p.add_argument("--max-len", type=int, default=MAX_LEN, metavar="L", help=f"length cap (default {MAX_LEN})")
-    p.add_argument("--max-batch-size", type=int, default=MAX_BATCH_SIZE, metavar="B",
+    p.add_argument("--max-len", type=int, default=None, metavar="L", help=f"length cap (default {MAX_LEN})")
+    p.add_argument("--max-batch-size", type=int, default=None, metavar="B",
                    help=f"samples per batch at most (default {MAX_BATCH_SIZE})")
-    p.add_argument("--grad-accum", type=int, default=1, metavar="G", help="micro-batches per optimizer step")
-    p.add_argument("--world-size", type=int, default=1, metavar="W", help="data-parallel ranks")
+    p.add_argument("--grad-accum", type=int, default=None, metavar="G", help="micro-batches per optimizer step")
+    p.add_argument("--world-size", type=int, default=None, metavar="W", help="data-parallel ranks")
     p.add_argument("--epochs", type=int, default=1, metavar="N", help="epochs built per strategy (default 1)")
     p.add_argument("--seed", type=int, default=0, help="builder seed (default 0)")
     p.add_argument("--json", default=None, metavar="F", help="write the figures as JSON")
@@ -45,23 +36,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    boundaries = parse_boundaries(args.boundaries) if args.boundaries else list(DEFAULT_BOUNDARIES)
-    samples = load_samples(args.samples)
-    if samples.empty:
-        raise ForensicsError(f"samples {args.samples}: the table has no rows")
-    with Progress(console=console(stderr=True), transient=True) as progress:
-        task = progress.add_task("building", total=len(STRATEGIES))
-
-        def step(name: str) -> None:
-            progress.update(task, description=f"building {name}", completed=STRATEGIES.index(name))
-
-        result = whatif(samples[N_TOKENS].to_numpy(), token_budget=args.token_budget, boundaries=boundaries,
-                        tokens_per_s=args.tokens_per_s, max_len=args.max_len, max_batch_size=args.max_batch_size,
-                        grad_accum=args.grad_accum, world_size=args.world_size, epochs=args.epochs, seed=args.seed,
-                        on_strategy=step)
-    _render(result, len(samples))
+    case = open_case_from(args)
+    with stage_progress("building strategies", total=len(STRATEGIES)) as update:
+        result = whatif_case(case, tokens_per_s=args.tokens_per_s, epochs=args.epochs, seed=args.seed,
+                             on_strategy=lambda name: update(STRATEGIES.index(name)))
+    _render(result, result.n_samples)
     if args.json:
-        write_json(result.to_dict(), args.json)
+        write_json(result.to_json(), args.json)
     return 0
 
 

@@ -48,7 +48,7 @@ from forensics.schema import (
     STEP,
     TEXT,
     TOKEN_BUDGET,
-    RunConfig,
+    write_metrics,
     write_run_toml,
 )
 
@@ -159,12 +159,12 @@ def write_case(case_dir: Path, samples: pd.DataFrame, plan: pd.DataFrame, sim: S
     case_dir.mkdir(parents=True, exist_ok=True)
     samples.to_parquet(case_dir / "samples.parquet", index=False)
     plan.to_parquet(case_dir / "plan.parquet", index=False)
-    sim.metrics.to_parquet(case_dir / "metrics.parquet", index=False)
+    write_metrics(sim.metrics, case_dir / "metrics.parquet")
     write_metrics_jsonl(sim.metrics, case_dir / "metrics.jsonl")
-    cfg = RunConfig(metrics=["metrics.parquet"], plan="plan.parquet", samples="samples.parquet", grad_accum=1,
-                    world_size=1, rank_split="round_robin", loss_key=LOSS, boundaries=list(DEFAULT_BOUNDARIES),
-                    token_budget=TOKEN_BUDGET, max_len=MAX_LEN)
-    write_run_toml(cfg, case_dir / "run.toml")
+    write_run_toml({"metrics": ["metrics.parquet"], "plan": "plan.parquet", "samples": "samples.parquet",
+                    "grad_accum": 1, "world_size": 1, "rank_split": "round_robin", "loss_key": LOSS,
+                    "boundaries": list(DEFAULT_BOUNDARIES), "token_budget": TOKEN_BUDGET, "max_len": MAX_LEN},
+                   case_dir / "run.toml")
     (case_dir / "labels.json").write_text(json.dumps(labels, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
 

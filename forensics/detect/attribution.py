@@ -28,7 +28,7 @@ precedence numbers. The input findings are not modified.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,12 +36,12 @@ import pandas as pd
 from scipy import stats
 
 from forensics.detect._tags import BUCKET, BUCKET_RANGE, CLUSTER_NAME, attach_tags
+from forensics.detect.base import Rule, RunTables, check_positive
 from forensics.detect.findings import Finding
 from forensics.detect.precedence import precedence
 from forensics.detect.recurrence import MIN_JACCARD, batch_recurrence, sample_enrichment, spike_span
 from forensics.detect.suspects import rank_all
 from forensics.errors import ForensicsError
-from forensics.plan.buckets import bucket_index
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
 
 #: A recurrence whose loss is at least this many times its baseline counts as "the loss jumped again".
@@ -57,32 +57,37 @@ def attribute(
     plan: pd.DataFrame | None = None,
     samples: pd.DataFrame | None = None,
     *,
-    gate: Any = None,
-    whatif: Any = None,
+    gate: Mapping[str, Any] | None = None,
+    whatif: Mapping[str, Any] | None = None,
     boundaries: Sequence[int] | None = None,
     max_len: int = MAX_LEN,
     checkpoint_every: int | None = None,
     checkpoints: Sequence[int] | None = None,
     min_jaccard: float = MIN_JACCARD,
     top: int = 20,
+    precedence_factor: float = 1.5,
+    precedence_z: float = 4.0,
 ) -> list[Finding]:
     """Copies of ``spikes`` (same order) with the attribution of the module docstring.
 
     ``tags``: the tagging stage's table; ``plan`` with ``step`` and ``sample_id``; ``samples`` with ``sample_id``,
     ``n_tokens`` and, from tagging, ``cluster``/``cluster_name`` (and ``bucket``). Without a plan only precedence and
-    the checkpoint advice are given. ``gate``: a :class:`~forensics.plan.gate.GateResult` or its JSON (``static``);
-    ``whatif``: a :class:`~forensics.plan.whatif.WhatIf` or its ``to_dict()``; ``checkpoint_every`` /
+    the checkpoint advice are given. ``gate``: the gate's section of findings.json
+    (:meth:`~forensics.plan.gate.GateResult.to_json`); ``whatif``: the what-if's section
+    (:meth:`~forensics.plan.whatif.WhatIf.to_dict`); ``samples``: the sample tags (``bucket``, ``cluster``);
+    ``checkpoint_every`` /
     ``checkpoints``: the run's checkpoint cadence or saved steps, for naming the checkpoint to replay from.
     """
     boundaries = list(boundaries) if boundaries is not None else list(DEFAULT_BOUNDARIES)
     out = [copy.deepcopy(f) for f in spikes]
     attach_tags([f for f in out if BUCKET not in f.tags], tags, boundaries)
-    smp = _samples_with_groups(samples, boundaries, max_len) if samples is not None else None
+    smp = samples.drop_duplicates(SAMPLE_ID) if samples is not None else None
     loss_key = _loss_key(metrics)
     for metric in dict.fromkeys(f.metric for f in out):
         group = [f for f in out if f.metric == metric]
         _attribute_group(group, metric if metric in metrics.columns else loss_key, metrics, tags, plan, smp,
-                         gate, whatif, checkpoint_every, checkpoints, min_jaccard, top)
+                         gate, whatif, checkpoint_every, checkpoints, min_jaccard, top,
+                         {"factor": precedence_factor, "z": precedence_z})
     return out
 
 
@@ -93,21 +98,15 @@ def _loss_key(metrics: pd.DataFrame) -> str | None:
         return None
 
 
-def _samples_with_groups(samples: pd.DataFrame, boundaries: list[int], max_len: int) -> pd.DataFrame:
-    """The samples with a ``bucket`` column (computed from ``n_tokens`` when absent); never modifies the input."""
-    smp = samples.drop_duplicates(SAMPLE_ID)
-    if BUCKET not in smp.columns and N_TOKENS in smp.columns:
-        lengths = np.minimum(smp[N_TOKENS].to_numpy(np.int64), max_len)
-        smp = smp.assign(**{BUCKET: bucket_index(lengths, boundaries)})
-    return smp
 
 
 def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataFrame, tags: pd.DataFrame | None,
                      plan: pd.DataFrame | None, smp: pd.DataFrame | None, gate: Any, whatif: Any,
-                     every: int | None, saved: Sequence[int] | None, min_jaccard: float, top: int) -> None:
+                     every: int | None, saved: Sequence[int] | None, min_jaccard: float, top: int,
+                     prec_params: dict[str, float]) -> None:
     # precedence asks whether the grad norm moved before the loss: it means nothing for a grad-norm spike itself
     is_loss = metric is not None and metric == _loss_key(metrics)
-    prec = precedence(group, metrics) if is_loss else [None] * len(group)
+    prec = precedence(group, metrics, **prec_params) if is_loss else [None] * len(group)
     has_plan = plan is not None and STEP in plan.columns and SAMPLE_ID in plan.columns
     rec = batch_recurrence(group, plan, metrics if metric else None, tags, metric=metric,
                            min_jaccard=min_jaccard) if has_plan else [None] * len(group)
@@ -283,19 +282,13 @@ def checkpoint_before(step: int, every: int | None = None, saved: Sequence[int] 
     return f"the nearest checkpoint saved before step {step}"
 
 
-def _is_static(gate: Any) -> bool | None:
-    if gate is None:
-        return None
-    static = gate.get("static") if isinstance(gate, dict) else getattr(gate, "static", None)
+def _is_static(gate: Mapping[str, Any] | None) -> bool | None:
+    static = (gate or {}).get("static")
     return None if static is None else bool(static)
 
 
-def _strategy(whatif: Any, name: str) -> dict[str, float] | None:
-    if whatif is None:
-        return None
-    items = whatif.get("strategies", []) if isinstance(whatif, dict) else getattr(whatif, "strategies", [])
-    for s in items:
-        d = s if isinstance(s, dict) else vars(s)
+def _strategy(whatif: Mapping[str, Any] | None, name: str) -> dict[str, float] | None:
+    for d in (whatif or {}).get("strategies", []):
         if d.get("name") == name:
             return {"share": float(d.get("throughput_vs_sorted", np.nan)), "tps": float(d.get("tokens_per_s", np.nan))}
     return None
@@ -350,3 +343,39 @@ def _next_step(f: Finding, p: dict[str, Any], r: dict[str, Any] | None, sample_r
             if again else "")
         parts.append(f"{why}: {plan_fix(whatif)}")
     return "; ".join(parts) + "."
+
+
+class AttributionRule(Rule):
+    """Each spike's bucket, cluster, batch and samples, most likely first, with evidence and a next step (the
+    spikes come back enriched: ``replaces = "spike"``).
+
+    Parameters: ``top`` 20 (suspect samples kept per spike), ``min_jaccard`` 0.8 (the share of a spike batch's
+    samples a later batch must hold to be the same batch coming back), ``checkpoint_every`` None (the run's
+    checkpoint cadence, for naming the checkpoint to replay from), ``precedence_factor`` 1.5 and ``precedence_z`` 4
+    (how far above its own baseline the grad norm must be, as a ratio and in noise units, to count as moving before
+    or with a loss spike: the detector's own 1.5x, and a looser score since the question is only "did it move").
+    """
+
+    name = "attribution"
+    replaces = "spike"
+
+    def __init__(self, top: int = 20, min_jaccard: float = MIN_JACCARD, checkpoint_every: int | None = None,
+                 precedence_factor: float = 1.5, precedence_z: float = 4.0) -> None:
+        self.top = top
+        self.min_jaccard = min_jaccard
+        self.checkpoint_every = checkpoint_every
+        self.precedence_factor = precedence_factor
+        self.precedence_z = precedence_z
+
+    def _check(self) -> None:
+        check_positive(self, "top", "min_jaccard", "precedence_factor", "precedence_z")
+
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+        self.reset()
+        spikes = [f for f in found or [] if f.kind == "spike"]
+        if not spikes:
+            return []
+        return attribute(spikes, run.metrics, run.tags, run.plan, run.samples, gate=run.sections.get("plan"),
+                         whatif=run.sections.get("whatif"), boundaries=run.boundaries, max_len=run.max_len,
+                         checkpoint_every=self.checkpoint_every, min_jaccard=self.min_jaccard, top=self.top,
+                         precedence_factor=self.precedence_factor, precedence_z=self.precedence_z)

@@ -41,14 +41,12 @@ import numpy as np
 from forensics.errors import ForensicsError
 
 #: Bumped whenever a key changes meaning or disappears; readers refuse files newer than they know.
-FINDINGS_VERSION = 1
+FINDINGS_VERSION = 2
 
 #: Severities, least to most urgent.
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
 SEVERITIES = (INFO, WARNING, CRITICAL)
 
-#: The top-level JSON list each kind of finding is written to; other kinds use their own name.
-LIST_KEYS = {"spike": "spikes", "level_shift": "level_shifts", "nonfinite": "nonfinite"}
 #: Lists that are always present in the JSON, even when empty (DESIGN.md Contracts).
 REQUIRED_LISTS = ("spikes", "nonfinite")
 
@@ -86,6 +84,7 @@ class Finding:
     suspect_samples: list[int] = field(default_factory=list)
     next_step: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    confidence: float | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -99,6 +98,7 @@ class Finding:
         out: dict[str, Any] = {}
         for key in ("kind", "step", "end_step", "peak_step", "metric", "value", "baseline", "score", "severity"):
             _put(out, key, getattr(self, key))
+        _put(out, "confidence", self.confidence_value())
         for key, value in self.tags.items():
             _put(out, key, value)
         out["suspect_samples"] = [int(s) for s in self.suspect_samples]
@@ -106,6 +106,20 @@ class Finding:
         out["next_step"] = self.next_step
         out["details"] = json_safe(self.details)
         return out
+
+    def confidence_value(self) -> float:
+        """How sure the finding is, 0-1: the rule's own figure when it gave one; for a scored event
+        ``score / (score + 6)`` (0.5 at the spike rule's default threshold, towards 1 as the score grows); a
+        non-finite value is certain."""
+        if self.confidence is not None:
+            return float(self.confidence)
+        if isinstance(self.details.get("confidence"), (int, float)):
+            return float(self.details["confidence"])
+        if self.kind == "nonfinite":
+            return 1.0
+        if self.score is not None and math.isfinite(self.score) and self.score > 0:
+            return float(self.score / (self.score + 6.0))
+        return 0.5
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
@@ -162,15 +176,23 @@ class Findings:
         return self.of_kind("nonfinite")
 
     def to_dict(self) -> dict[str, Any]:
+        from forensics.detect.kinds import kind_of
+
         out: dict[str, Any] = {"version": self.version}
         for key in REQUIRED_LISTS:
             out[key] = []
+        every = []
         for f in sorted(self.items, key=_order):
-            out.setdefault(LIST_KEYS.get(f.kind, f.kind), []).append(f.to_dict())
+            d = f.to_dict()
+            every.append(d)
+            section = kind_of(f.kind).section
+            if section:
+                out.setdefault(section, []).append(d)
         out["oscillation"] = {"detected": False, "bucket_variance_share": None}
         out["plan"] = None
         for key, value in self.sections.items():
             out[key] = json_safe(value)
+        out["findings"] = sorted(every, key=_rank)
         out["warnings"] = [str(w) for w in self.warnings]
         return out
 
@@ -194,14 +216,19 @@ class Findings:
         items: list[Finding] = []
         sections: dict[str, Any] = {}
         for key, value in data.items():
-            if key in ("version", "warnings"):
+            if key in ("version", "warnings", "findings"):
                 continue
             if isinstance(value, list) and value and all(isinstance(v, dict) and "kind" in v for v in value):
                 items.extend(Finding.from_dict(v) for v in value)
-            elif key in REQUIRED_LISTS or (key in LIST_KEYS.values() and value == []):
+            elif key in REQUIRED_LISTS or (isinstance(value, list) and value == []):
                 continue
             else:
                 sections[key] = restore_nonfinite(value)
+        from forensics.detect.kinds import kind_of
+
+        for value in data.get("findings") or []:  # kinds filed in no section of their own
+            if isinstance(value, dict) and kind_of(str(value.get("kind"))).section is None:
+                items.append(Finding.from_dict(value))
         return cls(items=items, sections=sections, warnings=list(data.get("warnings", [])), version=version)
 
     @classmethod
@@ -226,6 +253,11 @@ class Findings:
 
 def _order(f: Finding) -> tuple:
     return (f.step, f.metric or "", f.kind)
+
+
+def _rank(d: Mapping[str, Any]) -> tuple:
+    """Most urgent first: severity, then confidence, then step (DESIGN.md Conventions, ``severity``)."""
+    return (-SEVERITIES.index(d.get("severity", INFO)), -(d.get("confidence") or 0.0), d.get("step") or 0)
 
 
 # --- JSON safety ---------------------------------------------------------------------------------------------------

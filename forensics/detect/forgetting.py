@@ -38,13 +38,13 @@ import numpy as np
 import pandas as pd
 from scipy import sparse, stats
 
-from forensics.detect.base import MAD_TO_SD
+from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
 from forensics.detect.findings import Finding
 from forensics.detect.jumpiness import rolling_median
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
-from forensics.tagging import steps_since_seen
+from forensics.stats import steps_since_seen
 
 CLUSTER_NAME = "cluster_name"
 BUCKET = "bucket"
@@ -291,3 +291,40 @@ def _evidence(out: dict[str, Any], max_gap: float) -> list[str]:
             f"{c['cluster']} '{c['cluster_name']}' {c['slope']:+.3g} ({c['ci95'][0]:+.3g} to {c['ci95'][1]:+.3g}, "
             f"{c['n_steps']} steps, gaps up to {c['max_gap']:.0f})" for c in rows[:6]) + ".")
     return ev
+
+
+class ForgettingRule(Rule):
+    """The ``forgetting`` section: does the loss rise with the steps since a cluster was last trained?
+
+    Parameters: ``tau`` 1.0 (the time scale in steps of ``log1p(gap / tau)``: 1 reads the gap in steps), ``window``
+    101 (the rolling-median trend removed first), ``exclude_after`` 5 (steps after a spike left out, so spikes do not
+    pose as forgetting), ``outlier_sd`` 6 (residuals beyond it left out), ``min_steps`` 20.
+    """
+
+    name = "forgetting"
+    needs_plan = True
+    section_name = "forgetting"
+
+    def __init__(self, tau: float = 1.0, window: int = 101, exclude_after: int = 5, outlier_sd: float = 6.0,
+                 min_steps: int = 20) -> None:
+        self.tau = tau
+        self.window = window
+        self.exclude_after = exclude_after
+        self.outlier_sd = outlier_sd
+        self.min_steps = min_steps
+
+    def _check(self) -> None:
+        check_positive(self, "tau", "window", "outlier_sd", "min_steps")
+
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+        self.reset()
+        self.warnings_: list[str] = []
+        spikes = [f for f in found or [] if f.kind == "spike"]
+        try:
+            self.section_ = forgetting_signature(run.metrics, run.plan, run.samples, metric=run.loss_key, spikes=spikes,
+                                                 boundaries=run.boundaries or DEFAULT_BOUNDARIES, max_len=run.max_len,
+                                                 tau=self.tau, window=self.window, exclude_after=self.exclude_after,
+                                                 outlier_sd=self.outlier_sd, min_steps=self.min_steps)
+        except ForensicsError as exc:
+            self.warnings_.append(f"forgetting signature not computed: {exc}")
+        return []

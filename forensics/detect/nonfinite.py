@@ -14,10 +14,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from forensics.detect.base import Detector
-from forensics.detect.findings import CRITICAL, Finding
+from forensics.detect.base import Detector, Rule, RunTables
+from forensics.detect.findings import CRITICAL, INFO, Finding
 from forensics.errors import ForensicsError
-from forensics.schema import STEP, find_loss_key
+from forensics.schema import STEP, find_loss_key, is_training_quantity, metric_columns
 
 
 def nonfinite_findings(steps: np.ndarray, values: np.ndarray, metric: str) -> list[Finding]:
@@ -67,3 +67,32 @@ class NonfiniteDetector(Detector):
         if len(steps):
             self.last_step_ = int(steps.max())
         return nonfinite_findings(steps, values, metric)
+
+
+class NonfiniteRule(Rule):
+    """NaN/inf in the metrics that are not judged for spikes (the spike rule reports its own metrics' NaN/inf).
+
+    Severity (DESIGN.md Conventions): ``critical`` in a training quantity (the loss and grad-norm keys, and metrics
+    whose names hold ``loss`` or ``norm`` but not val/eval/test), ``info`` in context metrics (timing, throughput,
+    lr, eval-only fields): a timing field that is NaN before timing starts is recorded, not a fault.
+    """
+
+    name = "nonfinite"
+
+    def __init__(self) -> None:
+        pass
+
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+        self.reset()
+        out: list[Finding] = []
+        for col in metric_columns(run.metrics):
+            if col in run.analysed:
+                continue
+            items = NonfiniteDetector(col).detect(run.written_rows(col))
+            if not is_training_quantity(col, run.loss_key, run.grad_norm_key):
+                for f in items:
+                    f.severity = INFO
+                    f.next_step = None
+                    f.evidence.append(f"'{col}' is a context metric (not a loss or a norm): recorded, not a fault.")
+            out += items
+        return out

@@ -52,7 +52,8 @@ import numpy as np
 import pandas as pd
 
 from forensics.detect._tags import BUCKET, StepLookup
-from forensics.detect.base import MAD_TO_SD
+from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
+from forensics.detect.findings import CRITICAL, Finding
 from forensics.detect.jumpiness import bucket_variance_share, rolling_median
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key
@@ -444,3 +445,43 @@ def _next_step(out: dict[str, Any], period: int) -> str | None:
                 f"{g}s every epoch (or mix {g}s inside each batch) so that their levels stop adding up to a swing.")
     return (f"Look for something that repeats every {period} steps outside the batch mix: data shards or files "
             "read in a cycle, an lr schedule with restarts, evaluation or checkpointing that disturbs training.")
+
+
+class OscillationRule(Rule):
+    """The ``oscillation`` section (always) and an ``oscillation`` finding when the loss swings periodically.
+
+    Parameters (defaults and why): ``window`` None (the detrending window, chosen from the run's length),
+    ``min_period`` 2 and ``max_period`` None (periods searched, in steps), ``alpha`` 0.01 (the false-alarm level of
+    the spectral peak against its local background), ``min_strength`` 0.05 (the least share of the detrended
+    variance a periodic swing must hold to matter), ``min_cycles`` 4 (fewer cycles are not a period).
+    """
+
+    name = "oscillation"
+    section_name = "oscillation"
+
+    def __init__(self, window: int | None = None, min_period: int = 2, max_period: int | None = None,
+                 alpha: float = 0.01, min_strength: float = 0.05, min_cycles: int = 4) -> None:
+        self.window = window
+        self.min_period = min_period
+        self.max_period = max_period
+        self.alpha = alpha
+        self.min_strength = min_strength
+        self.min_cycles = min_cycles
+
+    def _check(self) -> None:
+        check_positive(self, "min_period", "alpha", "min_strength", "min_cycles")
+
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+        self.reset()
+        osc = detect_oscillation(run.metrics, run.tags, run.loss_key, window=self.window, min_period=self.min_period,
+                                 max_period=self.max_period, alpha=self.alpha, min_strength=self.min_strength,
+                                 min_cycles=self.min_cycles)
+        self.section_ = osc
+        if not osc.get("detected"):
+            return []
+        steps = run.metrics["step"]
+        return [Finding(kind="oscillation", step=int(steps.iloc[0]), end_step=int(steps.iloc[-1]),
+                        metric=run.loss_key, severity=CRITICAL,
+                        evidence=list(osc.get("evidence") or []), next_step=osc.get("next_step"),
+                        details={"period": osc.get("period"), "strength": osc.get("strength"),
+                                 "confidence": 1.0 - float(osc.get("p_value") or 0.0)})]

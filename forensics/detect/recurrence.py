@@ -31,7 +31,7 @@ import pandas as pd
 from scipy import stats
 
 from forensics.detect._tags import BUCKET, StepLookup
-from forensics.detect.base import MAD_TO_SD
+from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
 from forensics.detect.findings import Finding
 from forensics.detect.jumpiness import detrend
 from forensics.errors import ForensicsError
@@ -290,3 +290,27 @@ def _enrichment_sentence(shared: pd.DataFrame) -> str:
         parts.append(f"samples {ids} are in {len(steps)} spike batches (steps {', '.join(map(str, steps))}; "
                      f"expected {row['expected']:.2g}, p = {row['p_value']:.2g}, Bonferroni {row['p_bonferroni']:.2g})")
     return "Over-represented in spike batches: " + "; ".join(parts) + "."
+
+
+class RecurrenceRule(Rule):
+    """The ``recurrence`` section: each loss spike's batch in the other epochs (did it spike again?) and the samples
+    enriched in spike batches. Parameters: ``min_jaccard`` 0.8 (see :func:`batch_recurrence`), ``top`` 20."""
+
+    name = "recurrence"
+    needs_plan = True
+    section_name = "recurrence"
+
+    def __init__(self, min_jaccard: float = MIN_JACCARD, top: int = 20) -> None:
+        self.min_jaccard = min_jaccard
+        self.top = top
+
+    def _check(self) -> None:
+        check_positive(self, "min_jaccard", "top")
+
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+        self.reset()
+        loss_spikes = [f for f in found or [] if f.kind == "spike" and f.metric == run.loss_key]
+        if loss_spikes:
+            self.section_ = recurrence_report(loss_spikes, run.plan, run.metrics, run.tags, metric=run.loss_key,
+                                              min_jaccard=self.min_jaccard, top=self.top)
+        return []

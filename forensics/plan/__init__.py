@@ -10,7 +10,7 @@ from forensics.plan.builders import (
     static_sorted,
 )
 from forensics.plan.gate import GateResult, assert_batches_vary, check_plan
-from forensics.plan.step_mapping import assign_steps, batch_keys, batches_to_plan
+from forensics.plan.step_mapping import assign_steps, batch_keys, batches_to_plan, step_plan
 
 __all__ = [
     "GateResult",
@@ -26,4 +26,5 @@ __all__ = [
     "random_shuffle",
     "shuffle_then_sort",
     "static_sorted",
+    "step_plan",
 ]

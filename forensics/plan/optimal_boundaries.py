@@ -15,7 +15,7 @@ after capping at ``max_len``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +24,18 @@ import pandas as pd
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.plan.builders import bucketed_shuffle
-from forensics.schema import MAX_BATCH_SIZE, MAX_LEN, N_TOKENS, SAMPLE_ID, TOKEN_BUDGET
+from forensics.schema import (
+    DEFAULT_BOUNDARIES,
+    MAX_BATCH_SIZE,
+    MAX_LEN,
+    N_TOKENS,
+    OPTIMAL,
+    SAMPLE_ID,
+    TOKEN_BUDGET,
+    RunConfig,
+    check_boundaries,
+)
+from forensics.schema.config import DEFAULT_N_BUCKETS
 
 #: Seeds over which greedy packing is simulated; each is one epoch of the bucketed shuffle.
 DEFAULT_SEEDS: tuple[int, ...] = (0, 1, 2)
@@ -303,3 +314,76 @@ def describe_boundaries(
         "bucket_boundary_efficiency": bucket_boundary_efficiency(capped, b, max_len),
         "bucket_samples": counts.tolist(),
     }
+
+
+def resolve_boundaries(
+    boundaries: Sequence[int] | str | None,
+    samples: pd.DataFrame,
+    max_len: int = MAX_LEN,
+    n_buckets: int | None = None,
+) -> list[int]:
+    """``None`` or ``"optimal"`` -> the optimal-boundary finder with ``n_buckets`` buckets (default 6: DESIGN.md
+    Conventions, ``buckets``); a list -> checked, and made to end at ``max_len`` (a last boundary below it gains a
+    bucket up to ``max_len``; boundaries above it are dropped, since lengths are capped there)."""
+    if boundaries is None or isinstance(boundaries, str):
+        if boundaries not in (None, OPTIMAL):
+            raise ForensicsError(f"boundaries: expected b0,b1,... or 'optimal'; got {boundaries!r}")
+        k = n_buckets or DEFAULT_N_BUCKETS
+        lengths = np.minimum(samples[N_TOKENS].to_numpy(np.int64), max_len)
+        return check_boundaries(optimal_boundaries(lengths, k, max_len=max_len), "optimal boundaries")
+    bounds = check_boundaries(boundaries, "boundaries")
+    if bounds[-1] < max_len:  # lengths above the last boundary get a bucket of their own up to max_len
+        bounds.append(int(max_len))
+    elif bounds[-1] > max_len:  # lengths are capped at max_len: the last bucket ends there
+        bounds = [b for b in bounds[:-1] if b < max_len] + [int(max_len)]
+    return bounds
+
+
+@dataclass
+class BucketsReport:
+    """``forensics buckets``: the optimal boundaries' figures, and the same for the other sets compared."""
+
+    figures: dict[str, dict]
+    settings: dict
+
+    def to_json(self) -> dict:
+        """The contract of DESIGN.md: the optimum's figures at the top level, ``compared`` and ``settings``."""
+        out = dict(self.figures["optimal"])
+        out["compared"] = {name: f for name, f in self.figures.items() if name != "optimal"}
+        out["settings"] = dict(self.settings)
+        return out
+
+
+def buckets_report(
+    samples: pd.DataFrame,
+    k: int,
+    cfg: RunConfig,
+    *,
+    compare: Sequence[int] | None = None,
+    seeds: int = len(DEFAULT_SEEDS),
+    on_set: Callable[[str, int, int], None] | None = None,
+) -> BucketsReport:
+    """The optimal ``k`` buckets of these samples against quantile boundaries, the story's and ``compare`` (the
+    case's named boundaries by default), each packed greedily under the run's token budget over ``seeds`` epochs.
+    ``on_set(name, done, total)`` is called as each set is packed (for a progress bar)."""
+    if samples.empty:
+        raise ForensicsError("buckets: the samples table has no rows")
+    if seeds < 1:
+        raise ForensicsError(f"buckets: seeds must be >= 1; got {seeds}")
+    _check_k(k, cfg.max_len)
+    lengths = samples[N_TOKENS].to_numpy()
+    sets = {"optimal": optimal_boundaries(lengths, k, cfg.max_len),
+            "quantile": quantile_boundaries(lengths, k, cfg.max_len),
+            "story": conform_boundaries(DEFAULT_BOUNDARIES, cfg.max_len)}
+    given = compare if compare is not None else (list(cfg.boundaries) if cfg.boundaries else None)
+    if given is not None:
+        sets["given"] = conform_boundaries(given, cfg.max_len)
+    figures = {}
+    for i, (name, b) in enumerate(sets.items()):
+        if on_set:
+            on_set(name, i, len(sets))
+        figures[name] = describe_boundaries(lengths, b, token_budget=cfg.token_budget, max_len=cfg.max_len,
+                                            max_batch_size=cfg.max_batch_size, seeds=range(seeds))
+    settings = {"k": int(k), "max_len": cfg.max_len, "token_budget": cfg.token_budget,
+                "max_batch_size": cfg.max_batch_size, "seeds": list(range(seeds)), "samples": int(len(lengths))}
+    return BucketsReport(figures, settings)

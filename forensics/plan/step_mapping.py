@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.schema import BATCH_ID, EPOCH, MICRO, RANK, RANK_SPLITS, SAMPLE_ID, STEP
+from forensics.schema import BATCH, BATCH_ID, EPOCH, MICRO, RANK, RANK_SPLITS, SAMPLE_ID, STEP, RunConfig
 
 
 def batches_to_plan(batches_per_epoch: list[list[list[int]]], first_epoch: int = 0) -> pd.DataFrame:
@@ -106,3 +106,20 @@ def batch_keys(plan: pd.DataFrame) -> np.ndarray:
     else:
         cols = [c for c in (STEP, MICRO, RANK) if c in plan.columns]
     return plan.groupby(cols, sort=True, observed=True).ngroup().to_numpy(np.int64)
+
+
+def step_plan(plan: pd.DataFrame, cfg: RunConfig) -> pd.DataFrame:
+    """The canonical step-mapped plan the later stages read: ``step``, ``sample_id``, ``micro``, ``rank`` (and
+    ``epoch``, ``batch_id`` when the plan has them) plus ``batch``, a global id of each batch (:func:`batch_keys`).
+
+    The mapping is the run configuration's (``grad_accum``, ``world_size``, ``rank_split``); an explicit ``step``
+    column wins.
+    """
+    out = assign_steps(plan, cfg.grad_accum, cfg.world_size, cfg.rank_split)
+    if out is plan:
+        out = plan.copy()
+    for col in (MICRO, RANK):
+        if col not in out.columns:
+            out[col] = np.zeros(len(out), dtype=np.int64)
+    out[BATCH] = batch_keys(out)
+    return out

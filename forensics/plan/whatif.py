@@ -23,7 +23,7 @@ import pandas as pd
 from forensics.errors import ForensicsError
 from forensics.plan.builders import bucketed_shuffle, random_shuffle, shuffle_then_sort, static_sorted
 from forensics.plan.optimal_boundaries import batch_tokens, conform_boundaries, optimal_boundaries
-from forensics.schema import DEFAULT_BOUNDARIES, MAX_BATCH_SIZE, MAX_LEN, N_TOKENS, SAMPLE_ID, TOKEN_BUDGET
+from forensics.schema import DEFAULT_BOUNDARIES, MAX_BATCH_SIZE, MAX_LEN, N_TOKENS, SAMPLE_ID, TOKEN_BUDGET, Case
 
 #: Real-token throughput the story measured on its static sorted plan (tok/s).
 STORY_TOKENS_PER_S = 30_000.0
@@ -89,6 +89,7 @@ class WhatIf:
     epochs: int
     seed: int
     tokens_per_s_measured: float
+    n_samples: int = 0
     assumption: str = ASSUMPTION
     warnings: list[str] = field(default_factory=list)
 
@@ -107,6 +108,8 @@ class WhatIf:
         out = asdict(self)
         out["random_over_sorted"] = self.random_over_sorted
         return out
+
+    to_json = to_dict
 
 
 def step_tokens(per_batch: np.ndarray, batches_per_step: int) -> np.ndarray:
@@ -209,5 +212,29 @@ def whatif(
     return WhatIf(
         strategies=outcomes, token_budget=int(token_budget), max_len=int(max_len), max_batch_size=int(max_batch_size),
         grad_accum=int(grad_accum), world_size=int(world_size), epochs=int(epochs), seed=int(seed),
-        tokens_per_s_measured=float(tokens_per_s), warnings=warnings,
+        tokens_per_s_measured=float(tokens_per_s), n_samples=int(len(capped)), warnings=warnings,
     )
+
+
+def whatif_case(
+    case: Case,
+    *,
+    tokens_per_s: float = STORY_TOKENS_PER_S,
+    epochs: int = 1,
+    seed: int = 0,
+    on_strategy: Callable[[str], None] | None = None,
+) -> WhatIf:
+    """``forensics whatif``: the strategies on the case's samples, under its run configuration (token budget,
+    max_len, max batch size, step mapping; its boundaries, else the story's for the "given" strategy)."""
+    from forensics.schema import load_samples
+
+    cfg = case.config
+    if cfg.samples is None:
+        raise ForensicsError("whatif needs the samples: give a case folder or --samples")
+    samples = load_samples(case.samples_path)
+    if samples.empty:
+        raise ForensicsError(f"samples {case.samples_path}: the table has no rows")
+    return whatif(samples[N_TOKENS].to_numpy(), token_budget=cfg.token_budget,
+                  boundaries=list(cfg.boundaries) if cfg.boundaries else DEFAULT_BOUNDARIES, tokens_per_s=tokens_per_s,
+                  max_len=cfg.max_len, max_batch_size=cfg.max_batch_size, grad_accum=cfg.grad_accum,
+                  world_size=cfg.world_size, epochs=epochs, seed=seed, on_strategy=on_strategy)

@@ -6,8 +6,20 @@
 - :mod:`forensics.schema.case`: the case folder.
 """
 
-from forensics.schema.case import Case, load_plan, load_samples, open_case
-from forensics.schema.config import RunConfig, check_boundaries, load_run_toml, parse_boundaries, write_run_toml
+from forensics.schema.case import Case, discover_metrics, load_plan, load_samples, open_case
+from forensics.schema.config import (
+    OPTIMAL,
+    ConfigError,
+    RunConfig,
+    SourceSpec,
+    check_boundaries,
+    load_run_toml,
+    parse_boundaries,
+    parse_set,
+    resolve_config,
+    with_overrides,
+    write_run_toml,
+)
 from forensics.schema.keys import (
     GRAD_NORM_KEYS,
     LOSS_KEYS,
@@ -16,16 +28,21 @@ from forensics.schema.keys import (
     find_column,
     find_loss_key,
     grad_norm_column,
+    is_training_quantity,
     lr_column,
     tokens_per_s_column,
 )
 from forensics.schema.tables import (
+    BATCH,
     BATCH_ID,
+    BUCKET,
     CLUSTER,
+    CLUSTER_NAME,
     DEFAULT_BOUNDARIES,
     EPOCH,
     MAX_BATCH_SIZE,
     MAX_LEN,
+    METRIC_DTYPE,
     MICRO,
     N_TOKENS,
     PLAN_INT_COLUMNS,
@@ -40,13 +57,18 @@ from forensics.schema.tables import (
     TOKEN_IDS,
     Rewind,
     alignment_warnings,
+    as_metrics,
     cast_float,
     cast_int,
-    last_write_wins,
+    metric_array,
     metric_columns,
+    metric_values,
+    metrics_table,
     read_table,
     validate_plan,
     validate_samples,
+    write_metrics,
+    written,
 )
 
 __all__ = [n for n in dir() if not n.startswith("_")]

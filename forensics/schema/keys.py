@@ -65,3 +65,19 @@ def find_loss_key(columns: Iterable[str], given: str | None = None) -> str:
         f"no loss column found: expected one of {', '.join(LOSS_KEYS)} or --loss-key; "
         f"the metrics are {', '.join(map(str, cols[:12])) or 'none'}"
     )
+
+
+_TOKEN = re.compile(r"[/_\-. ]+")
+_HELD_OUT = {"val", "valid", "validation", "eval", "test"}
+
+
+def is_training_quantity(name: str, loss_key: str | None = None, grad_norm_key: str | None = None) -> bool:
+    """DESIGN.md Conventions, "training quantities": the loss key, the grad-norm key, and other metrics whose names
+    hold ``loss`` or ``norm`` and not val/eval/test; everything else (timing, throughput, lr, eval-only) is context."""
+    if name in (loss_key, grad_norm_key):
+        return True
+    tokens = {t for t in _TOKEN.split(str(name).lower()) if t}
+    if tokens & _HELD_OUT:
+        return False
+    squashed = _squash(name)
+    return "loss" in squashed or "norm" in squashed

@@ -7,7 +7,7 @@ documented dtypes, and no other module re-checks them. Bad input raises :class:`
 Tables (see DESIGN.md):
 - **metrics**: ``step`` int64, unique and sorted; any number of float64 metric columns named as logged;
   optional ``_timestamp``. NaN and inf are values, never dropped. Every source reaches this form through the
-  readers of :mod:`forensics.sources` (one validation path, built on :func:`cast_float` and :func:`last_write_wins`).
+  readers of :mod:`forensics.sources` (one validation path, built on :func:`cast_float`; null cells were never written, NaN cells were logged as NaN).
 - **samples**: ``sample_id`` int64 unique, ``n_tokens`` int32; optional ``text``, ``source``, ``cluster``,
   ``token_ids``.
 - **plan**: ``sample_id`` int64 and either ``step`` or (``epoch``, ``batch_id``); optional ``micro``, ``rank``.
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from forensics.errors import ForensicsError
 
@@ -38,6 +39,11 @@ EPOCH = "epoch"
 BATCH_ID = "batch_id"
 MICRO = "micro"
 RANK = "rank"
+#: The step-mapped plan's global id of each batch (one micro-batch on one rank).
+BATCH = "batch"
+#: Sample tags: what tagging adds to each sample.
+BUCKET = "bucket"
+CLUSTER_NAME = "cluster_name"
 
 PLAN_INT_COLUMNS = (STEP, SAMPLE_ID, EPOCH, BATCH_ID, MICRO, RANK)
 
@@ -148,6 +154,11 @@ def _require_columns(df: pd.DataFrame, columns: Sequence[str], what: str, origin
 
 
 # --- metrics --------------------------------------------------------------------------------------------------------
+#: The dtype of every metric column: Arrow float64, where null means "not written at this step" and NaN/inf mean
+#: "logged as such". pandas' nullable ``Float64`` is not used: it turns NaN into NA on cast, losing the difference.
+METRIC_DTYPE = pd.ArrowDtype(pa.float64())
+
+
 @dataclass
 class Rewind:
     """A resumed run logged steps again: from ``from_step`` on, ``rows_replaced`` earlier rows were overwritten."""
@@ -161,31 +172,80 @@ class Rewind:
         return f"rewind{where}: steps from {self.from_step} logged again, {self.rows_replaced} earlier rows replaced"
 
 
-def last_write_wins(df: pd.DataFrame, present: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Collapse repeated steps in write order: per metric, the last value written for a step wins.
+def metric_array(values: np.ndarray, written: np.ndarray | None = None) -> pd.api.extensions.ExtensionArray:
+    """A metric column: the float64 ``values``, null where ``written`` is False (default: every cell written)."""
+    values = np.asarray(values, dtype=np.float64)
+    mask = None
+    if written is not None:
+        written = np.asarray(written, dtype=bool)
+        mask = None if written.all() else ~written
+    return pd.arrays.ArrowExtensionArray(pa.array(values, type=pa.float64(), mask=mask))
 
-    Rows of one step that carry different metrics (a train record and an eval record) are combined. ``present``
-    (same shape, booleans) says which cells were actually written; without it a NaN cell counts as not written,
-    so a logged NaN is only overridden by nothing, and kept when it is the step's only value. Rewinds are found by
-    the readers (:mod:`forensics.sources.base`), which know which cells a later write replaced.
+
+def metrics_table(steps: np.ndarray, columns: dict[str, tuple[np.ndarray, np.ndarray | None]]) -> pd.DataFrame:
+    """The canonical metrics table from sorted unique ``steps`` and, per metric, ``(values, written)``."""
+    data: dict[str, object] = {STEP: np.asarray(steps, dtype=np.int64)}
+    for name, (values, written_mask) in columns.items():
+        data[name] = metric_array(values, written_mask)
+    return pd.DataFrame(data)
+
+
+def written(metrics: pd.DataFrame, column: str) -> np.ndarray:
+    """Rows where ``column`` was written: a value, inf or a logged NaN (null cells were never written)."""
+    return ~metrics[column].isna().to_numpy(dtype=bool) if isinstance(metrics[column].dtype, pd.ArrowDtype) \
+        else np.ones(len(metrics), dtype=bool)
+
+
+def metric_values(metrics: pd.DataFrame, column: str) -> np.ndarray:
+    """A metric column as float64 numpy, NaN where not written (use :func:`written` to tell the two apart)."""
+    return metrics[column].to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def as_metrics(df: pd.DataFrame, origin: str = "(table)") -> pd.DataFrame:
+    """A metrics table handed over as a DataFrame, in canonical form (validated once, here).
+
+    ``step`` must hold unique whole numbers (sorted here). Metric columns become :data:`METRIC_DTYPE`: Arrow columns
+    keep their nulls; a null of pandas' nullable dtypes, ``None`` or ``pd.NA`` becomes null (not written); a NaN in
+    a plain float column is a logged NaN, since numpy has no null.
     """
-    if df.empty or not df[STEP].duplicated().any():
-        return df.sort_values(STEP, kind="stable").reset_index(drop=True)
-    unique_steps = np.unique(df[STEP].to_numpy())
-    out = pd.DataFrame({STEP: unique_steps})
-    for col in df.columns:
-        if col == STEP:
+    _require_columns(df, [STEP], "metrics", origin)
+    out = df.copy()
+    cast_int(out, STEP, "int64", "metrics", origin)
+    dup = out[STEP][out[STEP].duplicated()]
+    if len(dup):
+        raise ForensicsError(f"metrics {origin}: column 'step' must be unique; repeated: {_few(dup.unique())}")
+    out = out.sort_values(STEP, kind="stable").reset_index(drop=True)
+    for col in out.columns:
+        if col == STEP or (isinstance(out[col].dtype, pd.ArrowDtype) and out[col].dtype == METRIC_DTYPE):
             continue
-        mask = present[col].to_numpy(bool) if present is not None else df[col].notna().to_numpy()
-        sub = df.loc[mask, [STEP, col]].drop_duplicates(STEP, keep="last").set_index(STEP)[col]
-        out[col] = sub.reindex(unique_steps).to_numpy()
+        s = out[col]
+        if pd.api.types.is_float_dtype(s.dtype) and not pd.api.types.is_extension_array_dtype(s.dtype):
+            out[col] = metric_array(s.to_numpy())
+            continue
+        missing = s.isna().to_numpy(dtype=bool)
+        frame = pd.DataFrame({col: s})
+        cast_float(frame, col, "metrics", origin)
+        out[col] = metric_array(frame[col].to_numpy(dtype=np.float64, na_value=np.nan), ~missing)
     return out
+
+
+def write_metrics(metrics: pd.DataFrame, path: str | Path) -> Path:
+    """Write the metrics table to Parquet; null (not written) and NaN (logged) stay apart in the file."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    table = pa.Table.from_pandas(as_metrics(metrics, str(path)), preserve_index=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+    except OSError as exc:
+        raise ForensicsError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    return path
 
 
 def metric_columns(metrics: pd.DataFrame) -> list[str]:
     """The metric columns of a metrics table (everything but ``step`` and ``_timestamp``)."""
     return [c for c in metrics.columns if c not in (STEP, TIMESTAMP)]
-
 
 
 # --- samples --------------------------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from forensics.schema import STEP
-from forensics.sources import IngestReport, merge_readers, open_readers
+from forensics.schema import STEP, metrics_table
+from forensics.sources.read import IngestReport, merge_readers, open_readers
 
 
 class LiveMetrics:
@@ -29,7 +29,7 @@ class LiveMetrics:
         *,
         keys: Sequence[str] | None = None,
         step_key: str | None = None,
-        step_offset: int = 0,
+        step_offset: int | None = None,
         pattern: str | None = None,
         strict: bool = False,
         run_id: str | None = None,
@@ -40,7 +40,7 @@ class LiveMetrics:
                                     run_id=run_id)
         self.keys = keys
         self.step_offset = step_offset
-        self._table = pd.DataFrame({STEP: np.array([], dtype=np.int64)})
+        self._table = metrics_table(np.array([], dtype=np.int64), {})
         self.report = IngestReport()
 
     @property
@@ -58,12 +58,13 @@ class LiveMetrics:
         for reader in self.readers:
             new = reader.read_new()
             if len(new):
-                touched.append(new[STEP].to_numpy(dtype=np.int64))
+                touched.append((reader, new[STEP].to_numpy(dtype=np.int64)))
         if not touched and len(self._table):
             return self._table, self._table.iloc[0:0]
         self._table, self.report = merge_readers(self.readers, self.step_offset, self.keys)
         if not touched:
             return self._table, self._table.iloc[0:0]
-        steps = np.unique(np.concatenate(touched)) - np.int64(self.step_offset)
+        offsets = {a.source: a.step_offset for a in self.report.alignments}
+        steps = np.unique(np.concatenate([t - np.int64(offsets.get(r.source, 0)) for r, t in touched]))
         pos = np.searchsorted(self._table[STEP].to_numpy(), steps)
         return self._table, self._table.iloc[pos].reset_index(drop=True)

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 
 from forensics.errors import ForensicsError
 from forensics.schema import STEP
-from forensics.sources.base import STEP_KEYS, MetricsReader, Records
+from forensics.sources.reader import MetricsReader
+from forensics.sources.records import STEP_KEYS, Records
 
 
 class ParquetReader(MetricsReader):

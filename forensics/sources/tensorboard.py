@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from forensics.errors import ForensicsError, require
 from forensics.schema import TIMESTAMP
-from forensics.sources.base import MetricsReader, Records, sparse_columns
+from forensics.sources.reader import MetricsReader
+from forensics.sources.records import Records, sparse_columns
 
 _HEADER = struct.Struct("<QI")
 _FOOTER = 4

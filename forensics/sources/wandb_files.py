@@ -7,7 +7,7 @@ start again from 0: the folders of one run id are read in time order and merged 
 (last write of a step wins, the rewind is reported). Without ``run_id`` the newest run id in the folder is read.
 
 Live use: each file is read from the byte offset where the last read stopped; a record the writer has not finished
-is left for the next :meth:`~forensics.sources.base.MetricsReader.read_new`, and new folders of the run (a resume
+is left for the next :meth:`~forensics.sources.reader.MetricsReader.read_new`, and new folders of the run (a resume
 started while watching) are picked up.
 """
 
@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from forensics.errors import ForensicsError
-from forensics.sources.base import MetricsReader, Records
+from forensics.sources.reader import MetricsReader
+from forensics.sources.records import Records
 from forensics.sources.wandb_records import (
     RecordLog,
     flatten_numeric,

@@ -1,32 +1,39 @@
-"""Tag a whole run: map the plan to steps, cluster the samples, pick the boundaries, tag every step.
+"""Tag a whole run: cluster the samples, pick the boundaries, tag every step of the step-mapped plan.
 
-This is what ``forensics tag`` and the audit call; it takes loaded tables (``schema.load_plan`` /
-``schema.load_samples``) and plain settings, and returns the tags, the samples with ``bucket`` and ``cluster``, and
+This is what ``forensics tag`` and the audit call; it takes the plan stage's step-mapped plan, the samples and the
+run configuration, and returns the tags, the samples with ``bucket`` and ``cluster``, and
 the warnings worth showing (never fatal: a plan with lost batches is still tagged).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.plan.builders import capped_lengths
-from forensics.plan.step_mapping import assign_steps
+from forensics.plan.optimal_boundaries import resolve_boundaries
 from forensics.schema import (
     BATCH_ID,
     CLUSTER,
-    DEFAULT_BOUNDARIES,
     EPOCH,
-    MAX_LEN,
     RANK,
     SOURCE,
+    STEP,
     TEXT,
-    check_boundaries,
+    Case,
+    RunConfig,
+    load_plan,
+    load_samples,
+    with_overrides,
 )
 from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER, ClusterInfo, cluster_samples
 from forensics.tagging.step_tags import tag_steps
@@ -50,69 +57,77 @@ class TagResult:
         """What a reader of the tags file needs to interpret it (written into the Parquet metadata)."""
         return {"boundaries": self.boundaries, "clusters": self.clusters.as_dict()}
 
+    def to_json(self) -> dict:
+        """The figures a summary shows: steps, epochs, overall padding ratio, boundaries, clusters."""
+        tags = self.tags
+        padded = int(tags["padded_tokens"].sum()) if len(tags) else 0
+        return {"steps": int(len(tags)), "epochs": int(tags["epoch"].nunique()) if len(tags) else 0,
+                "padding_ratio": 1 - int(tags["real_tokens"].sum()) / padded if padded else 0.0,
+                "boundaries": list(self.boundaries), "clusters": self.clusters.as_dict(), "warnings": self.warnings}
 
-def resolve_boundaries(
-    boundaries: Sequence[int] | str | None,
+    def write(self, out: str | Path, samples_out: str | Path | None = None,
+              inputs: Sequence[str | Path | None] = ()) -> list[Path]:
+        """Write the step tags (and the sample tags) as Parquet with :meth:`metadata`; never over an input."""
+        targets = [(Path(out), self.tags)] + ([(Path(samples_out), self.samples)] if samples_out else [])
+        given = {Path(p).resolve() for p in inputs if p is not None}
+        for path, _ in targets:
+            if path.suffix.lower() not in (".parquet", ".pq"):
+                raise ForensicsError(f"output {path}: tag writes Parquet tables; name it .parquet")
+            if path.resolve() in given:
+                raise ForensicsError(f"output {path} is one of the inputs; inputs are never overwritten")
+        meta = {b"forensics": json.dumps(self.metadata()).encode()}
+        for path, frame in targets:
+            write_parquet(frame, path, meta)
+        return [p for p, _ in targets]
+
+
+def write_parquet(frame: pd.DataFrame, path: Path, meta: dict[bytes, bytes]) -> None:
+    """A table to Parquet with extra schema metadata; an unwritable path is bad input."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+    except OSError as exc:
+        raise ForensicsError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def tag_run(
+    step_plan: pd.DataFrame,
     samples: pd.DataFrame,
-    max_len: int = MAX_LEN,
-    n_buckets: int | None = None,
-) -> list[int]:
-    """``None`` -> the story's defaults; ``"optimal"`` -> the optimal-boundary finder with ``n_buckets`` buckets
-    (default: as many as the defaults have); a list -> checked, and made to end at ``max_len`` (a last boundary
-    below it gains a bucket up to ``max_len``; boundaries above it are dropped, since lengths are capped there)."""
-    if boundaries is None:
-        boundaries = list(DEFAULT_BOUNDARIES)
-    if isinstance(boundaries, str):
-        if boundaries != "optimal":
-            raise ForensicsError(f"--boundaries: expected b0,b1,... or 'optimal'; got {boundaries!r}")
-        from forensics.plan.optimal_boundaries import optimal_boundaries
-
-        k = n_buckets or len(DEFAULT_BOUNDARIES) - 1
-        lengths = capped_lengths(samples, max_len)
-        return check_boundaries(optimal_boundaries(lengths, k, max_len=max_len), "optimal boundaries")
-    bounds = check_boundaries(boundaries, "boundaries")
-    if bounds[-1] < max_len:  # lengths above the last boundary get a bucket of their own up to max_len
-        bounds.append(int(max_len))
-    elif bounds[-1] > max_len:  # lengths are capped at max_len: the last bucket ends there
-        bounds = [b for b in bounds[:-1] if b < max_len] + [int(max_len)]
-    return bounds
-
-
-def tag_case(
-    plan: pd.DataFrame,
-    samples: pd.DataFrame,
+    cfg: RunConfig,
     *,
-    grad_accum: int = 1,
-    world_size: int = 1,
-    rank_split: str = "round_robin",
-    boundaries: Sequence[int] | str | None = None,
-    n_buckets: int | None = None,
-    max_len: int = MAX_LEN,
-    clusters: int | str | None = None,
-    cluster_by: str | None = None,
     max_fit: int = 20_000,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> TagResult:
-    """Tag every step of a run.
+    """Tag every step of a run from its step-mapped plan (:func:`forensics.plan.step_plan`) and its samples.
 
-    Clusters come from ``cluster_by`` (a label column) when given; else from the text when ``clusters`` is k or
-    ``"auto"`` (k chosen); else a ``cluster`` column already in the samples is kept; else the text with k chosen;
-    without text every sample is cluster -1, with a warning. ``progress(n_done)`` is called while texts are clustered.
+    Boundaries are ``cfg.boundaries``, else fitted to the samples (said in the warnings). Clusters come from
+    ``cfg.cluster_by`` (a label column) when given; else from the text when ``cfg.clusters`` is k; else a
+    ``cluster`` column already in the samples is kept; else the text with k chosen; without text, samples with a
+    ``source`` label are clustered by it; else every sample is cluster -1, with a warning. ``progress(n_done)`` is
+    called while texts are clustered.
     """
-    warnings: list[str] = []
-    steps = assign_steps(plan, grad_accum, world_size, rank_split)
-    warnings += batch_gap_warnings(steps)
-    bounds = resolve_boundaries(boundaries, samples, max_len, n_buckets)
-    if clusters is not None and cluster_by is None and TEXT not in samples.columns:
-        raise ForensicsError(f"--clusters {clusters}: the samples have no 'text' column to cluster; "
-                             "use --cluster-by COLUMN for labels")
-    if isinstance(clusters, bool) or (isinstance(clusters, str) and clusters != "auto"):
-        raise ForensicsError(f"--clusters: expected a whole number or 'auto'; got {clusters!r}")
-    k = None if clusters == "auto" else clusters
+    if STEP not in step_plan.columns:
+        raise ForensicsError("tagging needs the step-mapped plan (forensics.plan.step_plan): it has no 'step' column")
+    warnings: list[str] = batch_gap_warnings(step_plan)
+    bounds = resolve_boundaries(list(cfg.boundaries) if cfg.boundaries else None, samples, cfg.max_len,
+                                cfg.n_buckets)
+    if cfg.boundaries is None:
+        warnings.append(f"no bucket boundaries named (run.toml 'boundaries' or --boundaries): fitted to the samples "
+                        f"({len(bounds) - 1} buckets, the least padding): {bounds}")
+    cluster_by, k = cfg.cluster_by, cfg.clusters
+    if k is not None and cluster_by is None and TEXT not in samples.columns:
+        raise ForensicsError(f"clusters = {k}: the samples have no 'text' column to cluster; "
+                             "use cluster_by (--cluster-by COLUMN) for labels")
+    if cluster_by is None and k is None and TEXT not in samples.columns and CLUSTER not in samples.columns \
+            and SOURCE in samples.columns:
+        cluster_by = SOURCE
+        warnings.append("samples have no 'text' column: clusters are their 'source' labels")
     clustered = None
     no_text_reason = "samples have no 'text' column"
-    if cluster_by is not None or (TEXT in samples.columns and (clusters is not None or CLUSTER not in samples.columns)):
+    if cluster_by is not None or (TEXT in samples.columns and (k is not None or CLUSTER not in samples.columns)):
         try:
             clustered, info = cluster_samples(samples, k=k, cluster_by=cluster_by, max_fit=max_fit, seed=seed,
                                               progress=progress)
@@ -137,9 +152,68 @@ def tag_case(
         hint = " (or --cluster-by source)" if SOURCE in samples.columns else ""
         warnings.append(f"{no_text_reason}: every step's cluster is {NO_CLUSTER}; pass --cluster-by "
                         f"COLUMN{hint} for content clusters")
-    clustered[BUCKET] = bucket_index(capped_lengths(clustered, max_len), bounds)
-    tags = tag_steps(steps, clustered, bounds, max_len)
-    return TagResult(tags=tags, samples=clustered, plan=steps, boundaries=bounds, clusters=info, warnings=warnings)
+    clustered[BUCKET] = bucket_index(capped_lengths(clustered, cfg.max_len), bounds)
+    tags = tag_steps(step_plan, clustered, bounds, cfg.max_len)
+    return TagResult(tags=tags, samples=clustered, plan=step_plan, boundaries=bounds, clusters=info,
+                     warnings=warnings)
+
+
+def tag_case(
+    plan: pd.DataFrame,
+    samples: pd.DataFrame,
+    cfg: RunConfig | None = None,
+    *,
+    max_fit: int = 20_000,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+    **settings: object,
+) -> TagResult:
+    """Map a plan to steps and tag it: :func:`forensics.plan.step_plan` then :func:`tag_run`.
+
+    ``settings`` are run-configuration keys (``grad_accum``, ``boundaries``, ``clusters``, ``cluster_by``,
+    ``n_buckets``, ``max_len``, ...) that change ``cfg`` (default: the defaults of DESIGN.md).
+    """
+    from forensics.plan.step_mapping import step_plan
+
+    cfg = with_overrides(cfg or RunConfig(), **settings)
+    return tag_run(step_plan(plan, cfg), samples, cfg, max_fit=max_fit, seed=seed, progress=progress)
+
+
+def tag_case_folder(
+    case: Case,
+    *,
+    builder: str | None = None,
+    epochs: int = 1,
+    seed: int = 0,
+    max_fit: int = 20_000,
+    progress: Callable[[int], None] | None = None,
+) -> TagResult:
+    """``forensics tag``: the case's plan (or one rebuilt by ``builder`` over ``epochs``), mapped to steps, tagged."""
+    from forensics.plan.rebuild import rebuild_plan, resolve_builder
+    from forensics.plan.step_mapping import step_plan
+
+    cfg = case.config
+    if cfg.samples is None:
+        raise ForensicsError("tag needs the samples: give a case folder or --samples")
+    if cfg.plan is None and not builder:
+        raise ForensicsError("tag needs a plan: give a case folder, --plan or --builder")
+    if epochs < 1 or max_fit < 1:
+        raise ForensicsError(f"tag: epochs and max_fit must be >= 1; got {epochs} and {max_fit}")
+    samples = load_samples(case.samples_path)
+    if builder:
+        params = {"token_budget": cfg.token_budget, "max_len": cfg.max_len}
+        if cfg.boundaries:
+            params["boundaries"] = list(cfg.boundaries)
+        fn = resolve_builder(builder, **params)
+        plan = rebuild_plan(samples, fn, epochs, seed)
+    else:
+        plan = load_plan(case.plan_path, samples)
+    unused = [k for k in ("grad_accum", "world_size", "rank_split") if cfg.given.get(k) == "option"]
+    result = tag_run(step_plan(plan, cfg), samples, cfg, max_fit=max_fit, seed=seed, progress=progress)
+    explicit = [f"the plan has a 'step' column, which wins: {', '.join(unused)} not used"] \
+        if unused and STEP in plan.columns else []
+    result.warnings = list(case.warnings) + explicit + result.warnings
+    return result
 
 
 def batch_gap_warnings(plan: pd.DataFrame, limit: int = 3) -> list[str]:

@@ -30,8 +30,8 @@ from forensics.plan.buckets import bucket_index, bucket_range
 from forensics.plan.builders import capped_lengths
 from forensics.plan.step_mapping import batch_keys
 from forensics.schema import CLUSTER, EPOCH, MAX_LEN, SAMPLE_ID, STEP
+from forensics.stats import run_lengths, steps_since_seen
 from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER
-from forensics.tagging.sequence import run_lengths, steps_since_seen
 
 #: The tag columns every tags table has, in order (``bucket_share_<k>`` follow, one per bucket).
 TAG_COLUMNS = (

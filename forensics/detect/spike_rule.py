@@ -1,0 +1,64 @@
+"""The spike rule of the audit: :class:`~forensics.detect.spikes.SpikeDetector` on every analysed metric.
+
+Each metric is judged on the rows where it was written (an eval metric between evals is missing, not a NaN), against
+per-bucket baselines when steps carry tags. Its parameters are the spike detector's (``[detect.spikes]``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from forensics.detect.base import Rule, RunTables
+from forensics.detect.findings import Finding
+from forensics.detect.spikes import SpikeDetector, detect_spikes
+from forensics.errors import ForensicsError
+
+#: Below this many written values a metric's first ``min_periods`` (history, not judged) weigh heavily: say so.
+SHORT_RUN = 100
+
+
+class SpikeRule(Rule):
+    """Spikes, level shifts, non-finite steps and bucket summaries of the analysed metrics.
+
+    Parameters are :class:`~forensics.detect.spikes.SpikeDetector`'s (``window``, ``z``, ``ratio``, ...: defaults and
+    reasons documented there), given as ``[detect.spikes]`` keys.
+    """
+
+    name = "spikes"
+
+    def __init__(self, **params: Any) -> None:
+        self.params = params
+
+    def get_params(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def _check(self) -> None:
+        try:
+            SpikeDetector(**self.params).reset()
+        except TypeError as exc:
+            raise ForensicsError(f"detect.spikes: {exc}") from exc
+
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+        self.reset()
+        self.warnings_: list[str] = []
+        out: list[Finding] = []
+        history = SpikeDetector(**self.params).min_periods
+        for col in run.analysed:
+            rows = run.written_rows(col)
+            out += detect_spikes(rows, col, tags=run.tags, boundaries=run.boundaries, **self.params)
+            if len(rows) < SHORT_RUN:
+                self.warnings_.append(f"'{col}' has only {len(rows)} values: the first {min(history, len(rows))} "
+                                      "serve as the detector's history and are not judged for spikes")
+        return out
+
+
+def _spike_parameters() -> dict[str, Any]:
+    sig = inspect.signature(SpikeDetector.__init__)
+    return {n: p.default for n, p in sig.parameters.items() if n not in ("self", "metric")}
+
+
+#: The rule's parameters are the detector's (read by :func:`forensics.detect.rules.parameters`).
+SpikeRule.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in _spike_parameters().items()])

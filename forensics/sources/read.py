@@ -1,0 +1,233 @@
+"""Reading a run's metrics: one reader per source, each aligned to 0-based optimizer steps, merged on step.
+
+The entry point for every caller (CLI, audit, dashboard) is :func:`read_metrics` for a finished run and
+:class:`~forensics.sources.live.LiveMetrics` for a live one. The merged table carries its own meaning (null = not
+written, NaN = logged NaN); the :class:`IngestReport` beside it is only a report: counts, quirks and how each source
+was aligned (``run.sources`` of findings.json).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from forensics.errors import ForensicsError
+from forensics.schema import STEP, metric_columns, written
+from forensics.sources.merge import apply_step_offset, merge_on_step
+from forensics.sources.reader import MetricsReader
+from forensics.sources.records import ReaderReport
+from forensics.sources.registry import open_reader
+
+
+@dataclass
+class SourceAlignment:
+    """How one source's steps were aligned to optimizer steps (DESIGN.md Conventions ``step``)."""
+
+    source: str
+    format: str
+    step_key: str | None
+    step_offset: int
+    convention: str
+    damaged: list[Any] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "format": self.format, "step_key": self.step_key,
+                "step_offset": self.step_offset, "convention": self.convention,
+                "damaged": [d.to_json() if hasattr(d, "to_json") else d for d in self.damaged]}
+
+
+@dataclass
+class IngestReport:
+    """What reading found beside the rows: per-source reports and alignments, warnings for the summary (never
+    fatal) and per-metric counts of the merged table (``values``, ``nan``, ``inf``, ``missing``)."""
+
+    warnings: list[str] = field(default_factory=list)
+    sources: list[ReaderReport] = field(default_factory=list)
+    alignments: list[SourceAlignment] = field(default_factory=list)
+    rows: int = 0
+    step_range: tuple[int, int] | None = None
+    metrics: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def malformed(self) -> int:
+        return sum(r.malformed for r in self.sources)
+
+    @property
+    def rewinds(self) -> list:
+        return [rw for r in self.sources for rw in r.rewinds]
+
+    def sources_json(self) -> list[dict[str, Any]]:
+        """``run.sources`` of findings.json: one entry per source, in merge order."""
+        return [a.to_json() for a in self.alignments]
+
+    def summary_lines(self) -> list[str]:
+        """The summary ``forensics ingest`` prints: rows, step range, metrics with NaN/inf, rewinds, skipped lines."""
+        span = f"steps {self.step_range[0]}-{self.step_range[1]}" if self.step_range else "no steps"
+        lines = [f"{self.rows} rows, {span}, {len(self.metrics)} metrics from {len(self.sources)} sources"]
+        for name, c in self.metrics.items():
+            extra = [f"{c[k]} {label}" for k, label in (("nan", "NaN"), ("inf", "inf"), ("missing", "missing")) if c[k]]
+            lines.append(f"  {name}: {c['values']} values" + (f" ({', '.join(extra)})" if extra else ""))
+        for a in self.alignments:
+            if a.step_offset or a.convention != "as logged":
+                lines.append(f"  {a.source}: step = {a.step_key or 'step'} - {a.step_offset} ({a.convention})")
+        rewinds = self.rewinds
+        replaced = sum(r.rows_replaced for r in rewinds)
+        lines.append(f"rewinds: {len(rewinds)}" + (f" ({replaced} rows replaced)" if rewinds else ""))
+        lines.append(f"skipped (malformed) records: {self.malformed}")
+        return lines
+
+
+def summarize(table: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Per metric of a metrics table: finite values, logged NaN, inf and missing (never written) cells."""
+    out = {}
+    for col in metric_columns(table):
+        v = table[col].to_numpy(dtype=np.float64, na_value=np.nan)
+        w = written(table, col)
+        out[col] = {"values": int(np.isfinite(v).sum()), "nan": int((np.isnan(v) & w).sum()),
+                    "inf": int(np.isinf(v).sum()), "missing": int((~w).sum())}
+    return out
+
+
+def open_readers(
+    sources: Sequence[str | Path],
+    *,
+    keys: Sequence[str] | None = None,
+    step_key: str | None = None,
+    pattern: str | None = None,
+    strict: bool = False,
+    run_id: str | None = None,
+) -> list[MetricsReader]:
+    """One reader per source, in the order given (which is the merge order: later wins)."""
+    if not sources:
+        raise ForensicsError("no metrics source given")
+    return [open_reader(s, keys=keys, step_key=step_key, pattern=pattern, strict=strict, run_id=run_id)
+            for s in sources]
+
+
+def alignment_of(reader: MetricsReader, step_offset: int | None) -> SourceAlignment:
+    """How ``reader``'s steps map to optimizer steps: an explicit ``step_offset`` replaces what the source says of
+    itself; without either the steps are taken as logged."""
+    key = reader._rows._resolved_step_key or reader._rows.format_step_key or reader.step_key
+    damaged = list(getattr(reader.report, "damaged", []))
+    if step_offset is not None:
+        how = "given" if step_offset else "as logged"
+        return SourceAlignment(reader.source, reader.format_name, key, int(step_offset), how, damaged)
+    return SourceAlignment(reader.source, reader.format_name, key, 0, "as logged", damaged)
+
+
+def merge_readers(readers: Sequence[MetricsReader], step_offset: int | None = None,
+                  keys: Sequence[str] | None = None) -> tuple[pd.DataFrame, IngestReport]:
+    """Align what each reader has read so far and merge them (in order, later wins) into the table and its report."""
+    alignments = [alignment_of(r, step_offset) for r in readers]
+    tables = [(r.source, apply_step_offset(r.table, a.step_offset)) for r, a in zip(readers, alignments)]
+    merged, merge_warnings = merge_on_step(tables)
+    report = IngestReport(sources=[r.report for r in readers], alignments=alignments, rows=len(merged))
+    if len(merged):
+        report.step_range = (int(merged[STEP].iloc[0]), int(merged[STEP].iloc[-1]))
+    report.metrics = summarize(merged)
+    for r in readers:
+        if r.report.rows == 0:
+            report.warnings.append(f"{r.source}: no metrics rows found")
+        report.warnings += r.report.describe()
+    report.warnings += merge_warnings
+    if keys:
+        cols = metric_columns(merged)
+        for k in keys:
+            if not any(c == k or fnmatch.fnmatchcase(c, k) for c in cols):
+                report.warnings.append(f"key '{k}' matched no metric")
+    if len(merged) and merged[STEP].iloc[0] < 0:
+        n_neg = int((merged[STEP] < 0).sum())
+        report.warnings.append(f"{n_neg} rows have a negative step after the step offset")
+    return merged, report
+
+
+def read_metrics(
+    sources: Sequence[str | Path] | str | Path,
+    *,
+    keys: Sequence[str] | None = None,
+    step_key: str | None = None,
+    step_offset: int | None = None,
+    pattern: str | None = None,
+    strict: bool = False,
+    run_id: str | None = None,
+    progress: bool = False,
+) -> tuple[pd.DataFrame, IngestReport]:
+    """Read finished sources and merge them on step into the canonical metrics table (DESIGN.md).
+
+    A later source wins a (step, metric) that several sources hold, with a warning; ``step_offset`` N makes
+    metrics step = logged step - N for every source. Bad input raises :class:`~forensics.errors.ForensicsError`;
+    data quirks (NaN/inf, rewinds, malformed lines) are kept or skipped and listed in the report.
+    """
+    if isinstance(sources, (str, Path)):
+        sources = [sources]
+    readers = open_readers(sources, keys=keys, step_key=step_key, pattern=pattern, strict=strict, run_id=run_id)
+    with _progress(progress, len(readers)) as advance:
+        for reader in readers:
+            reader.finished = True
+            reader.read_all()
+            advance(reader.source)
+    return merge_readers(readers, step_offset, keys)
+
+
+class _progress:
+    """A rich progress bar on stderr over the sources (only when asked: libraries stay quiet by default)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+        self._bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda name: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(TextColumn("reading metrics"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                             TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+        self._bar.start()
+        task = self._bar.add_task("", total=self.total)
+        return lambda name: self._bar.advance(task) if self._bar else None
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def ingest(
+    sources: Sequence[str | Path],
+    out: str | Path,
+    *,
+    keys: Sequence[str] | None = None,
+    step_key: str | None = None,
+    step_offset: int | None = None,
+    pattern: str | None = None,
+    strict: bool = False,
+    run_id: str | None = None,
+    progress: bool = False,
+) -> tuple[pd.DataFrame, IngestReport]:
+    """``forensics ingest``: read and merge the sources (a case folder stands for its metrics sources) and write
+    the canonical metrics table to ``out`` (Parquet; never over an input)."""
+    from forensics.schema import open_case, write_metrics
+
+    out = Path(out)
+    if out.suffix.lower() not in (".parquet", ".pq"):
+        raise ForensicsError(f"output {out}: ingest writes the metrics table as Parquet; name it .parquet")
+    expanded: list[str] = []
+    for s in sources:
+        p = Path(s)
+        if p.is_dir() and any((p / n).exists() for n in ("run.toml", "plan.parquet", "samples.parquet")):
+            expanded += [m.path for m in open_case(p).metrics_sources]
+        else:
+            expanded.append(str(s))
+    if out.resolve() in {Path(s).resolve() for s in expanded if not str(s).startswith("wandb://")}:
+        raise ForensicsError(f"output {out} is one of the sources; inputs are never overwritten")
+    table, report = read_metrics(expanded, keys=keys, step_key=step_key, step_offset=step_offset, pattern=pattern,
+                                 strict=strict, run_id=run_id, progress=progress)
+    write_metrics(table, out)
+    return table, report

@@ -1,0 +1,113 @@
+"""The reader protocol: what every metrics source implements, and what callers may rely on.
+
+A reader turns one source (a file, a folder, a run) into the metrics table of DESIGN.md. Subclasses only say how
+to get the records written since their last call (:meth:`MetricsReader._read_records`); turning records into rows
+happens once, in :class:`~forensics.sources.ingest.MetricsAccumulator`.
+
+Live use: a reader remembers where it stopped (a byte offset per file, or the last record), so
+:meth:`MetricsReader.read_new` returns only the rows that changed since the previous call; an incomplete last record
+(a half-written line, a truncated event) is left in place and read once complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from forensics.errors import ForensicsError
+from forensics.sources.ingest import MetricsAccumulator
+from forensics.sources.records import ReaderReport, Records
+
+
+class MetricsReader:
+    """Base class of every reader. Constructing one reads nothing; :meth:`read_new` reads what is there.
+
+    ``keys``: metric names (or ``fnmatch`` globs) to keep, default all. ``step_key``: the column holding the step,
+    default the first of :data:`~forensics.sources.records.STEP_KEYS` present. ``strict``: a malformed record raises
+    :class:`ForensicsError` instead of being skipped and counted.
+    """
+
+    #: Short name of the format, for messages and summaries.
+    format_name = "metrics"
+    #: How ``where`` values read in messages ("line", "byte", "record").
+    _where_word = "line"
+    #: The step column's name when the format itself says where the step is (TensorBoard, text logs); the
+    #: user's ``step_key`` then means something format-specific or nothing.
+    _records_step_key: str | None = None
+
+    def __init__(
+        self,
+        source: str | Path,
+        *,
+        keys: Sequence[str] | None = None,
+        step_key: str | None = None,
+        strict: bool = False,
+    ) -> None:
+        self.source = str(source)
+        self.keys = list(keys) if keys else None
+        self.step_key = step_key
+        self.strict = strict
+        self._finished = False
+        self._reset()
+
+    @property
+    def finished(self) -> bool:
+        """Set by callers reading a finished run: an unterminated last line is then read as complete."""
+        return self._finished
+
+    @finished.setter
+    def finished(self, value: bool) -> None:
+        self._finished = bool(value)
+        self._rows.finished = self._finished
+
+    # --- public -------------------------------------------------------------------------------------------------
+    def read_new(self) -> pd.DataFrame:
+        """Rows of the steps written since the last call (all of them on the first call), in step order.
+
+        A step written again (a resumed run, or a second record for the step) comes back as its whole current row:
+        per metric the last write wins, and a cell not written again keeps its earlier value.
+        """
+        batches = self._read_records()
+        if batches is None:
+            batches = []
+        elif isinstance(batches, Records):
+            batches = [batches]
+        touched = [steps for rec in batches if len(rec) for steps in [self._rows.ingest(rec)] if len(steps)]
+        if not touched:
+            return self._rows.table().iloc[0:0].copy()
+        steps = touched[0] if len(touched) == 1 else np.unique(np.concatenate(touched))
+        return self._rows.rows(steps)
+
+    def read_all(self) -> pd.DataFrame:
+        """A fresh full read from the start: the whole table (the report starts over too)."""
+        self._reset()
+        return self.read_new()
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """Everything read so far: the canonical metrics table (step unique and sorted, null = not written)."""
+        return self._rows.table().copy(deep=False)
+
+    # --- hooks for subclasses ------------------------------------------------------------------------------------
+    def _read_records(self) -> Records | list[Records] | None:
+        """Return the complete records written since the last call (in write order) and advance past them."""
+        raise NotImplementedError
+
+    def _reset_position(self) -> None:
+        """Forget where reading stopped (offsets, open files), so the next read starts from the beginning."""
+
+    def _malformed(self, where: int, reason: str) -> None:
+        """Count a record that cannot be read; with ``strict`` it is bad input instead."""
+        if self.strict:
+            raise ForensicsError(f"{self.source}: {self._where_word} {where}: {reason} (strict mode)")
+        self.report.add_malformed(where, reason)
+
+    # --- state --------------------------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self.report = ReaderReport(source=self.source, format=self.format_name)
+        self._rows = MetricsAccumulator(self.report, self._malformed, keys=self.keys, step_key=self.step_key,
+                                        format_step_key=self._records_step_key, finished=self._finished)
+        self._reset_position()

@@ -1,0 +1,114 @@
+"""The house rules of DESIGN.md's Layout, read from the source: no import cycle anywhere (lazy imports count), the
+detect stage reads tables and never the report or tagging code, no product stage imports the means to judge itself
+(datasets/, evaluation/), and the CLI stays thin (no Parquet writes, no contract JSON, no range checks)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "forensics"
+PRODUCT_STAGES = ("sources", "plan", "tagging", "detect", "replay", "report", "schema", "integrations")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in PACKAGE.rglob("*.py"):
+        rel = f.relative_to(PACKAGE.parent).with_suffix("")
+        out[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = f
+    return out
+
+
+def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """Every forensics module ``name`` imports, at the top or inside functions (not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    skip = {id(x) for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+            for x in ast.walk(n) if x is not n.test}
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if id(n) in skip:
+            continue
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                parts = a.name.split(".")
+                out.update(".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in mods)
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - (n.level - 1)]
+                base = ".".join(up + ([base] if base else []))
+            for a in n.names:
+                out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base)
+        elif isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "import_module":
+            if n.args and isinstance(n.args[0], ast.Constant) and str(n.args[0].value) in mods:
+                out.add(str(n.args[0].value))
+    out.discard(name)
+    return {m for m in out if m in mods}
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, f, mods) for m, f in mods.items()}
+
+
+def test_no_import_cycle_anywhere_lazy_imports_included():
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_detect_reads_tables_not_the_report_or_tagging():
+    bad = {(m, i) for m, deps in _graph().items() if _stage(m) == "detect" for i in deps
+           if _stage(i) in ("report", "tagging")}
+    assert bad == set()
+
+
+def test_no_product_stage_imports_the_means_to_judge_itself():
+    bad = {(m, i) for m, deps in _graph().items() if _stage(m) in PRODUCT_STAGES for i in deps
+           if _stage(i) in ("datasets", "evaluation")}
+    assert bad == set()
+
+
+def test_the_cli_only_parses_calls_and_renders():
+    """No Parquet writes, no contract JSON built, no range checks of parameters in cli/."""
+    for f in (PACKAGE / "cli").glob("*.py"):
+        text = f.read_text()
+        assert "pyarrow" not in text and "to_parquet" not in text, f.name
+        assert not re.search(r'\["(compared|settings|pair_retention|spikes)"\]\s*=', text), f.name
+        assert not re.search(r"if [^\n]*(< 1|<= 0|> 1\b|< 0\b)[^\n]*:\n\s*raise", text), f.name

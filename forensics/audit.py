@@ -26,13 +26,12 @@ from forensics.schema import (
     TEXT,
     RunConfig,
     alignment_warnings,
-    find_loss_key,
-    grad_norm_column,
     load_plan,
     load_samples,
     metric_columns,
     open_case,
 )
+from forensics.schema.keys import choose_key, key_choices_section
 
 #: Below this many written values a metric's first ``min_periods`` (history, not judged) weigh heavily: say so.
 SHORT_RUN = 100
@@ -138,8 +137,15 @@ def run_audit(
     warnings += report.warnings
     if metrics.empty:
         raise ForensicsError(f"audit: the metrics sources hold no rows: {', '.join(inputs.metrics)}")
-    loss_key = find_loss_key(metric_columns(metrics), cfg.loss_key)
-    analysed = _analysed_metrics(metrics, loss_key, spike_metrics)
+    # the loss and grad-norm keys by one lookup (schema.keys); values written per metric let a dense series beat
+    # a sparse one of the same name (HF's end-of-run train_loss beside the per-step loss)
+    cols = metric_columns(metrics)
+    written = {c: int(report.written(metrics, c).sum()) for c in cols}
+    keys = (choose_key(cols, "loss", given=cfg.loss_key, counts=written, required=True),
+            choose_key(cols, "grad_norm", counts=written))
+    warnings += [k.warning for k in keys if k.warning]
+    loss_key = str(keys[0].key)
+    analysed = _analysed_metrics(metrics, loss_key, spike_metrics, keys[1].key)
 
     samples = plan = tags = None
     boundaries = list(cfg.boundaries)
@@ -235,6 +241,7 @@ def run_audit(
                 warnings.append(f"forgetting signature not computed: {exc}")
 
     sections["run"] = _run_section(inputs, metrics, loss_key, analysed, plan, tags)
+    sections["run"].update(key_choices_section(*keys))
     findings = Findings(items=spikes + others, sections=sections, warnings=warnings).to_dict()
     from forensics.report.html import verdict
 
@@ -243,7 +250,8 @@ def run_audit(
                  samples=samples, boundaries=boundaries)
 
 
-def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[str] | None) -> list[str]:
+def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[str] | None,
+                      grad: str | None) -> list[str]:
     cols = metric_columns(metrics)
     if requested:
         missing = [m for m in requested if m not in cols]
@@ -251,7 +259,6 @@ def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[
             raise ForensicsError(f"--spike-metric: {', '.join(missing)} not among the metrics "
                                  f"({', '.join(cols[:12])})")
         return list(dict.fromkeys([loss_key, *requested]))
-    grad = grad_norm_column(cols)
     return [loss_key] + ([grad] if grad and grad != loss_key else [])
 
 

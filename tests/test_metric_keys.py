@@ -131,7 +131,7 @@ def test_dense_series_beats_a_sparse_one_of_the_same_name_quality() -> None:
     assert choose_key(names, "loss").tied == ("loss", "train_loss")  # names alone cannot tell them apart
     choice = choose_key(names, "loss", counts={"loss": 120, "train_loss": 1, "grad_norm": 120})
     assert (choice.key, choice.warning) == ("loss", None)
-    assert "1 value against 120" in choice.reason
+    assert "'train_loss' (sparse: 1 value against 120" in choice.reason
     w = choose_key(["train/train_loss", "train/loss"], "loss", counts={"train/loss": 50, "train/train_loss": 1})
     assert (w.key, w.warning) == ("train/loss", None)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from typing import Any
 
 from forensics.errors import ForensicsError
@@ -51,8 +52,9 @@ NEUTRAL_WORDS = frozenset({
     "reduced", "lm", "mean", "avg", "average", "value", "scalar", "scalars", "metric", "metrics", "optim",
     "optimizer",
 })
-_SPLIT = re.compile(r"[^0-9A-Za-z]+")
-_HUMP = re.compile(r"(?<=[a-z])(?=[A-Z])")
+#: A word: an upper-case run not followed by lower case (``TRAIN``, ``L2``), else an optional capital and lower case
+#: or digits (``Loss``, ``layer0``); everything else separates (``/ _ - .``, space, ``(``...) and so do humps.
+_WORD = re.compile(r"[A-Z]+[0-9]*(?![a-z])|[A-Z]?[a-z0-9]+")
 #: Tokens that carry no meaning for the match: numbers and norm orders (``grad_2.0_norm``, ``grad_l2_norm``).
 _ORDER = re.compile(r"\d+|l\d+|linf")
 #: W&B chart exports name each column ``<run name> - <metric key>`` (and ``... - key__MIN`` / ``__MAX``).
@@ -80,6 +82,11 @@ class Role:
     @property
     def what(self) -> str:
         return self.label or self.name.replace("_", " ")
+
+    @cached_property
+    def needles(self) -> frozenset[str]:
+        """Strings one of which a name's squashed words must hold to match at all (a cheap first test)."""
+        return frozenset(["".join(p) for p in self.phrases] + list(self.loose))
 
 
 LOSS = Role("loss", (("loss",),), loose=("loss",), exclude=frozenset({"scale", "scaler", "scaling"}),
@@ -118,15 +125,16 @@ def split_run(name: str) -> tuple[str | None, str]:
     return None, text
 
 
+@lru_cache(maxsize=1 << 16)
 def tokens(name: str) -> tuple[str, ...]:
     """The words of a metric name: separators and camelCase humps split, lower-cased, numbers dropped."""
-    out = []
-    for piece in _SPLIT.split(split_run(name)[1]):
-        for word in _HUMP.split(piece):
-            word = word.lower()
-            if word and not _ORDER.fullmatch(word):
-                out.append(word)
-    return tuple(out)
+    words = (w.lower() for w in _WORD.findall(split_run(name)[1]))
+    return tuple(w for w in words if not _ORDER.fullmatch(w))
+
+
+@lru_cache(maxsize=1 << 16)
+def _squashed(name: str) -> str:
+    return "".join(tokens(name))
 
 
 @dataclass(frozen=True)
@@ -156,7 +164,7 @@ class _Match:
         if self.per_epoch and not best.per_epoch:
             return "per-epoch"
         if self.sparse and not best.sparse:
-            return f"{_values(self.count)} against {best.count}: per-epoch or end-of-run"
+            return f"sparse: {_values(self.count)} against {best.count}, per-epoch, eval or end-of-run"
         if self.weak > best.weak:
             return "a looser spelling"
         if len(self.others) > len(best.others):
@@ -166,8 +174,11 @@ class _Match:
 
 def _match(role: Role, name: str) -> tuple[int, tuple[str, ...]] | None:
     """``(weakness, remaining words)`` of ``name`` for ``role``, None when it does not name the quantity."""
+    squashed = _squashed(name)
+    if not any(needle in squashed for needle in role.needles):
+        return None
     words = tokens(name)
-    if not words or role.exclude.intersection(words):
+    if role.exclude.intersection(words):
         return None
     for i, phrase in enumerate(role.phrases):
         n = len(phrase)

@@ -147,8 +147,12 @@ def test_given_key_wins_and_must_exist() -> None:
     choice = choose_key(names, "loss", given="VAL_LOSS")
     assert (choice.key, choice.given, choice.warning) == ("VAL_LOSS", True, None)
     assert find_loss_key(names, "VAL_LOSS") == "VAL_LOSS"
-    with pytest.raises(ForensicsError, match=r"loss key 'train_loss' is not among the metrics.*'TRAIN_LOSS'"):
+    with pytest.raises(ForensicsError, match=r"loss key 'train_loss' is not among the metrics \(did you mean "
+                                             r"'TRAIN_LOSS'\?\); the metrics are GLOBAL_STEP, TRAIN_LOSS, VAL_LOSS"):
         find_loss_key(names, "train_loss")
+    with pytest.raises(ForensicsError, match=r"'lm_loss' is not among the metrics \(did you mean 'TRAIN_LOSS', "
+                                             r"'VAL_LOSS'\?\)"):
+        find_loss_key(names, "lm_loss")
 
 
 @pytest.mark.parametrize("names", [["accuracy", "lr"], ["loss_scale", "lr"], []])
@@ -242,6 +246,16 @@ def test_ambiguity_reaches_the_audit_warnings(tmp_path: Path) -> None:
                  "--loss-key", "runB - train/loss"]) == 0
     run = json.loads(out.read_text())["run"]
     assert (run["loss_key"], run["key_choice"]["loss"]["given"]) == ("runB - train/loss", True)
+
+
+def test_run_toml_loss_key_wins_and_must_exist(tmp_path: Path) -> None:
+    (tmp_path / "x.csv").write_text(UPPER_CSV)
+    (tmp_path / "run.toml").write_text('metrics = ["x.csv"]\nloss_key = "VAL_LOSS"\n')
+    assert main(["audit", str(tmp_path), "--no-html"]) == 0
+    run = json.loads((tmp_path / "findings.json").read_text())["run"]
+    assert (run["loss_key"], run["key_choice"]["loss"]["given"]) == ("VAL_LOSS", True)
+    (tmp_path / "run.toml").write_text('metrics = ["x.csv"]\nloss_key = "val_loss"\n')
+    assert main(["audit", str(tmp_path), "--no-html"]) == 2
 
 
 def test_key_line_reads_findings_without_key_choice() -> None:

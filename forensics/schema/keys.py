@@ -68,7 +68,8 @@ class Role:
     ``phrases``: token sequences that name the quantity (a name must hold one contiguously); ``loose``: strings that,
     found inside a single token, name it more weakly (``trainloss``); ``exclude``: words that make it another
     quantity; ``neutral``: words that qualify it for free beside :data:`NEUTRAL_WORDS`; ``flag``: how a user
-    chooses the key when the lookup cannot.
+    chooses the key when the lookup cannot; ``label``: the quantity in messages; ``note``: what the error for a
+    missing key adds.
     """
 
     name: str
@@ -78,6 +79,7 @@ class Role:
     neutral: frozenset[str] = frozenset()
     flag: str | None = None
     label: str = ""
+    note: str = ""
 
     @property
     def what(self) -> str:
@@ -90,7 +92,7 @@ class Role:
 
 
 LOSS = Role("loss", (("loss",),), loose=("loss",), exclude=frozenset({"scale", "scaler", "scaling"}),
-            flag="--loss-key or run.toml loss_key")
+            flag="--loss-key or run.toml loss_key", note=" (a loss scale is not a loss)")
 GRAD_NORM = Role("grad_norm", (("grad", "norm"), ("gradient", "norm"), ("gradnorm",), ("grads", "norm")),
                  loose=("gradnorm", "gradientnorm"), flag="--spike-metric", label="grad norm")
 LR = Role("lr", (("lr",), ("learning", "rate"), ("learningrate",)), loose=("learningrate",),
@@ -275,7 +277,7 @@ def choose_key(
     cands = tuple(m.name for m in ranked.matches)
     if given:
         if given not in names:
-            close = [m.name for m in ranked.matches[:3]] or [n for n in names if n.lower() == given.lower()]
+            close = [n for n in names if n.lower() == given.lower()] or [m.name for m in ranked.matches[:3]]
             hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
             raise ForensicsError(f"{r.what} key '{given}' is not among the metrics{hint}; "
                                  f"the metrics are {_listing(names)}")
@@ -283,7 +285,8 @@ def choose_key(
     if not ranked.matches:
         if required:
             raise ForensicsError(f"no {r.what} column found: no metric name holds "
-                                 f"{' or '.join(repr(' '.join(p)) for p in r.phrases[:3])}; give {r.flag or 'it'}; "
+                                 f"{' or '.join(repr(' '.join(p)) for p in r.phrases[:3])}{r.note}; "
+                                 f"give {r.flag or 'it'}; "
                                  f"the metrics are {_listing(names) or 'none'}")
         return KeyChoice(r.name, None, f"no metric name holds a {r.what}", ())
     best, tied = ranked.matches[0], ranked.tied

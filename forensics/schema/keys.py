@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from typing import Any
 
@@ -65,7 +65,8 @@ _RUN_SEP = " - "
 class Role:
     """A quantity the audit looks for, and the words that name it.
 
-    ``phrases``: token sequences that name the quantity (a name must hold one contiguously); ``loose``: strings that,
+    ``phrases``: token sequences that name the quantity (a name must hold one contiguously); ``weaker``: phrases
+    that name a stand-in (samples per second for throughput), taken only when no phrase matches; ``loose``: strings that,
     found inside a single token, name it more weakly (``trainloss``); ``exclude``: words that make it another
     quantity; ``neutral``: words that qualify it for free beside :data:`NEUTRAL_WORDS`; ``flag``: how a user
     chooses the key when the lookup cannot; ``label``: the quantity in messages; ``note``: what the error for a
@@ -74,6 +75,7 @@ class Role:
 
     name: str
     phrases: tuple[tuple[str, ...], ...]
+    weaker: tuple[tuple[str, ...], ...] = ()
     loose: tuple[str, ...] = ()
     exclude: frozenset[str] = frozenset()
     neutral: frozenset[str] = frozenset()
@@ -88,7 +90,7 @@ class Role:
     @cached_property
     def needles(self) -> frozenset[str]:
         """Strings one of which a name's squashed words must hold to match at all (a cheap first test)."""
-        return frozenset(["".join(p) for p in self.phrases] + list(self.loose))
+        return frozenset(["".join(p) for p in self.phrases + self.weaker] + list(self.loose))
 
 
 LOSS = Role("loss", (("loss",),), loose=("loss",), exclude=frozenset({"scale", "scaler", "scaling"}),
@@ -100,16 +102,13 @@ LR = Role("lr", (("lr",), ("learning", "rate"), ("learningrate",)), loose=("lear
 THROUGHPUT = Role(
     "throughput",
     (("tokens", "per", "s"), ("tokens", "per", "sec"), ("tokens", "per", "second"), ("tok", "per", "s"),
-     ("tok", "per", "sec"), ("tokens", "s"), ("tokens", "sec"), ("tok", "s"), ("tps",), ("throughput",),
-     ("samples", "per", "s"), ("samples", "per", "sec"), ("samples", "per", "second"), ("samples", "s")),
+     ("tok", "per", "sec"), ("tokens", "s"), ("tokens", "sec"), ("tok", "s"), ("tps",), ("throughput",)),
+    weaker=(("samples", "per", "s"), ("samples", "per", "sec"), ("samples", "per", "second"), ("samples", "s")),
     loose=("tokenspers", "throughput"),
     label="throughput",
 )
 #: The roles by name.
 ROLES = {r.name: r for r in (LOSS, GRAD_NORM, LR, THROUGHPUT)}
-#: Phrases of THROUGHPUT from this index on count samples, not tokens: a weaker match.
-_SAMPLES_FROM = 10
-
 # Kept for callers that list the spellings (the CLI help); the lookup itself reads names as words.
 LOSS_KEYS = ("train/loss", "loss", "train_loss", "train_loss_step", "lm loss", "reduced_train_loss", "TRAIN_LOSS")
 GRAD_NORM_KEYS = ("grad_norm", "train/grad_norm", "grad-norm", "total_grad_norm", "gradient_norm", "grad norm")
@@ -182,13 +181,12 @@ def _match(role: Role, name: str) -> tuple[int, tuple[str, ...]] | None:
     words = tokens(name)
     if role.exclude.intersection(words):
         return None
-    for i, phrase in enumerate(role.phrases):
-        n = len(phrase)
-        for start in range(len(words) - n + 1):
-            if words[start:start + n] == phrase:
-                rest = words[:start] + words[start + n:]
-                weak = 1 if role is THROUGHPUT and i >= _SAMPLES_FROM else 0
-                return weak, rest
+    for weak, phrases in enumerate((role.phrases, role.weaker)):
+        for phrase in phrases:
+            n = len(phrase)
+            for start in range(len(words) - n + 1):
+                if words[start:start + n] == phrase:
+                    return weak, words[:start] + words[start + n:]
     for part in role.loose:
         for j, word in enumerate(words):
             if part in word:
@@ -199,7 +197,7 @@ def _match(role: Role, name: str) -> tuple[int, tuple[str, ...]] | None:
 def _candidates(role: Role, names: Sequence[str], counts: Mapping[str, int] | None) -> list[_Match]:
     found = []
     # the phrase's own words are free too: Megatron's ``lm-loss-training/lm loss`` says "loss" twice
-    free = NEUTRAL_WORDS | role.neutral | {w for p in role.phrases for w in p}
+    free = NEUTRAL_WORDS | role.neutral | {w for p in role.phrases + role.weaker for w in p}
     for order, name in enumerate(names):
         m = _match(role, name)
         if m is None:
@@ -215,12 +213,8 @@ def _candidates(role: Role, names: Sequence[str], counts: Mapping[str, int] | No
         ))
     if counts is not None and found:
         densest = max(m.count or 0 for m in found)
-        found = [m if 2 * (m.count or 0) >= densest else _replace_sparse(m) for m in found]
+        found = [m if 2 * (m.count or 0) >= densest else replace(m, sparse=True) for m in found]
     return sorted(found, key=lambda m: (m.rank, m.order))
-
-
-def _replace_sparse(m: _Match) -> _Match:
-    return _Match(m.name, m.order, m.eval_split, m.aggregate, m.per_epoch, True, m.weak, m.others, m.count)
 
 
 @dataclass(frozen=True)
@@ -245,18 +239,6 @@ class KeyChoice:
                 "tied": list(self.tied), "given": self.given}
 
 
-@dataclass(frozen=True)
-class _Ranked:
-    """Candidates of one role, best first, with the tie of the best."""
-
-    role: Role
-    matches: list[_Match] = field(default_factory=list)
-
-    @property
-    def tied(self) -> list[_Match]:
-        return [m for m in self.matches if m.rank == self.matches[0].rank] if self.matches else []
-
-
 def choose_key(
     columns: Iterable[str],
     role: str | Role,
@@ -273,24 +255,25 @@ def choose_key(
     """
     r = ROLES[role] if isinstance(role, str) else role
     names = [str(c) for c in columns]
-    ranked = _Ranked(r, _candidates(r, names, counts))
-    cands = tuple(m.name for m in ranked.matches)
+    matches = _candidates(r, names, counts)
+    cands = tuple(m.name for m in matches)
     if given:
         if given not in names:
-            close = [n for n in names if n.lower() == given.lower()] or [m.name for m in ranked.matches[:3]]
+            close = [n for n in names if n.lower() == given.lower()] or [m.name for m in matches[:3]]
             hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
             raise ForensicsError(f"{r.what} key '{given}' is not among the metrics{hint}; "
                                  f"the metrics are {_listing(names)}")
         return KeyChoice(r.name, given, f"given ({r.flag or 'by the caller'})", cands, given=True)
-    if not ranked.matches:
+    if not matches:
         if required:
             raise ForensicsError(f"no {r.what} column found: no metric name holds "
                                  f"{' or '.join(repr(' '.join(p)) for p in r.phrases[:3])}{r.note}; "
                                  f"give {r.flag or 'it'}; "
                                  f"the metrics are {_listing(names) or 'none'}")
         return KeyChoice(r.name, None, f"no metric name holds a {r.what}", ())
-    best, tied = ranked.matches[0], ranked.tied
-    reason = _reason(r, best, ranked.matches)
+    best = matches[0]
+    tied = [m for m in matches if m.rank == best.rank]
+    reason = _reason(r, best, matches)
     warning = None
     if len(tied) > 1:
         others = ", ".join(f"'{m.name}'" for m in tied[1:4]) + (f" (+{len(tied) - 4})" if len(tied) > 4 else "")
@@ -305,8 +288,8 @@ def choose_key(
 
 def _reason(role: Role, best: _Match, matches: list[_Match]) -> str:
     what = f"names the {role.what}"
-    marks = [w for w, on in (("per-step", "step" in tokens(best.name)), ("train split", "train" in
-                                                                          tokens(best.name))) if on]
+    words = tokens(best.name)
+    marks = [mark for mark, on in (("per-step", "step" in words), ("train split", "train" in words)) if on]
     if best.count is not None:
         marks.append(_values(best.count))
     head = what + (f" ({', '.join(marks)})" if marks else "")

@@ -26,12 +26,12 @@ from forensics.schema import (
     Case,
     RunConfig,
     alignment_warnings,
-    find_loss_key,
-    grad_norm_column,
     load_plan,
     load_samples,
     metric_columns,
+    written,
 )
+from forensics.schema.keys import choose_key, key_choices_section
 
 #: The ``--fail-on`` kinds and how each is read off ``findings.json``.
 FAIL_KINDS = ("spike", "nonfinite", "static-plan", "oscillation")
@@ -96,8 +96,15 @@ def run_audit(
     warnings += report.warnings
     if metrics.empty:
         raise ForensicsError(f"audit: the metrics sources hold no rows: {', '.join(s.path for s in sources)}")
-    loss_key = find_loss_key(metric_columns(metrics), cfg.loss_key)
-    analysed = _analysed_metrics(metrics, loss_key, spike_metrics)
+    # the loss and grad-norm keys by one lookup (schema.keys); values written per metric let a dense series beat
+    # a sparse one of the same name (HF's end-of-run train_loss beside the per-step loss)
+    cols = metric_columns(metrics)
+    counts = {c: int(written(metrics, c).sum()) for c in cols}
+    keys = (choose_key(cols, "loss", given=cfg.loss_key, counts=counts, required=True),
+            choose_key(cols, "grad_norm", counts=counts))
+    warnings += [k.warning for k in keys if k.warning]
+    loss_key, grad_key = str(keys[0].key), keys[1].key
+    analysed = _analysed_metrics(metrics, loss_key, spike_metrics, grad_key)
 
     samples = plan = tags = None
     boundaries = list(cfg.boundaries) if cfg.boundaries else None
@@ -125,7 +132,7 @@ def run_audit(
     from forensics.detect.rules import build_rules
 
     run = RunTables(metrics=metrics, loss_key=loss_key, analysed=analysed,
-                    grad_norm_key=grad_norm_column(metric_columns(metrics)), tags=tags, plan=plan, samples=samples,
+                    grad_norm_key=grad_key, tags=tags, plan=plan, samples=samples,
                     boundaries=boundaries, max_len=cfg.max_len, sections=sections)
     found: list = []
     for rule in build_rules(cfg.detect, has_plan=plan is not None):
@@ -143,6 +150,7 @@ def run_audit(
                         "names each spike's bucket, cluster, batch and suspect samples")
 
     sections["run"] = _run_section(case, metrics, loss_key, analysed, plan, tags, boundaries, report)
+    sections["run"].update(key_choices_section(*keys))
     findings = Findings(items=found, sections=sections, warnings=warnings).to_dict()
     from forensics.report.html import verdict
 
@@ -172,7 +180,8 @@ def _plan_sections(plan: pd.DataFrame, samples: pd.DataFrame, boundaries: list[i
     return out
 
 
-def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[str] | None) -> list[str]:
+def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[str] | None,
+                      grad: str | None) -> list[str]:
     cols = metric_columns(metrics)
     if requested:
         missing = [m for m in requested if m not in cols]
@@ -180,7 +189,6 @@ def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[
             raise ForensicsError(f"--spike-metric: {', '.join(missing)} not among the metrics "
                                  f"({', '.join(cols[:12])})")
         return list(dict.fromkeys([loss_key, *requested]))
-    grad = grad_norm_column(cols)
     return [loss_key] + ([grad] if grad and grad != loss_key else [])
 
 
@@ -202,7 +210,6 @@ def _run_section(case: Case, metrics: pd.DataFrame, loss_key: str, analysed: lis
         "epochs": epochs,
         "metrics": metric_columns(metrics),
         "loss_key": loss_key,
-        "grad_norm_key": grad_norm_column(metric_columns(metrics)),
         "analysed_metrics": analysed,
         "grad_accum": cfg.grad_accum,
         "world_size": cfg.world_size,

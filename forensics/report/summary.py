@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from forensics.report.text import fmt_num, fmt_share
+from forensics.schema.keys import key_line
 
 MAX_SPIKES_SHOWN = 10
 MAX_EVIDENCE = 4
@@ -33,6 +34,8 @@ def run_line(findings: dict[str, Any]) -> str:
 def render_summary(out: Console, findings: dict[str, Any], written: list[str] | None = None) -> None:
     """Print the audit's summary to ``out``."""
     out.print(f"[bold]run[/]  {escape(run_line(findings))}")
+    if keys := key_line(findings.get("run") or {}):
+        out.print(f"[bold]keys[/]  {escape(keys)}")
     out.print(f"[bold]verdict[/]  {escape(findings.get('verdict', ''))}")
     events = _events(findings)
     if events:

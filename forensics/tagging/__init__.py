@@ -5,8 +5,8 @@
 - :func:`tag_case`: both, plus the step mapping and the boundaries: what ``forensics tag`` and the audit call.
 """
 
-from forensics.stats import run_lengths, steps_since_seen
 from forensics.plan.optimal_boundaries import resolve_boundaries
+from forensics.stats import run_lengths, steps_since_seen
 from forensics.tagging.case import TagResult, batch_gap_warnings, tag_case, tag_case_folder, tag_run
 from forensics.tagging.clusters import CLUSTER_NAME, ClusterInfo, TextClusterer, cluster_samples
 from forensics.tagging.step_tags import TAG_COLUMNS, composition, tag_steps

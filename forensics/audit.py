@@ -33,9 +33,6 @@ from forensics.schema import (
 )
 from forensics.schema.keys import choose_key, key_choices_section
 
-#: The ``--fail-on`` kinds and how each is read off ``findings.json``.
-FAIL_KINDS = ("spike", "nonfinite", "static-plan", "oscillation")
-
 
 @dataclass
 class Audit:
@@ -87,8 +84,10 @@ def run_audit(
     if cfg.plan and not cfg.samples:
         raise ForensicsError("audit: a plan needs its samples table too (--samples, or samples.parquet in the case)")
 
+    from forensics.detect.rules import build_rules
     from forensics.sources import read_metrics
 
+    rules = build_rules(cfg.detect, has_plan=bool(cfg.plan))  # first: a typo in [detect] costs no reading
     sources = case.metrics_sources
     with stage("reading metrics"):
         metrics, report = read_metrics([s.path for s in sources], step_offset=cfg.step_offset,
@@ -129,13 +128,11 @@ def run_audit(
 
     from forensics.detect import Findings
     from forensics.detect.base import RunTables
-    from forensics.detect.rules import build_rules
-
     run = RunTables(metrics=metrics, loss_key=loss_key, analysed=analysed,
                     grad_norm_key=grad_key, tags=tags, plan=plan, samples=samples,
                     boundaries=boundaries, max_len=cfg.max_len, sections=sections)
     found: list = []
-    for rule in build_rules(cfg.detect, has_plan=plan is not None):
+    for rule in rules:
         with stage(f"rule {rule.name}"):
             out = rule.detect(run, found)
         if rule.replaces:
@@ -152,9 +149,10 @@ def run_audit(
     sections["run"] = _run_section(case, metrics, loss_key, analysed, plan, tags, boundaries, report)
     sections["run"].update(key_choices_section(*keys))
     findings = Findings(items=found, sections=sections, warnings=warnings).to_dict()
-    from forensics.report.html import verdict
+    from forensics.detect.verdict import facts, verdict
 
     findings["verdict"] = verdict(findings, loss_key)
+    findings["verdict_facts"] = facts(findings)
     return Audit(findings=findings, metrics=metrics, loss_key=loss_key, case=case, tags=tags, plan=plan,
                  samples=samples, boundaries=boundaries)
 
@@ -224,29 +222,29 @@ def _run_section(case: Case, metrics: pd.DataFrame, loss_key: str, analysed: lis
 
 
 def failed_kinds(findings: dict[str, Any], kinds: Sequence[str]) -> list[str]:
-    """The ``--fail-on`` kinds present in ``findings`` (exit code 1 when any)."""
-    found = []
-    for kind in kinds:
-        if kind == "spike" and findings.get("spikes"):
-            found.append(kind)
-        elif kind == "nonfinite" and findings.get("nonfinite"):
-            found.append(kind)
-        elif kind == "static-plan" and isinstance(findings.get("plan"), dict) and findings["plan"].get("static"):
-            found.append(kind)
-        elif kind == "oscillation" and (findings.get("oscillation") or {}).get("detected"):
-            found.append(kind)
-    return found
+    """The ``--fail-on`` names that match: a critical finding of the kind each names (exit code 1 when any).
+
+    The names are the registry's (:func:`forensics.detect.kinds.fail_kinds`): a rule's kind joins by registering.
+    """
+    from forensics.detect.kinds import fail_kinds
+
+    names = fail_kinds()
+    critical = {str(f.get("kind")) for f in findings.get("findings") or [] if f.get("severity") == "critical"}
+    return [k for k in kinds if names.get(k) in critical]
 
 
 def parse_fail_on(text: str | None) -> list[str]:
-    """``"spike,nonfinite"`` -> the kinds, checked against :data:`FAIL_KINDS`."""
+    """``"spike,nonfinite"`` -> the names, checked against the registry's ``--fail-on`` names."""
+    from forensics.detect.kinds import fail_kinds
+
     if not text:
         return []
-    kinds = [k.strip() for k in text.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in FAIL_KINDS]
+    known = fail_kinds()
+    names = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in names if k not in known]
     if bad:
-        raise ForensicsError(f"--fail-on: unknown kind {', '.join(bad)}; expected some of {', '.join(FAIL_KINDS)}")
-    return kinds
+        raise ForensicsError(f"--fail-on: unknown kind {', '.join(bad)}; expected some of {', '.join(sorted(known))}")
+    return names
 
 
 @dataclass

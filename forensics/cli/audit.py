@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from forensics.audit import FAIL_KINDS, failed_kinds, parse_fail_on, run_audit
+from forensics.audit import failed_kinds, parse_fail_on, run_audit
 from forensics.cli.common import (
     add_case_argument,
     add_command,
@@ -16,6 +16,7 @@ from forensics.cli.common import (
     stage,
     write_json,
 )
+from forensics.detect.kinds import fail_kinds
 
 DEMO_DIR = Path("forensics-demo")
 
@@ -48,7 +49,7 @@ def register(sub) -> None:
     p.add_argument("--html", default=None, metavar="F", help="report path (default CASE/report.html)")
     p.add_argument("--no-html", action="store_true", help="do not write the HTML report")
     p.add_argument("--fail-on", default=None, metavar="KIND[,KIND]",
-                   help=f"exit 1 when any of these is found: {', '.join(FAIL_KINDS)}")
+                   help=f"exit 1 when a critical finding of these kinds is found: {', '.join(sorted(fail_kinds()))}")
     p.set_defaults(func=run)
 
 

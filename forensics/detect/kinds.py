@@ -37,6 +37,8 @@ class FindingKind:
     line: Callable[[FindingDict], str] | None = None
     verdict: Callable[[list[FindingDict]], str | None] | None = None
     card: Callable[[list[FindingDict]], str] | None = None
+    #: The findings.json section whose own block tells this kind (its findings are not listed again).
+    told_by: str | None = None
 
     def describe(self, finding: FindingDict) -> str:
         """One finding in one line."""
@@ -97,7 +99,7 @@ register_kind(FindingKind("nonfinite", "non-finite value", section="nonfinite", 
                           line=_nonfinite_line, verdict=_nonfinite_verdict))
 register_kind(FindingKind("level_shift", "level shift", section="level_shifts", line=_level_shift_line))
 register_kind(FindingKind("expected_for_bucket", "expected for its bucket", section="expected_for_bucket"))
-register_kind(FindingKind("static_plan", "static batch composition", fail_on="static-plan",
+register_kind(FindingKind("static_plan", "static batch composition", fail_on="static-plan", told_by="plan",
                           verdict=lambda items: "batch composition is static across epochs"))
-register_kind(FindingKind("oscillation", "oscillation", fail_on="oscillation",
+register_kind(FindingKind("oscillation", "oscillation", fail_on="oscillation", told_by="oscillation",
                           verdict=lambda items: f"the loss oscillates (steps {_steps(items)})"))

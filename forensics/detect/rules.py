@@ -25,6 +25,7 @@ BUILTIN_RULES = (
     "forensics.detect.attribution:AttributionRule",
     "forensics.detect.recurrence:RecurrenceRule",
     "forensics.detect.forgetting:ForgettingRule",
+    "forensics.detect.causes:CauseRule",
 )
 _REGISTERED: dict[str, type[Rule]] = {}
 

@@ -394,6 +394,61 @@ def listed_kind_card(key: str, items: list[dict]) -> str:
     ] if p)
 
 
+def _values_vs_baselines(group: list[dict]) -> str:
+    return "; ".join(f"{fmt_num(x.get('value'))} vs {fmt_num(x.get('baseline'))}" for x in group)
+
+
+def cause_card(
+    cause: dict,
+    spikes: list[dict],
+    lookup: pd.DataFrame | None = None,
+    batches: BatchLookup | None = None,
+    names: dict[int, str] | None = None,
+    loss_key: str | None = None,
+) -> str:
+    """One card per cause: its summary, one row per event with every metric that moved, the batch of the first
+    event (one table: the events share their samples), where the batch came back, and one next step."""
+    severity = str(cause.get("severity") or "info")
+    badge = {"critical": "alert", "warning": "warn"}.get(severity, "info")
+    events: dict[int, list[dict]] = {}
+    for s in sorted(spikes, key=lambda s: (int(s["step"]), s.get("metric") != loss_key)):
+        events.setdefault(int(s.get("peak_step", s["step"])), []).append(s)
+    rows = "".join(
+        f"<tr><td>{peak}</td><td>{esc(', '.join(str(x.get('metric')) for x in group))}</td>"
+        f"<td>{esc(_values_vs_baselines(group))}</td>"
+        f"<td>{esc(fmt_num(group[0].get('bucket')) if group[0].get('bucket') is not None else '')}</td></tr>"
+        for peak, group in events.items())
+    table = (f'<table class="events"><thead><tr><th>step</th><th>metrics</th><th>value vs baseline</th>'
+             f"<th>bucket</th></tr></thead><tbody>{rows}</tbody></table>") if rows else ""
+    lead = spikes[0] if spikes else None
+    batch = ""
+    if lead is not None:
+        first = min(events) if events else int(lead["step"])
+        lead = next((s for s in events.get(first, []) if s.get("metric") == loss_key), events.get(first, [lead])[0])
+        start = int(lead["step"])
+        end = int(lead["end_step"]) if lead.get("end_step") is not None else start
+        batch = _batch_table(lead, first, start, end, lookup, batches, names) + _recurrence_table(lead, str(lead.get("metric")))
+    steps = cause.get("events") or cause.get("steps") or []
+    where = f"steps {', '.join(map(str, steps[:8]))}" if steps else "the whole run"
+    x0, x1 = (min(cause["steps"]), max(cause["steps"])) if cause.get("steps") else (None, None)
+    zoom = (f'<button class="zoom" type="button" data-x0="{x0}" data-x1="{x1}">show on the curves</button>'
+            if x0 is not None else "")
+    parts = [
+        f'<article class="card finding cause" id="cause-{esc(cause.get("id"))}" data-kind="cause" '
+        f'data-cause="{esc(cause.get("id"))}" data-step="{steps[0] if steps else ""}">',
+        f'<header><span class="badge {badge}">{esc(cause.get("id"))} · {esc(cause.get("kind"))}</span>'
+        f"<h3>{esc(where)}<small> · {esc(severity)}, confidence {float(cause.get('confidence') or 0):.2f}</small>"
+        f"</h3>{zoom}</header>",
+        f"<p>{prose(cause.get('summary'))}</p>",
+        table,
+        _list("Evidence", [e for s in spikes[:1] for e in (s.get("evidence") or [])]),
+        batch,
+        f'<p class="next"><b>Next step:</b> {prose(cause.get("next_step"))}</p>' if cause.get("next_step") else "",
+        "</article>",
+    ]
+    return "\n".join(p for p in parts if p)
+
+
 def finding_cards(
     findings: dict,
     samples: pd.DataFrame | None = None,
@@ -405,9 +460,14 @@ def finding_cards(
     lookup = sample_lookup(samples)
     batches = BatchLookup(plan)
     names = cluster_names(tags)
-    cards = [spike_card(s, lookup, batches, names, loss_key)
-             for s in sorted((s for s in findings.get("spikes") or [] if isinstance(s, dict) and "step" in s),
-                             key=lambda s: (int(s["step"]), str(s.get("metric", ""))))]
+    spikes = [s for s in findings.get("spikes") or [] if isinstance(s, dict) and "step" in s]
+    causes = [c for c in findings.get("causes") or [] if isinstance(c, dict)]
+    cards = [cause_card(c, [s for s in spikes if s.get("cause") == c.get("id")], lookup, batches, names, loss_key)
+             for c in causes if c.get("kind") in ("batch", "event")]
+    told = {s.get("cause") for s in spikes} & {c.get("id") for c in causes}
+    cards += [spike_card(s, lookup, batches, names, loss_key)
+              for s in sorted((s for s in spikes if s.get("cause") not in told),
+                              key=lambda s: (int(s["step"]), str(s.get("metric", ""))))]
     nonfinite = [n for n in findings.get("nonfinite") or [] if isinstance(n, dict) and n.get("step") is not None]
     if nonfinite:
         cards.append(nonfinite_card(nonfinite))
@@ -417,11 +477,21 @@ def finding_cards(
     if isinstance(osc, dict) and (osc.get("detected") or osc.get("bucket_variance_share") is not None):
         cards.append(oscillation_card(osc))
     for key, value in findings.items():
-        if key in ("spikes", "nonfinite", "warnings") or not isinstance(value, list):
+        if key in ("spikes", "nonfinite", "warnings", "causes", "findings", "verdict_facts") or not isinstance(value, list):
             continue
         items = [i for i in value if isinstance(i, dict) and i.get("step") is not None]
         if items:
             cards.append(listed_kind_card(key, items))
+    from forensics.detect.kinds import kind_of
+
+    listed: dict[str, list[dict]] = {}
+    for f in findings.get("findings") or []:
+        k = kind_of(str(f.get("kind")))
+        if isinstance(f, dict) and k.section is None and k.told_by is None:
+            listed.setdefault(k.kind, []).append(f)
+    for kind, items in listed.items():
+        card = kind_of(kind).card
+        cards.append(card(items) if card else listed_kind_card(kind, items))
     for kind in ("forgetting",):
         if isinstance(findings.get(kind), dict) and findings[kind]:
             cards.append(generic_card(kind, findings[kind]))

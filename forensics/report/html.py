@@ -20,8 +20,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from forensics.detect.verdict import verdict
 from forensics.report.cards import finding_cards
-from forensics.report.text import esc, fmt_num, fmt_share
+from forensics.report.text import esc, fmt_share
 from forensics.schema import EPOCH, STEP, find_loss_key, metric_columns
 
 #: Where each figure goes: the curves before the cards, the context after them.
@@ -45,50 +46,6 @@ def figures_json(figs: dict[str, go.Figure]) -> str:
     """All figures as one script-safe JSON object ``{name: {data, layout}}`` (numpy arrays as typed base64)."""
     parts = [f"{json.dumps(name)}:{pio.to_json(fig, validate=False, pretty=False)}" for name, fig in figs.items()]
     return script_safe_json("{" + ",".join(parts) + "}")
-
-
-def verdict(findings: dict, loss_key: str | None = None) -> str:
-    """The one-sentence verdict: the findings' own ``verdict``/``summary`` when given, else built from the findings."""
-    for key in ("verdict", "summary"):
-        text = findings.get(key)
-        if isinstance(text, str) and text.strip():
-            return text.strip()
-    parts = []
-    spikes = [s for s in findings.get("spikes") or [] if isinstance(s, dict) and s.get("step") is not None]
-    if spikes:
-        by_metric: dict[str, list[dict]] = {}
-        for s in spikes:
-            by_metric.setdefault(str(s.get("metric") or loss_key or "loss"), []).append(s)
-        for metric, items in sorted(by_metric.items(), key=lambda kv: kv[0] != (loss_key or "")):
-            steps = ", ".join(str(int(s["step"])) for s in sorted(items, key=lambda s: int(s["step"]))[:6])
-            more = " …" if len(items) > 6 else ""
-            where = ""
-            buckets = {s.get("bucket") for s in items}
-            clusters = {s.get("cluster_name") for s in items}
-            if len(buckets) == 1 and None not in buckets:
-                where = f" in bucket {fmt_num(items[0]['bucket'])}"
-                if len(clusters) == 1 and items[0].get("cluster_name"):
-                    where += f" / '{items[0]['cluster_name']}'"
-            elif None not in buckets:
-                where = f" across buckets {', '.join(fmt_num(b) for b in sorted(buckets))}"
-            parts.append(f"{len(items)} {metric} spike{'s' if len(items) != 1 else ''} ({steps}{more}){where}")
-    nonfinite = findings.get("nonfinite") or []
-    if nonfinite:
-        parts.append(f"{len(nonfinite)} non-finite value{'s' if len(nonfinite) != 1 else ''}")
-    pf = findings.get("plan")
-    if isinstance(pf, dict) and pf.get("static") is not None:
-        parts.append("batch composition is static across epochs" if pf["static"] else
-                     "batch composition varies across epochs")
-    osc = findings.get("oscillation") or {}
-    if isinstance(osc, dict):
-        if osc.get("detected"):
-            parts.append("the loss oscillates")
-        if osc.get("bucket_variance_share") is not None:
-            parts.append(f"jumpiness {fmt_share(osc['bucket_variance_share'])} explained by bucket")
-    if not spikes and not nonfinite:
-        parts.insert(0, "no spike and no NaN/inf found")
-    text = "; ".join(parts)
-    return text[:1].upper() + text[1:] + "."
 
 
 def _severity(findings: dict) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from forensics.detect.kinds import kind_of
 from forensics.report.text import fmt_num, fmt_share
 from forensics.schema.keys import key_line
 
@@ -32,28 +33,25 @@ def run_line(findings: dict[str, Any]) -> str:
 
 
 def render_summary(out: Console, findings: dict[str, Any], written: list[str] | None = None) -> None:
-    """Print the audit's summary to ``out``."""
+    """Print the audit's summary to ``out``: the verdict, then one story per cause, then everything else."""
     out.print(f"[bold]run[/]  {escape(run_line(findings))}")
     if keys := key_line(findings.get("run") or {}):
         out.print(f"[bold]keys[/]  {escape(keys)}")
     out.print(f"[bold]verdict[/]  {escape(findings.get('verdict', ''))}")
-    events = _events(findings)
-    if events:
-        n = len(findings.get("spikes") or [])
-        out.print(f"\n[bold]spikes[/] ({len(events)} events, {n} spikes over all analysed metrics)")
-        for lead, also in events[:MAX_SPIKES_SHOWN]:
-            _spike(out, lead, also)
-        if len(events) > MAX_SPIKES_SHOWN:
-            out.print(f"  ... and {len(events) - MAX_SPIKES_SHOWN} more in findings.json")
-    nonfinite = findings.get("nonfinite") or []
-    if nonfinite:
-        by_metric: dict[str, list[int]] = {}
-        for f in nonfinite:
-            by_metric.setdefault(str(f.get("metric")), []).append(int(f["step"]))
-        out.print("\n[bold]non-finite values[/]")
-        for metric, steps in by_metric.items():
-            first = ", ".join(map(str, steps[:5])) + (" ..." if len(steps) > 5 else "")
-            out.print(f"  {escape(metric)}: {len(steps)} steps ({first})")
+    causes = [c for c in findings.get("causes") or [] if isinstance(c, dict)]
+    if causes:
+        out.print(f"\n[bold]causes[/] ({len(causes)}, most urgent first)")
+        for c in causes:
+            _cause(out, c, findings)
+    others = _other_findings(findings)
+    if others:
+        out.print("\n[bold]other findings[/]")
+        for kind, items in others.items():
+            k = kind_of(kind)
+            for f in items[:MAX_SPIKES_SHOWN]:
+                out.print(f"  {escape(k.describe(f))}")
+            if len(items) > MAX_SPIKES_SHOWN:
+                out.print(f"  ... and {len(items) - MAX_SPIKES_SHOWN} more {escape(k.title)} findings in findings.json")
     _oscillation(out, findings.get("oscillation") or {})
     _plan(out, findings.get("plan"))
     _forgetting(out, findings.get("forgetting"))
@@ -69,6 +67,29 @@ def render_summary(out: Console, findings: dict[str, Any], written: list[str] | 
             out.print(f"  {i}. {escape(text)}")
     if written:
         out.print("\nwrote " + ", ".join(escape(w) for w in written))
+
+
+def _cause(out: Console, c: dict[str, Any], findings: dict[str, Any]) -> None:
+    colour = {"critical": "red", "warning": "yellow"}.get(str(c.get("severity")), "dim")
+    steps = c.get("steps") or []
+    where = f"steps {', '.join(map(str, c.get('events') or steps[:6]))}" if steps else "the whole run"
+    out.print(f"  [{colour}]{escape(str(c.get('id')))} {escape(str(c.get('kind')))}[/] ({escape(where)}; "
+              f"{escape(str(c.get('severity')))}, confidence {float(c.get('confidence') or 0):.2f})")
+    out.print(f"    {escape(str(c.get('summary', '')))}")
+    members = [s for s in findings.get("spikes") or [] if s.get("cause") == c.get("id")]
+    for lead, also in _events({"spikes": members, "run": findings.get("run")})[:MAX_SPIKES_SHOWN]:
+        _spike(out, lead, also, evidence=1, indent="    ")
+
+
+def _other_findings(findings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Findings no cause tells (lesser non-finite values, level shifts, ...), by kind."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for f in findings.get("findings") or []:
+        kind = str(f.get("kind"))
+        if f.get("cause") or kind_of(kind).told_by or (kind == "nonfinite" and f.get("severity") == "critical"):
+            continue
+        out.setdefault(kind, []).append(f)
+    return out
 
 
 def _events(findings: dict[str, Any]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
@@ -90,7 +111,8 @@ def _ratio(s: dict[str, Any]) -> str:
     return ""
 
 
-def _spike(out: Console, s: dict[str, Any], also: list[dict[str, Any]] = ()) -> None:
+def _spike(out: Console, s: dict[str, Any], also: list[dict[str, Any]] = (), evidence: int = MAX_EVIDENCE,
+           indent: str = "  ") -> None:
     span = f"step {s['step']}" if s.get("end_step") in (None, s["step"]) else f"steps {s['step']}-{s['end_step']}"
     ratio = _ratio(s)
     where = ""
@@ -98,17 +120,17 @@ def _spike(out: Console, s: dict[str, Any], also: list[dict[str, Any]] = ()) -> 
         where = f"; bucket {s['bucket']} {s.get('bucket_range', '')}"
         if s.get("cluster_name"):
             where += f" / '{s['cluster_name']}'"
-    out.print(f"  [red]{escape(span)}[/] {escape(str(s.get('metric')))} {fmt_num(s.get('value'))} vs baseline "
+    out.print(f"{indent}[red]{escape(span)}[/] {escape(str(s.get('metric')))} {fmt_num(s.get('value'))} vs baseline "
               f"{fmt_num(s.get('baseline'))}{ratio}, score {fmt_num(s.get('score'), 3)}{escape(where)}")
     if also:
         riders = "; ".join(f"{a.get('metric')} {fmt_num(a.get('value'))}{_ratio(a)}" for a in also)
-        out.print(f"    at the same step: {escape(riders)}")
+        out.print(f"{indent}  at the same step: {escape(riders)}")
     suspects = s.get("suspect_samples") or []
     if suspects:
         more = f" (+{len(suspects) - 8})" if len(suspects) > 8 else ""
-        out.print(f"    suspect samples: {', '.join(map(str, suspects[:8]))}{more}")
-    for e in (s.get("evidence") or [])[:MAX_EVIDENCE]:
-        out.print(f"    - {escape(str(e))}")
+        out.print(f"{indent}  suspect samples: {', '.join(map(str, suspects[:8]))}{more}")
+    for e in (s.get("evidence") or [])[:evidence]:
+        out.print(f"{indent}  - {escape(str(e))}")
 
 
 def _oscillation(out: Console, osc: dict[str, Any]) -> None:
@@ -145,10 +167,7 @@ def _forgetting(out: Console, forgetting: Any) -> None:
 
 
 def _next_steps(findings: dict[str, Any]) -> list[str]:
-    steps: list[str] = []
-    for lead, _ in _events(findings):
-        if lead.get("next_step"):
-            steps.append(lead["next_step"])
+    steps: list[str] = [str(c["next_step"]) for c in findings.get("causes") or [] if c.get("next_step")]
     for key in ("oscillation", "plan", "forgetting"):
         section = findings.get(key)
         if isinstance(section, dict) and section.get("next_step"):

@@ -24,8 +24,9 @@ from forensics.report import (
     write_report,
 )
 from forensics.report.downsample import numpy_minmax_indices
-from forensics.report.figures import batch_recurrence, variance_share
+from forensics.report.figures import batch_epoch_counts
 from forensics.schema import DEFAULT_BOUNDARIES
+from forensics.stats import variance_share
 
 SCRIPT_TEXT = "<script>alert(1)</script>"
 SPIKE_STEPS = (254, 258)
@@ -336,15 +337,15 @@ def test_nonfinite_steps_are_marked_and_carded_but_not_drawn_as_values():
 
 
 # --- the figures --------------------------------------------------------------------------------------------------------
-def test_batch_recurrence_finds_static_batches_in_every_epoch_and_reshuffled_ones_in_one(case: dict):
-    rec = batch_recurrence(case["plan"])
+def test_batch_epoch_counts_find_static_batches_in_every_epoch_and_reshuffled_ones_in_one(case: dict):
+    rec = batch_epoch_counts(case["plan"])
     assert len(rec) == STEPS_PER_EPOCH and (rec["n_epochs"] == 3).all() and (rec["n_samples"] == 4).all()
     rng = np.random.default_rng(3)
     reshuffled = case["plan"].copy()
     for e in (1, 2):  # rebuild batches: sample ids permuted within the epoch
         m = reshuffled["epoch"] == e
         reshuffled.loc[m, "sample_id"] = rng.permutation(reshuffled.loc[m, "sample_id"].to_numpy())
-    rec2 = batch_recurrence(reshuffled)
+    rec2 = batch_epoch_counts(reshuffled)
     assert len(rec2) == 3 * STEPS_PER_EPOCH and (rec2["n_epochs"] == 1).all()
     fig = composition_figure(case["findings"], case["plan"])
     bars = {t.name: list(t.y) for t in fig.data}
@@ -368,14 +369,14 @@ def test_variance_share_recovers_a_known_bucket_effect():
     g = rng.integers(0, 4, 200_000)
     # bucket means 0, 1, 2, 3 (variance 1.25) plus unit noise: the bucket explains 1.25 / 2.25 of the variance
     v = g + rng.standard_normal(len(g))
-    assert variance_share(v, g.astype(float)) == pytest.approx(1.25 / 2.25, abs=0.01)
+    assert variance_share(v, g.astype(np.int64)) == pytest.approx(1.25 / 2.25, abs=0.01)
 
 
 def test_bucket_figure_titles_the_findings_share_and_draws_one_line_per_bucket(case: dict):
     figs = report_figures(**_report_inputs(case))
     assert list(figs) == ["curves", "bucket_loss", "cluster_loss", "composition", "cluster_mix"]
     fig = figs["bucket_loss"]
-    assert "bucket explains 42.0% of the detrended loss variance (from the findings)" in fig.layout.title.subtitle.text
+    assert "bucket explains 42.0% of the detrended loss variance (as in findings.json)" in fig.layout.title.subtitle.text
     lines = [t for t in fig.data if t.type == "scatter"]
     assert len(lines) == case["tags"]["bucket"].nunique()
     boxes = [t for t in fig.data if t.type == "box"]

@@ -17,6 +17,7 @@ from forensics.cli.common import (
     write_json,
 )
 from forensics.detect.kinds import fail_kinds
+from forensics.schema import check_output
 
 DEMO_DIR = Path("forensics-demo")
 
@@ -55,6 +56,8 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fail_on = parse_fail_on(args.fail_on)
+    check_output(args.json, (".json",), "--json")
+    check_output(args.html, (".html", ".htm"), "--html")
     err = console(stderr=True)
     case = args.case
     if args.demo:

@@ -10,7 +10,7 @@ from forensics.cli.common import add_case_argument, add_command, console, open_c
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_range
 from forensics.plan.optimal_boundaries import DEFAULT_SEEDS, BucketsReport, buckets_report
-from forensics.schema import load_samples
+from forensics.schema import check_output, load_samples
 from forensics.schema.config import DEFAULT_N_BUCKETS
 
 
@@ -34,6 +34,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.json, (".json",), "--json")
     case = open_case_from(args)
     cfg = case.config
     k = args.k if args.k is not None else (len(cfg.boundaries) - 1 if cfg.boundaries else DEFAULT_N_BUCKETS)

@@ -13,7 +13,7 @@ from rich.table import Table
 from forensics.cli.common import add_case_argument, add_command, console, open_case_from, stage, write_json
 from forensics.errors import ForensicsError
 from forensics.plan.gate import GateOptions, GateResult, check_case, write_junit
-from forensics.schema import RANK_SPLITS
+from forensics.schema import RANK_SPLITS, check_output
 
 
 def register(sub) -> None:
@@ -51,6 +51,8 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.json, (".json",), "--json")
+    check_output(args.junit, (".xml",), "--junit")
     if args.plan and args.builder:
         raise ForensicsError("check-plan: give --plan or --builder, not both")
     options = GateOptions(max_pair_retention=args.max_pair_retention, max_identical_batches=args.max_identical_batches,

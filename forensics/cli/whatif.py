@@ -8,7 +8,7 @@ from rich.table import Table
 
 from forensics.cli.common import add_case_argument, add_command, console, open_case_from, stage_progress, write_json
 from forensics.plan.whatif import STORY_TOKENS_PER_S, STRATEGIES, whatif_case
-from forensics.schema import DEFAULT_BOUNDARIES, MAX_BATCH_SIZE, MAX_LEN, TOKEN_BUDGET
+from forensics.schema import DEFAULT_BOUNDARIES, MAX_BATCH_SIZE, MAX_LEN, TOKEN_BUDGET, check_output
 
 
 def register(sub) -> None:
@@ -36,6 +36,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.json, (".json",), "--json")
     case = open_case_from(args)
     with stage_progress("building strategies", total=len(STRATEGIES)) as update:
         result = whatif_case(case, tokens_per_s=args.tokens_per_s, epochs=args.epochs, seed=args.seed,

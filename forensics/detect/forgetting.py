@@ -40,11 +40,10 @@ from scipy import sparse, stats
 
 from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
 from forensics.detect.findings import Finding
-from forensics.detect.jumpiness import rolling_median
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
-from forensics.stats import steps_since_seen
+from forensics.stats import rolling_median, steps_since_seen
 
 CLUSTER_NAME = "cluster_name"
 BUCKET = "bucket"
@@ -280,8 +279,10 @@ def _cluster_rows(design: _Design, used: np.ndarray, beta: np.ndarray, cov: np.n
 
 def _evidence(out: dict[str, Any], max_gap: float) -> list[str]:
     lo, hi = out["ci95"]
-    ev = [f"Per unit of {out['x']}, {out['metric']} rises by {out['slope']:+.3g} (95% CI {lo:+.3g} to {hi:+.3g}, "
-          f"p = {out['p_value']:.2g}, {out['n_steps']} steps; trend, cluster and bucket levels fitted jointly)."]
+    ev = [f"Measured: how much higher {out['metric']} is when a cluster comes back after a longer gap since it was "
+          f"last trained, on a log scale of the gap in units of tau = {out['tau']:g} steps (x = {out['x']}): "
+          f"{out['slope']:+.3g} per unit of x (95% CI {lo:+.3g} to {hi:+.3g}, p = {out['p_value']:.2g}, "
+          f"{out['n_steps']} steps; the trend, cluster and bucket levels fitted jointly)."]
     ev.append(f"At the longest gap ({max_gap:.0f} steps) that is {out['effect_at_max_gap']:+.3g} over a gap of "
               "1 step." if out["detected"] else
               "No forgetting signature: the interval does not lie above 0.")
@@ -321,10 +322,39 @@ class ForgettingRule(Rule):
         self.warnings_: list[str] = []
         spikes = [f for f in found or [] if f.kind == "spike"]
         try:
-            self.section_ = forgetting_signature(run.metrics, run.plan, run.samples, metric=run.loss_key, spikes=spikes,
-                                                 boundaries=run.boundaries or DEFAULT_BOUNDARIES, max_len=run.max_len,
-                                                 tau=self.tau, window=self.window, exclude_after=self.exclude_after,
-                                                 outlier_sd=self.outlier_sd, min_steps=self.min_steps)
+            out = forgetting_signature(run.metrics, run.plan, run.samples, metric=run.loss_key, spikes=spikes,
+                                       boundaries=run.boundaries or DEFAULT_BOUNDARIES, max_len=run.max_len,
+                                       tau=self.tau, window=self.window, exclude_after=self.exclude_after,
+                                       outlier_sd=self.outlier_sd, min_steps=self.min_steps)
         except ForensicsError as exc:
             self.warnings_.append(f"forgetting signature not computed: {exc}")
+            return []
+        gate = run.sections.get("plan") if isinstance(run.sections.get("plan"), dict) else {}
+        self.section_ = judge(out, run, static=gate.get("static"))
         return []
+
+
+def judge(out: dict[str, Any], run: RunTables, static: bool | None) -> dict[str, Any]:
+    """Whether the signature matters, in plain words: its size at the longest gap against the loss's own step-to-step
+    noise, and what the plan already does about it (a plan whose composition varies keeps clusters close: a small
+    value is expected there and is no alarm)."""
+    noise = _robust_sd(np.diff(run.metrics[run.loss_key].to_numpy(np.float64, na_value=np.nan)))
+    effect = out.get("effect_at_max_gap")
+    out["noise_sd"] = noise
+    out["effect_vs_noise"] = effect / noise if effect is not None and noise and np.isfinite(noise) else None
+    large = bool(out.get("detected") and out["effect_vs_noise"] is not None and out["effect_vs_noise"] >= 1.0)
+    out["matters"] = bool(out.get("detected") and static and large)
+    out["severity"] = "warning" if out["matters"] else "info"
+    if not out.get("detected"):
+        out["verdict"] = "No forgetting signature: the loss is not higher when a cluster comes back after a gap."
+    elif not static:
+        out["verdict"] = (f"A small forgetting signature ({effect:+.3g} at the longest gap), as expected on a plan "
+                          "whose batch composition already varies across epochs: nothing to change.")
+        out["next_step"] = None
+    else:
+        size = (f"{out['effect_vs_noise']:.1f}x the loss's step-to-step noise" if out["effect_vs_noise"] is not None
+                else "of unknown size")
+        out["verdict"] = (f"The loss is {effect:+.3g} higher when a cluster comes back after the longest gap, "
+                          f"{size}: " + ("it matters, and batches that mix clusters would remove it." if large else
+                                         "small next to the noise; it adds jumpiness, not spikes."))
+    return out

@@ -27,70 +27,7 @@ from forensics.detect.base import MAD_TO_SD, Detector
 from forensics.detect.findings import INFO, Finding
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key
-
-
-def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
-    """The centred rolling median the detect rules share as a run's trend (NaN skipped; edges use what is there)."""
-    return pd.Series(values).rolling(int(window), center=True, min_periods=1).median().to_numpy()
-
-
-def detrend(values: np.ndarray, window: int = 101) -> np.ndarray:
-    """``values`` minus their centred rolling median over the finite values (NaN where a value is not finite)."""
-    values = np.asarray(values, dtype=np.float64)
-    finite = np.isfinite(values)
-    out = np.full(len(values), np.nan)
-    if finite.any():
-        v = values[finite]
-        med = rolling_median(v, window)
-        out[finite] = v - med
-    return out
-
-
-def _inliers(residual: np.ndarray, groups: np.ndarray, outlier_mads: float) -> np.ndarray:
-    """Mask of (finite, grouped) points within ``outlier_mads`` robust SDs of their group's median."""
-    ok = np.isfinite(residual) & (groups >= 0)
-    if not ok.any():
-        return ok
-    df = pd.DataFrame({"g": groups[ok], "r": residual[ok]})
-    med = df.groupby("g")["r"].transform("median")
-    dev = (df["r"] - med).abs()
-    mad = dev.groupby(df["g"]).transform("median") * MAD_TO_SD
-    keep = (dev <= outlier_mads * mad) | (mad == 0) & (dev == 0)
-    out = np.zeros(len(residual), dtype=bool)
-    out[np.flatnonzero(ok)[keep.to_numpy()]] = True
-    return out
-
-
-def eta_squared(residual: np.ndarray, groups: np.ndarray) -> float:
-    """Between-group over total sum of squares of ``residual`` (points with ``groups < 0`` or NaN are ignored).
-
-    NaN when fewer than two groups or no variance.
-    """
-    residual = np.asarray(residual, dtype=np.float64)
-    groups = np.asarray(groups, dtype=np.int64)
-    ok = np.isfinite(residual) & (groups >= 0)
-    r, g = residual[ok], groups[ok]
-    if len(r) < 3 or len(np.unique(g)) < 2:
-        return float("nan")
-    total = float(((r - r.mean()) ** 2).sum())
-    if total <= 0:
-        return float("nan")
-    codes, inv = np.unique(g, return_inverse=True)
-    n = np.bincount(inv)
-    means = np.bincount(inv, weights=r) / n
-    between = float((n * (means - r.mean()) ** 2).sum())
-    return min(1.0, between / total)
-
-
-def variance_share(values: np.ndarray, groups: np.ndarray, window: int = 101, outlier_mads: float = 8.0) -> float:
-    """The share (0-1) of the detrended variance of ``values`` explained by ``groups`` (module docstring)."""
-    values = np.asarray(values, dtype=np.float64)
-    groups = np.asarray(groups, dtype=np.int64)
-    if len(values) != len(groups):
-        raise ValueError(f"values and groups differ in length: {len(values)} != {len(groups)}")
-    r = detrend(values, window)
-    keep = _inliers(r, groups, outlier_mads)
-    return eta_squared(np.where(keep, r, np.nan), groups)
+from forensics.stats import detrend, variance_share
 
 
 def group_offsets(values: np.ndarray, groups: np.ndarray, window: int = 101) -> pd.DataFrame:

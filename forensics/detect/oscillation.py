@@ -54,9 +54,10 @@ import pandas as pd
 from forensics.detect._tags import BUCKET, StepLookup
 from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
 from forensics.detect.findings import CRITICAL, Finding
-from forensics.detect.jumpiness import bucket_variance_share, rolling_median
+from forensics.detect.jumpiness import bucket_variance_share
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key
+from forensics.stats import rolling_median
 
 #: Share of the period-P profile that removing a group's offsets must remove to call the swing that group's.
 ALIGN_EXPLAINED = 0.5

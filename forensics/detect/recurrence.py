@@ -33,9 +33,9 @@ from scipy import stats
 from forensics.detect._tags import BUCKET, StepLookup
 from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
 from forensics.detect.findings import Finding
-from forensics.detect.jumpiness import detrend
 from forensics.errors import ForensicsError
 from forensics.schema import EPOCH, SAMPLE_ID, STEP, find_loss_key
+from forensics.stats import detrend
 
 MIN_JACCARD = 0.8
 

@@ -330,11 +330,15 @@ def plan_card(pf: dict) -> str:
     identical = [fmt_share(v) for v in pf.get("identical_batches") or []]
     threshold = pf.get("threshold") if isinstance(pf.get("threshold"), dict) else {}
     shown = {"static", "pair_retention", "identical_batches", "threshold", "evidence", "next_step", "order_only",
-             "coverage", "passed"}
+             "coverage", "passed", "pair_retention_first_last", "identical_batches_first_last"}
     numbers = _numbers([
         ("static", "yes" if static else "no" if static is not None else ""),
         ("pair retention per epoch pair", esc(", ".join(retention))),
         ("identical batches per epoch pair", esc(", ".join(identical))),
+        ("pair retention, first vs last epoch", fmt_share(pf.get("pair_retention_first_last"))
+         if pf.get("pair_retention_first_last") is not None else ""),
+        ("identical batches, first vs last epoch", fmt_share(pf.get("identical_batches_first_last"))
+         if pf.get("identical_batches_first_last") is not None else ""),
         ("pair retention limit", fmt_share(threshold.get("pair_retention"))
          if threshold.get("pair_retention") is not None else ""),
         ("limit derived", esc(threshold.get("how") or "")),
@@ -353,9 +357,11 @@ def generic_card(kind: str, finding: dict) -> str:
     """A finding kind the report has no dedicated card for (e.g. ``forgetting``): its scalars and sentences."""
     shown = {"evidence", "next_step"}
     detected = finding.get("detected")
+    severity = finding.get("severity") or ("critical" if detected else "info")
+    badge = {"critical": "alert", "warning": "warn"}.get(str(severity), "info")
     return "\n".join(p for p in [
         f'<article class="card finding" data-kind="{esc(kind)}">',
-        f'<header><span class="badge {"alert" if detected else "info"}">{esc(kind)}</span>'
+        f'<header><span class="badge {badge}">{esc(kind)}</span>'
         f"<h3>{esc(kind.replace('_', ' ').capitalize())}</h3></header>",
         _numbers(_extra_numbers(finding, shown)),
         _list("Evidence", finding.get("evidence") or []),

@@ -13,11 +13,11 @@ from plotly.subplots import make_subplots
 
 from forensics.report.inputs import as_float
 from forensics.report.style import HOUSE_TEMPLATE, MUTED, QUALITATIVE, SPIKE, fit_legend
-from forensics.report.text import esc
+from forensics.report.text import esc, fmt_share
 from forensics.schema import EPOCH, SAMPLE_ID, STEP
 
 
-def batch_recurrence(plan: pd.DataFrame) -> pd.DataFrame:
+def batch_epoch_counts(plan: pd.DataFrame) -> pd.DataFrame:
     """One row per distinct batch content: ``n_epochs`` it appears in, ``first_epoch``, ``n_samples``.
 
     A batch is one (``epoch``, ``batch_id``) or, without ``batch_id``, one (``epoch``, ``step``, ``micro``, ``rank``);
@@ -72,22 +72,22 @@ def composition_figure(findings: dict | None = None, plan: pd.DataFrame | None =
     identical = identical if any(v is not None for v in identical) else []
     if retention:
         fig.add_trace(go.Bar(x=pairs[:len(retention)], y=retention, name="batch-mate pairs kept",
-                             marker_color=QUALITATIVE[0], texttemplate="%{y:.0%}", textposition="outside",
+                             marker_color=QUALITATIVE[0], texttemplate="%{y:.1%}", textposition="outside",
                              hovertemplate="epochs %{x}<br>pairs kept %{y:.1%}<extra></extra>"), row=1, col=1)
     if identical:
         fig.add_trace(go.Bar(x=pairs[:len(identical)], y=identical, name="identical batches",
-                             marker_color=QUALITATIVE[1], texttemplate="%{y:.0%}", textposition="outside",
+                             marker_color=QUALITATIVE[1], texttemplate="%{y:.1%}", textposition="outside",
                              hovertemplate="epochs %{x}<br>identical batches %{y:.1%}<extra></extra>"), row=1, col=1)
     limit = as_float(((pf.get("threshold") or {}) if isinstance(pf.get("threshold"), dict) else {}).get("pair_retention"))
     if limit is not None and n_pairs:
         fig.add_hline(y=limit, line=dict(color=SPIKE, dash="dash", width=1.5), row=1, col=1,
-                      annotation_text=f"gate limit {limit:.0%}", annotation_position="top right",
+                      annotation_text=f"gate limit {fmt_share(limit)}", annotation_position="top right",
                       annotation_font=dict(color=SPIKE, size=11))
     fig.update_yaxes(range=[0, 1.15], tickformat=".0%", title_text="kept from the previous epoch", row=1, col=1)
     fig.update_xaxes(title_text="epoch pair", type="category", row=1, col=1)
     headline = ""
     if has_plan:
-        rec = batch_recurrence(plan)
+        rec = batch_epoch_counts(plan)
         n_epochs = int(plan[EPOCH].nunique())
         counts = rec["n_epochs"].value_counts().reindex(range(1, n_epochs + 1), fill_value=0)
         fig.add_trace(go.Bar(x=list(counts.index), y=counts.to_numpy(), name="distinct batches",

@@ -68,6 +68,7 @@ def loss_figure(
     spikes = spikes_of(findings)
     lookup = sample_lookup(samples)
     in_legend: set[str] = set()
+    y_range = None
     for r, col in enumerate(rows, start=1):
         values = metrics[col].to_numpy(np.float64)
         idx = plot_indices(steps, values, spans, n_out, window)
@@ -75,7 +76,7 @@ def loss_figure(
         if r == 1 and buckets is not None:
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(color=LINE, width=1), name=esc(col),
                                      legendgroup="curve", showlegend=False, hoverinfo="skip"), row=r, col=1)
-            _add_bucket_markers(fig, x, y, buckets[idx], tags, row=r)
+            _add_bucket_markers(fig, steps, values, buckets, tags, spans, n_out, window, row=r)
         else:
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(color=QUALITATIVE[0] if r == 1 else LINE,
                                                                          width=1.2 if r == 1 else 1),
@@ -103,6 +104,8 @@ def loss_figure(
         if r == 1:
             _add_recurrence(fig, spikes, col, loss_key)
         fig.update_yaxes(title_text=esc(col), title_font=dict(size=12), row=r, col=1)
+        if r == 1:
+            y_range = after_warmup_range(values, [as_float(s.get("value")) for s in mine])
     # one shaded band per spike across all panels (plain dicts: add_vrect validates per row and is slow)
     bands = []
     for s in by_severity(spikes)[:50]:
@@ -116,7 +119,32 @@ def loss_figure(
     fig.update_layout(template=HOUSE_TEMPLATE, height=340 + 160 * (len(rows) - 1),
                       title=dict(text="Training curves", subtitle=dict(text=note, font=dict(color=MUTED, size=11))))
     fig.update_xaxes(title_text="step", row=len(rows), col=1)
+    if rows and y_range is not None:
+        fig.update_yaxes(range=y_range, row=1, col=1)
+        fig.update_layout(updatemenus=[dict(
+            type="buttons", direction="right", x=1.0, xanchor="right", y=1.12, yanchor="bottom", showactive=True,
+            buttons=[dict(label="after warm-up", method="relayout", args=[{"yaxis.range": y_range}]),
+                     dict(label="whole run", method="relayout", args=[{"yaxis.autorange": True}])])])
     return fit_legend(fig)
+
+
+def after_warmup_range(values: np.ndarray, peaks: list[float | None] = (), warmup_share: float = 0.05
+                       ) -> list[float] | None:
+    """A y range that follows the run after its warm-up: the 0.5-99.5th percentiles of the values after the first
+    ``warmup_share`` of steps, stretched to every marked spike peak, padded; None when the whole range is not
+    much wider (then plotly's own range is right). The warm-up stays one click away (the "whole run" button)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if len(v) < 50:
+        return None
+    after = v[int(len(v) * warmup_share):]
+    lo, hi = (float(x) for x in np.percentile(after, [0.5, 99.5]))
+    tops = [p for p in peaks if p is not None and np.isfinite(p)]
+    hi = max([hi, *tops])
+    if hi <= lo or float(v.max() - v.min()) <= 1.5 * (hi - lo):
+        return None
+    pad = 0.06 * (hi - lo)
+    return [lo - pad, hi + pad]
 
 def _spike_hover(s: dict, lookup: pd.DataFrame | None) -> str:
     start, end = int(s["step"]), int(s.get("end_step") if s.get("end_step") is not None else s["step"])
@@ -148,23 +176,30 @@ def _finite_top(values: np.ndarray) -> float:
     hi, lo = float(finite.max()), float(finite.min())
     return hi + 0.04 * (hi - lo if hi > lo else abs(hi) or 1.0)
 
-def _add_bucket_markers(fig: go.Figure, x: np.ndarray, y: np.ndarray, bucket: np.ndarray, tags: pd.DataFrame,
-                        row: int) -> None:
+def _add_bucket_markers(fig: go.Figure, steps: np.ndarray, values: np.ndarray, bucket: np.ndarray,
+                        tags: pd.DataFrame, spans: list[tuple[int, int]], n_out: int, window: int, row: int) -> None:
+    """One trace per bucket, each downsampled on its own (per-bin extremes of its own steps): every bucket in the
+    data appears with its own highs and lows, however few steps it has."""
     labels = group_labels(tags, "bucket")
     ids = sorted(labels)
     colors = bucket_colors(len(ids))
     b = pd.to_numeric(pd.Series(bucket), errors="coerce").to_numpy()
+    per_bucket = max(200, n_out // max(1, len(ids)))
     for color, k in zip(colors, ids):
-        m = b == k
-        if not m.any():
+        rows = np.flatnonzero(b == k)
+        if not len(rows):
             continue
-        fig.add_trace(go.Scatter(x=x[m], y=y[m], mode="markers", name=labels[k], legendgroup=f"b{k}",
+        sel = rows[plot_indices(steps[rows], values[rows], spans, per_bucket, window)]
+        x, y = steps[sel].astype(np.int64), values[sel].astype(np.float32)
+        fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=labels[k], legendgroup=f"b{k}",
                                  marker=dict(size=4, color=color),
                                  hovertemplate=f"step %{{x}}<br>loss %{{y:.4g}}<br>{labels[k]}<extra></extra>"),
                       row=row, col=1)
-    untagged = np.isnan(b)
-    if untagged.any():
-        fig.add_trace(go.Scatter(x=x[untagged], y=y[untagged], mode="markers", name="untagged",
+    untagged = np.flatnonzero(np.isnan(b))
+    if len(untagged):
+        sel = untagged[plot_indices(steps[untagged], values[untagged], spans, per_bucket, window)]
+        x, y = steps[sel].astype(np.int64), values[sel].astype(np.float32)
+        fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name="untagged",
                                  marker=dict(size=3, color="#c4cad3"), hoverinfo="skip"), row=row, col=1)
 
 def _add_recurrence(fig: go.Figure, spikes: list[dict], col: str, loss_key: str) -> None:

@@ -13,16 +13,14 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from forensics.report.composition import batch_recurrence, composition_figure
+from forensics.report.composition import batch_epoch_counts, composition_figure
 from forensics.report.curves import loss_figure
 from forensics.report.groups import (
     binned_median,
     bucket_loss_figure,
     cluster_loss_figure,
     cluster_mix_figure,
-    detrended,
     group_loss_figure,
-    variance_share,
 )
 from forensics.report.inputs import curve_metrics, finding_spans, sample_lookup
 from forensics.report.style import HOUSE_TEMPLATE, fit_legend
@@ -56,7 +54,7 @@ def report_figures(
 
 
 __all__ = [
-    "HOUSE_TEMPLATE", "batch_recurrence", "binned_median", "bucket_loss_figure", "cluster_loss_figure",
-    "cluster_mix_figure", "composition_figure", "curve_metrics", "detrended", "finding_spans", "fit_legend",
-    "group_loss_figure", "loss_figure", "report_figures", "sample_lookup", "variance_share",
+    "HOUSE_TEMPLATE", "batch_epoch_counts", "binned_median", "bucket_loss_figure", "cluster_loss_figure",
+    "cluster_mix_figure", "composition_figure", "curve_metrics", "finding_spans", "fit_legend",
+    "group_loss_figure", "loss_figure", "report_figures", "sample_lookup",
 ]

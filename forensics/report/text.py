@@ -59,4 +59,6 @@ def fmt_share(value: Any) -> str:
         return str(value)
     if math.isnan(f):
         return "NaN"
+    if 0 < abs(f) < 0.001:
+        return f"{100 * f:.3f}%"
     return f"{100 * f:.1f}%"

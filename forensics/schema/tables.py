@@ -120,6 +120,28 @@ def cast_int(df: pd.DataFrame, column: str, dtype: str, what: str, origin: str) 
     df[column] = num.astype(dtype)
 
 
+_SPECIAL = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
+            "+infinity": math.inf, "-infinity": -math.inf, "none": math.nan, "null": math.nan}
+
+
+def parse_float_cells(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Cells as float64 and a mask of the cells that hold text that is not a number (NaN/inf spelt as text, e.g.
+    ``'nan'``, ``'Infinity'``, are numbers; an empty or null cell is neither: NaN with the mask False)."""
+    num = pd.to_numeric(s, errors="coerce").astype("float64")
+    lost = (num.isna() & s.notna()).to_numpy()
+    values = num.to_numpy(dtype=np.float64, na_value=np.nan).copy()
+    if lost.any():
+        text = s[lost].astype(str).str.strip().str.lower()
+        mapped = text.map(_SPECIAL).to_numpy(dtype=np.float64, na_value=np.nan)
+        values[lost] = mapped
+        named_nan = text.isin(["nan", "none", "null", ""]).to_numpy()
+        still = np.isnan(mapped) & ~named_nan
+        bad = np.zeros(len(s), dtype=bool)
+        bad[np.flatnonzero(lost)[still]] = True
+        return values, bad
+    return values, np.zeros(len(s), dtype=bool)
+
+
 def cast_float(df: pd.DataFrame, column: str, what: str, origin: str) -> None:
     """Cast a metric column to float64 in place; NaN/inf (also as text, e.g. 'nan', 'Infinity') are kept."""
     s = df[column]
@@ -322,3 +344,14 @@ def alignment_warnings(metric_steps: np.ndarray, plan_steps: np.ndarray) -> list
             out.append(f"{len(past)} metrics rows are past the plan's last step {p.max()} "
                        f"(steps {past[0]}-{past[-1]} have no batch)")
     return out
+
+
+def check_output(path: str | Path | None, suffixes: Sequence[str], what: str) -> None:
+    """An output path must end in one of the suffixes the command writes (a typo like ``-o t.csv`` for a Parquet
+    table, or ``--json report.html``, is bad input, named with the suffixes that are written)."""
+    if path is None:
+        return
+    suffix = Path(path).suffix.lower()
+    if suffix not in suffixes:
+        raise ForensicsError(f"{what} {path}: this command writes {' or '.join(suffixes)} there; got "
+                             f"{suffix or 'no suffix'}")

@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 
 from forensics.errors import ForensicsError
-from forensics.schema import STEP, TIMESTAMP, Rewind, cast_float, metrics_table
+from forensics.schema import STEP, TIMESTAMP, Rewind, metrics_table, parse_float_cells
 from forensics.sources.records import MAX_EXAMPLES, STEP_KEYS, ReaderReport, Records
 
 #: ``malformed(where, reason)``: how the accumulator reports a record it cannot read.
@@ -63,7 +63,8 @@ class MetricsAccumulator:
     """
 
     def __init__(self, report: ReaderReport, malformed: Malformed, *, keys: Sequence[str] | None = None,
-                 step_key: str | None = None, format_step_key: str | None = None, finished: bool = False) -> None:
+                 step_key: str | None = None, format_step_key: str | None = None, finished: bool = False,
+                 strict: bool = False, where_word: str = "line") -> None:
         self.report = report
         self._malformed = malformed
         self.keys = list(keys) if keys else None
@@ -76,6 +77,8 @@ class MetricsAccumulator:
         self._last_step: int | None = None
         self._resolved_step_key: str | None = None
         self._records_seen = 0
+        self.strict = strict
+        self._where_word = where_word
         self._dropped: set[str] = set()
         self._cache: pd.DataFrame | None = None
 
@@ -119,7 +122,7 @@ class MetricsAccumulator:
         for name, col in columns.items():
             if name == step_name or not self._wanted(name):
                 continue
-            arr, mask = self._as_float(name, col)
+            arr, mask = self._as_float(name, col, where)
             if arr is None:
                 continue
             if not step_ok.all():
@@ -172,8 +175,9 @@ class MetricsAccumulator:
             return True
         return any(name == k or fnmatch.fnmatchcase(name, k) for k in self.keys)
 
-    def _as_float(self, name: str, col: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """A column as float64 plus its written mask; a column of text is not a metric (dropped, warned)."""
+    def _as_float(self, name: str, col: Any, where: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """A column as float64 plus its written mask. A cell that is not a number is missing, counted with its line
+        and column (bad input with ``strict``); a column without a single number is not a metric (left out, noted)."""
         if isinstance(col, (pa.ChunkedArray, pa.Array)):
             t = col.type
             if pa.types.is_null(t):
@@ -200,15 +204,22 @@ class MetricsAccumulator:
                     return series.to_numpy(dtype=np.float64, na_value=np.nan), mask
             elif pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series):
                 return series.to_numpy(dtype=np.float64), np.ones(len(series), bool)
-        mask = series.notna().to_numpy()
-        frame = pd.DataFrame({name: series})
-        try:
-            cast_float(frame, name, "metrics", self.report.source)
-        except ForensicsError:
-            bad = series[mask]
-            self._drop(name, f"is not numeric (e.g. {bad.iloc[0]!r})" if len(bad) else "is not numeric")
+        values, bad = parse_float_cells(series.reset_index(drop=True))
+        text = series.notna().to_numpy() & ~series.astype(str).str.strip().eq("").to_numpy()
+        mask = text & ~bad
+        if not mask.any():
+            example = series[text].iloc[0] if text.any() else None
+            self._drop(name, "holds no numeric value" + (f" (e.g. {example!r})" if example is not None else "")
+                       + ": not a metric")
             return None, None
-        return frame[name].to_numpy(dtype=np.float64), mask
+        if bad.any():
+            rows = np.flatnonzero(bad)
+            cells = "; ".join(f"{self._where_word} {int(where[i])}: {series.iloc[i]!r}" for i in rows[:MAX_EXAMPLES])
+            if self.strict:
+                raise ForensicsError(f"{self.report.source}: column '{name}' has a cell that is not a number "
+                                     f"({cells}) (strict mode)")
+            self.report.add_cells(name, len(rows), cells)
+        return values, mask
 
     def _drop(self, name: str, why: str) -> None:
         if name not in self._dropped:

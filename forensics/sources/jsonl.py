@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -120,20 +119,6 @@ def _flatten(obj: dict, prefix: str = "", out: dict | None = None) -> dict:
     return out
 
 
-def _as_number(v: object) -> float | None:
-    """A JSON value as a float, None when not written (null); NaN when it is text that is not a number."""
-    if v is None:
-        return None
-    if isinstance(v, (bool, int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return math.nan if v.strip().lower() in ("nan", "none", "null") else None
-    return None
-
-
 def records_from_objects(objs: list[dict], where: list[int], reader: MetricsReader) -> Records:
     """Objects parsed one by one -> a table; a key with text values in some lines keeps its numbers."""
     flat = [_flatten(o) for o in objs]
@@ -151,14 +136,10 @@ def records_from_objects(objs: list[dict], where: list[int], reader: MetricsRead
                     or pa.types.is_null(columns[k].type)):
                 raise pa.ArrowInvalid("not a scalar")
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            nums = [_as_number(v) for v in raw]
-            n_text = sum(1 for v, x in zip(raw, nums) if v is not None and x is None)
-            if n_text == sum(1 for v in raw if v is not None):
-                columns[k] = pa.array([None if v is None else str(v) for v in raw], pa.string())
-                continue
-            if n_text:
-                reader.report.warn(f"column '{k}' holds some non-numeric values; those cells were skipped")
-            columns[k] = pa.array(nums, pa.float64())
+            # text and numbers mixed: as text, which the ingest engine parses cell by cell (a cell that is not a
+            # number is missing, counted with its line)
+            columns[k] = pa.array([None if v is None else (repr(float(v)) if isinstance(v, (bool, int, float))
+                                                          else str(v)) for v in raw], pa.string())
     return Records(pa.table(columns), np.asarray(where, dtype=np.int64))
 
 

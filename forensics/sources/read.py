@@ -172,7 +172,32 @@ def read_metrics(
             reader.finished = True
             reader.read_all()
             advance(reader.source)
+            if reader.report.rows == 0:
+                raise ForensicsError(f"metrics source {reader.source} yields no rows: {empty_reason(reader)}")
     return merge_readers(readers, step_offset, keys)
+
+
+def empty_reason(reader: MetricsReader) -> str:
+    """Why a finished source gave no rows (binary data, nothing matched, every record malformed, no file)."""
+    path = Path(reader.source)
+    if path.is_file():
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(4096)
+        except OSError as exc:
+            return f"it could not be read ({exc.strerror or exc})"
+        if not head.strip():
+            return "the file is empty"
+        if b"\x00" in head or head.decode("utf-8", errors="replace").count("\ufffd") > len(head) // 20:
+            return f"it is not text (binary data), so not a {reader.format_name} file"
+    own = getattr(reader, "empty_reason", None)
+    if callable(own):
+        return own()
+    r = reader.report
+    if r.malformed:
+        where, why = r.malformed_examples[0]
+        return f"all {r.malformed} records were malformed (first at {reader._where_word} {where}: {why})"
+    return f"it holds no {reader.format_name} records with a step and a numeric value"
 
 
 class _progress:
@@ -213,11 +238,10 @@ def ingest(
 ) -> tuple[pd.DataFrame, IngestReport]:
     """``forensics ingest``: read and merge the sources (a case folder stands for its metrics sources) and write
     the canonical metrics table to ``out`` (Parquet; never over an input)."""
-    from forensics.schema import open_case, write_metrics
+    from forensics.schema import check_output, open_case, write_metrics
 
     out = Path(out)
-    if out.suffix.lower() not in (".parquet", ".pq"):
-        raise ForensicsError(f"output {out}: ingest writes the metrics table as Parquet; name it .parquet")
+    check_output(out, (".parquet", ".pq"), "output")
     expanded: list[str] = []
     for s in sources:
         p = Path(s)

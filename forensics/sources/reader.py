@@ -109,5 +109,6 @@ class MetricsReader:
     def _reset(self) -> None:
         self.report = ReaderReport(source=self.source, format=self.format_name)
         self._rows = MetricsAccumulator(self.report, self._malformed, keys=self.keys, step_key=self.step_key,
-                                        format_step_key=self._records_step_key, finished=self._finished)
+                                        format_step_key=self._records_step_key, finished=self._finished,
+                                        strict=self.strict, where_word=self._where_word)
         self._reset_position()

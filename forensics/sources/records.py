@@ -70,6 +70,12 @@ class ReaderReport:
     nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: Per column, cells that are not numbers (kept as missing): ``{column: [count, examples]}``.
+    bad_cells: dict[str, list] = field(default_factory=dict)
+
+    def add_cells(self, column: str, n: int, examples: str) -> None:
+        entry = self.bad_cells.setdefault(column, [0, examples])
+        entry[0] += n
 
     def add_malformed(self, where: int, reason: str) -> None:
         self.malformed += 1
@@ -93,6 +99,9 @@ class ReaderReport:
         if self.malformed:
             shown = "; ".join(f"{w}: {r}" for w, r in self.malformed_examples)
             out.append(f"{self.source}: {self.malformed} malformed records skipped ({shown})")
+        for column, (n, examples) in self.bad_cells.items():
+            out.append(f"{self.source}: column '{column}': {n} cell{'s' if n > 1 else ''} not a number, kept as "
+                       f"missing ({examples})")
         out += [r.describe() for r in self.rewinds]
         out += [f"{self.source}: {w}" for w in self.warnings]
         return out

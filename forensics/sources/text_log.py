@@ -173,6 +173,17 @@ class TextLogReader(MetricsReader):
 
     def _reset_position(self) -> None:
         self._file = TailedFile(Path(self.source))
+        #: The first non-blank line no pattern matched (line number, text): said when the log yields no rows.
+        self.first_unmatched: tuple[int, str] | None = None
+
+    def empty_reason(self) -> str:
+        """Why the log gave no rows: its first unmatched line, and how to read it."""
+        if self.first_unmatched is None:
+            return "the file holds no text lines"
+        line, text = self.first_unmatched
+        hint = "the --pattern given" if isinstance(self.parser, PatternParser) else "the known log forms"
+        return (f"no line matches {hint}; the first line, {line}, reads {text!r}: give --pattern REGEX with a group "
+                "'step' and one named group per metric (e.g. --pattern 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)')")
 
     def _read_records(self) -> Records | None:
         if self._file.check_restarted():
@@ -199,6 +210,8 @@ class TextLogReader(MetricsReader):
         for i, line in enumerate(lines):
             got = parse(line)
             if got is None:
+                if self.first_unmatched is None and line.strip():
+                    self.first_unmatched = (first + i, line.strip()[:120])
                 continue
             if isinstance(got, str):
                 self._malformed(first + i, got)

@@ -31,6 +31,7 @@ from forensics.schema import (
     TEXT,
     Case,
     RunConfig,
+    check_output,
     load_plan,
     load_samples,
     with_overrides,
@@ -71,8 +72,7 @@ class TagResult:
         targets = [(Path(out), self.tags)] + ([(Path(samples_out), self.samples)] if samples_out else [])
         given = {Path(p).resolve() for p in inputs if p is not None}
         for path, _ in targets:
-            if path.suffix.lower() not in (".parquet", ".pq"):
-                raise ForensicsError(f"output {path}: tag writes Parquet tables; name it .parquet")
+            check_output(path, (".parquet", ".pq"), "output")
             if path.resolve() in given:
                 raise ForensicsError(f"output {path} is one of the inputs; inputs are never overwritten")
         meta = {b"forensics": json.dumps(self.metadata()).encode()}

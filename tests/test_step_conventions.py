@@ -93,6 +93,8 @@ def test_wandb_own_step_is_preferred_to_wandb_step():
     assert recognise_wandb(own, {}, "_step") == StepConvention(
         "trainer/global_step", 0, "wandb-own-step", None,
         "W&B history logs its own step key 'trainer/global_step'; _step (log calls) not used")
+    logged_step = pd.DataFrame({"step": [0, 1], "logged_step": [3.0, 4.0], "loss": [1.0, 2.0]})
+    assert recognise_wandb(logged_step, {}, "_step").step_key == "step"  # a logged 'step' key, renamed by the reader
     bare = pd.DataFrame({"step": [0, 1], "loss": [1.0, 2.0]})
     assert recognise_wandb(bare, {}, "_step").step_key == "_step"
     assert recognise_wandb(bare, {}, "_step").convention == "wandb-step"

@@ -92,8 +92,10 @@ def recognise_wandb(table: pd.DataFrame, config: dict[str, Any] | None, step_key
             logging_steps = logging_interval(_logged_steps(table, key, loss))
         return StepConvention(HF_WANDB_STEP, 1, HF_TRAINER, logging_steps,
                               "W&B history rows carry train/global_step (HF's WandbCallback; counts updates from 1)")
+    # The reader's table holds the step it used as ``step``; a logged key named ``step`` is ``logged_step`` there.
+    logged = (cols - {STEP}) | ({"step"} if "logged_step" in cols else set())
     for key in OWN_STEP_KEYS:
-        if key in cols or step_key == key:
+        if key in logged or step_key == key:
             return StepConvention(key, 0, WANDB_OWN_STEP, None,
                                   f"W&B history logs its own step key '{key}'; _step (log calls) not used")
     return StepConvention("_step", 0, WANDB_STEP, None, "W&B run logs no step of its own: _step (one per log call)")

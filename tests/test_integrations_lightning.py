@@ -49,6 +49,7 @@ def test_accumulate_grad_batches_2_gives_two_micro_batches_per_step(fit):
     assert plan.groupby("step")["micro"].apply(lambda m: sorted(m.unique().tolist())).tolist() == [[0, 1]] * 30
     assert plan.groupby("epoch")["step"].agg(["min", "max"]).values.tolist() == [[0, 9], [10, 19], [20, 29]]
     assert plan.groupby(["step", "micro"]).size().eq(8).all()
+    assert plan.groupby("epoch")["batch_id"].agg(["min", "max", "nunique"]).values.tolist() == [[0, 19, 20]] * 3
 
 
 @pytest.mark.slow

@@ -83,8 +83,8 @@ def test_wandb_step_counts_log_calls_and_drifts_after_each_eval(runs):
     by_update = aligned.set_index("step")["train/loss"].dropna()
     raw_loss = raw.set_index("step")["train/loss"].dropna()
     drift = raw_loss.index.to_numpy() - by_update.index.to_numpy()
-    assert drift[0] == 0 and drift[-1] == 2  # evals after updates 20 and 40 (a third at 60 comes after the last loss)
-    assert set(np.unique(drift).tolist()) == {0, 1, 2}
+    assert drift[0] == 0 and drift[-1] == 4  # evals after updates 20, 40, 60, 80 (the one at 100 after the last loss)
+    assert set(np.unique(drift).tolist()) == {0, 1, 2, 3, 4}
     assert (raw_loss.reindex(by_update.index).to_numpy() != by_update.to_numpy()).sum() >= 30
 
 

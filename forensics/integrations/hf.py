@@ -24,7 +24,8 @@ Trainer documents for overriding and calls once per micro-batch in 4.x and 5.x a
 What ``record`` changes on the trainer, and nothing else: ``train_dataset`` becomes a thin view that adds the row
 index to each row; ``data_collator`` is wrapped (rows without the index, e.g. evaluation rows, pass through
 unchanged); the id field is added to the columns kept by ``remove_unused_columns`` (the Trainer's
-``_signature_columns``, the one private attribute used: present since 4.2x); ``training_step`` is wrapped; a
+``_signature_columns``, the one private attribute used: present since 4.2x); ``training_step`` is wrapped, and
+``get_train_dataloader`` to read the dataloader's length; a
 callback flushes the plan at every checkpoint and at the end of training.
 
 **What it writes** into ``case_dir`` (default ``trainer.args.output_dir``):
@@ -35,7 +36,8 @@ callback flushes the plan at every checkpoint and at the end of training.
   (when the dataset has that column).
 - ``plan/``: Parquet parts of :class:`~forensics.plan.recorder.PlanRecorder`, one row per sample consumed:
   ``step`` (0-based optimizer step), ``micro`` (index of the micro-batch within the step under gradient
-  accumulation), ``epoch``, ``batch_id`` (``step * grad_accum + micro``: the micro-batch's index in the run),
+  accumulation), ``epoch``, ``batch_id`` (the micro-batch's index in its epoch, from the length of the train dataloader the
+  Trainer builds: ``get_train_dataloader`` is wrapped only to read it),
   ``sample_id``, and ``rank`` (the process index) when there are several processes, each writing its own parts.
   A run resumed from a checkpoint continues the same parts: the steps it replays are skipped as already recorded
   (HF's seedable sampler replays the same batches). A fresh run (starting at step 0) into a folder that already
@@ -157,6 +159,8 @@ class HFRecording:
         self.flush_every = flush_every
         self.recorder: PlanRecorder | None = None
         self.resumed = False
+        #: len() of the train dataloader the Trainer built (micro-batches per epoch on this rank), when it has one.
+        self.micro_batches_per_epoch: int | None = None
         self._ids = ids
         self._last_step: int | None = None
         self._micro = 0
@@ -176,11 +180,20 @@ class HFRecording:
         index = np.asarray(index_tensor.detach().cpu().numpy() if hasattr(index_tensor, "detach") else index_tensor,
                            dtype=np.int64).reshape(-1)
         sample_ids = self._ids[index] if self._ids is not None else index
-        # state.epoch is epoch + (consumed micro-batches / micro-batches per epoch) after each update: its floor is
-        # the epoch this micro-batch belongs to (exactly the next epoch's number once an epoch is complete).
-        epoch = int(math.floor(state.epoch or 0.0))
-        self.recorder.record(sample_ids, epoch=epoch, batch_id=step * self.grad_accum + self._micro, step=step,
-                             micro=self._micro)
+        self.recorder.record(sample_ids, **self._position(step, state), step=step, micro=self._micro)
+
+    def _position(self, step: int, state: Any) -> dict[str, int]:
+        """``epoch`` and ``batch_id`` (the micro-batch's index in its epoch) of a micro-batch of update ``step``.
+
+        Every epoch has the same U = ceil(micro-batches per epoch / G) updates (the Trainer's
+        ``num_update_steps_per_epoch``; only the last may stop early at ``max_steps``), so epoch = step // U and
+        the index in the epoch is (step mod U) * G + micro, also for a run resumed mid-epoch. Without a dataloader
+        length: the floor of ``state.epoch`` (epoch + consumed fraction after each update) and the run-wide index.
+        """
+        if self.micro_batches_per_epoch:
+            updates = max(-(-self.micro_batches_per_epoch // self.grad_accum), 1)
+            return {"epoch": step // updates, "batch_id": (step % updates) * self.grad_accum + self._micro}
+        return {"epoch": int(math.floor(state.epoch or 0.0)), "batch_id": step * self.grad_accum + self._micro}
 
     def _open(self, first_step: int) -> None:
         self.resumed = first_step > 0
@@ -283,7 +296,18 @@ def record(trainer: Any, case_dir: str | os.PathLike | None = None, *, flush_eve
         recording.consumed(index)
         return original_step(model, inputs, *rest, **kwargs)
 
+    original_loader = trainer.get_train_dataloader
+
+    def get_train_dataloader(*a: Any, **kw: Any) -> Any:
+        loader = original_loader(*a, **kw)
+        try:
+            recording.micro_batches_per_epoch = len(loader) or None
+        except TypeError:
+            recording.micro_batches_per_epoch = None
+        return loader
+
     trainer.training_step = training_step
+    trainer.get_train_dataloader = get_train_dataloader
     trainer.add_callback(_callback_class()(recording))
     trainer._forensics_recording = recording
     return recording

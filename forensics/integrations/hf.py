@@ -329,7 +329,8 @@ def _keep_id_field(trainer: Any) -> None:
 
 def _decoder(trainer: Any):
     """The trainer's tokenizer as a batch decoder (``processing_class`` in 5.x, ``tokenizer`` in 4.x)."""
-    tok = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
+    # 4.46+ has processing_class (reading the deprecated .tokenizer there warns); older 4.x only .tokenizer
+    tok = trainer.processing_class if hasattr(trainer, "processing_class") else getattr(trainer, "tokenizer", None)
     decode = getattr(tok, "batch_decode", None)
     if not callable(decode):
         return None

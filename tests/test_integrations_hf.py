@@ -226,3 +226,58 @@ def test_import_needs_no_framework():
             "print(sorted(m for m in ('transformers', 'lightning', 'pytorch_lightning', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_hf_datasets_tokenizer_and_prefetching_workers(tmp_path):
+    """A run as users write it: a datasets.Dataset tokenized by a tokenizer (built locally), HF's LM collator,
+    2 prefetching loader workers, group_by_length, grad accumulation 2 with a partial last group, and the text
+    column dropped by remove_unused_columns: the plan is still exactly what compute_loss received."""
+    datasets = pytest.importorskip("datasets")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import (
+        DataCollatorForLanguageModeling,
+        GPT2Config,
+        GPT2LMHeadModel,
+        PreTrainedTokenizerFast,
+        Trainer,
+        TrainingArguments,
+    )
+
+    from forensics.integrations.hf import record
+
+    rng = np.random.default_rng(0)
+    words = "the cat sat on a mat dog ran far away big small red blue green code def return print loop".split()
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(3, 30)))) for _ in range(120)]
+    core = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[EOS]"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]")
+    ds = datasets.Dataset.from_dict({"text": texts, "source": ["qa" if i % 3 else "code" for i in range(120)]})
+    ds = ds.map(lambda b: tok(b["text"]), batched=True)
+
+    class Observing(Trainer):
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            ids, mask = inputs["input_ids"], inputs["attention_mask"]
+            self.observed.append((int(self.state.global_step), [ids[i][mask[i] == 1].tolist() for i in range(len(ids))]))
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=tok.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                                       pad_token_id=tok.pad_token_id, bos_token_id=2, eos_token_id=2))
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, num_train_epochs=2,
+                             report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", logging_steps=3,
+                             train_sampling_strategy="group_by_length", dataloader_num_workers=2,
+                             gradient_accumulation_steps=2)
+    trainer = Observing(model=model, args=args, train_dataset=ds, processing_class=tok,
+                        data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+    trainer.observed = []
+    record(trainer)
+    trainer.train()
+    samples = load_samples(tmp_path / "samples.parquet")
+    assert samples["text"].tolist() == texts and samples["source"].tolist() == ds["source"]
+    assert samples["n_tokens"].tolist() == [len(t.split()) for t in texts]
+    tokens = {int(i): [int(t) for t in ids] for i, ids in zip(samples["sample_id"], samples["input_ids"])}
+    plan = load_plan(tmp_path / "plan", samples)
+    recorded = [(int(s), [tokens[i] for i in g["sample_id"]]) for (s, _m), g in plan.groupby(["step", "micro"])]
+    assert recorded == trainer.observed
+    assert plan["step"].nunique() == 16  # 15 batches an epoch: 7 full updates and one of a single micro-batch
+    assert plan.groupby("epoch")["batch_id"].nunique().tolist() == [15, 15]

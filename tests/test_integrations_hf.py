@@ -281,3 +281,31 @@ def test_hf_datasets_tokenizer_and_prefetching_workers(tmp_path):
     assert recorded == trainer.observed
     assert plan["step"].nunique() == 16  # 15 batches an epoch: 7 full updates and one of a single micro-batch
     assert plan.groupby("epoch")["batch_id"].nunique().tolist() == [15, 15]
+
+
+@pytest.mark.slow
+def test_two_processes_each_record_what_their_compute_loss_received(tmp_path, repo_root):
+    """torchrun with 2 CPU processes (DDP over gloo): accelerate shards the batches; each rank's parts hold exactly
+    its own micro-batches, and together the ranks cover every sample once per epoch."""
+    import json
+    import os
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(repo_root), os.environ.get(
+        "PYTHONPATH", "")]), WANDB_MODE="disabled", HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "fixtures.hf_ddp", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    samples = load_samples(tmp_path / "samples.parquet")
+    tokens = {int(i): [int(t) for t in ids] for i, ids in zip(samples["sample_id"], samples["input_ids"])}
+    plan = load_plan(tmp_path / "plan", samples)
+    assert sorted(plan["rank"].unique().tolist()) == [0, 1]
+    for rank in (0, 1):
+        observed = json.loads((tmp_path / f"observed-{rank}.json").read_text())
+        mine = plan[plan["rank"] == rank]
+        recorded = [(int(s), [tokens[i] for i in g["sample_id"]]) for (s, _m), g in mine.groupby(["step", "micro"])]
+        assert recorded == [(o["step"], o["rows"]) for o in observed]
+    assert plan.groupby("epoch")["sample_id"].agg(["nunique", "size"]).values.tolist() == [[48, 48]] * 2
+    cfg = tomllib.loads((tmp_path / "run.toml").read_text())
+    assert (cfg["world_size"], cfg["grad_accum"]) == (2, 2)

@@ -96,6 +96,10 @@ class _IndexedView:
     def __getitem__(self, index: int) -> dict:
         return _tagged(self._base[index], index)
 
+    def __iter__(self) -> Any:
+        # samplers that measure lengths by iterating the dataset (5.x's batch_rebalance) see the same rows
+        return (self[i] for i in range(len(self)))
+
     def __getitems__(self, indices: list[int]) -> list[dict]:
         # The DataLoader's batched fetch (datasets.Dataset reads a batch of rows at once this way).
         get = getattr(self._base, "__getitems__", None)

@@ -25,8 +25,8 @@ What ``record`` changes on the trainer, and nothing else: ``train_dataset`` beco
 index to each row; ``data_collator`` is wrapped (rows without the index, e.g. evaluation rows, pass through
 unchanged); the id field is added to the columns kept by ``remove_unused_columns`` (the Trainer's
 ``_signature_columns``, the one private attribute used: present since 4.2x); ``training_step`` is wrapped, and
-``get_train_dataloader`` to read the dataloader's length; a
-callback flushes the plan at every checkpoint and at the end of training.
+``get_train_dataloader`` only to read the dataloader's length; a callback flushes the plan at every checkpoint
+and at the end of training.
 
 **What it writes** into ``case_dir`` (default ``trainer.args.output_dir``):
 
@@ -36,9 +36,8 @@ callback flushes the plan at every checkpoint and at the end of training.
   (when the dataset has that column).
 - ``plan/``: Parquet parts of :class:`~forensics.plan.recorder.PlanRecorder`, one row per sample consumed:
   ``step`` (0-based optimizer step), ``micro`` (index of the micro-batch within the step under gradient
-  accumulation), ``epoch``, ``batch_id`` (the micro-batch's index in its epoch, from the length of the train dataloader the
-  Trainer builds: ``get_train_dataloader`` is wrapped only to read it),
-  ``sample_id``, and ``rank`` (the process index) when there are several processes, each writing its own parts.
+  accumulation), ``epoch`` and ``batch_id`` (the micro-batch's index in its epoch; both from the step and the
+  length of the train dataloader the Trainer builds), ``sample_id``, and ``rank`` (the process index) when there are several processes, each writing its own parts.
   A run resumed from a checkpoint continues the same parts: the steps it replays are skipped as already recorded
   (HF's seedable sampler replays the same batches). A fresh run (starting at step 0) into a folder that already
   holds a plan is refused at its first step, so that two runs never mix.
@@ -50,10 +49,13 @@ callback flushes the plan at every checkpoint and at the end of training.
   ``logging_steps``, ``grad_accum``, ``world_size``, ``model`` (the model's local config folder, else the output
   folder whose ``checkpoint-N/`` carry their config) and ``checkpoints`` (the output folder).
 
-Checked with transformers 5.x (CI); the 4.x API this relies on (``training_step``, ``data_collator``,
-``train_dataset``, ``_set_signature_columns_if_needed``, ``add_callback``, ``state.global_step``/``epoch``,
-``args.process_index``/``world_size``) has the same names in 4.4x; ``processing_class`` falls back to
-``tokenizer``, and the TensorBoard folder to ``args.logging_dir``, for 4.x.
+Checked with transformers 5.2x (CI: static and length-grouped samplers, gradient accumulation, resume, 2
+torchrun processes, a ``datasets.Dataset`` with 2 prefetching workers) and by hand with 4.57.6 (``group_by_length``,
+gradient accumulation 2, resume from a checkpoint: the plan equals what ``compute_loss`` received). The API used
+(``training_step``, ``get_train_dataloader``, ``data_collator``, ``train_dataset``,
+``_set_signature_columns_if_needed``, ``add_callback``, ``state.global_step``, ``args.process_index``/
+``world_size``) has the same names in both; ``processing_class`` falls back to ``tokenizer`` and the TensorBoard
+folder to ``args.logging_dir`` before 5.x.
 """
 
 from __future__ import annotations

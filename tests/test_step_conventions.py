@@ -117,3 +117,19 @@ def test_logging_interval_from_the_logged_steps():
     assert logging_interval(np.arange(1, 30)) == 1
     assert logging_interval(np.array([3])) is None
     assert logging_interval(np.array([2, 5, 9, 14, 20])) is None  # no regular spacing
+
+
+def test_tensorboard_of_another_producer_gets_no_convention(tmp_path):
+    """A plain torch SummaryWriter run (tags loss, lr, epoch at 0-based steps) is not taken for HF's."""
+    pytest.importorskip("tensorboard")
+    torch_tb = pytest.importorskip("torch.utils.tensorboard")
+    writer = torch_tb.SummaryWriter(str(tmp_path / "tb"))
+    for step in range(6):
+        writer.add_scalar("loss", 1.0 / (step + 1), step)
+        writer.add_scalar("lr", 1e-3, step)
+        writer.add_scalar("epoch", step // 3, step)
+        writer.add_scalar("train/learning_rate", 1e-3, step)  # one HF-like tag alone is not the callback's set
+    writer.close()
+    reader = _read(str(tmp_path / "tb"))
+    assert reader.table["step"].tolist() == list(range(6))
+    assert recognise(reader) is None

@@ -67,6 +67,8 @@ class RunConfig:
     rank_split: str = "round_robin"
     step_offset: int | None = None
     step_key: str | None = None
+    #: The step convention a recorder saw (``hf-trainer``, ...): informational; each source's own evidence decides.
+    step_convention: str | None = None
     logging_steps: int | None = None
     loss_key: str | None = None
     boundaries: tuple[int, ...] | None = None
@@ -119,7 +121,7 @@ class RunConfig:
 _FIELDS = {f.name for f in fields(RunConfig)} - {"root", "given"}
 _POSITIVE = ("grad_accum", "world_size", "token_budget", "max_len", "max_batch_size", "n_buckets")
 _OPTIONAL_POSITIVE = ("logging_steps", "clusters")
-_STRINGS = ("plan", "samples", "step_key", "loss_key", "cluster_by", "model", "checkpoints")
+_STRINGS = ("plan", "samples", "step_key", "step_convention", "loss_key", "cluster_by", "model", "checkpoints")
 
 
 # --- checks --------------------------------------------------------------------------------------------------------
@@ -288,23 +290,32 @@ def with_overrides(cfg: RunConfig, **changes: Any) -> RunConfig:
     return replace(cfg, given=MappingProxyType({**cfg.given, **dict.fromkeys(checked, "option")}), **checked)
 
 
-def write_run_toml(cfg: RunConfig | Mapping[str, Any], path: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
-    """Write ``run.toml`` (plain TOML by hand: flat scalars and lists, plus the ``[detect.<rule>]`` tables)."""
+def write_run_toml(cfg: RunConfig | Mapping[str, Any], path: str | Path, extra: Mapping[str, Any] | None = None,
+                   header: str = "") -> Path:
+    """Write ``run.toml`` (plain TOML by hand: flat scalars and lists, plus the ``[detect.<rule>]`` tables), only the
+    keys given (None left out: the defaults of DESIGN.md apply), atomically (a crash never leaves half a file)."""
+    import os
+
     data = dict(cfg.to_toml_dict() if isinstance(cfg, RunConfig) else cfg)
     data.update(extra or {})
     detect = data.pop("detect", None) or {}
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if v is not None]
+    lines = [f"# {line}" for line in header.splitlines()]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in data.items() if v is not None]
     for rule, params in detect.items():
         lines.append(f"\n[detect.{rule}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in params.items()]
     path = Path(path)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
     return path
 
 
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"cannot write {v} to run.toml")
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, (str, Path)):

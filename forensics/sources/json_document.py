@@ -60,6 +60,9 @@ class JsonDocumentReader(MetricsReader):
                     from exc
             return None  # a writer is replacing the file: read it once it is whole
         self._stamp = stamp
+        if isinstance(data, dict):  # the document's own scalar fields (trainer_state.json: global_step, logging_steps)
+            self.report.metadata["document"] = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
+            self.report.metadata["records_key"] = next((k for k in RECORD_KEYS if isinstance(data.get(k), list)), None)
         records = document_records(data, str(path))
         new = records[self._seen:]
         self._seen = len(records)

@@ -35,10 +35,13 @@ class SourceAlignment:
     step_offset: int
     convention: str
     damaged: list[Any] = field(default_factory=list)
+    logging_steps: int | None = None
+    evidence: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "format": self.format, "step_key": self.step_key,
-                "step_offset": self.step_offset, "convention": self.convention,
+                "step_offset": self.step_offset, "convention": self.convention, "logging_steps": self.logging_steps,
+                "evidence": self.evidence,
                 "damaged": [d.to_json() if hasattr(d, "to_json") else d for d in self.damaged]}
 
 
@@ -111,20 +114,42 @@ def open_readers(
 
 
 def alignment_of(reader: MetricsReader, step_offset: int | None) -> SourceAlignment:
-    """How ``reader``'s steps map to optimizer steps: an explicit ``step_offset`` replaces what the source says of
-    itself; without either the steps are taken as logged."""
-    key = reader._rows._resolved_step_key or reader._rows.format_step_key or reader.step_key
+    """How ``reader``'s steps map to optimizer steps (DESIGN.md Conventions ``step``): an explicit ``step_offset``
+    or step key replaces what the source says of itself (:mod:`forensics.sources.conventions`: HF Trainer's
+    trainer_state.json, TensorBoard scalars and W&B runs count from 1); else the steps are taken as logged."""
+    from forensics.sources.conventions import recognise
+
     damaged = list(getattr(reader.report, "damaged", []))
-    if step_offset is not None:
-        how = "given" if step_offset else "as logged"
-        return SourceAlignment(reader.source, reader.format_name, key, int(step_offset), how, damaged)
-    return SourceAlignment(reader.source, reader.format_name, key, 0, "as logged", damaged)
+    if step_offset is not None or reader.step_key is not None:
+        how = "given" if step_offset or reader.step_key else "as logged"
+        return SourceAlignment(reader.source, reader.format_name, reader.step_key_used, int(step_offset or 0), how,
+                               damaged)
+    conv = recognise(reader)
+    if conv is None:
+        return SourceAlignment(reader.source, reader.format_name, reader.step_key_used, 0, "as logged", damaged)
+    return SourceAlignment(reader.source, reader.format_name, conv.step_key, conv.step_offset, conv.convention,
+                           damaged, conv.logging_steps, conv.evidence)
 
 
-def merge_readers(readers: Sequence[MetricsReader], step_offset: int | None = None,
+def _realign(reader: MetricsReader, alignment: SourceAlignment) -> MetricsReader:
+    """The reader again with the recognised step key, when it differs from the one it used (HF's W&B
+    ``train/global_step`` instead of ``_step``)."""
+    if alignment.step_key is None or alignment.step_key == reader.step_key_used or alignment.convention == "given":
+        return reader
+    again = open_reader(reader.source, keys=reader.keys, step_key=alignment.step_key, strict=reader.strict)
+    again.finished = reader.finished
+    again.read_all()
+    return again
+
+
+def merge_readers(readers: list[MetricsReader], step_offset: int | None = None,
                   keys: Sequence[str] | None = None) -> tuple[pd.DataFrame, IngestReport]:
-    """Align what each reader has read so far and merge them (in order, later wins) into the table and its report."""
+    """Align what each reader has read so far and merge them (in order, later wins) into the table and its report.
+
+    A reader whose source names another step key is replaced in ``readers`` by one reading that key (once: a live
+    caller keeps the list and polls the replacement from then on)."""
     alignments = [alignment_of(r, step_offset) for r in readers]
+    readers[:] = [_realign(r, a) for r, a in zip(readers, alignments)]
     tables = [(r.source, apply_step_offset(r.table, a.step_offset)) for r, a in zip(readers, alignments)]
     merged, merge_warnings = merge_on_step(tables)
     report = IngestReport(sources=[r.report for r in readers], alignments=alignments, rows=len(merged))

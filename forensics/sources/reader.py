@@ -87,6 +87,11 @@ class MetricsReader:
         return self.read_new()
 
     @property
+    def step_key_used(self) -> str | None:
+        """The key the step was taken from (the format's own, the one resolved from the records, or the one given)."""
+        return self._rows.format_step_key or self._rows._resolved_step_key or self.step_key
+
+    @property
     def table(self) -> pd.DataFrame:
         """Everything read so far: the canonical metrics table (step unique and sorted, null = not written)."""
         return self._rows.table().copy(deep=False)

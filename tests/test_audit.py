@@ -88,11 +88,17 @@ def test_recurrence_of_the_spike_batches_is_reported(static_audit):
     assert epochs == {1, 2, 3, 4, 5}
 
 
-def test_report_has_a_card_per_spike_event(static_audit):
+def test_report_has_a_card_per_cause_with_every_event_in_it(static_audit):
     html = (static_audit["dir"] / "report.html").read_text()
-    events = {s["peak_step"] for s in static_audit["findings"]["spikes"]}
-    for step in events:
-        assert f'data-step="{step}"' in html
+    causes = static_audit["findings"]["causes"]
+    assert [c["kind"] for c in causes] == ["batch", "batch"]
+    for c in causes:
+        card = html[html.index(f'id="cause-{c["id"]}"'):]
+        card = card[:card.index("</article>")]
+        for s in static_audit["findings"]["spikes"]:
+            if s["cause"] == c["id"]:
+                assert f"<td>{s['peak_step']}</td>" in card
+        assert card.count('class="batch"') <= 1  # one batch table per cause, not one per metric
 
 
 def test_outputs_go_into_the_case_folder_by_default(demo_small, tmp_path, capsys):
@@ -140,8 +146,8 @@ def test_summary_names_the_spikes_and_the_static_plan(demo_small, tmp_path, caps
     code, out, _ = audit([str(demo_small / "static"), "--json", str(tmp_path / "f.json"), "--no-html"], capsys)
     assert code == 0
     verdict = next(line for line in out.splitlines() if line.startswith("verdict"))
-    assert "254" in verdict and "258" in verdict and "static across epochs" in verdict
-    assert "bucket 5" in verdict
+    assert "254" in verdict and "258" in verdict and "built once" in verdict and "came back" in verdict
+    assert "C1 batch" in out and "C2 batch" in out and "bucket 5" in out
 
 
 def test_metrics_alone_still_find_spikes_and_say_what_needs_a_plan(demo_small, tmp_path, capsys):
@@ -183,7 +189,7 @@ def test_nonfinite_values_are_reported_not_fatal(demo_small, tmp_path, capsys):
     f = json.loads((case / "findings.json").read_text())
     got = {(x["step"], x["metric"]) for x in f["nonfinite"]}
     assert got == {(2000, "train/loss"), (2001, "grad_norm")}
-    assert "non-finite values" in out
+    assert "train/loss is NaN/inf at 1 step (2000)" in out and "grad_norm is NaN/inf at 1 step (2001)" in out
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -75,7 +75,7 @@ def test_empty_findings_still_have_the_required_keys():
     data = json.loads(Findings().to_json())
     assert data == {"version": FINDINGS_VERSION, "spikes": [], "nonfinite": [],
                     "oscillation": {"detected": False, "bucket_variance_share": None}, "plan": None,
-                    "warnings": []}
+                    "findings": [], "warnings": []}
 
 
 def test_a_newer_findings_version_is_refused_with_a_clear_message():

@@ -9,7 +9,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.sources.base import open_reader
 from forensics.sources.conventions import (
     StepConvention,
     aligned_table,
@@ -17,6 +16,7 @@ from forensics.sources.conventions import (
     recognise,
     recognise_wandb,
 )
+from forensics.sources.registry import open_reader
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,16 @@ def _share(value: Any) -> str:
 def verdict(findings: dict, loss_key: str | None = None) -> str:
     """One sentence naming the main cause when the evidence supports one; else what was found, or an all-clear that
     says what was judged (never a green all-clear over metrics that could not be judged)."""
+    for key in ("verdict", "summary"):
+        text = findings.get(key)
+        if isinstance(text, str) and text.strip():
+            return text.strip()
     causes = [c for c in findings.get("causes") or [] if isinstance(c, dict)]
     run = findings.get("run") or {}
     loss = loss_key or run.get("loss_key") or "the loss"
     if not causes:
+        if findings.get("spikes") or findings.get("nonfinite") or "causes" not in findings:
+            return _listing(findings, loss_key)
         return _all_clear(findings, loss)
     batch = [c for c in causes if c.get("kind") == "batch"]
     main = causes[0]
@@ -69,3 +75,49 @@ def _all_clear(findings: dict, loss: str) -> str:
 def _list(steps: list[int]) -> str:
     s = [str(x) for x in steps]
     return s[0] if len(s) == 1 else ", ".join(s[:-1]) + " and " + s[-1]
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _listing(findings: dict, loss_key: str | None = None) -> str:
+    """The facts in one sentence, for findings without causes (written by hand, or by an older version)."""
+    parts = []
+    spikes = [s for s in findings.get("spikes") or [] if isinstance(s, dict) and s.get("step") is not None]
+    if spikes:
+        by_metric: dict[str, list[dict]] = {}
+        for s in spikes:
+            by_metric.setdefault(str(s.get("metric") or loss_key or "loss"), []).append(s)
+        for metric, items in sorted(by_metric.items(), key=lambda kv: kv[0] != (loss_key or "")):
+            steps = ", ".join(str(int(s["step"])) for s in sorted(items, key=lambda s: int(s["step"]))[:6])
+            more = " …" if len(items) > 6 else ""
+            where = ""
+            buckets = {s.get("bucket") for s in items}
+            clusters = {s.get("cluster_name") for s in items}
+            if len(buckets) == 1 and None not in buckets:
+                where = f" in bucket {_num(items[0]['bucket'])}"
+                if len(clusters) == 1 and items[0].get("cluster_name"):
+                    where += f" / '{items[0]['cluster_name']}'"
+            elif None not in buckets:
+                where = f" across buckets {', '.join(_num(b) for b in sorted(buckets))}"
+            parts.append(f"{len(items)} {metric} spike{'s' if len(items) != 1 else ''} ({steps}{more}){where}")
+    nonfinite = findings.get("nonfinite") or []
+    if nonfinite:
+        parts.append(f"{len(nonfinite)} non-finite value{'s' if len(nonfinite) != 1 else ''}")
+    pf = findings.get("plan")
+    if isinstance(pf, dict) and pf.get("static") is not None:
+        parts.append("batch composition is static across epochs" if pf["static"] else
+                     "batch composition varies across epochs")
+    osc = findings.get("oscillation") or {}
+    if isinstance(osc, dict):
+        if osc.get("detected"):
+            parts.append("the loss oscillates")
+        if osc.get("bucket_variance_share") is not None:
+            parts.append(f"jumpiness {_share(osc['bucket_variance_share'])} explained by bucket")
+    if not spikes and not nonfinite:
+        parts.insert(0, "no spike and no NaN/inf found")
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:] + "."

@@ -184,7 +184,7 @@ def _add_bucket_markers(fig: go.Figure, steps: np.ndarray, values: np.ndarray, b
     ids = sorted(labels)
     colors = bucket_colors(len(ids))
     b = pd.to_numeric(pd.Series(bucket), errors="coerce").to_numpy()
-    per_bucket = max(200, n_out // max(1, len(ids)))
+    per_bucket = max(500, n_out // 2)
     for color, k in zip(colors, ids):
         rows = np.flatnonzero(b == k)
         if not len(rows):

@@ -19,6 +19,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Draw the page for this session (Streamlit re-runs this on every interaction)."""
     st.set_page_config(page_title="loss-spike forensics", layout="wide")
     argv = list(sys.argv[1:] if argv is None else argv)
+    session.target_args(argv)
     session.sidebar_target()
     run = session.current_run(argv)
     interval, paused = live.controls()

@@ -237,16 +237,29 @@ class LiveRun:
             self.findings_source = "computed at start"
             self.tags, self.plan, self.samples, self.boundaries = audit.tags, audit.plan, audit.samples, \
                 audit.boundaries
+            if self.tags is not None:
+                self._store_tags([])
         if self.inputs.plan and Path(self.inputs.plan).is_dir():
             self._plan_parts = {p.name for p in Path(self.inputs.plan).glob("*.parquet")}
         self._index_samples()
         self._warm_detectors()
         self.started = True
 
-    def _tag_all(self) -> None:
+    def _tag_all(self, use_cache: bool = True) -> None:
+        """Tag every step with the case's boundaries and the samples' fitted clusters (kept in the cache folder,
+        keyed by the plan's and samples' files and the settings, so the next opening only reads them)."""
         from forensics.schema import load_plan, load_samples
         from forensics.tagging import tag_case
 
+        folder = self._tags_cache()
+        if use_cache and folder is not None and (folder / "meta.json").exists():
+            meta = json.loads((folder / "meta.json").read_text())
+            self.tags = pd.read_parquet(folder / "tags.parquet")
+            self.plan = pd.read_parquet(folder / "plan.parquet")
+            self.samples = pd.read_parquet(folder / "samples.parquet")
+            self.boundaries = meta["boundaries"]
+            self.warnings += meta.get("warnings", [])
+            return
         path = clustered_samples_path(self.inputs.samples, lambda: _fit_clusters(self.inputs.samples))
         samples = load_samples(path)
         plan = load_plan(self.inputs.plan, samples)
@@ -260,6 +273,31 @@ class LiveRun:
         self.tags, self.plan, self.samples, self.boundaries = tagged.tags, tagged.plan, tagged.samples, \
             tagged.boundaries
         self.warnings += tagged.warnings
+        self._store_tags(tagged.warnings)
+
+    def _tags_cache(self) -> Path | None:
+        import hashlib
+
+        if not self.inputs.plan or not self.inputs.samples:
+            return None
+        cfg = self.config
+        key = repr((_stat_key([self.inputs.plan, self.inputs.samples]), list(cfg.boundaries), cfg.grad_accum,
+                    cfg.world_size, cfg.rank_split, cfg.max_len))
+        return cache_dir() / "tags" / hashlib.sha256(key.encode()).hexdigest()[:24]
+
+    def _store_tags(self, warnings: list[str]) -> None:
+        folder = self._tags_cache()
+        if folder is None or self.tags is None or self.plan is None or self.samples is None:
+            return
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self.tags.to_parquet(folder / "tags.parquet", index=False)
+            self.plan.to_parquet(folder / "plan.parquet", index=False)
+            self.samples.to_parquet(folder / "samples.parquet", index=False)
+            (folder / "meta.json").write_text(json.dumps({"boundaries": [int(b) for b in self.boundaries or []],
+                                                          "warnings": [str(w) for w in warnings]}))
+        except (OSError, ValueError, TypeError) as exc:  # a cache that cannot be written only costs time
+            self.warnings.append(f"tags not cached in {folder}: {exc}")
 
     def _index_samples(self) -> None:
         if self.samples is not None:
@@ -385,7 +423,7 @@ class LiveRun:
     def refit(self) -> None:
         """Fit boundaries and clusters again on everything recorded so far; re-run the detectors from scratch."""
         if self.inputs.plan:
-            self._tag_all()
+            self._tag_all(use_cache=False)
             self._index_samples()
         if self.inputs.plan and Path(self.inputs.plan).is_dir():
             self._plan_parts = {p.name for p in Path(self.inputs.plan).glob("*.parquet")}

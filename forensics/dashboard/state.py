@@ -38,6 +38,10 @@ from forensics.schema import (
 CASE_MARKERS = ("run.toml", "plan.parquet", "samples.parquet", "metrics.parquet", "findings.json", "plan")
 #: A run whose newest step is older than this many seconds (and at least 10 refresh intervals) stopped writing.
 STALE_AFTER_S = 120.0
+#: Rows the online detectors are warmed on when an audit already judged the run (its findings cover them): their
+#: baselines span at most a few hundred accepted rows per bucket, so this much history gives the state a full
+#: run would have, at a fixed cost however long the run is.
+WARM_ROWS = 20_000
 #: Audits kept in memory per process, keyed by their inputs' paths, sizes and mtimes (every session shares them).
 AUDIT_CACHE_SIZE = 4
 _AUDITS: dict[tuple, Any] = {}
@@ -318,7 +322,8 @@ class LiveRun:
         return chosen
 
     def _warm_detectors(self) -> None:
-        """Feed every existing row; findings past the audit's last step are new (found now)."""
+        """Feed the existing rows (the last :data:`WARM_ROWS` when the audit judged them); findings past the audit's
+        last step are new (found now)."""
         from forensics.detect import SpikeDetector
 
         params = {}
@@ -328,10 +333,13 @@ class LiveRun:
         last = (self.findings.get("run") or {}).get("last_step")
         known = {(f.get("metric"), f.get("step")) for f in self.findings.get("spikes") or []}
         now = self.clock()
+        rows = self.metrics
+        if last is not None and len(rows) > WARM_ROWS and int(rows[STEP].iloc[-WARM_ROWS]) <= int(last):
+            rows = rows.iloc[-WARM_ROWS:]
         for col in self.analysed_metrics():
             det = SpikeDetector(col, **params)
             self._detectors[col] = det
-            found = det.update(self._written(self.metrics, col), self.tags)
+            found = det.update(self._written(rows, col), self._tags_of(rows[STEP].to_numpy(np.int64)))
             if last is None:
                 continue
             self._record([f for f in found if f.step > int(last) and (f.metric, f.step) not in known], now)

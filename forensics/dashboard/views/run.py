@@ -60,5 +60,13 @@ def render(run: LiveRun) -> None:
         st.info("No rows yet: the page fills in as the run writes.")
         return
     chosen = step_range(run)
-    fig = figure(run, *(chosen or (None, None)))
+    # a rerun with nothing new (a widget elsewhere, an idle refresh) reuses the figure instead of rebuilding it
+    key = (id(run), len(run.metrics), run.last_step, len(run.new_findings), chosen,
+           None if run.tags is None else len(run.tags))
+    cached = st.session_state.get("fig_curves_cache")
+    if cached is not None and cached[0] == key:
+        fig = cached[1]
+    else:
+        fig = figure(run, *(chosen or (None, None)))
+        st.session_state["fig_curves_cache"] = (key, fig)
     st.plotly_chart(fig, width="stretch", key="fig_curves")

@@ -3,6 +3,8 @@ explains, and the cluster mix per step over time (the report's figures)."""
 
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
 from forensics.dashboard.state import LiveRun
@@ -33,7 +35,7 @@ def figures(run: LiveRun) -> dict:
     """The view's figures, rebuilt when the run grew by 1% or found something new: per-bin medians and shares
     barely move with fewer rows, and rebuilding them costs about a second on a 1M-step run."""
     n = len(run.metrics)
-    key = (id(run), n // max(1, n // 100), len(run.new_findings), len(run.tags))
+    key = (id(run), int(math.log(max(n, 1)) / math.log(1.01)), len(run.new_findings), len(run.tags))
     cached = st.session_state.get("fig_buckets_cache")
     if cached is not None and cached[0] == key:
         return cached[1]

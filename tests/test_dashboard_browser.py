@@ -18,8 +18,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from test_dashboard_app import SCRIPT_TEXT, append_jsonl, live_case, shared_cache_dir
+from test_dashboard_app import (  # noqa: F401 (dashboard_cache: the session's cache folder, autouse)
+    SCRIPT_TEXT,
+    append_jsonl,
+    dashboard_cache,
+    live_case,
+    shared_cache_dir,
+)
 
 CHROMIUM = Path("/usr/bin/chromium")
 REFRESH_S = 5.0

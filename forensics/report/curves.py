@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from forensics.report.downsample import DEFAULT_POINTS, DEFAULT_WINDOW, plot_indices
+from forensics.report.downsample import DEFAULT_POINTS, DEFAULT_WINDOW, group_extreme_indices, plot_indices
 from forensics.report.inputs import (
     as_float,
     by_severity,
@@ -71,6 +71,8 @@ def loss_figure(
     for r, col in enumerate(rows, start=1):
         values = metrics[col].to_numpy(np.float64)
         idx = plot_indices(steps, values, spans, n_out, window)
+        if r == 1 and buckets is not None and len(steps) > n_out:  # every bucket's own extremes too
+            idx = np.union1d(idx, group_extreme_indices(steps, values, buckets, n_out // 2))
         x, y = steps[idx].astype(np.int64), values[idx].astype(np.float32)
         if r == 1 and buckets is not None:
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(color=LINE, width=1), name=esc(col),

@@ -127,3 +127,29 @@ def plot_indices(
     near = window_indices(steps, spans, window)
     near = near[np.isfinite(values[near])]
     return np.union1d(coarse, near).astype(np.int64)
+
+
+def group_extreme_indices(steps: np.ndarray, values: np.ndarray, groups: np.ndarray,
+                          n_out: int = DEFAULT_POINTS // 2) -> np.ndarray:
+    """Per-bin extremes of each group's own points (``n_out`` split across the groups; NaN groups skipped).
+
+    Points coloured by length bucket need each bucket's envelope: the whole series' min/max keeps the top of the
+    long-sequence buckets and drops the extremes of the low ones, whose steps sit inside the others' range.
+    """
+    g = np.asarray(pd_numeric(groups), dtype=np.float64)
+    ids = np.unique(g[~np.isnan(g)])
+    if not len(ids):
+        return np.array([], dtype=np.int64)
+    per_group = max(8, int(n_out) // len(ids))
+    parts = []
+    for k in ids:
+        sel = np.flatnonzero(g == k)
+        parts.append(sel[minmax_indices(np.asarray(steps)[sel], np.asarray(values)[sel], per_group)])
+    return np.unique(np.concatenate(parts)).astype(np.int64)
+
+
+def pd_numeric(values: np.ndarray) -> np.ndarray:
+    """Group labels as floats (pandas' nullable integers and None as NaN)."""
+    import pandas as pd
+
+    return pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)

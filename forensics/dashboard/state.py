@@ -195,7 +195,8 @@ class LiveRun:
         self.findings: dict[str, Any] = {}
         self.new_findings: list[NewFinding] = []
         self.tags: pd.DataFrame | None = None
-        self.plan: pd.DataFrame | None = None
+        self._plan: pd.DataFrame | None = None
+        self._plan_file: Path | None = None
         self.samples: pd.DataFrame | None = None
         self.boundaries: list[int] | None = None
         self.loss_key: str | None = None
@@ -259,7 +260,7 @@ class LiveRun:
         if use_cache and folder is not None and (folder / "meta.json").exists():
             meta = json.loads((folder / "meta.json").read_text())
             self.tags = pd.read_parquet(folder / "tags.parquet")
-            self.plan = pd.read_parquet(folder / "plan.parquet")
+            self._plan, self._plan_file = None, folder / "plan.parquet"  # read when a view first needs it
             self.samples = pd.read_parquet(folder / "samples.parquet")
             self.boundaries = meta["boundaries"]
             self.warnings += meta.get("warnings", [])
@@ -291,25 +292,36 @@ class LiveRun:
 
     def _store_tags(self, warnings: list[str]) -> None:
         folder = self._tags_cache()
-        if folder is None or self.tags is None or self.plan is None or self.samples is None:
+        if folder is None or self.tags is None or self._plan is None or self.samples is None:
             return
         try:
             folder.mkdir(parents=True, exist_ok=True)
             self.tags.to_parquet(folder / "tags.parquet", index=False)
-            self.plan.to_parquet(folder / "plan.parquet", index=False)
+            self._plan.to_parquet(folder / "plan.parquet", index=False)
             self.samples.to_parquet(folder / "samples.parquet", index=False)
             (folder / "meta.json").write_text(json.dumps({"boundaries": [int(b) for b in self.boundaries or []],
                                                           "warnings": [str(w) for w in warnings]}))
         except (OSError, ValueError, TypeError) as exc:  # a cache that cannot be written only costs time
             self.warnings.append(f"tags not cached in {folder}: {exc}")
 
+    @property
+    def plan(self) -> pd.DataFrame | None:
+        """The plan with ``step``, sorted by step (read from the cache on first use: 4M rows cost a second)."""
+        if self._plan is None and self._plan_file is not None:
+            self._plan = pd.read_parquet(self._plan_file)
+        return self._plan
+
+    @plan.setter
+    def plan(self, value: pd.DataFrame | None) -> None:
+        if value is not None and STEP in value.columns:
+            steps = value[STEP].to_numpy(np.int64)
+            if len(steps) > 1 and (steps[1:] < steps[:-1]).any():
+                value = value.iloc[np.argsort(steps, kind="stable")].reset_index(drop=True)
+        self._plan, self._plan_file = value, None
+
     def _index_samples(self) -> None:
         if self.samples is not None:
             self._sample_pos = pd.Series(np.arange(len(self.samples)), index=self.samples[SAMPLE_ID].to_numpy())
-        if self.plan is not None and STEP in self.plan.columns:
-            order = np.argsort(self.plan[STEP].to_numpy(np.int64), kind="stable")
-            if not (np.diff(order) > 0).all():
-                self.plan = self.plan.iloc[order].reset_index(drop=True)
 
     def analysed_metrics(self) -> list[str]:
         """The metrics the online detectors watch: the audit's, else the loss and grad-norm keys."""

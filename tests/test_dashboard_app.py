@@ -189,3 +189,25 @@ def test_a_run_that_stopped_writing_says_so(demo_small: Path, tmp_path: Path) ->
     now[0] += 600
     text, stale = status_line(run, 5.0, True)
     assert stale and "written 10 min ago · stopped writing · refresh paused" in text
+
+
+def test_stored_findings_are_read_and_steps_past_them_are_judged_live(demo_small: Path, tmp_path: Path) -> None:
+    """A case with findings.json opens without an audit (tags from the cache) and judges only the new rows."""
+    import json
+
+    src = demo_small / "static"
+    case = live_case(src, tmp_path / "stored", rows=200)
+    first = LiveRun(resolve_target([str(case)])).start()
+    assert first.findings_source == "computed at start" and first.findings["spikes"] == []
+    (case / "findings.json").write_text(json.dumps(first.findings))
+    run = LiveRun(resolve_target([str(case)])).start()
+    assert run.findings_source == str(case / "findings.json")
+    assert run._plan is None  # read from the cache only when a view needs it
+    assert run.tags["bucket"].tolist() == first.tags["bucket"].tolist()
+    append_jsonl(src, case / "metrics.jsonl", 300)
+    new = run.refresh()
+    assert [(n.finding["metric"], n.finding["step"]) for n in new] == [
+        ("train/loss", 254), ("train/loss", 258), ("grad_norm", 254), ("grad_norm", 258)]
+    assert new[0].finding["cluster_name"] == first.tags.loc[first.tags["step"] == 254, "cluster_name"].iloc[0]
+    assert HOSTILE_SAMPLE in new[0].finding["suspect_samples"]
+    assert len(run.step_batch(254)) == 3

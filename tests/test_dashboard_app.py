@@ -211,3 +211,38 @@ def test_stored_findings_are_read_and_steps_past_them_are_judged_live(demo_small
     assert new[0].finding["cluster_name"] == first.tags.loc[first.tags["step"] == 254, "cluster_name"].iloc[0]
     assert HOSTILE_SAMPLE in new[0].finding["suspect_samples"]
     assert len(run.step_batch(254)) == 3
+
+
+def test_new_plan_parts_are_tagged_with_the_fit_of_the_start(demo_small: Path, tmp_path: Path) -> None:
+    """A recorder still writing (a plan folder of parts): the parts added later get tags from the boundaries and
+    clusters fitted at start, equal to a full tagging's, and the new spike names its batch's samples."""
+    from forensics.plan.recorder import PlanRecorder
+
+    src = demo_small / "static"
+    case = live_case(src, tmp_path / "recording", rows=200)
+    (case / "plan.parquet").unlink()
+    toml = (case / "run.toml").read_text().replace('plan = "plan.parquet"', 'plan = "plan"')
+    (case / "run.toml").write_text(toml)
+    full = pd.read_parquet(src / "plan.parquet")
+    epoch0 = full[full["epoch"] == 0]
+    batches = [g["sample_id"].tolist() for _, g in epoch0.groupby("batch_id", sort=True)]
+    rec = PlanRecorder(case / "plan", flush_every=10_000)
+    rec.set_epoch(0)
+    for ids in batches[:250]:
+        rec.record(ids)
+    rec.flush()
+    run = LiveRun(resolve_target([str(case)])).start()
+    assert int(run.tags["step"].max()) == 249
+    for ids in batches[250:300]:
+        rec.record(ids)
+    rec.flush()
+    append_jsonl(src, case / "metrics.jsonl", 300)
+    new = run.refresh()
+    assert int(run.tags["step"].max()) == 299 and run.tags["step"].is_unique
+    reference = LiveRun(resolve_target([str(src)])).start().tags.set_index("step")
+    got = run.tags.set_index("step")
+    for col in ("bucket", "cluster", "n_samples", "real_tokens"):
+        assert got.loc[250:299, col].tolist() == reference.loc[250:299, col].tolist(), col
+    loss = [n.finding for n in new if n.finding["metric"] == "train/loss"]
+    assert [f["step"] for f in loss] == [254, 258]
+    assert loss[0]["bucket"] == 5 and sorted(loss[0]["suspect_samples"]) == sorted(batches[254])

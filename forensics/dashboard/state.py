@@ -232,7 +232,11 @@ class LiveRun:
         case = self.inputs.case
         stored = case / "findings.json" if case is not None else None
         if stored is not None and stored.exists():
-            self.findings = json.loads(stored.read_text(encoding="utf-8"))
+            try:
+                self.findings = json.loads(stored.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise ForensicsError(f"{stored} could not be read as JSON ({exc}); remove it or run forensics "
+                                     "audit again") from exc
             self.findings_source = str(stored)
             if self.inputs.plan:
                 self._tag_all()
@@ -428,10 +432,12 @@ class LiveRun:
         parts = validate_plan(parts, str(folder), self.samples)
         cfg = self.config
         if STEP not in parts.columns:
-            # the step mapping needs the whole epoch's batch order: map the epochs the new parts touch again
-            plan_all = pd.concat([self.plan.drop(columns=[STEP]), parts], ignore_index=True)
+            # the step mapping needs the whole epoch's batch order: map the recorded columns of all parts again
+            recorded = [c for c in parts.columns if c in self.plan.columns]
+            plan_all = pd.concat([self.plan[recorded].assign(_new=False), parts[recorded].assign(_new=True)],
+                                 ignore_index=True)
             mapped = assign_steps(plan_all, cfg.grad_accum, cfg.world_size, cfg.rank_split)
-            parts = mapped.iloc[len(self.plan):]
+            parts = mapped[mapped["_new"].to_numpy(bool)].drop(columns=["_new"])
         known = self.samples[SAMPLE_ID].to_numpy(np.int64)
         parts = parts[np.isin(parts[SAMPLE_ID].to_numpy(np.int64), known)]
         if not len(parts):
@@ -439,7 +445,8 @@ class LiveRun:
         new_tags = tag_steps(parts, self.samples, self.boundaries, cfg.max_len)
         last = int(self.tags[STEP].max()) if self.tags is not None and len(self.tags) else -1
         new_tags = new_tags[new_tags[STEP] > last]
-        self.plan = pd.concat([self.plan, parts[self.plan.columns.intersection(parts.columns)]], ignore_index=True)
+        common = [c for c in self.plan.columns if c in parts.columns]
+        self.plan = pd.concat([self.plan[common], parts[common]], ignore_index=True)
         self.tags = pd.concat([self.tags, new_tags], ignore_index=True) if self.tags is not None else new_tags
 
     def refit(self) -> None:

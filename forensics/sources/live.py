@@ -65,6 +65,8 @@ class LiveMetrics:
         if not touched:
             return self._table, self._table.iloc[0:0]
         offsets = {a.source: a.step_offset for a in self.report.alignments}
-        steps = np.unique(np.concatenate([t - np.int64(offsets.get(r.source, 0)) for r, t in touched]))
+        # sort + neighbour test, not np.unique: numpy 2.4's hash-based unique takes seconds on 1M int64 steps
+        steps = np.sort(np.concatenate([t - np.int64(offsets.get(r.source, 0)) for r, t in touched]))
+        steps = steps[np.concatenate(([True], steps[1:] != steps[:-1]))]
         pos = np.searchsorted(self._table[STEP].to_numpy(), steps)
         return self._table, self._table.iloc[pos].reset_index(drop=True)

@@ -1,0 +1,355 @@
+"""``replay_case``: plan every forward the experiments need, run them checkpoint by checkpoint, decide, write.
+
+For each suspect step s (DESIGN.md ``replay.json``):
+1. reproduce: s's batch at the latest checkpoint c <= s against the logged loss, and s-1's and s+1's batches (each at
+   its own latest checkpoint) against the same logged value, which is what exposes a misaligned join;
+2. earlier: s's batch at up to ``earlier`` checkpoints before c;
+3. controls: ``controls`` K steps of s's dominant bucket and K of other buckets (the nearest in step, never sharing
+   a sample with s) at c, and the same-bucket ones at each earlier checkpoint; z against the same-bucket ones;
+4. samples: per-sample losses, most suspect first, the batch's loss without each (leave-one-out) and without all
+   samples above the controls' per-sample range, and each sample's signals.
+Each checkpoint is loaded once and every batch it must see runs then (a progress bar on stderr when asked).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from forensics.errors import ForensicsError
+from forensics.plan.step_mapping import assign_steps
+from forensics.replay import _torch
+from forensics.replay.batches import StepIndex, TokenStore, read_tokens
+from forensics.replay.checkpoints import (
+    Checkpoint,
+    apply_state,
+    discover_checkpoints,
+    load_state_dict,
+    nearest_before,
+)
+from forensics.replay.forward import Forwarder, SampleLoss, batch_loss
+from forensics.replay.model import load_model
+from forensics.replay.signals import signals
+from forensics.replay.verdicts import Measured, decide, zscore
+from forensics.schema import STEP, find_loss_key, load_plan, load_samples, open_case
+
+VERSION = 1
+#: A sample is a "top suspect" when its loss is this many SDs above the same-bucket controls' per-sample losses.
+SAMPLE_Z = 3.0
+
+
+@dataclass
+class ReplayOptions:
+    """What to replay and how; ``None`` means the case's run.toml, then the defaults below."""
+
+    steps: list[int] | None = None
+    from_findings: bool = False
+    checkpoints: str | None = None
+    model: str | None = None
+    tokens: str | None = None
+    device: str = "auto"
+    dtype: str | None = None
+    controls: int = 8
+    earlier: int = 2
+    max_tokens_per_forward: int = 16_384
+    json_path: str | None = None
+    progress: bool = False
+
+
+@dataclass
+class ReplayResult:
+    """The verdicts of one replay (``steps`` as in replay.json) and where they were written."""
+
+    steps: list[dict[str, Any]]
+    device: str
+    dtype: str
+    written: list[Path] = field(default_factory=list)
+    forwards: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": VERSION, "device": self.device, "dtype": self.dtype, "steps": self.steps}
+
+
+def _run_toml_extras(root: Path) -> dict[str, Any]:
+    """run.toml keys replay needs that RunConfig does not hold yet (model, checkpoints, pad_id, pad_side)."""
+    from forensics.schema.config import tomllib
+
+    p = root / "run.toml"
+    if not p.exists():
+        return {}
+    data = tomllib.loads(p.read_text(encoding="utf-8"))
+    return {k: data[k] for k in ("model", "checkpoints", "pad_id", "pad_side") if k in data}
+
+
+def _device(name: str) -> str:
+    torch = _torch.torch()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ForensicsError("--device cuda: no CUDA device is available to torch here")
+    if name.split(":")[0] not in ("cpu", "cuda"):
+        raise ForensicsError(f"--device must be cpu, cuda or auto; got {name!r}")
+    return name
+
+
+def _steps_from_findings(root: Path, loss_key: str) -> list[int]:
+    path = root / "findings.json"
+    if not path.exists():
+        raise ForensicsError(f"--from-findings: {path} does not exist; run forensics audit {root} first")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ForensicsError(f"{path} is not valid JSON: {exc}") from exc
+    key = (data.get("run") or {}).get("loss_key") or loss_key
+    steps = sorted({int(s["peak_step"]) for s in data.get("spikes", []) if s.get("metric") == key})
+    if not steps:
+        raise ForensicsError(f"--from-findings: {path} holds no spike on the loss metric '{key}'")
+    return steps
+
+
+def _pick_controls(step: int, index: StepIndex, k: int, exclude: set[int]) -> tuple[list[int], list[int]]:
+    own = set(index.samples_of[step])
+    bucket = index.bucket_of.get(step)
+    same, other = [], []
+    for c in sorted(index.samples_of, key=lambda t: (abs(t - step), t)):
+        if c in exclude or own.intersection(index.samples_of[c]):
+            continue
+        if index.bucket_of.get(c) == bucket:
+            if len(same) < k:
+                same.append(c)
+        elif len(other) < k:
+            other.append(c)
+        if len(same) >= k and len(other) >= k:
+            break
+    return same, other
+
+
+def _finite(x: Any) -> Any:
+    """JSON-safe numbers: NaN/inf as strings (DESIGN.md), floats rounded to 6 significant digits."""
+    if isinstance(x, float):
+        return float(f"{x:.6g}") if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    if isinstance(x, np.generic):
+        return _finite(x.item())
+    return x
+
+
+def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> ReplayResult:
+    """Replay the suspect steps of a case folder and write ``CASE/replay/replay.json`` (merged by step)."""
+    opt = options or ReplayOptions()
+    case = open_case(case_dir)
+    cfg, root = case.config, case.root
+    extras = _run_toml_extras(root)
+    torch = _torch.torch()
+    device = _device(opt.device)
+    dtype = opt.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    if dtype not in ("float32", "bfloat16"):
+        raise ForensicsError(f"--dtype must be float32 or bfloat16; got {dtype!r}")
+    if opt.controls < 2:
+        raise ForensicsError(f"--controls must be >= 2 (a z-score needs a spread); got {opt.controls}")
+
+    # the run's tables
+    from forensics.sources import read_metrics
+
+    metrics, _ = read_metrics([str(p) for p in case.metrics_sources], step_offset=cfg.step_offset)
+    loss_key = find_loss_key(metrics.columns, cfg.loss_key)
+    logged = dict(zip(metrics[STEP].tolist(), metrics[loss_key].astype(float).tolist()))
+    if case.plan_path is None:
+        raise ForensicsError(f"case {root}: replay needs the plan (plan.parquet or run.toml 'plan')")
+    samples = load_samples(case.samples_path) if case.samples_path else None
+    plan = assign_steps(load_plan(case.plan_path, samples), cfg.grad_accum, cfg.world_size, cfg.rank_split)
+    index = StepIndex.build(plan, samples, cfg.boundaries)
+    tokens = read_tokens(case.samples_path, opt.tokens, samples)
+
+    steps = sorted(set(opt.steps or [])) if not opt.from_findings else _steps_from_findings(root, loss_key)
+    if not steps:
+        raise ForensicsError("replay: name the steps (--steps 254,258) or use --from-findings")
+    missing = [s for s in steps if not index.has(s)]
+    if missing:
+        raise ForensicsError(f"plan {case.plan_path}: no batch for step(s) {missing[:5]}; the plan covers steps "
+                             f"{min(index.samples_of)}-{max(index.samples_of)}")
+
+    # model and checkpoints
+    ck_spec = opt.checkpoints or extras.get("checkpoints")
+    if not ck_spec:
+        raise ForensicsError("no checkpoints: give --checkpoints DIR or set 'checkpoints' in run.toml")
+    ck_path = Path(ck_spec) if Path(ck_spec).is_absolute() else root / ck_spec
+    checkpoints = discover_checkpoints(ck_path)
+    model = load_model(opt.model or extras.get("model"), root, checkpoints[-1].config_dir)
+    pad_id = int(extras.get("pad_id", model.pad_id if model.pad_id is not None else 0))
+    pad_side = str(extras.get("pad_side", model.pad_side or "right"))
+    if pad_side not in ("left", "right"):
+        raise ForensicsError(f"run.toml: 'pad_side' must be left or right; got {pad_side!r}")
+    model.module.to(device).eval()
+    fwd = Forwarder(model, device, dtype, opt.max_tokens_per_forward, pad_id, pad_side)
+
+    # plan the forwards: (checkpoint step, batch step)
+    plans, needed = {}, set()
+    by_step = {c.step: c for c in checkpoints}
+    for s in steps:
+        ck = nearest_before(checkpoints, s)
+        if ck is None:
+            plans[s] = None
+            continue
+        earlier = [c for c in checkpoints if c.step < ck.step][-opt.earlier:][::-1] if opt.earlier else []
+        same, other = _pick_controls(s, index, opt.controls, set(steps) | {s - 1, s + 1})
+        neigh = {}
+        for off in (-1, 1):
+            t = s + off
+            nck = nearest_before(checkpoints, t)
+            if index.has(t) and nck is not None:
+                neigh[f"{off:+d}"] = (t, nck.step)
+                needed.add((nck.step, t))
+        plans[s] = dict(ck=ck.step, earlier=[c.step for c in earlier], same=same, other=other, neigh=neigh)
+        needed |= {(ck.step, t) for t in [s, *same, *other]}
+        needed |= {(e.step, t) for e in earlier for t in [s, *same]}
+
+    cache: dict[tuple[int, int], list[SampleLoss]] = {}
+    with _Progress(opt.progress, len(needed)) as advance:
+        for ck_step in sorted({c for c, _ in needed}):
+            ck: Checkpoint = by_step[ck_step]
+            apply_state(model.module, load_state_dict(ck), ck.path)
+            for _, t in sorted(p for p in needed if p[0] == ck_step):
+                cache[(ck_step, t)] = fwd.losses([tokens[i] for i in index.samples_of[t]])
+                advance(f"checkpoint {ck_step}, step {t}")
+
+    doc_freq, n_docs = tokens.document_frequency()
+    results = []
+    for s in steps:
+        results.append(_step_result(s, plans[s], cache, index, tokens, logged, doc_freq, n_docs, cfg.step_offset))
+    result = ReplayResult(steps=_finite(results), device=device, dtype=dtype, forwards=fwd.forwards)
+    out = root / "replay" / "replay.json"
+    _merge_write(out, result)
+    result.written.append(out)
+    if opt.json_path:
+        jp = Path(opt.json_path)
+        jp.parent.mkdir(parents=True, exist_ok=True)
+        jp.write_text(json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        result.written.append(jp)
+    del torch
+    return result
+
+
+def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, tokens: TokenStore,
+                 logged: dict[int, float], doc_freq: np.ndarray, n_docs: int, step_offset: int) -> dict[str, Any]:
+    log = logged.get(s)
+    log = None if log is None or not math.isfinite(log) else log
+    if plan is None:
+        return {"step": s, "verdict": "inconclusive", "logged": log,
+                "evidence": [f"No checkpoint at or before step {s}: nothing to replay it with."]}
+    ck = plan["ck"]
+    suspect = cache[(ck, s)]
+    replayed = batch_loss(suspect)
+    same = [batch_loss(cache[(ck, t)]) for t in plan["same"]]
+    other = [batch_loss(cache[(ck, t)]) for t in plan["other"]]
+    z = zscore(replayed, same)
+    neighbours, match, dist = {}, {}, {}
+    for off, (t, nck) in plan["neigh"].items():
+        r = batch_loss(cache[(nck, t)])
+        neighbours[off] = r
+        if log is not None:
+            match[off] = abs(r - log)
+            dist[off] = t - nck  # updates between the neighbour batch and its checkpoint
+    earlier = []
+    for e in plan["earlier"]:
+        er = batch_loss(cache[(e, s)])
+        es = [batch_loss(cache[(e, t)]) for t in plan["same"]]
+        earlier.append({"checkpoint_step": e, "replayed": er, "z": zscore(er, es),
+                        "controls_mean": float(np.mean(es)) if es else None})
+
+    # per-sample: most suspect first, leave-one-out, and leave-the-top-out
+    sids = index.samples_of[s]
+    total, count = sum(x.total for x in suspect), sum(x.count for x in suspect)
+    ctrl = [x.mean for t in plan["same"] for x in cache[(ck, t)] if x.count]
+    thr = (float(np.mean(ctrl)) + SAMPLE_Z * float(np.std(ctrl))) if len(ctrl) >= 2 else math.inf
+    order = sorted(range(len(sids)), key=lambda i: -(suspect[i].mean if suspect[i].count else -math.inf))
+    rows = []
+    for i in order:
+        x = suspect[i]
+        rest = count - x.count
+        rows.append({"sample_id": int(sids[i]), "loss": x.mean, "n_tokens": int(len(tokens[sids[i]])),
+                     "leave_one_out": (total - x.total) / rest if rest else None,
+                     "signals": signals(tokens[sids[i]], x.tokens, doc_freq, n_docs)})
+    top = [i for i in order if suspect[i].count and suspect[i].mean > thr]
+    leave_out = None
+    if top and len(top) < len(sids):
+        rest = [suspect[i] for i in range(len(sids)) if i not in set(top)]
+        lr = batch_loss(rest)
+        leave_out = {"sample_ids": [int(sids[i]) for i in top], "replayed": lr, "z": zscore(lr, same)}
+    m = Measured(step=s, checkpoint_step=ck, logged=log, replayed=replayed, neighbours=neighbours,
+                 neighbour_logged_match=match, neighbour_distance=dist, z=z,
+                 controls_mean=float(np.mean(same)) if same else None,
+                 earlier=earlier, leave_out=leave_out, step_offset=step_offset)
+    verdict, evidence = decide(m)
+    out: dict[str, Any] = {
+        "step": s, "verdict": verdict, "checkpoint_step": ck, "logged": log, "replayed": replayed,
+        "neighbours": {k: neighbours.get(k) for k in ("-1", "+1")},
+        "bucket": index.bucket_of.get(s),
+        "controls": {"same_bucket": same, "other_buckets": other, "z": z,
+                     "same_bucket_steps": plan["same"], "other_bucket_steps": plan["other"]},
+        "samples": rows,
+        "evidence": evidence,
+    }
+    if earlier:
+        out["earlier"] = [{k: e[k] for k in ("checkpoint_step", "replayed", "z")} for e in earlier]
+    if leave_out:
+        out["leave_out"] = leave_out
+    return out
+
+
+def _merge_write(path: Path, result: ReplayResult) -> None:
+    """Write replay.json, keeping the steps an earlier replay wrote and this one did not redo."""
+    old: list[dict] = []
+    if path.exists():
+        try:
+            old = json.loads(path.read_text(encoding="utf-8")).get("steps", [])
+        except (ValueError, AttributeError):
+            old = []
+    new_steps = {d["step"] for d in result.steps}
+    merged = sorted([d for d in old if d.get("step") not in new_steps] + result.steps, key=lambda d: d["step"])
+    doc = result.to_json() | {"steps": merged}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+
+
+class _Progress:
+    """A rich progress bar on stderr over the forwards (only when asked: the library stays quiet by default)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total, self._bar = enabled, total, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda what: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                             TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+        self._bar.start()
+        task = self._bar.add_task("", total=self.total)
+        return lambda what: self._bar.update(task, advance=1, description=what)
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def steps_table(result: ReplayResult) -> pd.DataFrame:
+    """One row per replayed step for a terminal table (the CLI renders it)."""
+    rows = []
+    for d in result.steps:
+        c = d.get("controls") or {}
+        rows.append({"step": d["step"], "verdict": d["verdict"], "checkpoint": d.get("checkpoint_step"),
+                     "logged": d.get("logged"), "replayed": d.get("replayed"), "z": c.get("z"),
+                     "top samples": ", ".join(str(x["sample_id"]) for x in (d.get("samples") or [])[:3])})
+    return pd.DataFrame(rows)

@@ -1,0 +1,105 @@
+"""Per-sample losses of a batch, computed in micro-batches that fit ``max_tokens_per_forward``.
+
+The loss is the run's: next-token cross-entropy over the non-pad label positions, summed per sample; a batch's loss
+is its token-weighted mean (sum over samples / label tokens), as HF Trainer and most training loops report it. Since
+samples do not see each other under the attention mask, the split into micro-batches does not change a sample's
+loss, so micro-batches are sized for memory alone and split again (halved) on out-of-memory.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from forensics.errors import ForensicsError
+from forensics.replay import _torch
+from forensics.replay.batches import pad_batch
+from forensics.replay.model import LoadedModel
+
+
+@dataclass
+class SampleLoss:
+    """One sample's summed loss over its ``count`` label tokens, and the per-token losses (float32)."""
+
+    total: float
+    count: int
+    tokens: np.ndarray
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else float("nan")
+
+
+def batch_loss(losses: list[SampleLoss]) -> float:
+    """The token-weighted mean loss of a batch (the value a training loop logs)."""
+    n = sum(s.count for s in losses)
+    return sum(s.total for s in losses) / n if n else float("nan")
+
+
+class Forwarder:
+    """Runs batches through ``model`` on ``device`` in ``dtype`` (bf16 by autocast), without autograd."""
+
+    def __init__(self, model: LoadedModel, device: str, dtype: str, max_tokens: int, pad_id: int,
+                 pad_side: str) -> None:
+        if max_tokens < 1:
+            raise ForensicsError(f"--max-tokens-per-forward must be >= 1; got {max_tokens}")
+        self.model, self.device, self.dtype = model, device, dtype
+        self.max_tokens, self.pad_id, self.pad_side = max_tokens, pad_id, pad_side
+        self.forwards = 0
+
+    def _autocast(self) -> Any:
+        torch = _torch.torch()
+        if self.dtype == "bfloat16":
+            return torch.autocast(device_type=self.device.split(":")[0], dtype=torch.bfloat16)
+        return nullcontext()
+
+    def losses(self, seqs: list[np.ndarray]) -> list[SampleLoss]:
+        """Per-sample losses of ``seqs`` (in order), micro-batched to the token limit."""
+        out: list[SampleLoss] = []
+        for chunk in self._chunks(seqs, self.max_tokens):
+            out += self._run(chunk)
+        return out
+
+    @staticmethod
+    def _chunks(seqs: list[np.ndarray], limit: int) -> list[list[np.ndarray]]:
+        chunks, cur, width = [], [], 0
+        for s in seqs:
+            w = max(width, len(s))
+            if cur and w * (len(cur) + 1) > limit:
+                chunks.append(cur)
+                cur, w = [], len(s)
+            cur.append(s)
+            width = w
+        if cur:
+            chunks.append(cur)
+        return chunks
+
+    def _run(self, chunk: list[np.ndarray]) -> list[SampleLoss]:
+        torch = _torch.torch()
+        try:
+            return self._forward(chunk)
+        except torch.OutOfMemoryError as exc:
+            if len(chunk) == 1:
+                raise ForensicsError(f"one sample of {len(chunk[0])} tokens does not fit in memory on "
+                                     f"{self.device}; try --dtype bfloat16 or another device") from exc
+            if self.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            half = len(chunk) // 2
+            return self._run(chunk[:half]) + self._run(chunk[half:])
+
+    def _forward(self, chunk: list[np.ndarray]) -> list[SampleLoss]:
+        torch = _torch.torch()
+        ids, mask = pad_batch(chunk, self.pad_id, self.pad_side)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        with torch.no_grad(), self._autocast():
+            logits = self.model.logits(ids, mask)
+        self.forwards += 1
+        labels_ok = mask[:, 1:].bool()
+        ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
+        ce = (ce * labels_ok).cpu().numpy()
+        ok = labels_ok.cpu().numpy()
+        return [SampleLoss(float(ce[i][ok[i]].sum(dtype=np.float64)), int(ok[i].sum()), ce[i][ok[i]].astype(np.float32))
+                for i in range(len(chunk))]

@@ -33,7 +33,7 @@ from forensics.replay.checkpoints import (
     load_state_dict,
     nearest_before,
 )
-from forensics.replay.forward import Forwarder, SampleLoss, batch_loss
+from forensics.replay.forward import LOSS_DENOMINATORS, Forwarder, SampleLoss, batch_loss
 from forensics.replay.model import load_model
 from forensics.replay.signals import signals
 from forensics.replay.verdicts import Measured, decide, zscore
@@ -84,7 +84,7 @@ def _run_toml_extras(root: Path) -> dict[str, Any]:
     if not p.exists():
         return {}
     data = tomllib.loads(p.read_text(encoding="utf-8"))
-    return {k: data[k] for k in ("model", "checkpoints", "pad_id", "pad_side") if k in data}
+    return {k: data[k] for k in ("model", "checkpoints", "pad_id", "pad_side", "loss_denominator") if k in data}
 
 
 def _device(name: str) -> str:
@@ -189,6 +189,10 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
     pad_side = str(extras.get("pad_side", model.pad_side or "right"))
     if pad_side not in ("left", "right"):
         raise ForensicsError(f"run.toml: 'pad_side' must be left or right; got {pad_side!r}")
+    denom = str(extras.get("loss_denominator", "labels" if model.hf else "predicted"))
+    if denom not in LOSS_DENOMINATORS:
+        raise ForensicsError(f"run.toml: 'loss_denominator' must be one of {', '.join(LOSS_DENOMINATORS)}; "
+                             f"got {denom!r}")
     model.module.to(device).eval()
     fwd = Forwarder(model, device, dtype, opt.max_tokens_per_forward, pad_id, pad_side)
 
@@ -225,7 +229,8 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
     doc_freq, n_docs = tokens.document_frequency()
     results = []
     for s in steps:
-        results.append(_step_result(s, plans[s], cache, index, tokens, logged, doc_freq, n_docs, cfg.step_offset))
+        results.append(_step_result(s, plans[s], cache, index, tokens, logged, doc_freq, n_docs, cfg.step_offset,
+                                    denom))
     result = ReplayResult(steps=_finite(results), device=device, dtype=dtype, forwards=fwd.forwards)
     out = root / "replay" / "replay.json"
     _merge_write(out, result)
@@ -240,7 +245,8 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
 
 
 def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, tokens: TokenStore,
-                 logged: dict[int, float], doc_freq: np.ndarray, n_docs: int, step_offset: int) -> dict[str, Any]:
+                 logged: dict[int, float], doc_freq: np.ndarray, n_docs: int, step_offset: int,
+                 denom: str = "predicted") -> dict[str, Any]:
     log = logged.get(s)
     log = None if log is None or not math.isfinite(log) else log
     if plan is None:
@@ -248,34 +254,35 @@ def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, token
                 "evidence": [f"No checkpoint at or before step {s}: nothing to replay it with."]}
     ck = plan["ck"]
     suspect = cache[(ck, s)]
-    replayed = batch_loss(suspect)
-    same = [batch_loss(cache[(ck, t)]) for t in plan["same"]]
-    other = [batch_loss(cache[(ck, t)]) for t in plan["other"]]
+    replayed = batch_loss(suspect, denom)
+    same = [batch_loss(cache[(ck, t)], denom) for t in plan["same"]]
+    other = [batch_loss(cache[(ck, t)], denom) for t in plan["other"]]
     z = zscore(replayed, same)
     neighbours, match, dist = {}, {}, {}
     for off, (t, nck) in plan["neigh"].items():
-        r = batch_loss(cache[(nck, t)])
+        r = batch_loss(cache[(nck, t)], denom)
         neighbours[off] = r
         if log is not None:
             match[off] = abs(r - log)
             dist[off] = t - nck  # updates between the neighbour batch and its checkpoint
     earlier = []
     for e in plan["earlier"]:
-        er = batch_loss(cache[(e, s)])
-        es = [batch_loss(cache[(e, t)]) for t in plan["same"]]
+        er = batch_loss(cache[(e, s)], denom)
+        es = [batch_loss(cache[(e, t)], denom) for t in plan["same"]]
         earlier.append({"checkpoint_step": e, "replayed": er, "z": zscore(er, es),
                         "controls_mean": float(np.mean(es)) if es else None})
 
     # per-sample: most suspect first, leave-one-out, and leave-the-top-out
     sids = index.samples_of[s]
-    total, count = sum(x.total for x in suspect), sum(x.count for x in suspect)
+    extra = 1 if denom == "labels" else 0
+    total, count = sum(x.total for x in suspect), sum(x.count + extra for x in suspect)
     ctrl = [x.mean for t in plan["same"] for x in cache[(ck, t)] if x.count]
     thr = (float(np.mean(ctrl)) + SAMPLE_Z * float(np.std(ctrl))) if len(ctrl) >= 2 else math.inf
     order = sorted(range(len(sids)), key=lambda i: -(suspect[i].mean if suspect[i].count else -math.inf))
     rows = []
     for i in order:
         x = suspect[i]
-        rest = count - x.count
+        rest = count - x.count - extra
         rows.append({"sample_id": int(sids[i]), "loss": x.mean, "n_tokens": int(len(tokens[sids[i]])),
                      "leave_one_out": (total - x.total) / rest if rest else None,
                      "signals": signals(tokens[sids[i]], x.tokens, doc_freq, n_docs)})
@@ -283,7 +290,7 @@ def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, token
     leave_out = None
     if top and len(top) < len(sids):
         rest = [suspect[i] for i in range(len(sids)) if i not in set(top)]
-        lr = batch_loss(rest)
+        lr = batch_loss(rest, denom)
         leave_out = {"sample_ids": [int(sids[i]) for i in top], "replayed": lr, "z": zscore(lr, same)}
     m = Measured(step=s, checkpoint_step=ck, logged=log, replayed=replayed, neighbours=neighbours,
                  neighbour_logged_match=match, neighbour_distance=dist, z=z,

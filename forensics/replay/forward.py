@@ -1,7 +1,8 @@
 """Per-sample losses of a batch, computed in micro-batches that fit ``max_tokens_per_forward``.
 
 The loss is the run's: next-token cross-entropy over the non-pad label positions, summed per sample; a batch's loss
-is its token-weighted mean (sum over samples / label tokens), as HF Trainer and most training loops report it. Since
+is its token-weighted mean (sum over samples / tokens, see :data:`LOSS_DENOMINATORS`), as HF Trainer and most
+training loops report it. Since
 samples do not see each other under the attention mask, the split into micro-batches does not change a sample's
 loss, so micro-batches are sized for memory alone and split again (halved) on out-of-memory.
 """
@@ -33,9 +34,15 @@ class SampleLoss:
         return self.total / self.count if self.count else float("nan")
 
 
-def batch_loss(losses: list[SampleLoss]) -> float:
-    """The token-weighted mean loss of a batch (the value a training loop logs)."""
-    n = sum(s.count for s in losses)
+#: How the run divided a batch's summed loss: by the predicted tokens (``predicted``: non-pad tokens after the first
+#: of each sequence), or by every non-pad label (``labels``: HF Trainer's ``num_items_in_batch`` counts the labels
+#: before the shift, so each sequence adds one token that is never predicted).
+LOSS_DENOMINATORS = ("predicted", "labels")
+
+
+def batch_loss(losses: list[SampleLoss], denominator: str = "predicted") -> float:
+    """The token-weighted mean loss of a batch (the value a training loop logs), divided as the run divided it."""
+    n = sum(s.count for s in losses) + (len(losses) if denominator == "labels" else 0)
     return sum(s.total for s in losses) / n if n else float("nan")
 
 

@@ -78,18 +78,20 @@ def test_lr_jolt_gets_state(jolt_run):
     assert d["replayed"] > 2 * d["earlier"][0]["replayed"]
 
 
-def test_normal_step_is_not_data_and_later_replays_merge(corrupt_run):
+def test_normal_steps_are_not_data_nor_misaligned_and_later_replays_merge(corrupt_run):
     case, labels = corrupt_run
-    normal = 20
-    assert normal not in labels["corrupted_steps"]
-    res = replay_case(case, ReplayOptions(steps=[normal], controls=4))
-    (d,) = res.steps
-    assert d["verdict"] != "data"
+    normal = [20, 38, 52, 61]
+    assert not set(normal) & set(labels["corrupted_steps"])
+    res = replay_case(case, ReplayOptions(steps=normal, controls=4))
+    by = {d["step"]: d for d in res.steps}
+    assert all(d["verdict"] not in ("data", "misaligned") for d in res.steps), [d["evidence"] for d in res.steps]
+    d = by[20]
     assert d["replayed"] == pytest.approx(d["logged"], rel=1e-4)  # checkpoint 20 is the step's own state
     assert abs(d["controls"]["z"]) < 3 and len(d["controls"]["same_bucket"]) == 4
     assert len(d["controls"]["other_buckets"]) == 4
+    assert by[38]["checkpoint_step"] == 35 and by[38]["calibration"]  # 3 updates away: tolerance measured
     merged = json.loads((case / "replay" / "replay.json").read_text())
-    assert normal in [x["step"] for x in merged["steps"]]
+    assert set(normal) <= {x["step"] for x in merged["steps"]}
 
 
 def test_metrics_shifted_by_one_step_get_misaligned(corrupt_run, tmp_path):

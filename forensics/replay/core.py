@@ -42,6 +42,8 @@ from forensics.schema import STEP, find_loss_key, load_plan, load_samples, open_
 VERSION = 1
 #: A sample is a "top suspect" when its loss is this many SDs above the same-bucket controls' per-sample losses.
 SAMPLE_Z = 3.0
+#: Steps per checkpoint replayed to calibrate the tolerance of reproduction (see verdicts.tolerance).
+CALIBRATION = 4
 
 
 @dataclass
@@ -213,7 +215,19 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
             if index.has(t) and nck is not None:
                 neigh[f"{off:+d}"] = (t, nck.step)
                 needed.add((nck.step, t))
-        plans[s] = dict(ck=ck.step, earlier=[c.step for c in earlier], same=same, other=other, neigh=neigh)
+        # calibration: how well a checkpoint reproduces the logged loss of steps up to d = s - c updates after it,
+        # measured after this checkpoint (steps c+1..s-1) and after the earlier ones (c'+1..c'+d): the tolerance
+        # of reproduction comes from the run's own drift, not from a guess
+        d = s - ck.step
+        cal = []
+        for base in [ck.step, *(e.step for e in earlier)]:
+            span = [t for t in range(base + 1, base + d + (0 if base == ck.step else 1))
+                    if index.has(t) and t in logged and t not in steps]
+            if span:
+                picks = np.unique(np.linspace(0, len(span) - 1, min(CALIBRATION, len(span))).round().astype(int))
+                cal += [(base, span[int(i)]) for i in picks]
+        plans[s] = dict(ck=ck.step, earlier=[c.step for c in earlier], same=same, other=other, neigh=neigh, cal=cal)
+        needed |= set(cal)
         needed |= {(ck.step, t) for t in [s, *same, *other]}
         needed |= {(e.step, t) for e in earlier for t in [s, *same]}
 
@@ -265,6 +279,17 @@ def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, token
         if log is not None:
             match[off] = abs(r - log)
             dist[off] = t - nck  # updates between the neighbour batch and its checkpoint
+    calibration = []
+    for base, t in plan["cal"]:
+        lt = logged.get(t)
+        if lt is not None and math.isfinite(lt) and lt != 0:
+            calibration.append({"checkpoint_step": base, "step": t, "replayed": batch_loss(cache[(base, t)], denom),
+                                "logged": lt})
+    reverse = {}
+    for off in plan["neigh"]:
+        lr_ = logged.get(s - int(off))
+        if lr_ is not None and math.isfinite(lr_):
+            reverse[off] = lr_
     earlier = []
     for e in plan["earlier"]:
         er = batch_loss(cache[(e, s)], denom)
@@ -295,7 +320,10 @@ def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, token
     m = Measured(step=s, checkpoint_step=ck, logged=log, replayed=replayed, neighbours=neighbours,
                  neighbour_logged_match=match, neighbour_distance=dist, z=z,
                  controls_mean=float(np.mean(same)) if same else None,
-                 earlier=earlier, leave_out=leave_out, step_offset=step_offset)
+                 earlier=earlier, leave_out=leave_out, step_offset=step_offset,
+                 calibration=[(c["step"] - c["checkpoint_step"], abs(c["replayed"] - c["logged"]) / abs(c["logged"]))
+                              for c in calibration],
+                 reverse_logged=reverse)
     verdict, evidence = decide(m)
     out: dict[str, Any] = {
         "step": s, "verdict": verdict, "checkpoint_step": ck, "logged": log, "replayed": replayed,
@@ -310,6 +338,8 @@ def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, token
         out["earlier"] = [{k: e[k] for k in ("checkpoint_step", "replayed", "z")} for e in earlier]
     if leave_out:
         out["leave_out"] = leave_out
+    if calibration:
+        out["calibration"] = calibration
     return out
 
 

@@ -12,8 +12,15 @@ Order of the rules (the first that holds wins):
 5. ``inconclusive`` otherwise.
 
 Tolerance of reproduction: relative :data:`RTOL_EXACT` at the step's own checkpoint (replay on another device, dtype
-or kernel is not bit-exact), growing by :data:`RTOL_PER_STEP` per update between the checkpoint and the step (the
-parameters moved), capped at :data:`RTOL_MAX`.
+or kernel is not bit-exact). When the checkpoint is d updates before the step, the parameters moved: steps up to d
+updates after this checkpoint and after the earlier ones are replayed at those checkpoints too (``calibration``),
+and their largest relative error at a distance <= d, times :data:`DRIFT_FACTOR`, is added (capped at
+:data:`RTOL_MAX`): a run that learns fast gets a wide tolerance, a settled one a tight one, both measured rather than
+assumed. Misalignment must be clear and hold both ways: the step misses by at least :data:`MISALIGN_MISS` times its
+tolerance, batch s+o reproduces the loss logged at s, and batch s the loss logged at s-o.
+
+``data`` also needs the batch to be clearly above its bucket in size (:data:`DATA_RISE` over the controls' mean), so a
+batch that is merely unusual for its bucket (a mixed batch at a bucket boundary) does not count as a spike's cause.
 """
 
 from __future__ import annotations
@@ -22,29 +29,33 @@ import math
 from dataclasses import dataclass, field
 
 Z_HIGH = 3.0
+DATA_RISE = 0.3
+MISALIGN_MISS = 2.0
 STATE_RISE = 0.2
 RTOL_EXACT = 0.02
-RTOL_PER_STEP = 0.04
+DRIFT_FACTOR = 1.5
 RTOL_MAX = 0.3
 #: A neighbour must match at least this many times better than the step itself to call the join misaligned.
 NEIGHBOUR_MARGIN = 3.0
 
 
-def tolerance(logged: float, distance: int) -> float:
-    """The largest |replayed - logged| still counted as reproduced, ``distance`` updates after the checkpoint."""
-    rtol = min(RTOL_MAX, RTOL_EXACT + RTOL_PER_STEP * max(distance, 0))
+def tolerance(logged: float, distance: int, calibration: list[tuple[int, float]] | None = None) -> float:
+    """The largest |replayed - logged| still counted as reproduced, ``distance`` updates after the checkpoint;
+    ``calibration`` holds (distance, relative error) of the steps between the checkpoint and the suspect."""
+    drift = max((e for d, e in (calibration or []) if 0 < d <= distance), default=0.0) if distance > 0 else 0.0
+    rtol = min(RTOL_MAX, RTOL_EXACT + DRIFT_FACTOR * drift)
     return rtol * max(abs(logged), 1e-6)
 
 
 def zscore(value: float, controls: list[float]) -> float | None:
-    """z of ``value`` against ``controls`` (>= 2); the spread is floored at 2% of their mean so near-identical
+    """z of ``value`` against ``controls`` (>= 2); the spread is floored at 5% of their mean so near-identical
     controls do not turn a tiny difference into a huge z."""
     xs = [c for c in controls if math.isfinite(c)]
     if len(xs) < 2 or not math.isfinite(value):
         return None
     mean = sum(xs) / len(xs)
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-    return (value - mean) / max(sd, 0.02 * abs(mean), 1e-6)
+    return (value - mean) / max(sd, 0.05 * abs(mean), 1e-6)
 
 
 @dataclass
@@ -63,6 +74,8 @@ class Measured:
     earlier: list[dict] = field(default_factory=list)  # {checkpoint_step, replayed, z, controls_mean}
     leave_out: dict | None = None  # {sample_ids, replayed, z}
     step_offset: int = 0
+    calibration: list[tuple[int, float]] = field(default_factory=list)  # (distance, relative error)
+    reverse_logged: dict[str, float] = field(default_factory=dict)  # offset o -> loss logged at s - o
 
 
 def _f(x: float | None) -> str:
@@ -73,7 +86,7 @@ def decide(m: Measured) -> tuple[str, list[str]]:
     """The verdict of one step and its evidence sentences."""
     ev: list[str] = []
     err = None if m.logged is None else abs(m.replayed - m.logged)
-    tol = None if m.logged is None else tolerance(m.logged, m.step - m.checkpoint_step)
+    tol = None if m.logged is None else tolerance(m.logged, m.step - m.checkpoint_step, m.calibration)
     if m.logged is None:
         ev.append(f"No logged loss at step {m.step}: reproduction not checked.")
     else:
@@ -84,11 +97,16 @@ def decide(m: Measured) -> tuple[str, list[str]]:
         best = min(m.neighbour_logged_match.items(), key=lambda kv: kv[1], default=None)
         if best is not None:
             off, nerr = best
-            ntol = tolerance(m.logged, m.neighbour_distance.get(off, 0))
-            if nerr <= ntol and nerr * NEIGHBOUR_MARGIN < err:
+            ntol = tolerance(m.logged, m.neighbour_distance.get(off, 0), m.calibration)
+            back = m.reverse_logged.get(off)
+            back_ok = back is None or abs(m.replayed - back) <= tolerance(back, m.step - m.checkpoint_step,
+                                                                           m.calibration)
+            if nerr <= ntol and nerr * NEIGHBOUR_MARGIN < err and back_ok and err >= MISALIGN_MISS * tol:
                 o = int(off)
                 ev.append(f"The batch of step {m.step + o} reproduces the loss logged at step {m.step} "
-                          f"({_f(m.neighbours.get(off))}): metrics and plan are joined {abs(o)} step off; "
+                          f"({_f(m.neighbours.get(off))})" + (f", and step {m.step}'s batch the loss logged at step "
+                          f"{m.step - o} ({_f(back)})" if back is not None else "") +
+                          f": metrics and plan are joined {abs(o)} step off; "
                           f"set step_offset = {m.step_offset - o} (now {m.step_offset}).")
                 return "misaligned", ev
         ev.append("Neither neighbour (s-1, s+1) reproduces it either: the checkpoint, the tokens, the padding or "
@@ -105,7 +123,8 @@ def decide(m: Measured) -> tuple[str, list[str]]:
         lo = m.leave_out
         ev.append(f"Without its {len(lo['sample_ids'])} top samples the batch gives {_f(lo['replayed'])} "
                   f"(z {_f(lo.get('z'))}).")
-    if all(z is not None and z >= Z_HIGH for z in zs):
+    rise = m.replayed / m.controls_mean - 1 if m.controls_mean else 0.0
+    if all(z is not None and z >= Z_HIGH for z in zs) and rise >= DATA_RISE:
         where = "at every checkpoint tried" if m.earlier else "at the only checkpoint before it"
         ev.append(f"The batch is high against its own bucket {where}: the data caused it.")
         return "data", ev

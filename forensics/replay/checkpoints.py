@@ -7,7 +7,9 @@ batch saw (HF ``checkpoint-N/`` counts ``global_step`` the same way). Layouts un
   ``optimizer.pt`` beside), or one such folder;
 - a folder of ``.safetensors`` / ``.pt`` / ``.pth`` / ``.bin`` state dicts, the step the last number in the name
   (``step_000030.pt``, ``ckpt-30.safetensors``), or given by ``manifest.json`` (``{"checkpoints": [{"path", "step"}]}``);
-- a ``.pt`` may hold ``{"model": state_dict, "optimizer": optimizer_state, ...}`` (the usual training-loop layout).
+- a ``.pt`` may hold ``{"model": state_dict, "optimizer": optimizer_state, ...}`` (the usual training-loop layout);
+- sharded ``torch.distributed.checkpoint`` (DCP) folders (a ``.metadata`` file beside the shards), gathered into one
+  process with torch's own ``dcp_to_torch_save`` and then read like a ``.pt``.
 
 ``torch.load`` runs with ``weights_only=True`` only: a file holding a pickled object is refused, never executed.
 """
@@ -44,13 +46,21 @@ class Checkpoint:
         return self.path if self.kind == "hf" and (self.path / "config.json").exists() else None
 
 
+def is_dcp_folder(path: Path) -> bool:
+    """A ``torch.distributed.checkpoint`` folder: its ``.metadata`` file names the shards."""
+    return path.is_dir() and (path / ".metadata").exists()
+
+
 def is_hf_folder(path: Path) -> bool:
     """An HF model or ``checkpoint-N`` folder: it holds weights under one of the names the Trainer writes."""
     return path.is_dir() and any((path / n).exists() for n in _HF_WEIGHTS)
 
 
 def discover_checkpoints(path: str | Path) -> list[Checkpoint]:
-    """Every checkpoint under ``path``, sorted by step; none found is bad input naming what was looked for."""
+    """Every checkpoint under ``path``, sorted by step; none found is bad input naming what was looked for.
+
+    ``kind`` is ``hf`` (a ``checkpoint-N/`` folder), ``dcp`` (a ``torch.distributed.checkpoint`` folder) or ``file``.
+    """
     path = Path(path)
     if not path.exists():
         raise ForensicsError(f"checkpoints {path} do not exist")
@@ -58,6 +68,8 @@ def discover_checkpoints(path: str | Path) -> list[Checkpoint]:
         return [Checkpoint(_step_from_name(path, path), path, "file")]
     if is_hf_folder(path):
         return [Checkpoint(_hf_step(path), path, "hf")]
+    if is_dcp_folder(path):
+        return [Checkpoint(_step_from_name(path, path), path, "dcp")]
     manifest = path / "manifest.json"
     if manifest.exists():
         return _from_manifest(manifest)
@@ -65,6 +77,8 @@ def discover_checkpoints(path: str | Path) -> list[Checkpoint]:
     for child in sorted(path.iterdir()):
         if child.is_dir() and is_hf_folder(child):
             found.append(Checkpoint(_hf_step(child), child, "hf"))
+        elif child.is_dir() and is_dcp_folder(child):
+            found.append(Checkpoint(_step_from_name(child, child), child, "dcp"))
         elif child.is_file() and child.suffix in STATE_SUFFIXES and not child.name.startswith(("optimizer", "rng")):
             found.append(Checkpoint(_step_from_name(child, child), child, "file"))
     if not found:
@@ -158,8 +172,27 @@ def _state_of(obj: Any, path: Path) -> dict[str, Any]:
     raise ForensicsError(f"checkpoint {path}: expected a state dict of tensors (or one under 'model'); found {keys}")
 
 
+def _read_dcp(folder: Path) -> Any:
+    """A DCP folder gathered into one object with torch's converter, then loaded with ``weights_only=True``."""
+    import tempfile
+
+    _torch.torch()
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory(prefix="forensics-dcp-") as tmp:
+        out = Path(tmp) / "gathered.pt"
+        try:
+            dcp_to_torch_save(str(folder), str(out))
+        except Exception as exc:  # DCP raises several types for a damaged or partial folder
+            raise ForensicsError(f"checkpoint {folder}: torch.distributed.checkpoint could not gather it into one "
+                                 f"process: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        return torch_load(out)
+
+
 def load_state_dict(ckpt: Checkpoint) -> dict[str, Any]:
     """The model weights of ``ckpt`` as a name -> tensor dict (on CPU)."""
+    if ckpt.kind == "dcp":
+        return _state_of(_read_dcp(ckpt.path), ckpt.path)
     if ckpt.kind == "hf":
         for name in _HF_WEIGHTS:
             if (ckpt.path / name).exists():
@@ -172,8 +205,8 @@ def load_optimizer_state(ckpt: Checkpoint) -> dict[str, Any] | None:
     if ckpt.kind == "hf":
         p = ckpt.path / "optimizer.pt"
         return torch_load(p) if p.exists() else None
-    if ckpt.path.suffix in (".pt", ".pth", ".bin"):
-        obj = torch_load(ckpt.path)
+    if ckpt.path.suffix in (".pt", ".pth", ".bin") or ckpt.kind == "dcp":
+        obj = _read_dcp(ckpt.path) if ckpt.kind == "dcp" else torch_load(ckpt.path)
         if isinstance(obj, dict):
             for key in _OPTIM_KEYS:
                 if isinstance(obj.get(key), dict):

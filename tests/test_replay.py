@@ -1,8 +1,9 @@
 """Replay on real runs: the tiny LM of fixtures/tiny_lm.py trained on CPU, with known causes for its spikes.
 
-Two runs are trained once per session (~10 s together on one core): ``corrupt`` (12 samples of one short batch
-overwritten with runs of token ids the run never uses; the batch recurs once per epoch) and ``jolt`` (clean data,
-the learning rate x20 for one update, a checkpoint right after it).
+Three runs are trained once per session (~15 s together on one core): ``corrupt`` (12 samples of one short batch
+overwritten with runs of token ids the run never uses; the batch recurs once per epoch), ``jolt`` (clean data,
+the learning rate x20 for one update, a checkpoint right after it) and ``composition`` (clean one-cluster batches of
+two clusters sharing token ids).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ def corrupt_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 def jolt_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("tiny-jolt")
     return out, build_tiny_run(out, "jolt", seed=0, wandb=False)
+
+
+@pytest.fixture(scope="session")
+def composition_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("tiny-composition")
+    return out, build_tiny_run(out, "composition", seed=0, wandb=False)
 
 
 def _copy_case(src: Path, dst: Path, **toml: object) -> Path:
@@ -66,6 +73,10 @@ def test_corrupted_batch_gets_data_with_corrupted_samples_first(corrupt_run, tmp
     assert top["rare_token_share"] > 0.8 and top["repeat_run"] >= 4
     assert d["samples"][-1]["signals"]["rare_token_share"] == 0.0
     assert abs(d["replayed"] - d["logged"]) < 0.3 * d["logged"]
+    # the gradient probe: the corrupted batch pulls far harder than its bucket
+    assert d["gradient"]["z"] > 10 and d["gradient"]["suspect"] > 3 * max(d["gradient"]["controls"]["same_bucket"])
+    assert d["determinism"] == {"max_abs_diff": 0.0, "equal": True}
+    assert (case / "wandb").is_dir() and list((case / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
 def test_lr_jolt_gets_state(jolt_run):
@@ -166,3 +177,46 @@ def test_safetensors_checkpoints_and_npy_tokens_replay_the_same(corrupt_run, tmp
     assert b.steps[0]["replayed"] == pytest.approx(a.steps[0]["replayed"], rel=1e-5)
     assert b.steps[0]["earlier"][0]["checkpoint_step"] == 15
     assert b.forwards > a.forwards  # 64 tokens per forward splits every batch
+
+
+def test_one_cluster_update_gets_composition(composition_run):
+    case, _ = composition_run
+    res = replay_case(case, ReplayOptions(steps=[60], controls=4))
+    (d,) = res.steps
+    assert d["verdict"] == "composition", d["evidence"]
+    probe = d["update_probe"]
+    assert set(probe["per_cluster"]) == {"0", "1"}
+    # the batch holds cluster 1 only; one update on it hurts cluster 0 far more than a mixed update does
+    assert probe["per_cluster"]["0"] > 0.03 and probe["per_cluster"]["0"] > 3 * probe["mixed"]["0"]
+    assert "leave_out" not in d and abs(d["controls"]["z"]) < 3
+
+
+def test_dropout_left_on_gets_nondeterministic(corrupt_run, tmp_path):
+    case, labels = corrupt_run
+    c = _copy_case(case, tmp_path / "drop", model="fixtures.tiny_lm:tiny_gpt_dropout")
+    res = replay_case(c, ReplayOptions(steps=[labels["corrupted_steps"][0]], controls=3, train_mode=True,
+                                       probes=False))
+    (d,) = res.steps
+    assert d["verdict"] == "nondeterministic", d["evidence"]
+    assert d["determinism"]["equal"] is False and d["determinism"]["max_abs_diff"] > 1e-3
+
+
+def test_bf16_second_dtype_agrees_within_tolerance(corrupt_run):
+    case, _ = corrupt_run
+    res = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=0, second_dtype="bfloat16", probes=False))
+    second = res.steps[0]["determinism"]["second"]
+    assert second["dtype"] == "bfloat16" and 0 < second["max_abs_diff"] < 0.1 and second["equal"] is True
+
+
+def test_dcp_checkpoint_replays_like_the_pt(corrupt_run, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    case, _ = corrupt_run
+    for step in (15, 20):
+        sd = torch.load(case / "checkpoints" / f"step_{step:06d}.pt", weights_only=True)
+        dcp.save({"model": sd["model"]}, checkpoint_id=str(tmp_path / "dcp" / f"step_{step}"))
+    a = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False))
+    b = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False,
+                                        checkpoints=str(tmp_path / "dcp")))
+    assert b.steps[0]["replayed"] == a.steps[0]["replayed"]
+    assert b.steps[0]["earlier"] == a.steps[0]["earlier"]

@@ -29,6 +29,13 @@ def register(sub) -> None:
                    help="control batches per kind: K of the same bucket, K of others (default 8)")
     p.add_argument("--max-tokens-per-forward", type=int, default=16_384, metavar="N",
                    help="padded tokens per forward pass (default 16384; split again on out-of-memory)")
+    p.add_argument("--second-device", default=None, metavar="D",
+                   help="determinism: also run the suspect batch on this device (cpu, cuda)")
+    p.add_argument("--second-dtype", default=None, choices=("float32", "bfloat16"),
+                   help="determinism: also run the suspect batch in this dtype")
+    p.add_argument("--train-mode", action="store_true",
+                   help="run the model in train mode (dropout on), as a run whose logged loss had dropout")
+    p.add_argument("--no-probes", action="store_true", help="skip the gradient and update probes (loss only)")
     p.add_argument("--json", default=None, metavar="F", help="also write replay.json to F")
     p.set_defaults(func=run)
 
@@ -51,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
     opts = ReplayOptions(steps=_parse_steps(args.steps), from_findings=args.from_findings,
                          checkpoints=args.checkpoints, model=args.model, tokens=args.tokens, device=args.device,
                          dtype=args.dtype, controls=args.controls, max_tokens_per_forward=args.max_tokens_per_forward,
-                         json_path=args.json, progress=True)
+                         json_path=args.json, progress=True, train_mode=args.train_mode,
+                         second_device=args.second_device, second_dtype=args.second_dtype,
+                         probes=not args.no_probes)
     result = replay_case(args.case, opts)
     out = console()
     table = Table(title=f"replay on {result.device} ({result.dtype}), {result.forwards} forwards")

@@ -30,11 +30,13 @@ from forensics.replay.checkpoints import (
     Checkpoint,
     apply_state,
     discover_checkpoints,
+    load_optimizer_state,
     load_state_dict,
     nearest_before,
 )
-from forensics.replay.forward import LOSS_DENOMINATORS, Forwarder, SampleLoss, batch_loss
-from forensics.replay.model import load_model
+from forensics.replay.forward import LOSS_DENOMINATORS, Forwarder, SampleLoss, batch_loss, grad_norm
+from forensics.replay.model import LoadedModel, load_model
+from forensics.replay.probes import composition_harm, determinism, mixed_batch, probe_sets, update_probe
 from forensics.replay.signals import signals
 from forensics.replay.verdicts import Measured, decide, zscore
 from forensics.schema import STEP, find_loss_key, load_plan, load_samples, open_case
@@ -62,6 +64,11 @@ class ReplayOptions:
     max_tokens_per_forward: int = 16_384
     json_path: str | None = None
     progress: bool = False
+    train_mode: bool = False
+    second_device: str | None = None
+    second_dtype: str | None = None
+    probes: bool = True
+    seed: int = 0
 
 
 @dataclass
@@ -195,8 +202,15 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
     if denom not in LOSS_DENOMINATORS:
         raise ForensicsError(f"run.toml: 'loss_denominator' must be one of {', '.join(LOSS_DENOMINATORS)}; "
                              f"got {denom!r}")
-    model.module.to(device).eval()
+    model.module.to(device).train(opt.train_mode)
     fwd = Forwarder(model, device, dtype, opt.max_tokens_per_forward, pad_id, pad_side)
+    fwd2 = None
+    if opt.second_device or opt.second_dtype:
+        import copy
+
+        dev2 = _device(opt.second_device or device)
+        twin = LoadedModel(copy.deepcopy(model.module).to(dev2), model.hf, model.pad_id, model.pad_side, None)
+        fwd2 = Forwarder(twin, dev2, opt.second_dtype or dtype, opt.max_tokens_per_forward, pad_id, pad_side)
 
     # plan the forwards: (checkpoint step, batch step)
     plans, needed = {}, set()
@@ -232,19 +246,27 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
         needed |= {(e.step, t) for e in earlier for t in [s, *same]}
 
     cache: dict[tuple[int, int], list[SampleLoss]] = {}
+    probes: dict[int, dict[str, Any]] = {}
     with _Progress(opt.progress, len(needed)) as advance:
         for ck_step in sorted({c for c, _ in needed}):
             ck: Checkpoint = by_step[ck_step]
-            apply_state(model.module, load_state_dict(ck), ck.path)
+            state = load_state_dict(ck)
+            apply_state(model.module, state, ck.path)
+            if fwd2 is not None:
+                apply_state(fwd2.model.module, state, ck.path)
             for _, t in sorted(p for p in needed if p[0] == ck_step):
                 cache[(ck_step, t)] = fwd.losses([tokens[i] for i in index.samples_of[t]])
                 advance(f"checkpoint {ck_step}, step {t}")
+            for s in steps:
+                if plans.get(s) and plans[s]["ck"] == ck_step:
+                    probes[s] = _probes(s, plans[s], ck, state, model, fwd, fwd2, cache, index, tokens, samples,
+                                        denom, opt)
 
     doc_freq, n_docs = tokens.document_frequency()
     results = []
     for s in steps:
         results.append(_step_result(s, plans[s], cache, index, tokens, logged, doc_freq, n_docs, cfg.step_offset,
-                                    denom))
+                                    denom, probes.get(s, {}), samples))
     result = ReplayResult(steps=_finite(results), device=device, dtype=dtype, forwards=fwd.forwards)
     out = root / "replay" / "replay.json"
     _merge_write(out, result)
@@ -260,7 +282,8 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
 
 def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, tokens: TokenStore,
                  logged: dict[int, float], doc_freq: np.ndarray, n_docs: int, step_offset: int,
-                 denom: str = "predicted") -> dict[str, Any]:
+                 denom: str = "predicted", probed: dict | None = None,
+                 samples: pd.DataFrame | None = None) -> dict[str, Any]:
     log = logged.get(s)
     log = None if log is None or not math.isfinite(log) else log
     if plan is None:
@@ -324,6 +347,13 @@ def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, token
                  calibration=[(c["step"] - c["checkpoint_step"], abs(c["replayed"] - c["logged"]) / abs(c["logged"]))
                               for c in calibration],
                  reverse_logged=reverse)
+    probed = probed or {}
+    if "determinism" in probed:
+        m.determinism = probed["determinism"]
+    if "update_probe" in probed:
+        col = "cluster" if samples is not None and "cluster" in samples.columns else "source"
+        cl = dict(zip(samples["sample_id"].tolist(), samples[col].astype(str).tolist()))
+        m.composition = composition_harm(probed["update_probe"], {cl[i] for i in sids if i in cl})
     verdict, evidence = decide(m)
     out: dict[str, Any] = {
         "step": s, "verdict": verdict, "checkpoint_step": ck, "logged": log, "replayed": replayed,
@@ -340,6 +370,38 @@ def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, token
         out["leave_out"] = leave_out
     if calibration:
         out["calibration"] = calibration
+    for key in ("gradient", "update_probe", "determinism"):
+        if key in probed:
+            out[key] = probed[key]
+    return out
+
+
+def _probes(s: int, plan: dict, ck: Checkpoint, state: dict, model: LoadedModel, fwd: Forwarder,
+            fwd2: Forwarder | None, cache: dict, index: StepIndex, tokens: TokenStore,
+            samples: pd.DataFrame | None, denom: str, opt: ReplayOptions) -> dict[str, Any]:
+    """Determinism, gradient and update probes of step ``s`` at its checkpoint (the weights are loaded)."""
+    seqs = [tokens[i] for i in index.samples_of[s]]
+    out: dict[str, Any] = {"determinism": determinism(fwd, seqs, cache[(ck.step, s)], fwd2)}
+    if not opt.probes:
+        return out
+    g = {"suspect": grad_norm(fwd, seqs, denom)}
+    g["controls"] = {kind: [grad_norm(fwd, [tokens[i] for i in index.samples_of[t]], denom) for t in plan[key]]
+                     for kind, key in (("same_bucket", "same"), ("other_buckets", "other"))}
+    g["z"] = zscore(g["suspect"], g["controls"]["same_bucket"])
+    out["gradient"] = g
+    opt_state = load_optimizer_state(ck)
+    if opt_state is not None and samples is not None:
+        own = set(index.samples_of[s])
+        sets = probe_sets(samples, own, opt.seed)
+        col = "cluster" if "cluster" in samples.columns else ("source" if "source" in samples.columns else None)
+        if len(sets) >= 2 and col is not None:
+            used = own | {i for ids in sets.values() for i in ids}
+            mixed = mixed_batch(samples, col, sum(len(x) for x in seqs), used, opt.seed)
+            probe = update_probe(fwd, opt_state, lambda: apply_state(model.module, state, ck.path), seqs,
+                                 [tokens[i] for i in mixed], {c: [tokens[i] for i in ids] for c, ids in sets.items()},
+                                 denom)
+            if probe is not None:
+                out["update_probe"] = probe
     return out
 
 

@@ -110,3 +110,37 @@ class Forwarder:
         ok = labels_ok.cpu().numpy()
         return [SampleLoss(float(ce[i][ok[i]].sum(dtype=np.float64)), int(ok[i].sum()), ce[i][ok[i]].astype(np.float32))
                 for i in range(len(chunk))]
+
+
+def _predicted(seqs: list[np.ndarray], denominator: str) -> int:
+    return sum(max(len(s) - 1, 0) for s in seqs) + (len(seqs) if denominator == "labels" else 0)
+
+
+def accumulate_grad(fwd: Forwarder, seqs: list[np.ndarray], denominator: str = "predicted") -> None:
+    """Backward of the batch's mean loss into ``.grad`` (micro-batched, gradients summed as in accumulation)."""
+    torch = _torch.torch()
+    module = fwd.model.module
+    for p in module.parameters():
+        p.grad = None
+    n = _predicted(seqs, denominator)
+    for chunk in fwd._chunks(seqs, fwd.max_tokens):
+        ids, mask = pad_batch(chunk, fwd.pad_id, fwd.pad_side)
+        ids, mask = ids.to(fwd.device), mask.to(fwd.device)
+        with torch.enable_grad(), fwd._autocast():
+            logits = fwd.model.logits(ids, mask)
+            ok = mask[:, 1:].bool()
+            ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:],
+                                                   reduction="none")
+            ((ce * ok).sum() / max(n, 1)).backward()
+        fwd.forwards += 1
+
+
+def grad_norm(fwd: Forwarder, seqs: list[np.ndarray], denominator: str = "predicted") -> float:
+    """The global L2 norm of the gradient of the batch's mean loss (what the run logs as ``grad_norm``)."""
+    torch = _torch.torch()
+    accumulate_grad(fwd, seqs, denominator)
+    grads = [p.grad.detach().float() for p in fwd.model.module.parameters() if p.grad is not None]
+    norm = float(torch.sqrt(sum((g * g).sum() for g in grads))) if grads else 0.0
+    for p in fwd.model.module.parameters():
+        p.grad = None
+    return norm

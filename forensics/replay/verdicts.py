@@ -1,6 +1,8 @@
 """The experiments' numbers -> one verdict per step, with the sentences that justify it.
 
 Order of the rules (the first that holds wins):
+0. ``nondeterministic``: the same forward run twice (or on the second device/dtype given) disagrees beyond
+   tolerance: nothing else can be concluded from a replay until that is fixed (dropout left on, a kernel).
 1. ``misaligned``: the step's batch does not reproduce the logged loss and a neighbour's batch (s-1 or s+1) does,
    clearly better: the metrics and the plan are joined one step off.
 2. ``not-reproduced``: the replayed loss is off the logged one beyond tolerance and no neighbour explains it.
@@ -9,7 +11,10 @@ Order of the rules (the first that holds wins):
 4. ``state``: at the checkpoint just before the spike the suspect and its controls are high alike (z below
    :data:`Z_HIGH`, both >= :data:`STATE_RISE` above their values at the earlier checkpoints), and at the earlier
    checkpoints the suspect is normal.
-5. ``inconclusive`` otherwise.
+5. ``composition``: every sample is normal (no top suspects, z below :data:`Z_HIGH`), but one update on the batch
+   raises the loss of the clusters it does not hold by at least :data:`COMPOSITION_MIN` and
+   :data:`COMPOSITION_RATIO` times what one update on a mixed batch of the same size does.
+6. ``inconclusive`` otherwise.
 
 Tolerance of reproduction: relative :data:`RTOL_EXACT` at the step's own checkpoint (replay on another device, dtype
 or kernel is not bit-exact). When the checkpoint is d updates before the step, the parameters moved: steps up to d
@@ -31,6 +36,8 @@ from dataclasses import dataclass, field
 Z_HIGH = 3.0
 DATA_RISE = 0.3
 MISALIGN_MISS = 2.0
+COMPOSITION_MIN = 0.01
+COMPOSITION_RATIO = 2.0
 STATE_RISE = 0.2
 RTOL_EXACT = 0.02
 DRIFT_FACTOR = 1.5
@@ -76,6 +83,8 @@ class Measured:
     step_offset: int = 0
     calibration: list[tuple[int, float]] = field(default_factory=list)  # (distance, relative error)
     reverse_logged: dict[str, float] = field(default_factory=dict)  # offset o -> loss logged at s - o
+    determinism: dict | None = None  # {max_abs_diff, equal, second?}
+    composition: tuple[float, float] | None = None  # other clusters' loss change: (suspect update, mixed update)
 
 
 def _f(x: float | None) -> str:
@@ -85,6 +94,15 @@ def _f(x: float | None) -> str:
 def decide(m: Measured) -> tuple[str, list[str]]:
     """The verdict of one step and its evidence sentences."""
     ev: list[str] = []
+    det = m.determinism or {}
+    bad = [d for d in (det, det.get("second") or {}) if d and not d.get("equal", True)]
+    if bad:
+        d = bad[0]
+        where = f" on {d['device']} ({d['dtype']})" if "device" in d else " twice"
+        ev.append(f"The same forward{where} disagrees with itself by up to {d['max_abs_diff']:.3g} per sample: "
+                  "replays cannot be compared with the log until the forward is deterministic (dropout left on, "
+                  "a nondeterministic kernel).")
+        return "nondeterministic", ev
     err = None if m.logged is None else abs(m.replayed - m.logged)
     tol = None if m.logged is None else tolerance(m.logged, m.step - m.checkpoint_step, m.calibration)
     if m.logged is None:
@@ -137,5 +155,13 @@ def decide(m: Measured) -> tuple[str, list[str]]:
                       f"{min(suspect_rise):.0%} and +{min(control_rise):.0%} over the earlier checkpoints), and the "
                       "batch was normal before: the model state caused it, not the data.")
             return "state", ev
+    if m.composition is not None and (m.z is None or m.z < Z_HIGH) and not (m.leave_out or {}).get("sample_ids"):
+        harm, mixed = m.composition
+        ev.append(f"One update on this batch changes the loss of the clusters it does not hold by {harm:+.3f}; one "
+                  f"update on a mixed batch of the same size by {mixed:+.3f}.")
+        if harm >= COMPOSITION_MIN and harm >= COMPOSITION_RATIO * max(mixed, 0.0) and harm - mixed >= COMPOSITION_MIN:
+            ev.append("Each sample is normal, but the batch's composition pulls the model away from the other "
+                      "clusters: rebuild batches so that each mixes clusters (bucketed shuffle).")
+            return "composition", ev
     ev.append("Neither the batch against its bucket nor the state across checkpoints explains a spike here.")
     return "inconclusive", ev

@@ -2,7 +2,8 @@
 
 The run is the tiny LM of ``fixtures/tiny_lm.py`` (``corrupt`` setting, trained here in a few seconds). Replay is
 asked for every ``--every``-th step (default 3: 22 steps) with ``--controls`` K (default 8), so it runs a few hundred
-forwards. The baseline does only what any replay must: load each checkpoint the replay loaded, and run each
+forwards. Replay runs without the gradient and update probes (``probes=False``: they have
+no forward-only counterpart). The baseline does only what any replay must: load each checkpoint the replay loaded, and run each
 (checkpoint, batch) pair it ran through the model once under ``torch.no_grad()`` to a mean loss; it reads nothing,
 decides nothing and writes nothing. Overhead = replay / bare - 1 (target: under 30%). Timings are the best of
 ``--repeat`` runs after a warm-up.
@@ -25,8 +26,9 @@ from fixtures.tiny_lm import PAD_ID, build_tiny_run, tiny_gpt
 from forensics.replay import ReplayOptions, replay_case
 
 
-def pairs_of(result: dict) -> set[tuple[int, int]]:
-    """The (checkpoint step, batch step) pairs a replay ran, read back from its replay.json steps."""
+def pairs_of(result: dict) -> list[tuple[int, int]]:
+    """The (checkpoint step, batch step) forwards a replay ran, read back from its replay.json steps (the suspect
+    twice: the determinism check runs it again)."""
     out: set[tuple[int, int]] = set()
     for d in result["steps"]:
         ck, s, c = d["checkpoint_step"], d["step"], d["controls"]
@@ -38,10 +40,10 @@ def pairs_of(result: dict) -> set[tuple[int, int]]:
             t = s + off
             if d["neighbours"].get(f"{off:+d}") is not None:
                 out.add((max(k for k in d["_checkpoints"] if k <= t), t))
-    return out
+    return sorted(out) + [(d["checkpoint_step"], d["step"]) for d in result["steps"]]
 
 
-def bare_loop(case: Path, pairs: set[tuple[int, int]]) -> float:
+def bare_loop(case: Path, pairs: list[tuple[int, int]]) -> float:
     """Load each checkpoint once and run its batches; returns seconds."""
     samples = pd.read_parquet(case / "samples.parquet")
     plan = pd.read_parquet(case / "plan.parquet")
@@ -78,7 +80,8 @@ def main() -> None:
         case = Path(tmp) / "tiny"
         labels = build_tiny_run(case, "corrupt", wandb=False)
         steps = list(range(1, labels["n_steps"] - 1, args.every))
-        opts = ReplayOptions(steps=steps, controls=args.controls)
+        # loss replay only: the gradient and update probes have no forward-only baseline
+        opts = ReplayOptions(steps=steps, controls=args.controls, probes=False)
         replay_times = []
         for _ in range(args.repeat + 1):
             t0 = time.perf_counter()

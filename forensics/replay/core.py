@@ -80,6 +80,7 @@ class ReplayResult:
     dtype: str
     written: list[Path] = field(default_factory=list)
     forwards: int = 0
+    tokens_forwarded: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"version": VERSION, "device": self.device, "dtype": self.dtype, "steps": self.steps}
@@ -94,6 +95,15 @@ def _run_toml_extras(root: Path) -> dict[str, Any]:
         return {}
     data = tomllib.loads(p.read_text(encoding="utf-8"))
     return {k: data[k] for k in ("model", "checkpoints", "pad_id", "pad_side", "loss_denominator") if k in data}
+
+
+def _vocab_size(module: Any) -> int | None:
+    """Rows of the input embedding (HF ``get_input_embeddings``, else the first ``nn.Embedding``)."""
+    torch = _torch.torch()
+    emb = module.get_input_embeddings() if hasattr(module, "get_input_embeddings") else None
+    if emb is None:
+        emb = next((m for m in module.modules() if isinstance(m, torch.nn.Embedding)), None)
+    return int(emb.num_embeddings) if emb is not None else None
 
 
 def _device(name: str) -> str:
@@ -198,6 +208,15 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
     pad_side = str(extras.get("pad_side", model.pad_side or "right"))
     if pad_side not in ("left", "right"):
         raise ForensicsError(f"run.toml: 'pad_side' must be left or right; got {pad_side!r}")
+    vocab = _vocab_size(model.module)
+    if vocab is not None:
+        if not 0 <= pad_id < vocab:  # pads are masked out: any id the embedding holds will do
+            pad_id = 0
+        used = {i for t in (index.samples_of[s] for s in steps) for i in t}
+        top = max((int(tokens[i].max()) for i in used if len(tokens[i])), default=0)
+        if top >= vocab:
+            raise ForensicsError(f"tokens {tokens.origin}: id {top} is beyond the model's vocabulary of {vocab}; "
+                                 "the tokens or the model are not the run's")
     denom = str(extras.get("loss_denominator", "labels" if model.hf else "predicted"))
     if denom not in LOSS_DENOMINATORS:
         raise ForensicsError(f"run.toml: 'loss_denominator' must be one of {', '.join(LOSS_DENOMINATORS)}; "
@@ -267,7 +286,8 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
     for s in steps:
         results.append(_step_result(s, plans[s], cache, index, tokens, logged, doc_freq, n_docs, cfg.step_offset,
                                     denom, probes.get(s, {}), samples))
-    result = ReplayResult(steps=_finite(results), device=device, dtype=dtype, forwards=fwd.forwards)
+    result = ReplayResult(steps=_finite(results), device=device, dtype=dtype, forwards=fwd.forwards,
+                          tokens_forwarded=fwd.tokens)
     out = root / "replay" / "replay.json"
     _merge_write(out, result)
     result.written.append(out)

@@ -56,6 +56,7 @@ class Forwarder:
         self.model, self.device, self.dtype = model, device, dtype
         self.max_tokens, self.pad_id, self.pad_side = max_tokens, pad_id, pad_side
         self.forwards = 0
+        self.tokens = 0  # padded tokens forwarded (throughput figures)
 
     def _autocast(self) -> Any:
         torch = _torch.torch()
@@ -104,6 +105,7 @@ class Forwarder:
         with torch.no_grad(), self._autocast():
             logits = self.model.logits(ids, mask)
         self.forwards += 1
+        self.tokens += int(ids.numel())
         labels_ok = mask[:, 1:].bool()
         ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
         ce = (ce * labels_ok).cpu().numpy()

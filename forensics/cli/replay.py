@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
                          probes=not args.no_probes)
     result = replay_case(args.case, opts)
     out = console()
+    for w in result.warnings:
+        console(stderr=True).print(f"warning: {w}", markup=False)
     table = Table(title=f"replay on {result.device} ({result.dtype}), {result.forwards} forwards")
     frame = steps_table(result)
     for col in frame.columns:

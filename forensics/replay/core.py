@@ -81,6 +81,7 @@ class ReplayResult:
     written: list[Path] = field(default_factory=list)
     forwards: int = 0
     tokens_forwarded: int = 0
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": VERSION, "device": self.device, "dtype": self.dtype, "steps": self.steps}
@@ -117,7 +118,7 @@ def _device(name: str) -> str:
     return name
 
 
-def _steps_from_findings(root: Path, loss_key: str) -> list[int]:
+def _steps_from_findings(root: Path, loss_key: str) -> tuple[list[int], list[str]]:
     path = root / "findings.json"
     if not path.exists():
         raise ForensicsError(f"--from-findings: {path} does not exist; run forensics audit {root} first")
@@ -126,10 +127,17 @@ def _steps_from_findings(root: Path, loss_key: str) -> list[int]:
     except ValueError as exc:
         raise ForensicsError(f"{path} is not valid JSON: {exc}") from exc
     key = (data.get("run") or {}).get("loss_key") or loss_key
-    steps = sorted({int(s["peak_step"]) for s in data.get("spikes", []) if s.get("metric") == key})
+    spikes = [s for s in data.get("spikes", []) if s.get("peak_step") is not None]
+    steps = sorted({int(s["peak_step"]) for s in spikes if s.get("metric") == key})
+    if steps:
+        return steps, []
+    # no loss spike (e.g. the loss detector's history window covers it) but spikes on other training quantities:
+    # their steps are what the audit's next steps ask to replay
+    steps = sorted({int(s["peak_step"]) for s in spikes})
     if not steps:
-        raise ForensicsError(f"--from-findings: {path} holds no spike on the loss metric '{key}'")
-    return steps
+        raise ForensicsError(f"--from-findings: {path} holds no spike to replay")
+    metrics = sorted({str(s.get("metric")) for s in spikes})
+    return steps, [f"{path}: no spike on the loss '{key}'; replaying the peaks of the spikes on {', '.join(metrics)}"]
 
 
 def _pick_controls(step: int, index: StepIndex, k: int, exclude: set[int]) -> tuple[list[int], list[int]]:
@@ -189,7 +197,11 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
     index = StepIndex.build(plan, samples, cfg.boundaries)
     tokens = read_tokens(case.samples_path, opt.tokens, samples)
 
-    steps = sorted(set(opt.steps or [])) if not opt.from_findings else _steps_from_findings(root, loss_key)
+    warnings: list[str] = []
+    if opt.from_findings:
+        steps, warnings = _steps_from_findings(root, loss_key)
+    else:
+        steps = sorted(set(opt.steps or []))
     if not steps:
         raise ForensicsError("replay: name the steps (--steps 254,258) or use --from-findings")
     missing = [s for s in steps if not index.has(s)]
@@ -287,7 +299,7 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
         results.append(_step_result(s, plans[s], cache, index, tokens, logged, doc_freq, n_docs, cfg.step_offset,
                                     denom, probes.get(s, {}), samples))
     result = ReplayResult(steps=_finite(results), device=device, dtype=dtype, forwards=fwd.forwards,
-                          tokens_forwarded=fwd.tokens)
+                          tokens_forwarded=fwd.tokens, warnings=warnings)
     out = root / "replay" / "replay.json"
     _merge_write(out, result)
     result.written.append(out)
@@ -375,6 +387,15 @@ def _step_result(s: int, plan: dict | None, cache: dict, index: StepIndex, token
         cl = dict(zip(samples["sample_id"].tolist(), samples[col].astype(str).tolist()))
         m.composition = composition_harm(probed["update_probe"], {cl[i] for i in sids if i in cl})
     verdict, evidence = decide(m)
+    g = probed.get("gradient")
+    if g and g.get("z") is not None and verdict != "nondeterministic":
+        same_g = g["controls"]["same_bucket"]
+        evidence.insert(len(evidence) - 1, f"Its gradient norm is {g['suspect']:.3g} against {np.mean(same_g):.3g} "
+                        f"for its bucket's controls (z = {g['z']:.1f}).")
+    if rows and verdict == "data":
+        evidence.insert(len(evidence) - 1, "Most suspect samples: " + ", ".join(
+            f"{r['sample_id']} (loss {r['loss']:.3g}, repeat run {r['signals']['repeat_run']}, rare tokens "
+            f"{r['signals']['rare_token_share']:.0%})" for r in rows[:3]) + ".")
     out: dict[str, Any] = {
         "step": s, "verdict": verdict, "checkpoint_step": ck, "logged": log, "replayed": replayed,
         "neighbours": {k: neighbours.get(k) for k in ("-1", "+1")},

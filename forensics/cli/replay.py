@@ -15,7 +15,8 @@ def register(sub) -> None:
                     "checkpoints (needs the [replay] extra).", "forensics replay CASE --steps 254,258")
     p.add_argument("case", help="case folder (plan, samples with input_ids, metrics, run.toml with model/checkpoints)")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--steps", default=None, metavar="S[,S]...", help="steps to replay, comma-separated")
+    which.add_argument("--steps", "--step", dest="steps", default=None, metavar="S[,S]...",
+                       help="steps to replay, comma-separated")
     which.add_argument("--from-findings", action="store_true", help="the loss spikes' peak steps of CASE/findings.json")
     p.add_argument("--checkpoints", default=None, metavar="DIR", help="checkpoints (default: run.toml 'checkpoints')")
     p.add_argument("--model", default=None, metavar="M",

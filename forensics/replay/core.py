@@ -211,6 +211,8 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
 
     # model and checkpoints
     ck_spec = opt.checkpoints or extras.get("checkpoints")
+    if not ck_spec and any(p.is_dir() for p in root.glob("checkpoint-*")):
+        ck_spec = "."  # an HF Trainer output folder holds its checkpoint-N/ folders itself
     if not ck_spec:
         raise ForensicsError("no checkpoints: give --checkpoints DIR or set 'checkpoints' in run.toml")
     ck_path = Path(ck_spec) if Path(ck_spec).is_absolute() else root / ck_spec

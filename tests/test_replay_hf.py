@@ -84,6 +84,9 @@ def test_hf_trainer_run_reproduces_from_its_checkpoint_folders(hf_run, tmp_path)
     assert steps[8]["replayed"] == pytest.approx(steps[8]["logged"], rel=2e-3)
     assert steps[8]["verdict"] in ("inconclusive",) and steps[8]["earlier"][0]["checkpoint_step"] == 4
     assert abs(steps[10]["replayed"] - steps[10]["logged"]) < 0.1 * steps[10]["logged"]
+    # the Trainer's optimizer.pt (two parameter groups: decay and no decay) drives the update probe
+    assert set(steps[8]["update_probe"]["per_cluster"]) == {"0", "1"}
+    assert steps[8]["gradient"]["suspect"] > 0 and len(steps[8]["gradient"]["controls"]["same_bucket"]) == 3
 
 
 def test_model_folder_and_sharded_safetensors_replay_the_same(hf_run, tmp_path):

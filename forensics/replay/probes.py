@@ -74,24 +74,43 @@ def mixed_batch(samples: pd.DataFrame, clusters_col: str, n_tokens: int, exclude
     return out
 
 
+def _param_groups(module: Any, groups: list[dict]) -> list[list[Any]] | None:
+    """The parameters of each saved group, in the order the run built them: one group over
+    ``module.parameters()`` (a plain loop), or HF Trainer's two (weight decay, then none)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    sizes = [len(g.get("params", [])) for g in groups]
+    if sizes == [len(params)]:
+        return [params]
+    if len(groups) == 2 and hasattr(module, "config"):
+        tf = _torch.transformers()
+        decay = set(tf.Trainer.get_decay_parameter_names(None, module))  # uses no Trainer state
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        split = [[p for n, p in named if n in decay], [p for n, p in named if n not in decay]]
+        if [len(x) for x in split] == sizes:
+            return split
+    return None
+
+
 def build_optimizer(module: Any, state: dict[str, Any]) -> Any | None:
-    """The run's optimizer rebuilt from its saved state (one param group over ``module.parameters()`` in order, as a
-    plain training loop builds it); ``None`` when the state does not fit that layout (e.g. several groups)."""
+    """The run's optimizer rebuilt from its saved state (AdamW/Adam or SGD, parameter groups as
+    :func:`_param_groups` finds them); ``None`` when the state does not fit the model that way."""
     torch = _torch.torch()
     groups = state.get("param_groups") or []
-    params = list(module.parameters())
-    if len(groups) != 1 or len(groups[0].get("params", [])) != len(params):
+    split = _param_groups(module, groups) if groups else None
+    if split is None:
         return None
     g = groups[0]
+    fresh = [{"params": ps} for ps in split]
     if "betas" in g:
-        opt = torch.optim.AdamW(params, lr=g.get("lr", 1e-3))
+        opt = torch.optim.AdamW(fresh, lr=g.get("lr", 1e-3))
     elif "momentum" in g:
-        opt = torch.optim.SGD(params, lr=g.get("lr", 1e-3))
+        opt = torch.optim.SGD(fresh, lr=g.get("lr", 1e-3))
     else:
         return None
+    flat = [p for ps in split for p in ps]
     for idx, st in (state.get("state") or {}).items():
         ref = st.get("exp_avg", st.get("momentum_buffer"))
-        if ref is not None and tuple(ref.shape) != tuple(params[int(idx)].shape):
+        if ref is not None and (int(idx) >= len(flat) or tuple(ref.shape) != tuple(flat[int(idx)].shape)):
             return None
     try:
         opt.load_state_dict(state)

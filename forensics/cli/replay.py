@@ -52,7 +52,7 @@ def _parse_steps(text: str | None) -> list[int] | None:
 
 def run(args: argparse.Namespace) -> int:
     from forensics.replay import ReplayOptions, replay_case
-    from forensics.replay.core import steps_table
+    from forensics.replay.result import steps_table
 
     if args.json and not args.json.endswith(".json"):
         raise ForensicsError(f"--json {args.json}: replay writes .json only")

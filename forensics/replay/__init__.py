@@ -9,9 +9,12 @@ needs them; a missing one is one line naming the ``[replay]`` extra. The modules
 - :mod:`~forensics.replay.forward`: per-sample losses in micro-batches that fit a token limit;
 - :mod:`~forensics.replay.signals`: per-sample signals (repeated n-grams, rare tokens, loss concentration);
 - :mod:`~forensics.replay.verdicts`: the experiments' numbers -> a verdict with evidence sentences;
+- :mod:`~forensics.replay.probes`: determinism, gradient norm and the one-step update probe;
+- :mod:`~forensics.replay.result`: replay.json's shape, merged by step with an earlier file;
 - :mod:`~forensics.replay.core`: :func:`replay_case`, which plans the forwards, runs them and writes replay.json.
 """
 
-from forensics.replay.core import ReplayOptions, ReplayResult, replay_case
+from forensics.replay.core import ReplayOptions, replay_case
+from forensics.replay.result import ReplayResult
 
 __all__ = ["ReplayOptions", "ReplayResult", "replay_case"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,11 @@ from forensics.replay.checkpoints import (
 from forensics.replay.forward import LOSS_DENOMINATORS, Forwarder, SampleLoss, batch_loss, grad_norm
 from forensics.replay.model import LoadedModel, load_model
 from forensics.replay.probes import composition_harm, determinism, mixed_batch, probe_sets, update_probe
+from forensics.replay.result import ReplayResult, json_safe, merge_write
 from forensics.replay.signals import signals
 from forensics.replay.verdicts import Measured, decide, zscore
 from forensics.schema import STEP, find_loss_key, load_plan, load_samples, open_case
 
-VERSION = 1
 #: A sample is a "top suspect" when its loss is this many SDs above the same-bucket controls' per-sample losses.
 SAMPLE_Z = 3.0
 #: Steps per checkpoint replayed to calibrate the tolerance of reproduction (see verdicts.tolerance).
@@ -69,22 +69,6 @@ class ReplayOptions:
     second_dtype: str | None = None
     probes: bool = True
     seed: int = 0
-
-
-@dataclass
-class ReplayResult:
-    """The verdicts of one replay (``steps`` as in replay.json) and where they were written."""
-
-    steps: list[dict[str, Any]]
-    device: str
-    dtype: str
-    written: list[Path] = field(default_factory=list)
-    forwards: int = 0
-    tokens_forwarded: int = 0
-    warnings: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"version": VERSION, "device": self.device, "dtype": self.dtype, "steps": self.steps}
 
 
 def _run_toml_extras(root: Path) -> dict[str, Any]:
@@ -155,19 +139,6 @@ def _pick_controls(step: int, index: StepIndex, k: int, exclude: set[int]) -> tu
         if len(same) >= k and len(other) >= k:
             break
     return same, other
-
-
-def _finite(x: Any) -> Any:
-    """JSON-safe numbers: NaN/inf as strings (DESIGN.md), floats rounded to 6 significant digits."""
-    if isinstance(x, float):
-        return float(f"{x:.6g}") if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    if isinstance(x, np.generic):
-        return _finite(x.item())
-    return x
 
 
 def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> ReplayResult:
@@ -300,10 +271,10 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
     for s in steps:
         results.append(_step_result(s, plans[s], cache, index, tokens, logged, doc_freq, n_docs, cfg.step_offset,
                                     denom, probes.get(s, {}), samples))
-    result = ReplayResult(steps=_finite(results), device=device, dtype=dtype, forwards=fwd.forwards,
+    result = ReplayResult(steps=json_safe(results), device=device, dtype=dtype, forwards=fwd.forwards,
                           tokens_forwarded=fwd.tokens, warnings=warnings)
     out = root / "replay" / "replay.json"
-    _merge_write(out, result)
+    merge_write(out, result)
     result.written.append(out)
     if opt.json_path:
         jp = Path(opt.json_path)
@@ -448,21 +419,6 @@ def _probes(s: int, plan: dict, ck: Checkpoint, state: dict, model: LoadedModel,
     return out
 
 
-def _merge_write(path: Path, result: ReplayResult) -> None:
-    """Write replay.json, keeping the steps an earlier replay wrote and this one did not redo."""
-    old: list[dict] = []
-    if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding="utf-8")).get("steps", [])
-        except (ValueError, AttributeError):
-            old = []
-    new_steps = {d["step"] for d in result.steps}
-    merged = sorted([d for d in old if d.get("step") not in new_steps] + result.steps, key=lambda d: d["step"])
-    doc = result.to_json() | {"steps": merged}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-
-
 class _Progress:
     """A rich progress bar on stderr over the forwards (only when asked: the library stays quiet by default)."""
 
@@ -484,14 +440,3 @@ class _Progress:
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
             self._bar.stop()
-
-
-def steps_table(result: ReplayResult) -> pd.DataFrame:
-    """One row per replayed step for a terminal table (the CLI renders it)."""
-    rows = []
-    for d in result.steps:
-        c = d.get("controls") or {}
-        rows.append({"step": d["step"], "verdict": d["verdict"], "checkpoint": d.get("checkpoint_step"),
-                     "logged": d.get("logged"), "replayed": d.get("replayed"), "z": c.get("z"),
-                     "top samples": ", ".join(str(x["sample_id"]) for x in (d.get("samples") or [])[:3])})
-    return pd.DataFrame(rows)

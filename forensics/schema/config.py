@@ -80,6 +80,11 @@ class RunConfig:
     cluster_by: str | None = None
     model: str | None = None
     checkpoints: str | None = None
+    #: How the run padded and averaged (replay rebuilds its batches the same way): pad token id and side, and the
+    #: loss denominator (``labels``: every non-pad label, as HF's Trainer; ``predicted``: the shifted targets).
+    pad_id: int | None = None
+    pad_side: str | None = None
+    loss_denominator: str | None = None
     detect: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
     #: Where each key not left at its default came from (run.toml's path, ``--set`` or ``option``): so a command can
     #: say when it used a default, or when a flag had no effect.
@@ -122,6 +127,7 @@ _FIELDS = {f.name for f in fields(RunConfig)} - {"root", "given"}
 _POSITIVE = ("grad_accum", "world_size", "token_budget", "max_len", "max_batch_size", "n_buckets")
 _OPTIONAL_POSITIVE = ("logging_steps", "clusters")
 _STRINGS = ("plan", "samples", "step_key", "step_convention", "loss_key", "cluster_by", "model", "checkpoints")
+_CHOICES = {"pad_side": ("left", "right"), "loss_denominator": ("labels", "predicted")}
 
 
 # --- checks --------------------------------------------------------------------------------------------------------
@@ -162,6 +168,14 @@ def _check(key: str, value: Any, origin: str) -> Any:
     if key == "step_offset":
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ConfigError(key, f"must be an integer; got {value!r}", origin)
+        return value
+    if key == "pad_id":
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ConfigError(key, f"must be a token id (a whole number >= 0); got {value!r}", origin)
+        return value
+    if key in _CHOICES:
+        if value is not None and value not in _CHOICES[key]:
+            raise ConfigError(key, f"must be one of {', '.join(_CHOICES[key])}; got {value!r}", origin)
         return value
     if key == "rank_split":
         if value not in RANK_SPLITS:

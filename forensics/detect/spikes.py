@@ -133,15 +133,13 @@ class SpikeDetector(Detector):
         self._check_params()
         w = int(self.window)
         h = w // 2 if self.trend else w
-        queue = int(self.max_duration) + 2
-        self.params_f_ = np.array([self.z, self.ratio, self.min_jump, self.z_large, self.ratio_large],
-                                  dtype=np.float64)
-        self.params_i_ = np.array([
-            w, h, max(1, h // 2) if self.trend else w + 1, max(2, int(self.min_periods)), int(self.max_duration),
-            int(self.confirm), int(self.bucket_window), int(self.min_bucket_periods), queue, 0,
-        ], dtype=np.int64)
-        self.state_ = K.KernelState.empty(max(w, int(self.max_duration), int(self.confirm)),
-                                          int(self.bucket_window), queue)
+        params = np.zeros(1, K.PARAMS)
+        params[0] = (self.z, self.ratio, self.min_jump, self.z_large, self.ratio_large, w, h,
+                     max(1, h // 2) if self.trend else w + 1, max(2, int(self.min_periods)), int(self.max_duration),
+                     int(self.confirm), int(self.bucket_window), int(self.min_bucket_periods),
+                     int(self.max_duration) + 2, 0)
+        self.params_ = params
+        self.state_ = K.new_state(params)
         self.metric_: str | None = self.metric
         self.last_step_: int | None = None
         self.n_rows_ = 0
@@ -172,13 +170,10 @@ class SpikeDetector(Detector):
         """Pending and open events as they would be reported if the run ended now, plus the bucket summaries."""
         if not hasattr(self, "state_") or self.last_step_ is None:
             return []
-        st = self.state_.copy()
-        cap = st.pend_i.shape[0] + 2
-        ev_i = np.zeros((cap, K.N_EI), np.int64)
-        ev_f = np.zeros((cap, K.N_EF))
-        n = K.flush(self.params_f_, self.params_i_, st.win, st.ist, st.fst, st.pend_i, st.pend_f,
-                    self.last_step_, ev_i, ev_f)
-        out = [self._event_finding(ev_i[j], ev_f[j]) for j in range(n)]
+        st = K.copy_state(self.state_)
+        events = np.zeros(len(st.pending) + 2, K.EVENT)
+        n = K.flush(self.params_, st, self.last_step_, events)
+        out = [self._event_finding(events[j]) for j in range(n)]
         out += self._expected_findings()
         return sorted(out, key=lambda f: (f.step, f.kind))
 
@@ -219,23 +214,22 @@ class SpikeDetector(Detector):
                         if keep_rows else None)
         if self.n_rows_ == 0:  # fixed at the first rows, so that every chunking keeps the same windows
             grouped = tags is not None or self.group in new_rows.columns
-            self.params_i_[K.PI_USE_RAW] = int(grouped)
+            self.params_["use_raw"] = int(grouped)
             # the looser score for large jumps needs per-bucket baselines: without them a long-sequence step of a
             # bucket-jumpy run is itself a large jump
-            self.params_f_[K.PF_Z_LARGE] = self.z_large if grouped else np.inf
+            self.params_["z_large"] = self.z_large if grouped else np.inf
         if groups.max() >= 0:
-            self.state_.ensure_buckets(int(groups.max()) + 1)
+            self.state_ = K.with_buckets(self.state_, int(groups.max()) + 1)
         status = np.empty(n, np.int8)
         base = np.empty(n)
         score = np.empty(n)
-        ev_i = np.zeros((EVENT_BUFFER + self.state_.pend_i.shape[0] + 2, K.N_EI), np.int64)
-        ev_f = np.zeros((ev_i.shape[0], K.N_EF))
+        events = np.zeros(EVENT_BUFFER + len(self.state_.pending) + 2, K.EVENT)
         found = []
         done = 0
         while done < n:  # the kernel pauses when its event buffer fills; collect and go on
-            n_ev, k = K.run_rows(self.params_f_, self.params_i_, *self.state_.args(), steps[done:],
-                                 values[done:], groups[done:], status[done:], base[done:], score[done:], ev_i, ev_f)
-            found += [self._event_finding(ev_i[j], ev_f[j]) for j in range(n_ev)]
+            n_ev, k = K.run_rows(self.params_, self.state_, K.Rows(steps[done:], values[done:], groups[done:]),
+                                 K.Verdicts(status[done:], base[done:], score[done:]), events)
+            found += [self._event_finding(events[j]) for j in range(n_ev)]
             done += k
         self.last_step_ = int(steps[-1])
         self.n_rows_ += n
@@ -292,7 +286,7 @@ class SpikeDetector(Detector):
         out = []
         st = self.state_
         for g, rec in sorted(self.expected_.items()):
-            offset = st.offset(g, self.min_bucket_periods)
+            offset = K.bucket_offset(st, g, self.min_bucket_periods)
             out.append(Finding(
                 kind="expected_for_bucket", step=rec["first_step"], end_step=rec["last_step"], metric=self.metric_,
                 value=rec["max_value"], severity=INFO, tags={self.group: g},
@@ -306,14 +300,14 @@ class SpikeDetector(Detector):
             ))
         return out
 
-    def _event_finding(self, ev_i: np.ndarray, ev_f: np.ndarray) -> Finding:
+    def _event_finding(self, ev: np.void) -> Finding:
         metric = self.metric_
-        kind = "spike" if ev_i[K.EI_KIND] == K.EV_SPIKE else "level_shift"
-        start, end, peak = int(ev_i[K.EI_START]), int(ev_i[K.EI_END]), int(ev_i[K.EI_PEAK])
-        recovery = int(ev_i[K.EI_RECOVERY])
-        n_rows, bucket, is_open = int(ev_i[K.EI_N]), int(ev_i[K.EI_BUCKET]), bool(ev_i[K.EI_OPEN])
-        x, base, z = float(ev_f[K.EF_X]), float(ev_f[K.EF_BASE]), float(ev_f[K.EF_Z])
-        scale, off = float(ev_f[K.EF_SCALE]), float(ev_f[K.EF_OFF])
+        kind = "spike" if ev["kind"] == K.EV_SPIKE else "level_shift"
+        start, end, peak = int(ev["start"]), int(ev["end"]), int(ev["peak"])
+        recovery = int(ev["recovery"])
+        n_rows, bucket, is_open = int(ev["n_rows"]), int(ev["bucket"]), bool(ev["is_open"])
+        x, base, z = float(ev["x"]), float(ev["base"]), float(ev["z"])
+        scale, off = float(ev["scale"]), float(ev["offset"])
         ratio = x / base if base > 0 else float("nan")
         details = {"n_steps": n_rows, "recovery_step": recovery if recovery >= 0 else None, "ratio": ratio,
                    "noise_scale": scale, "thresholds": {"z": self.z, "ratio": self.ratio, "min_jump": self.min_jump}}
@@ -327,7 +321,7 @@ class SpikeDetector(Detector):
                 f"{z:.1f} times the local noise scale of {scale:.3g} (thresholds: {self.ratio}x"
                 f"{f', +{self.min_jump:g}' if self.min_jump else ''} and {self.z}).")
         if kind == "level_shift":
-            new_level = float(ev_f[K.EF_NEW_LEVEL])
+            new_level = float(ev["new_level"])
             details["new_level"] = new_level
             return Finding(
                 kind=kind, step=start, end_step=end, peak_step=peak, metric=metric, value=x, baseline=base, score=z,
@@ -337,7 +331,7 @@ class SpikeDetector(Detector):
                                 f"re-anchored to it at step {end}."],
                 next_step=f"Check what changed at step {start} (data mix, learning-rate schedule, a restart).",
             )
-        post = float(ev_f[K.EF_POST])
+        post = float(ev["post"])
         details["post_level"] = post
         details["open"] = is_open
         span = f"step {start}" if start == end else f"steps {start}-{end} ({n_rows} flagged steps)"
@@ -345,7 +339,7 @@ class SpikeDetector(Detector):
             after = f"The event spans {span} and was still open at the end of the data."
         else:
             after = (f"The event spans {span}; {metric} was back within the thresholds at step {recovery}, and "
-                     f"the next {int(ev_i[K.EI_N_POST])} accepted values had a median of {post:.4g}.")
+                     f"the next {int(ev['n_post'])} accepted values had a median of {post:.4g}.")
         evidence = [rise, after]
         if bucket >= 0:
             evidence.append(f"Judged against the baseline of its own {self.group} {bucket}: the run's trend "

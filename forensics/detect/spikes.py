@@ -42,8 +42,23 @@ the plain median of the last ``window`` raw values and the MAD about it) it is c
 after the warm-up are learned from but not judged (its level is not known yet); steps without a bucket are judged
 against the trend alone.
 
-The inner loop is compiled with numba (:mod:`forensics.detect._kernel`); its state is carried between ``update``
-calls, which is what makes online and offline answers identical.
+**Per row**, in one place (finite value ``x``, bucket ``b`` or -1)::
+
+    m_b   = median of (x - T) over the last bucket_window accepted steps of bucket b
+    off   = m_b - mean of m_k over the buckets known so far                      (0 without a bucket)
+    T     = trend of the last W accepted values of y = x - off (see "The baseline")
+    base  = T + off
+    scale = 1.4826 * median |x - base| over the last W accepted steps            (MAD about the baseline)
+    flag  = (x - base) / scale >= z  and  x - base >= max((ratio - 1) * |base|, min_jump)
+            (or the same with z_large and ratio_large, with buckets)
+
+The offsets are centred on their mean so that trend and offsets cannot drift together (``T + c`` and ``off - c``
+would explain the data equally well). Flagged rows stay out of every window.
+
+This docstring is the rule's one description. :mod:`forensics.detect._reference` is the same rule in plain Python
+(read it top to bottom); the inner loop is compiled with numba (:mod:`forensics.detect._kernel`) and a property test
+holds it to the reference. The kernel's state is carried between ``update`` calls, which is what makes online and
+offline answers identical.
 """
 
 from __future__ import annotations

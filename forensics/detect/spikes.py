@@ -42,6 +42,17 @@ the plain median of the last ``window`` raw values and the MAD about it) it is c
 after the warm-up are learned from but not judged (its level is not known yet); steps without a bucket are judged
 against the trend alone.
 
+**Short and fresh series.** The causal rule needs ``min_periods`` accepted values before it judges anything; the
+steps of that warm-up (all of them in a series shorter than its history, such as a 13-row excerpt pasted around a
+spike) are judged instead by a two-sided rule against the warm-up span itself, resolved in ``finish()`` (so online
+and offline still agree): a warm-up step is flagged when, against ``base = max(leave-one-out median of the span,
+median of the up to 3 unflagged steps just before it)``, both conditions hold with the span's leave-one-out MAD as the noise
+scale. The median of the steps before it keeps a warm-up descent from looking like a spike (a spike rises from
+what came before; the first step has nothing before it and is never flagged); the leave-one-out median and MAD
+keep the spike itself out of what it is judged against. It needs at least ``SHORT_MIN_ROWS`` finite values. Its
+findings carry ``details["judged_by"] = "two_sided"`` and ``details["two_sided_span"]`` (the warm-up's first and
+last step); every other finding was judged by the causal rule (``"causal"``).
+
 **Per row**, in one place (finite value ``x``, bucket ``b`` or -1)::
 
     m_b   = median of (x - T) over the last bucket_window accepted steps of bucket b
@@ -83,6 +94,39 @@ CRITICAL_RATIO = 2.0
 EXAMPLE_STEPS = 10
 #: Events the kernel may emit before it pauses for them to be collected (bounds memory for any chunk size).
 EVENT_BUFFER = 1024
+#: Finite warm-up values the two-sided rule needs before it judges a short span (fewer: nothing can be said).
+SHORT_MIN_ROWS = 5
+#: Steps before a warm-up step whose median it must rise above (the two-sided rule).
+SHORT_LEFT = 3
+
+
+def two_sided_events(values: np.ndarray, z: float, ratio: float,
+                     min_jump: float) -> list[tuple[int, int, int, float, float, float]]:
+    """Events of a short span judged against the span itself (the rule in the module docstring, "Short and fresh
+    series"): ``(first, last, peak, baseline, scale, score)`` per run of consecutive flagged indices."""
+    n = len(values)
+    if n < SHORT_MIN_ROWS:
+        return []
+    flagged: list[tuple[int, float, float, float]] = []
+    before: list[float] = [float(values[0])]  # the unflagged values so far: a spike's own tail is not its level
+    for i in range(1, n):
+        others = np.delete(values, i)
+        med = float(np.median(others))
+        base = max(med, float(np.median(before[-SHORT_LEFT:])))
+        scale = max(K.MAD_TO_SD * float(np.median(np.abs(others - med))), 1e-9 * abs(base) + 1e-12)
+        r = float(values[i]) - base
+        if r > 0 and r / scale >= z and r >= max((ratio - 1.0) * abs(base), min_jump):
+            flagged.append((i, base, scale, r / scale))
+        else:
+            before.append(float(values[i]))
+    events: list[tuple[int, int, int, float, float, float]] = []
+    for i, base, scale, score in flagged:
+        if events and events[-1][1] == i - 1:
+            first, _, peak, b0, s0, z0 = events[-1]
+            events[-1] = (first, i, *((i, base, scale, score) if score > z0 else (peak, b0, s0, z0)))
+        else:
+            events.append((i, i, i, base, scale, score))
+    return events
 
 
 class SpikeDetector(Detector):
@@ -161,6 +205,9 @@ class SpikeDetector(Detector):
         self.n_skipped_ = 0
         self.status_counts_ = np.zeros(len(K.STATUS_NAMES), dtype=np.int64)
         self.expected_: dict[int, dict] = {}
+        self.warmup_steps_: list[int] = []  # the warm-up rows, judged by the two-sided rule in finish()
+        self.warmup_values_: list[float] = []
+        self.warmup_groups_: list[int] = []
         self._lookup: StepLookup | None = None
         self._lookup_src: pd.DataFrame | None = None
 
@@ -189,6 +236,7 @@ class SpikeDetector(Detector):
         events = np.zeros(len(st.pending) + 2, K.EVENT)
         n = K.flush(self.params_, st, self.last_step_, events)
         out = [self._event_finding(events[j]) for j in range(n)]
+        out += self._two_sided_findings()
         out += self._expected_findings()
         return sorted(out, key=lambda f: (f.step, f.kind))
 
@@ -250,6 +298,11 @@ class SpikeDetector(Detector):
         self.n_rows_ += n
         self.status_counts_ += np.bincount(status, minlength=len(K.STATUS_NAMES))[: len(K.STATUS_NAMES)]
         self._count_expected(steps, values, groups, status)
+        warm = np.flatnonzero(status == K.WARMUP)
+        if len(warm):
+            self.warmup_steps_ += steps[warm].tolist()
+            self.warmup_values_ += values[warm].tolist()
+            self.warmup_groups_ += groups[warm].tolist()
         if (status == K.NONFINITE).any():
             found += nonfinite_findings(steps, values, metric)
         found.sort(key=lambda f: (f.step, f.kind))
@@ -297,6 +350,29 @@ class SpikeDetector(Detector):
             if room > 0:
                 rec["examples"].extend(int(s) for s in steps[sel[:room]])
 
+    def _two_sided_findings(self) -> list[Finding]:
+        """The warm-up span judged against itself (module docstring, "Short and fresh series")."""
+        steps, values = self.warmup_steps_, np.asarray(self.warmup_values_, dtype=np.float64)
+        out = []
+        for first, last, peak, base, scale, z in two_sided_events(values, self.z, self.ratio, self.min_jump):
+            ev = {"kind": K.EV_SPIKE, "start": steps[first], "end": steps[last], "peak": steps[peak],
+                  "recovery": steps[last + 1] if last + 1 < len(steps) else -1, "n_rows": last - first + 1,
+                  "bucket": self.warmup_groups_[peak], "is_open": int(last + 1 >= len(steps)),
+                  "n_post": 0, "x": float(values[peak]), "base": base, "z": z, "scale": scale, "offset": 0.0,
+                  "post": float("nan"), "new_level": float("nan")}
+            f = self._event_finding(ev)
+            f.details["judged_by"] = "two_sided"
+            f.details["two_sided_span"] = [steps[0], steps[-1]]
+            f.details.pop("trend", None)
+            f.details.pop("bucket_offset", None)
+            f.evidence[1:] = [
+                f"Step {steps[peak]} lies in the first {len(steps)} steps, before the causal baseline had "
+                f"{self.min_periods} values to judge by: it was judged against the span itself (steps "
+                f"{steps[0]}-{steps[-1]}, its median without this step, the steps just before it, and the span's "
+                f"noise scale), a two-sided rule."]
+            out.append(f)
+        return out
+
     def _expected_findings(self) -> list[Finding]:
         out = []
         st = self.state_
@@ -325,7 +401,8 @@ class SpikeDetector(Detector):
         scale, off = float(ev["scale"]), float(ev["offset"])
         ratio = x / base if base > 0 else float("nan")
         details = {"n_steps": n_rows, "recovery_step": recovery if recovery >= 0 else None, "ratio": ratio,
-                   "noise_scale": scale, "thresholds": {"z": self.z, "ratio": self.ratio, "min_jump": self.min_jump}}
+                   "noise_scale": scale, "judged_by": "causal",
+                   "thresholds": {"z": self.z, "ratio": self.ratio, "min_jump": self.min_jump}}
         tags = {}
         if bucket >= 0:
             tags[self.group] = bucket

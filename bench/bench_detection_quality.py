@@ -37,7 +37,16 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from forensics.datasets.corpus import SHAPES, Run, corpus_specs, make_run
+from forensics.datasets.corpus import (
+    LONG_FAMILIES,
+    LONG_SHAPES,
+    SHAPES,
+    Run,
+    corpus_specs,
+    long_corpus_specs,
+    make_long_run,
+    make_run,
+)
 from forensics.datasets.loss_model import LOSS
 from forensics.detect import attach_suspects, detect_spikes
 from forensics.detect.attribution import attribute
@@ -177,6 +186,76 @@ def real_logs(folder: Path) -> list[str]:
     return md_table(header, rows) + [""] + notes
 
 
+# --- the long corpus: metrics only, per noise family --------------------------------------------------------------
+#: Targets on the long corpus, metrics only (issue 23).
+LONG_RECALL, LONG_FALSE = 0.90, 0.1
+
+
+def family_table(by_family: dict[str, dict[str, Score]], names: list[str]) -> list[str]:
+    header = ["family", "detector", "recall", *LONG_SHAPES, "false / 10K clean", "false events", "clean steps"]
+    rows = []
+    for fam, scores in by_family.items():
+        for name in names:
+            sc = scores[name]
+            rows.append([fam, f"**{name}**" if name in OURS else name, f"{pct(sc.recall)} ({sc.n_hits}/{sc.n_labels})",
+                         *[pct(sc.shape_recall(sh)) for sh in LONG_SHAPES], rate(sc.false_per_10k), str(sc.n_false),
+                         f"{sc.n_clean_steps:,}"])
+    return md_table(header, rows)
+
+
+def long_target_check(by_family: dict[str, dict[str, Score]], total: dict[str, Score]) -> list[str]:
+    lines = []
+    for fam, scores in {**by_family, "total": total}.items():
+        s = scores[OURS_PLAIN]
+        fails = []
+        if s.recall < LONG_RECALL:
+            fails.append(f"recall {pct(s.recall)} < {pct(LONG_RECALL)}")
+        if s.false_per_10k > LONG_FALSE:
+            fails.append(f"{rate(s.false_per_10k)} false / 10K > {LONG_FALSE:g}")
+        for r, o in scores.items():
+            if r not in OURS and o.n_hits > s.n_hits and o.n_false < s.n_false:
+                fails.append(f"{r} beats it on both ({pct(o.recall)}, {rate(o.false_per_10k)} / 10K)")
+        lines.append(f"- {fam}: " + ("PASS" if not fails else "FAIL: " + "; ".join(fails)))
+    return lines
+
+
+def run_long_bench(size: str, seed: int, extra: dict[str, Callable] | None = None) -> list[str]:
+    """Metrics-only detectors (ours and the frameworks' rules) on the long corpus, per noise family."""
+    specs = long_corpus_specs(size, seed)
+    detectors = {OURS_PLAIN: ours_plain, **(extra or {}),
+                 **{cls.label: _rule(cls) for cls in FRAMEWORK_RULES}}
+    by_family: dict[str, dict[str, Score]] = {f: {name: Score() for name in detectors} for f in LONG_FAMILIES}
+    seconds = dict.fromkeys(detectors, 0.0)
+    n_steps = 0
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("long corpus", total=len(specs))
+        for spec in specs:
+            progress.update(task, description=f"{spec.name:12s}")
+            run = make_long_run(spec)
+            n_steps += run.n_steps
+            spans = run.labels.spans()
+            steps = run.metrics["step"].to_numpy(np.int64)
+            for name, fn in detectors.items():
+                t = time.perf_counter()
+                found = fn(run.metrics, LOSS, None)
+                seconds[name] += time.perf_counter() - t
+                sc = score_run(run.labels.spikes, spans, steps, found, metric=LOSS)
+                by_family[spec.family][name] = by_family[spec.family][name] + sc
+            progress.advance(task)
+    total = {name: sum((by_family[f][name] for f in by_family), Score()) for name in detectors}
+    names = list(detectors)
+    out = [f"# Detection quality, long corpus ({size}, seed {seed}): {len(specs)} runs, {n_steps:,} steps, "
+           f"{total[OURS_PLAIN].n_labels} labelled spikes, metrics only", ""]
+    out += family_table({**by_family, "total": total}, names)
+    out += ["", f"## Target check (issue 23: metrics only, recall >= {pct(LONG_RECALL)} at <= {LONG_FALSE:g} "
+                f"false / 10K; no rule better on both)", ""]
+    out += long_target_check(by_family, total)
+    out += ["", "Seconds per detector: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items())]
+    return out
+
+
 # --- main ------------------------------------------------------------------------------------------------------------
 def run_bench(size: str, seed: int, real: Path | None) -> list[str]:
     specs = corpus_specs(size, seed)
@@ -235,7 +314,8 @@ def run_bench(size: str, seed: int, real: Path | None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", choices=("full", "quick", "test"), default="full", help="corpus size (default full)")
+    p.add_argument("--size", choices=("full", "quick", "test", "long", "long-quick", "long-test"), default="full",
+                   help="corpus size (default full); long*: the long metrics-only corpus, per noise family")
     p.add_argument("--quick", action="store_true", help="same as --size quick")
     p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
     p.add_argument("--real-logs", type=Path, default=REAL_LOGS, help="folder of the real logs")
@@ -244,7 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     size = "quick" if args.quick else args.size
     t = time.perf_counter()
-    lines = run_bench(size, args.seed, None if args.no_real_logs else args.real_logs)
+    if size.startswith("long"):
+        lines = run_long_bench(size, args.seed)
+    else:
+        lines = run_bench(size, args.seed, None if args.no_real_logs else args.real_logs)
     lines += ["", f"Total {time.perf_counter() - t:.1f} s. Command: `python3 bench/bench_detection_quality.py"
               f"{' --size ' + size if size != 'full' else ''}{' --seed ' + str(args.seed) if args.seed else ''}`"]
     text = "\n".join(lines) + "\n"

@@ -527,9 +527,14 @@ LONG_FAMILIES: dict[str, tuple[str, float, bool]] = {
     "t2.5": ("student_t", 2.5, False),
     "lr-drift": ("student_t", 4.0, True),
 }
-#: The long corpus's noise never moves the loss by this factor or more (its spikes start at :data:`MIN_FACTOR`): a
-#: heavier excursion is a spike by any definition, not noise.
-LONG_NOISE_CAP = 1.45
+#: The long corpus's noise never moves the loss by this factor or more: a heavier excursion is a spike by any
+#: definition. Below it the heavy families' own extremes reach 1.5-1.9x now and then (up to ~0.5 per 10K steps at
+#: the top of their scale ranges), as real heavy-tailed noise does: a fixed ratio of 1.5 flags them.
+LONG_NOISE_CAP = 2.0
+#: Noise scale ranges per family (log space; Student-t: of the t draw), drawn per run: from easy to the regime where
+#: a fixed 1.5x ratio starts to flag the noise.
+LONG_SCALES = {"gauss": (0.01, 0.04), "t5": (0.01, 0.02), "t3": (0.007, 0.014), "t2.5": (0.005, 0.010),
+               "lr-drift": (0.009, 0.018)}
 #: Shapes of the long corpus: the corpus's metrics-only shapes plus bursts (several one-step spikes close together).
 LONG_SHAPES = ("one_step", "few_steps", "slow_rise", "grad_led", "burst")
 EVAL_KEY = "eval/loss"
@@ -673,9 +678,9 @@ def long_corpus_specs(size: str = "long", seed: int = 0) -> list[LongRunSpec]:
         shapes = shapes[::4]
     rng = np.random.default_rng([seed, 2323])
     specs = []
-    for family, (kind, _, _) in LONG_FAMILIES.items():
+    for family in LONG_FAMILIES:
         for i in range(n_runs):
-            sd = float(rng.uniform(0.01, 0.04)) if kind == "gaussian" else float(rng.uniform(0.006, 0.012))
+            sd = float(rng.uniform(*LONG_SCALES[family]))
             specs.append(LongRunSpec(
                 name=f"{family}-{i}", seed=int(rng.integers(1, 2**31 - 1)), n_steps=n_steps, family=family,
                 noise_sd=sd, level=float(rng.uniform(0.8, 3.0)), initial_loss=float(rng.uniform(6.0, 11.0)),

@@ -47,6 +47,9 @@ PARAMS = np.dtype([
     ("bucket_window", np.int64), ("min_bucket_periods", np.int64),
     ("queue", np.int64),  # capacity of the pending-event queue
     ("use_raw", np.int64),  # 1: also judge accepted steps as a detector without tags would (expected_for_bucket)
+    ("alpha", np.float64),  # false alarms asked per judged row (false_rate / 10,000); 0: the fixed score z
+    ("tail_start", np.float64),  # scores above it are the tail's peaks
+    ("min_peaks", np.int64),  # peaks needed before the fitted tail replaces z
 ])
 
 #: Counters carried between rows (one record).
@@ -56,6 +59,9 @@ COUNTS = np.dtype([
     ("n_pending", np.int64), ("pending_head", np.int64),  # the queue of closed events awaiting confirmation
     ("n_known_buckets", np.int64),  # buckets with at least min_bucket_periods residuals
     ("offset_sum", np.float64),  # sum of the known buckets' median residuals (their mean centres the offsets)
+    ("z_tail", np.float64),  # the score threshold the fitted tail gives (NaN until min_peaks peaks)
+    ("z_exclude", np.float64),  # scores from it up are kept out of the tail (the fit's threshold at alpha / 100)
+    ("tail_xi", np.float64), ("tail_sigma", np.float64),  # the fitted generalized Pareto shape and scale
 ])
 
 #: One event: the open one, a pending one, or an emitted one (fields a stage does not use stay 0).
@@ -86,6 +92,8 @@ KernelState = namedtuple("KernelState", [
     "shadow",  # Window (ring only) of the judged values y, flagged or not: the new level after a shift
     "post",  # Window (ring only) of accepted judged values y: what decides whether a spike returned
     "buckets",  # BucketWindows
+    "tail",  # Window of the excesses (score - tail_start) of accepted judged rows over tail_start: the peaks
+    "tail_at",  # Window (ring only) of n_judged at each peak, aligned with tail's ring
 ])
 #: A chunk of rows, and the per-row verdicts written for it.
 Rows = namedtuple("Rows", "step value bucket")
@@ -96,17 +104,18 @@ def _window(cap: int, sorted_too: bool = True) -> Window:
     return Window(np.zeros(cap), np.zeros(cap if sorted_too else 0), np.zeros(2, np.int64))
 
 
-def new_state(params: np.ndarray) -> KernelState:
-    """An empty state for the parameters of a ``PARAMS`` record array."""
+def new_state(params: np.ndarray, tail_window: int = 1) -> KernelState:
+    """An empty state for the parameters of a ``PARAMS`` record array (``tail_window``: peaks kept)."""
     p = params[0]
     w, h, q = int(p["window"]), int(p["half"]), int(p["queue"])
     wb = int(p["bucket_window"])
     return KernelState(
-        counts=np.zeros(1, COUNTS), open=np.zeros(1, EVENT), pending=np.zeros(q, EVENT),
+        counts=empty_counts(), open=np.zeros(1, EVENT), pending=np.zeros(q, EVENT),
         trend=TrendWindow(np.zeros(w), np.zeros(h), np.zeros(w - h), np.zeros(2, np.int64)),
         scale=_window(w), mix=_window(w), raw_scale=_window(w),
         shadow=_window(int(p["max_duration"]), False), post=_window(int(p["confirm"]), False),
         buckets=BucketWindows(np.zeros((0, wb)), np.zeros((0, wb)), np.zeros((0, 2), np.int64), np.zeros(0)),
+        tail=_window(tail_window), tail_at=_window(tail_window, False),
     )
 
 
@@ -126,6 +135,13 @@ def with_buckets(state: KernelState, n: int) -> KernelState:
                           np.concatenate([bw.meta, np.zeros((n - k, 2), np.int64)]),
                           np.concatenate([bw.median, np.zeros(n - k)]))
     return state._replace(buckets=grown)
+
+
+def empty_counts() -> np.ndarray:
+    c = np.zeros(1, COUNTS)
+    c["z_tail"] = np.nan
+    c["z_exclude"] = np.nan
+    return c
 
 
 def bucket_offset(state: KernelState, b: int, min_bucket_periods: int) -> float:
@@ -431,12 +447,65 @@ def _bucket_push(p, state, b, resid):
         c.n_known_buckets += 1
 
 
+#: Scores this many times rarer than the asked rate stay out of the tail: spikes do not fatten it, while the noise's
+#: own extremes between the two thresholds (flagged or not) keep it honest (excluding every flagged score would
+#: censor the tail at the threshold and pull the fit down with it).
+EXCLUDE_FACTOR = 100.0
+
+
 @nb.njit(cache=True)
-def _over(p, r, sc, base, z_large):
+def _gpd_quantile(t0, xi, sigma, q):
+    """The score a generalized Pareto above ``t0`` exceeds with probability ``q`` (relative to ``t0``'s)."""
+    if q >= 1.0:
+        return t0
+    if abs(xi) < 1e-6:
+        return t0 - sigma * np.log(q)
+    return t0 + sigma / xi * (q ** (-xi) - 1.0)
+
+
+@nb.njit(cache=True)
+def _fit_tail(p, state):
+    """Refit the tail after a new peak: a generalized Pareto by probability-weighted moments on the sorted
+    excesses, and the score it says is exceeded with probability ``alpha`` (module docstring of spikes.py)."""
+    c = state.counts[0]
+    k = state.tail.meta[1]
+    if k < p.min_peaks:
+        return
+    y = state.tail.sorted
+    a0 = 0.0
+    b1 = 0.0
+    for j in range(k):
+        a0 += y[j]
+        b1 += y[j] * j / (k - 1)
+    a0 /= k
+    b1 /= k
+    a1 = a0 - b1
+    d = a0 - 2.0 * a1
+    if d <= 0.0 or a0 <= 0.0:
+        return
+    xi = 2.0 - a0 / d
+    sigma = 2.0 * a0 * a1 / d
+    if xi < 0.0:  # no lighter than exponential: a bounded tail fitted near tail_start under-states the far one
+        xi = 0.0
+        sigma = a0
+    elif xi > 0.9:
+        xi = 0.9
+    cap = state.tail.ring.shape[0]
+    oldest = state.tail_at.ring[state.tail_at.meta[0] % cap] if k == cap else 1.0
+    span = c.n_judged - oldest + 1.0
+    q = p.alpha * span / k  # the exceedance probability asked, relative to that of tail_start
+    c.z_tail = _gpd_quantile(p.tail_start, xi, sigma, q)
+    c.z_exclude = _gpd_quantile(p.tail_start, xi, sigma, q / EXCLUDE_FACTOR)
+    c.tail_xi = xi
+    c.tail_sigma = sigma
+
+
+@nb.njit(cache=True)
+def _over(p, r, sc, base, z_thr, z_large):
     """Above the thresholds: the score and the relative jump together; a larger jump needs a smaller score."""
     if r <= 0.0:
         return False
-    if r / sc >= p.z and r >= max((p.ratio - 1.0) * abs(base), p.min_jump):
+    if r / sc >= z_thr and r >= max((p.ratio - 1.0) * abs(base), p.min_jump):
         return True
     return r / sc >= z_large and r >= max((p.ratio_large - 1.0) * abs(base), p.min_jump)
 
@@ -490,10 +559,19 @@ def run_rows(params, state, rows, out, events):
             out.baseline[i] = base
             out.score[i] = zz
             c.n_judged += 1
-            flag = _over(p, r, sc, base, p.z_large)
+            z_thr = p.z
+            if p.alpha > 0.0:
+                if not np.isnan(c.z_tail):
+                    z_thr = c.z_tail
+                z_excl = p.z if np.isnan(c.z_exclude) else c.z_exclude
+                if p.tail_start < zz < z_excl:  # a peak of the tail (judged before the fit moves)
+                    _win_push(state.tail, zz - p.tail_start)
+                    _ring_push(state.tail_at, c.n_judged)
+                    _fit_tail(p, state)
+            flag = _over(p, r, sc, base, z_thr, p.z_large)
             below_only = False
             if flag and known and off < 0.0:
-                below_only = not _over(p, v - t, sc, t, p.z_large)
+                below_only = not _over(p, v - t, sc, t, z_thr, p.z_large)
                 if below_only and bw.meta[b, 1] < p.bucket_window:
                     # flagged only because a young bucket's offset sits below the trend: an offset resting on a
                     # few steps (a rare bucket first seen in the warm-up's steep descent) is not trusted alone
@@ -528,7 +606,7 @@ def run_rows(params, state, rows, out, events):
                 mix = _win_median(state.mix)
                 sc_raw = MAD_TO_SD * _win_median(state.raw_scale)
                 sc_raw = max(sc_raw, 1e-9 * abs(mix) + 1e-12)
-                if _over(p, v - mix, sc_raw, mix, p.z_large):
+                if _over(p, v - mix, sc_raw, mix, z_thr, p.z_large):
                     st = EXPECTED
         out.status[i] = st
         # accept: the value enters every window

@@ -11,6 +11,7 @@ is a dict with the fields of :data:`forensics.detect._kernel.EVENT` that the det
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 
@@ -20,6 +21,7 @@ from forensics.detect._kernel import (
     ACCEPTED,
     EV_SHIFT,
     EV_SPIKE,
+    EXCLUDE_FACTOR,
     EXPECTED,
     FLAGGED,
     MAD_TO_SD,
@@ -39,10 +41,19 @@ def median(values: Sequence[float]) -> float:
     return s[n // 2] if n % 2 == 1 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+def gpd_quantile(t0: float, xi: float, sigma: float, q: float) -> float:
+    """The score a generalized Pareto above ``t0`` exceeds with probability ``q`` (relative to ``t0``'s)."""
+    if q >= 1.0:
+        return t0
+    if abs(xi) < 1e-6:
+        return t0 - sigma * math.log(q)
+    return t0 + sigma / xi * (q ** (-xi) - 1.0)
+
+
 class ReferenceSpikeRule:
     """One metric's rule state; ``params`` is a dict with the fields of :data:`forensics.detect._kernel.PARAMS`."""
 
-    def __init__(self, params: dict):
+    def __init__(self, params: dict, tail_window: int = 1):
         self.p = params
         W, D, R = params["window"], params["max_duration"], params["confirm"]
         self.trend_values: deque[float] = deque(maxlen=W)  # bucket-adjusted accepted values y, oldest first
@@ -59,6 +70,10 @@ class ReferenceSpikeRule:
         self.n_judged = 0
         self.open: dict | None = None  # the event being extended
         self.pending: list[dict] = []  # closed events awaiting confirmation, oldest first
+        self.peaks: deque[float] = deque(maxlen=tail_window)  # excesses over tail_start of accepted scores
+        self.peaks_at: deque[int] = deque(maxlen=tail_window)  # n_judged at each peak
+        self.z_tail = float("nan")  # the fitted tail's threshold (NaN until min_peaks peaks)
+        self.z_exclude = float("nan")  # scores from it up stay out of the tail
 
     # --- the baseline ---------------------------------------------------------------------------------------------
     def trend(self) -> float:
@@ -91,14 +106,44 @@ class ReferenceSpikeRule:
             self.offset_sum += m
             self.n_known += 1
 
-    def over(self, r: float, scale: float, base: float) -> bool:
+    def over(self, r: float, scale: float, base: float, z: float) -> bool:
         """Both conditions: the robust score and the relative jump (or the looser score for a larger jump)."""
         p = self.p
         if r <= 0.0:
             return False
-        if r / scale >= p["z"] and r >= max((p["ratio"] - 1.0) * abs(base), p["min_jump"]):
+        if r / scale >= z and r >= max((p["ratio"] - 1.0) * abs(base), p["min_jump"]):
             return True
         return r / scale >= p["z_large"] and r >= max((p["ratio_large"] - 1.0) * abs(base), p["min_jump"])
+
+    def fit_tail(self) -> None:
+        """A generalized Pareto by probability-weighted moments on the peaks; the score exceeded with
+        probability alpha."""
+        p = self.p
+        k = len(self.peaks)
+        if k < p["min_peaks"]:
+            return
+        y = sorted(self.peaks)
+        a0 = 0.0
+        b1 = 0.0
+        for j in range(k):  # sequential sums, as the kernel adds them
+            a0 += y[j]
+            b1 += y[j] * j / (k - 1)
+        a0 /= k
+        b1 /= k
+        a1 = a0 - b1
+        d = a0 - 2.0 * a1
+        if d <= 0.0 or a0 <= 0.0:
+            return
+        xi = 2.0 - a0 / d
+        sigma = 2.0 * a0 * a1 / d
+        if xi < 0.0:  # no lighter than exponential (the kernel's reason)
+            xi, sigma = 0.0, a0
+        elif xi > 0.9:
+            xi = 0.9
+        oldest = float(self.peaks_at[0]) if k == self.peaks.maxlen else 1.0
+        q = p["alpha"] * (self.n_judged - oldest + 1.0) / k
+        self.z_tail = gpd_quantile(p["tail_start"], xi, sigma, q)
+        self.z_exclude = gpd_quantile(p["tail_start"], xi, sigma, q / EXCLUDE_FACTOR)
 
     # --- events ---------------------------------------------------------------------------------------------------
     def shift(self, step_now: int) -> dict:
@@ -168,10 +213,19 @@ class ReferenceSpikeRule:
             scale = max(MAD_TO_SD * median(self.abs_residuals), 1e-9 * abs(base) + 1e-12)
             baseline, score = base, r / scale
             self.n_judged += 1
-            flag = self.over(r, scale, base)
+            z = p["z"]
+            if p["alpha"] > 0.0:
+                if not math.isnan(self.z_tail):
+                    z = self.z_tail
+                z_excl = p["z"] if math.isnan(self.z_exclude) else self.z_exclude
+                if p["tail_start"] < score < z_excl:  # a peak of the tail (judged before the fit moves)
+                    self.peaks.append(score - p["tail_start"])
+                    self.peaks_at.append(self.n_judged)
+                    self.fit_tail()
+            flag = self.over(r, scale, base, z)
             below_only = False
             if flag and known and offset < 0.0:
-                below_only = not self.over(x - t, scale, t)
+                below_only = not self.over(x - t, scale, t, z)
                 if below_only and len(self.bucket_resid[b]) < p["bucket_window"]:
                     flag = False  # a young bucket's low offset is not trusted alone
             if flag:
@@ -193,7 +247,7 @@ class ReferenceSpikeRule:
             if p["use_raw"] == 1 and known:
                 mix = median(self.mix)
                 scale_raw = max(MAD_TO_SD * median(self.mix_abs), 1e-9 * abs(mix) + 1e-12)
-                if self.over(x - mix, scale_raw, mix):
+                if self.over(x - mix, scale_raw, mix, z):
                     status = EXPECTED
         # accepted (or warm-up): the value enters every window
         if p["use_raw"] == 1:
@@ -227,10 +281,10 @@ class ReferenceSpikeRule:
         return out
 
 
-def reference_events(steps: np.ndarray, values: np.ndarray, buckets: np.ndarray,
-                     params: dict) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
+def reference_events(steps: np.ndarray, values: np.ndarray, buckets: np.ndarray, params: dict,
+                     tail_window: int = 1) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
     """Run the rule over a whole series (steps increasing); events in the order they became final, then flushed."""
-    rule = ReferenceSpikeRule(params)
+    rule = ReferenceSpikeRule(params, tail_window)
     n = len(values)
     status, baseline, score = np.empty(n, np.int8), np.empty(n), np.empty(n)
     events: list[dict] = []

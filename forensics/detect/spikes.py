@@ -53,6 +53,21 @@ keep the spike itself out of what it is judged against. It needs at least ``SHOR
 findings carry ``details["judged_by"] = "two_sided"`` and ``details["two_sided_span"]`` (the warm-up's first and
 last step); every other finding was judged by the causal rule (``"causal"``).
 
+**Calibrated thresholds** (``false_rate`` set: expected false events per 10,000 steps; the streaming extreme-value
+thresholds of SPOT/DSPOT, Siffer et al., KDD 2017). The scores ``u = (x - base) / scale`` of accepted judged steps
+above ``tail_start`` are the tail's peaks; over the last ``tail_window`` peaks, ``p0`` = peaks / judged steps since
+the oldest of them, and a generalized Pareto (shape ``xi`` clamped to [0, 0.9]: no lighter than exponential, as a bounded fit near ``tail_start`` under-states the far tail; scale ``sigma``) is fitted to the
+excesses ``u - tail_start`` by probability-weighted moments (closed form, robust for heavy tails). The score
+threshold is the one the fit says is exceeded with probability ``alpha = false_rate / 10,000``::
+
+    z = tail_start + sigma / xi * ((alpha / p0) ** -xi - 1)        (z = tail_start - sigma * log(alpha / p0), xi = 0)
+
+It replaces ``z`` in the first condition, refitted at every new peak (causal: from judged history only, so online
+= offline). Peaks are the judged scores between ``tail_start`` and the fit's threshold at ``alpha / 100``: spikes,
+far above, do not fatten the tail they are judged against, while the noise's own extremes just above ``z`` still
+enter it (leaving out every flagged score would censor the tail at the threshold and drag the fit down with it).
+With fewer than ``min_peaks`` peaks the fixed ``z`` is the fallback (and the exclusion limit).
+
 **Per row**, in one place (finite value ``x``, bucket ``b`` or -1)::
 
     m_b   = median of (x - T) over the last bucket_window accepted steps of bucket b
@@ -166,12 +181,25 @@ class SpikeDetector(Detector):
         1.75x its bucket's baseline or more is flagged from a score of 4.5. Where the baseline noise is inflated (steps that mix buckets, grad
         accumulation) a clear jump would otherwise hide behind the score alone; heavy-tailed noise rarely
         reaches 1.75x, so the false rate stays where ``z`` and ``ratio`` put it (see bench_detection_quality).
+    false_rate:
+        Expected false events per 10,000 judged steps of clean noise; ``None`` (default) keeps the fixed score
+        ``z``. When set, the score threshold comes from the run's own tail ("Calibrated thresholds" in the module
+        docstring); the jump condition (``ratio``, ``min_jump``) still applies, so the rate is at most this (set
+        ``ratio=1`` to judge by the tail alone).
+    tail_start:
+        Scores above it are the tail's peaks (default 2.0 noise units: ~2% of Gaussian steps, more for heavy tails,
+        so peaks gather within a few thousand steps).
+    tail_window:
+        Peaks kept for the fit (default 1000: the tail follows a drifting noise over ~50K steps, DSPOT's window).
+    min_peaks:
+        Peaks before the fitted tail replaces ``z`` (default 50; before that the fixed ``z`` is the fallback).
     """
 
     def __init__(self, metric: str | None = None, window: int = 64, z: float = 6.0, ratio: float = 1.5,
                  min_jump: float = 0.0, max_duration: int = 50, confirm: int = 5, min_periods: int = 32,
                  trend: bool = True, bucket_window: int = 64, min_bucket_periods: int = 5, group: str = BUCKET,
-                 z_large: float = 4.5, ratio_large: float = 1.75):
+                 z_large: float = 4.5, ratio_large: float = 1.75, false_rate: float | None = None,
+                 tail_start: float = 2.0, tail_window: int = 1000, min_peaks: int = 50):
         self.metric = metric
         self.window = window
         self.z = z
@@ -186,6 +214,10 @@ class SpikeDetector(Detector):
         self.bucket_window = bucket_window
         self.min_bucket_periods = min_bucket_periods
         self.group = group
+        self.false_rate = false_rate
+        self.tail_start = tail_start
+        self.tail_window = tail_window
+        self.min_peaks = min_peaks
 
     # --- state ------------------------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -196,9 +228,11 @@ class SpikeDetector(Detector):
         params[0] = (self.z, self.ratio, self.min_jump, self.z_large, self.ratio_large, w, h,
                      max(1, h // 2) if self.trend else w + 1, max(2, int(self.min_periods)), int(self.max_duration),
                      int(self.confirm), int(self.bucket_window), int(self.min_bucket_periods),
-                     int(self.max_duration) + 2, 0)
+                     int(self.max_duration) + 2, 0,
+                     0.0 if self.false_rate is None else float(self.false_rate) / 1e4, float(self.tail_start),
+                     int(self.min_peaks))
         self.params_ = params
-        self.state_ = K.new_state(params)
+        self.state_ = K.new_state(params, int(self.tail_window))
         self.metric_: str | None = self.metric
         self.last_step_: int | None = None
         self.n_rows_ = 0
@@ -213,7 +247,7 @@ class SpikeDetector(Detector):
 
     def _check_params(self) -> None:
         ints = {"window": 4, "max_duration": 2, "confirm": 1, "min_periods": 2, "bucket_window": 1,
-                "min_bucket_periods": 1}
+                "min_bucket_periods": 1, "tail_window": 2, "min_peaks": 2}
         for name, lo in ints.items():
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
@@ -221,6 +255,12 @@ class SpikeDetector(Detector):
         if not (self.z > 0 and self.ratio >= 1 and self.min_jump >= 0):
             raise ForensicsError(f"SpikeDetector: need z > 0, ratio >= 1, min_jump >= 0; got z={self.z}, "
                                  f"ratio={self.ratio}, min_jump={self.min_jump}")
+        if self.false_rate is not None and not 0 < self.false_rate < 1e4:
+            raise ForensicsError(f"SpikeDetector: 'false_rate' (false events per 10,000 steps) must be > 0 and "
+                                 f"< 10000, or None for the fixed score z; got {self.false_rate!r}")
+        if self.min_peaks > self.tail_window:
+            raise ForensicsError(f"SpikeDetector: 'min_peaks' ({self.min_peaks}) cannot exceed 'tail_window' "
+                                 f"({self.tail_window})")
 
     # --- the protocol -----------------------------------------------------------------------------------------------
     def update(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:

@@ -447,10 +447,19 @@ def _bucket_push(p, state, b, resid):
         c.n_known_buckets += 1
 
 
-#: Scores this many times rarer than the asked rate stay out of the tail: spikes do not fatten it, while the noise's
-#: own extremes between the two thresholds (flagged or not) keep it honest (excluding every flagged score would
-#: censor the tail at the threshold and pull the fit down with it).
-EXCLUDE_FACTOR = 100.0
+#: Scores the fitted tail says are rarer than ``alpha / EXCLUDE_FACTOR`` (rates of ``EXCLUDE_P`` per step and up) or
+#: than ``EXCLUDE_P`` (rarer rates) stay out of it. At rare rates the limit sits below the threshold: a spike of
+#: 1.6x and more scores above the noise's once-in-10,000, and letting spikes in below a high threshold feeds the fit
+#: that raised it. At high rates alpha is a sizeable share of the peaks and censoring the tail at or below the
+#: threshold would drag the fit down with it, so there the limit sits ten times rarer than alpha.
+EXCLUDE_FACTOR = 10.0
+EXCLUDE_P = 1e-4
+#: With a false_rate but fewer than min_peaks peaks, the jump condition is at least this (the fixed rule's default):
+#: the fixed score z alone flags heavy-tailed noise every few hundred steps.
+FALLBACK_RATIO = 1.5
+#: The fitted tail shape is kept at or above this: Gaussian noise judged by a rolling MAD fits about -0.13 above 2
+#: noise units, while a fit that sees a few thousand peaks can wander far lower and under-state the far tail.
+XI_MIN = -0.15
 
 
 @nb.njit(cache=True)
@@ -485,9 +494,9 @@ def _fit_tail(p, state):
         return
     xi = 2.0 - a0 / d
     sigma = 2.0 * a0 * a1 / d
-    if xi < 0.0:  # no lighter than exponential: a bounded tail fitted near tail_start under-states the far one
-        xi = 0.0
-        sigma = a0
+    if xi < XI_MIN:  # a bounded tail fitted near tail_start under-states the far one: at most slightly bounded
+        xi = XI_MIN
+        sigma = a0 * (1.0 - xi)  # the generalized Pareto's mean excess is sigma / (1 - xi)
     elif xi > 0.9:
         xi = 0.9
     cap = state.tail.ring.shape[0]
@@ -495,17 +504,18 @@ def _fit_tail(p, state):
     span = c.n_judged - oldest + 1.0
     q = p.alpha * span / k  # the exceedance probability asked, relative to that of tail_start
     c.z_tail = _gpd_quantile(p.tail_start, xi, sigma, q)
-    c.z_exclude = _gpd_quantile(p.tail_start, xi, sigma, q / EXCLUDE_FACTOR)
+    q_exclude = p.alpha / EXCLUDE_FACTOR if p.alpha >= EXCLUDE_P else EXCLUDE_P
+    c.z_exclude = _gpd_quantile(p.tail_start, xi, sigma, q_exclude * span / k)
     c.tail_xi = xi
     c.tail_sigma = sigma
 
 
 @nb.njit(cache=True)
-def _over(p, r, sc, base, z_thr, z_large):
+def _over(p, r, sc, base, z_thr, z_large, ratio_floor):
     """Above the thresholds: the score and the relative jump together; a larger jump needs a smaller score."""
     if r <= 0.0:
         return False
-    if r / sc >= z_thr and r >= max((p.ratio - 1.0) * abs(base), p.min_jump):
+    if r / sc >= z_thr and r >= max((max(p.ratio, ratio_floor) - 1.0) * abs(base), p.min_jump):
         return True
     return r / sc >= z_large and r >= max((p.ratio_large - 1.0) * abs(base), p.min_jump)
 
@@ -560,18 +570,21 @@ def run_rows(params, state, rows, out, events):
             out.score[i] = zz
             c.n_judged += 1
             z_thr = p.z
+            ratio_floor = 1.0
             if p.alpha > 0.0:
                 if not np.isnan(c.z_tail):
                     z_thr = c.z_tail
+                else:  # too few peaks yet: the fixed rule, its jump condition at least the default 1.5x
+                    ratio_floor = FALLBACK_RATIO
                 z_excl = p.z if np.isnan(c.z_exclude) else c.z_exclude
                 if p.tail_start < zz < z_excl:  # a peak of the tail (judged before the fit moves)
                     _win_push(state.tail, zz - p.tail_start)
                     _ring_push(state.tail_at, c.n_judged)
                     _fit_tail(p, state)
-            flag = _over(p, r, sc, base, z_thr, p.z_large)
+            flag = _over(p, r, sc, base, z_thr, p.z_large, ratio_floor)
             below_only = False
             if flag and known and off < 0.0:
-                below_only = not _over(p, v - t, sc, t, z_thr, p.z_large)
+                below_only = not _over(p, v - t, sc, t, z_thr, p.z_large, ratio_floor)
                 if below_only and bw.meta[b, 1] < p.bucket_window:
                     # flagged only because a young bucket's offset sits below the trend: an offset resting on a
                     # few steps (a rare bucket first seen in the warm-up's steep descent) is not trusted alone
@@ -606,7 +619,7 @@ def run_rows(params, state, rows, out, events):
                 mix = _win_median(state.mix)
                 sc_raw = MAD_TO_SD * _win_median(state.raw_scale)
                 sc_raw = max(sc_raw, 1e-9 * abs(mix) + 1e-12)
-                if _over(p, v - mix, sc_raw, mix, z_thr, p.z_large):
+                if _over(p, v - mix, sc_raw, mix, z_thr, p.z_large, ratio_floor):
                     st = EXPECTED
         out.status[i] = st
         # accept: the value enters every window

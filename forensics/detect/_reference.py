@@ -22,12 +22,15 @@ from forensics.detect._kernel import (
     EV_SHIFT,
     EV_SPIKE,
     EXCLUDE_FACTOR,
+    EXCLUDE_P,
     EXPECTED,
+    FALLBACK_RATIO,
     FLAGGED,
     MAD_TO_SD,
     NEW_BUCKET,
     NONFINITE,
     WARMUP,
+    XI_MIN,
 )
 
 EVENT_FIELDS = ("kind", "start", "end", "peak", "recovery", "n_rows", "bucket", "is_open", "n_post",
@@ -106,12 +109,12 @@ class ReferenceSpikeRule:
             self.offset_sum += m
             self.n_known += 1
 
-    def over(self, r: float, scale: float, base: float, z: float) -> bool:
+    def over(self, r: float, scale: float, base: float, z: float, ratio_floor: float = 1.0) -> bool:
         """Both conditions: the robust score and the relative jump (or the looser score for a larger jump)."""
         p = self.p
         if r <= 0.0:
             return False
-        if r / scale >= z and r >= max((p["ratio"] - 1.0) * abs(base), p["min_jump"]):
+        if r / scale >= z and r >= max((max(p["ratio"], ratio_floor) - 1.0) * abs(base), p["min_jump"]):
             return True
         return r / scale >= p["z_large"] and r >= max((p["ratio_large"] - 1.0) * abs(base), p["min_jump"])
 
@@ -136,14 +139,15 @@ class ReferenceSpikeRule:
             return
         xi = 2.0 - a0 / d
         sigma = 2.0 * a0 * a1 / d
-        if xi < 0.0:  # no lighter than exponential (the kernel's reason)
-            xi, sigma = 0.0, a0
+        if xi < XI_MIN:  # at most slightly bounded (the kernel's reason)
+            xi, sigma = XI_MIN, a0 * (1.0 - XI_MIN)
         elif xi > 0.9:
             xi = 0.9
         oldest = float(self.peaks_at[0]) if k == self.peaks.maxlen else 1.0
         q = p["alpha"] * (self.n_judged - oldest + 1.0) / k
         self.z_tail = gpd_quantile(p["tail_start"], xi, sigma, q)
-        self.z_exclude = gpd_quantile(p["tail_start"], xi, sigma, q / EXCLUDE_FACTOR)
+        q_exclude = p["alpha"] / EXCLUDE_FACTOR if p["alpha"] >= EXCLUDE_P else EXCLUDE_P  # the kernel's reason
+        self.z_exclude = gpd_quantile(p["tail_start"], xi, sigma, q_exclude * (self.n_judged - oldest + 1.0) / k)
 
     # --- events ---------------------------------------------------------------------------------------------------
     def shift(self, step_now: int) -> dict:
@@ -214,18 +218,21 @@ class ReferenceSpikeRule:
             baseline, score = base, r / scale
             self.n_judged += 1
             z = p["z"]
+            floor = 1.0
             if p["alpha"] > 0.0:
                 if not math.isnan(self.z_tail):
                     z = self.z_tail
+                else:
+                    floor = FALLBACK_RATIO  # too few peaks: the fixed rule, with at least its 1.5x jump
                 z_excl = p["z"] if math.isnan(self.z_exclude) else self.z_exclude
                 if p["tail_start"] < score < z_excl:  # a peak of the tail (judged before the fit moves)
                     self.peaks.append(score - p["tail_start"])
                     self.peaks_at.append(self.n_judged)
                     self.fit_tail()
-            flag = self.over(r, scale, base, z)
+            flag = self.over(r, scale, base, z, floor)
             below_only = False
             if flag and known and offset < 0.0:
-                below_only = not self.over(x - t, scale, t, z)
+                below_only = not self.over(x - t, scale, t, z, floor)
                 if below_only and len(self.bucket_resid[b]) < p["bucket_window"]:
                     flag = False  # a young bucket's low offset is not trusted alone
             if flag:
@@ -247,7 +254,7 @@ class ReferenceSpikeRule:
             if p["use_raw"] == 1 and known:
                 mix = median(self.mix)
                 scale_raw = max(MAD_TO_SD * median(self.mix_abs), 1e-9 * abs(mix) + 1e-12)
-                if self.over(x - mix, scale_raw, mix, z):
+                if self.over(x - mix, scale_raw, mix, z, floor):
                     status = EXPECTED
         # accepted (or warm-up): the value enters every window
         if p["use_raw"] == 1:

@@ -56,17 +56,20 @@ last step); every other finding was judged by the causal rule (``"causal"``).
 **Calibrated thresholds** (``false_rate`` set: expected false events per 10,000 steps; the streaming extreme-value
 thresholds of SPOT/DSPOT, Siffer et al., KDD 2017). The scores ``u = (x - base) / scale`` of accepted judged steps
 above ``tail_start`` are the tail's peaks; over the last ``tail_window`` peaks, ``p0`` = peaks / judged steps since
-the oldest of them, and a generalized Pareto (shape ``xi`` clamped to [0, 0.9]: no lighter than exponential, as a bounded fit near ``tail_start`` under-states the far tail; scale ``sigma``) is fitted to the
+the oldest of them, and a generalized Pareto (shape
+``xi`` clamped to [-0.15, 0.9]: a bounded fit near ``tail_start`` would under-state the far tail; scale ``sigma``) is fitted to the
 excesses ``u - tail_start`` by probability-weighted moments (closed form, robust for heavy tails). The score
 threshold is the one the fit says is exceeded with probability ``alpha = false_rate / 10,000``::
 
     z = tail_start + sigma / xi * ((alpha / p0) ** -xi - 1)        (z = tail_start - sigma * log(alpha / p0), xi = 0)
 
 It replaces ``z`` in the first condition, refitted at every new peak (causal: from judged history only, so online
-= offline). Peaks are the judged scores between ``tail_start`` and the fit's threshold at ``alpha / 100``: spikes,
-far above, do not fatten the tail they are judged against, while the noise's own extremes just above ``z`` still
-enter it (leaving out every flagged score would censor the tail at the threshold and drag the fit down with it).
-With fewer than ``min_peaks`` peaks the fixed ``z`` is the fallback (and the exclusion limit).
+= offline). Peaks are the judged scores between ``tail_start`` and a limit the fit gives: the score exceeded once
+in 10,000 steps for rates below 1 per 10K (below the threshold: spikes, scoring above it, never fatten the tail
+they are judged against), ten times rarer than ``alpha`` for higher rates (censoring the tail at a high rate's
+threshold would drag the fit down with it). See ``EXCLUDE_P`` in the kernel.
+With fewer than ``min_peaks`` peaks the fallback is the fixed rule: ``z`` (also the exclusion limit) and a jump of
+at least the default 1.5x whatever ``ratio`` is (the score alone flags heavy-tailed noise every few hundred steps).
 
 **Per row**, in one place (finite value ``x``, bucket ``b`` or -1)::
 
@@ -442,7 +445,8 @@ class SpikeDetector(Detector):
         ratio = x / base if base > 0 else float("nan")
         details = {"n_steps": n_rows, "recovery_step": recovery if recovery >= 0 else None, "ratio": ratio,
                    "noise_scale": scale, "judged_by": "causal",
-                   "thresholds": {"z": self.z, "ratio": self.ratio, "min_jump": self.min_jump}}
+                   "thresholds": {"z": self.z, "ratio": self.ratio, "min_jump": self.min_jump,
+                                  "false_rate": self.false_rate}}
         tags = {}
         if bucket >= 0:
             tags[self.group] = bucket

@@ -333,3 +333,15 @@ def test_short_series_online_equals_offline(cuts, real_logs_dir):
         online += det.update(metrics.iloc[a:b])
     online += det.finish()
     assert _as_dicts(online) == _as_dicts(offline) and len(offline) == 1
+
+
+def test_loss_spike_led_by_the_grad_norm_gets_a_higher_confidence(real_logs_dir):
+    """BLOOM-176B: the grad norm rose two steps before the loss jumped; together they are surer than alone."""
+    metrics = _bloom_excerpt(real_logs_dir)
+    joint = {f.metric: f for f in detect_spikes(metrics, ["lm loss", "grad norm"])}
+    alone = detect_spikes(metrics, "lm loss")[0]
+    assert joint["lm loss"].details["joint"] == "led" and joint["grad norm"].details["joint"] == "loss_response"
+    assert "joint" not in alone.details
+    assert 0.5 <= alone.details["confidence"] < joint["lm loss"].details["confidence"] <= 1.0
+    assert joint["lm loss"].details["confidence"] == pytest.approx(1 - 0.4 * (1 - alone.details["confidence"]),
+                                                                   abs=1e-3)

@@ -506,9 +506,58 @@ def detect_spikes(metrics: pd.DataFrame, metric: str | Sequence[str] | None = No
     for name in names:
         found += SpikeDetector(name, **params).detect(metrics, tags)
     attach_tags([f for f in found if f.kind != "expected_for_bucket"], tags, boundaries)
+    add_confidence(found)
     bounds = list(boundaries) if boundaries is not None else list(DEFAULT_BOUNDARIES)
     for f in found:
         b = f.tags.get(BUCKET) if f.kind == "expected_for_bucket" else None
         if b is not None and 0 <= b < len(bounds) - 1:
             f.tags[BUCKET_RANGE] = bucket_range(b, bounds)
     return sorted(found, key=lambda f: (f.step, f.metric or "", f.kind))
+
+
+#: Steps by which a grad-norm spike may lead a loss spike and still be the same event (BLOOM-176B's led by 4).
+JOINT_LEAD = 10
+
+
+def _alone_confidence(f: Finding) -> float:
+    """How far past both thresholds a spike is: 0.5 at the thresholds, towards 1 as the margin grows."""
+    th = f.details.get("thresholds", {})
+    margins = []
+    if f.score is not None and th.get("z"):
+        margins.append(f.score / th["z"])
+    ratio = f.details.get("ratio")
+    if ratio is not None and np.isfinite(ratio) and th.get("ratio", 1.0) > 1.0:
+        margins.append((ratio - 1.0) / (th["ratio"] - 1.0))
+    margin = min(margins) if margins else 1.0
+    return float(1.0 - 0.5 / max(margin, 1.0))
+
+
+def add_confidence(findings: Sequence[Finding], grad_metric: str | None = None) -> None:
+    """Set ``details["confidence"]`` (0-1) on every spike: its margin past the thresholds, raised when the loss
+    and the grad norm agree (a loss spike the grad norm led by up to ``JOINT_LEAD`` steps or accompanied, or a
+    grad-norm spike the loss answered), with ``details["joint"]`` saying how (``led``, ``accompanied``,
+    ``loss_response`` or ``none``; absent when no grad norm was analysed). Call it once on the findings of every
+    analysed metric of a run; the grad-norm metric is found by its name unless given."""
+    from forensics.schema import grad_norm_column
+
+    spikes = [f for f in findings if f.kind == "spike"]
+    metrics = {f.metric for f in spikes if f.metric}
+    grad = grad_metric or grad_norm_column(sorted(metrics))
+    grad_spikes = [f for f in spikes if grad is not None and f.metric == grad]
+    other = [f for f in spikes if f.metric != grad]
+    for f in spikes:
+        c = _alone_confidence(f)
+        joint = None
+        if grad is not None and f.metric != grad:
+            end = f.end_step if f.end_step is not None else f.step
+            near = [g for g in grad_spikes if f.step - JOINT_LEAD <= g.step <= end]
+            joint = ("led" if min(g.step for g in near) < f.step else "accompanied") if near else "none"
+        elif grad is not None:
+            end = f.end_step if f.end_step is not None else f.step
+            answered = any(f.step <= o.step <= end + JOINT_LEAD for o in other)
+            joint = "loss_response" if answered else "none"
+        if joint not in (None, "none"):
+            c = 1.0 - 0.4 * (1.0 - c)  # two metrics agreeing: the chance both are noise is far smaller
+        f.details["confidence"] = round(c, 3)
+        if joint is not None:
+            f.details["joint"] = joint

@@ -536,13 +536,16 @@ def add_confidence(findings: Sequence[Finding], grad_metric: str | None = None) 
     """Set ``details["confidence"]`` (0-1) on every spike: its margin past the thresholds, raised when the loss
     and the grad norm agree (a loss spike the grad norm led by up to ``JOINT_LEAD`` steps or accompanied, or a
     grad-norm spike the loss answered), with ``details["joint"]`` saying how (``led``, ``accompanied``,
-    ``loss_response`` or ``none``; absent when no grad norm was analysed). Call it once on the findings of every
-    analysed metric of a run; the grad-norm metric is found by its name unless given."""
+    ``loss_response`` or ``none``; absent unless both a grad norm and another metric have spikes here). Call it
+    once on the findings of every analysed metric of a run; the grad-norm metric is found by its name unless
+    given."""
     from forensics.schema import grad_norm_column
 
     spikes = [f for f in findings if f.kind == "spike"]
     metrics = {f.metric for f in spikes if f.metric}
     grad = grad_metric or grad_norm_column(sorted(metrics))
+    if grad is not None and not metrics - {grad}:
+        grad = None  # the grad norm alone: nothing to agree with, no joint verdict
     grad_spikes = [f for f in spikes if grad is not None and f.metric == grad]
     other = [f for f in spikes if f.metric != grad]
     for f in spikes:

@@ -6,3 +6,23 @@ cluster), ``detect`` (findings), ``report`` (figures and HTML). The CLI and ``ap
 """
 
 __version__ = "0.1.0"
+
+
+def _numba_cache_dir() -> None:
+    """Point numba's on-disk cache at a user cache folder, never the source tree (an installed package may be
+    read-only, and compiled files do not belong in a checkout). A ``NUMBA_CACHE_DIR`` the user set wins; this runs
+    before any submodule imports numba, and also covers a numba imported earlier by the caller."""
+    import os
+    import sys
+
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "forensics", "numba")
+    os.environ["NUMBA_CACHE_DIR"] = path
+    numba = sys.modules.get("numba")
+    if numba is not None and not getattr(numba.config, "CACHE_DIR", ""):
+        numba.config.CACHE_DIR = path
+
+
+_numba_cache_dir()

@@ -178,3 +178,39 @@ def test_corpus_sizes_cover_the_issue():
     assert len(corpus_specs("quick")) < len(full)
     with pytest.raises(ValueError):
         corpus_specs("huge")
+
+
+# --- the long, metrics-only corpus --------------------------------------------------------------------------------
+def test_long_corpus_has_2m_clean_steps_per_family_in_runs_of_200k_steps():
+    from forensics.datasets.corpus import LONG_FAMILIES, long_corpus_specs
+
+    specs = long_corpus_specs("long")
+    assert {s.family for s in specs} == set(LONG_FAMILIES)
+    for fam in LONG_FAMILIES:
+        runs = [s for s in specs if s.family == fam]
+        assert all(s.n_steps >= 200_000 for s in runs)
+        # a run's spans (40-odd events, ~30 steps each) and eval rows take < 2% of it
+        assert 0.98 * sum(s.n_steps for s in runs) >= 2_000_000
+        assert sum(s.eval_every > 0 for s in runs) == len(runs) // 2
+    assert long_corpus_specs("long") == specs  # seeded: the same specs every time
+
+
+def test_long_run_is_deterministic_and_its_noise_stays_below_the_cap():
+    from forensics.datasets.corpus import EVAL_KEY, LONG_NOISE_CAP, long_corpus_specs, make_long_run
+
+    spec = next(s for s in long_corpus_specs("long-test") if s.family == "t2.5")
+    spec = replace(spec, eval_every=500)
+    run, again = make_long_run(spec), make_long_run(spec)
+    pd.testing.assert_frame_equal(run.metrics, again.metrics)
+    assert run.labels.spikes == again.labels.spikes
+    loss = run.metrics[LOSS].to_numpy()
+    clean = run.clean_mask()
+    ratio = loss[clean] / run.baseline[clean]
+    assert ratio.max() < LONG_NOISE_CAP and ratio.min() > 1 / LONG_NOISE_CAP
+    assert ratio.max() > 1.2  # heavy tails: the noise's own extremes are large
+    evals = run.metrics[EVAL_KEY].notna().to_numpy()
+    assert evals.sum() >= 50 and np.isnan(loss[evals]).all() and not clean[evals].any()
+    shapes = {lab.shape for lab in run.labels.spikes}
+    assert {"one_step", "burst"} <= shapes
+    for lab in run.labels.spikes:
+        assert loss[lab.peak] / run.baseline[lab.peak] > 1.3  # 1.6x and up, times the noise

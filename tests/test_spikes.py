@@ -285,3 +285,63 @@ def test_a_spike_on_a_metric_below_zero_is_graded_by_its_score():
     spikes = [f for f in found if f.kind == "spike"]
     assert [f.step for f in spikes] == [400]
     assert spikes[0].severity == "critical"
+
+
+def _bloom_excerpt(real_logs_dir: Path) -> pd.DataFrame:
+    """The 13-row Megatron excerpt around BLOOM-176B's spike (train rows only, not the validation line)."""
+    text = (real_logs_dir / "bloom-176b-tr11-megatron.log").read_text()
+    rows = re.findall(r"iteration\s+(\d+)/.*?lm loss: (\S+) \| grad norm: (\S+) \|", text)
+    return pd.DataFrame({"step": [int(a) for a, _, _ in rows], "lm loss": [float(b) for _, b, _ in rows],
+                         "grad norm": [float(c) for _, _, c in rows]})
+
+
+def test_short_excerpt_spike_is_judged_two_sided(real_logs_dir):
+    """13 rows are all warm-up for the causal rule; the two-sided rule still finds lm loss 2.2 -> 5.1 at 31219
+    and the grad norm episode around it as one event, and says how they were judged."""
+    metrics = _bloom_excerpt(real_logs_dir)
+    assert len(metrics) == 13
+    (loss,) = SpikeDetector("lm loss").detect(metrics)
+    assert (loss.kind, loss.step, loss.end_step, loss.peak_step) == ("spike", 31219, 31219, 31219)
+    assert loss.value == pytest.approx(5.098124) and loss.baseline == pytest.approx(2.345279)
+    assert loss.details["judged_by"] == "two_sided" and loss.details["two_sided_span"] == [12695, 45000]
+    assert loss.severity == "critical" and loss.details["recovery_step"] == 31220
+    (grad,) = SpikeDetector("grad norm").detect(metrics)
+    assert (grad.step, grad.end_step, grad.peak_step) == (31217, 31222, 31219)
+
+
+def test_warmup_descent_and_noise_give_no_two_sided_spike_but_a_warmup_spike_is_found():
+    rng = np.random.default_rng(11)
+    loss = decaying(400) * (1 + 0.02 * rng.standard_normal(400))  # the steep descent is all in the warm-up
+    assert SpikeDetector(LOSS).detect(frame(loss)) == []
+    loss[10] = 2.5 * loss[9]
+    (f,) = SpikeDetector(LOSS).detect(frame(loss))
+    assert (f.step, f.details["judged_by"], f.details["two_sided_span"]) == (10, "two_sided", [0, 31])
+    later = spikes_of(SpikeDetector(LOSS).detect(frame(np.r_[loss[:300], 3 * loss[300], loss[301:]])))
+    assert sorted((g.step, g.details["judged_by"]) for g in later) == [(10, "two_sided"), (300, "causal")]
+
+
+@settings(max_examples=30, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=12), max_size=6, unique=True))
+def test_short_series_online_equals_offline(cuts, real_logs_dir):
+    metrics = _bloom_excerpt(real_logs_dir)
+    offline = SpikeDetector("lm loss").detect(metrics)
+    det = SpikeDetector("lm loss")
+    det.reset()
+    online: list[Finding] = []
+    bounds = [0, *sorted(cuts), len(metrics)]
+    for a, b in zip(bounds, bounds[1:]):
+        online += det.update(metrics.iloc[a:b])
+    online += det.finish()
+    assert _as_dicts(online) == _as_dicts(offline) and len(offline) == 1
+
+
+def test_loss_spike_led_by_the_grad_norm_gets_a_higher_confidence(real_logs_dir):
+    """BLOOM-176B: the grad norm rose two steps before the loss jumped; together they are surer than alone."""
+    metrics = _bloom_excerpt(real_logs_dir)
+    joint = {f.metric: f for f in detect_spikes(metrics, ["lm loss", "grad norm"])}
+    alone = detect_spikes(metrics, "lm loss")[0]
+    assert joint["lm loss"].details["joint"] == "led" and joint["grad norm"].details["joint"] == "loss_response"
+    assert "joint" not in alone.details
+    assert 0.5 <= alone.details["confidence"] < joint["lm loss"].details["confidence"] <= 1.0
+    assert joint["lm loss"].details["confidence"] == pytest.approx(1 - 0.4 * (1 - alone.details["confidence"]),
+                                                                   abs=1e-3)

@@ -1,35 +1,22 @@
 """The compiled inner loop of :class:`~forensics.detect.spikes.SpikeDetector` (numba).
 
+The rule itself is written once, in :mod:`forensics.detect.spikes`; :mod:`forensics.detect._reference` is the same
+rule in plain Python, read top to bottom, and a property test holds this kernel to it (same findings on random
+series, with and without buckets, under any chunking).
+
 A spike rule is causal and sequential (each verdict decides what enters the baseline of the next step), so it cannot
-be vectorised; a Python loop runs ~100x slower than a pandas rolling median. Everything the loop needs between rows
-lives in a handful of numpy arrays (:class:`KernelState`), so a live run can stop after any row and continue with
-the next chunk exactly where it left off: that is what makes online and offline answers identical.
+be vectorised; a Python loop runs ~100x slower than a pandas rolling median. Everything the loop carries between rows
+lives in one :data:`KernelState`, a named tuple of named parts (record arrays for scalars, windows for rolling
+values), so a live run can stop after any row and continue with the next chunk exactly where it left off: that is
+what makes online and offline answers identical.
 
-Rolling windows are kept as a ring buffer (arrival order) plus a sorted copy (insertion/removal by shifting, which
-for windows of tens of values beats a heap or skip list); the median of a sorted window is a lookup.
-
-Per row (finite value ``x``, bucket ``b`` or -1)::
-
-    m_b   = median of (x - T) over the last Wb accepted steps of bucket b
-    off   = m_b - mean of m_k over the buckets known so far                      (0 without a bucket)
-    T     = trend of the last W accepted values of y = x - off (median of the recent half, extrapolated along
-            the line through the recent-half and older-half medians, clamped to the recent half's range)
-    base  = T + off
-    scale = 1.4826 * median |x - base| over the last W accepted steps            (MAD about the baseline)
-    flag  = (x - base) / scale >= z  and  x - base >= max((ratio - 1) * |base|, min_jump)
-
-With buckets, an accepted step is also checked against what a detector without tags would use (the plain median
-of the last W accepted raw values and the MAD about it); above both thresholds there, it is ``expected_for_bucket``.
-
-The trend is made of bucket-adjusted values because the median of a mix of bucket levels jumps between them; the
-offsets are centred on their mean so that trend and offsets cannot drift together (``T + c`` and ``off - c`` would
-explain the data equally well). Flagged rows stay out of every window. See :mod:`forensics.detect.spikes` for the
-event rules.
+Rolling windows keep a ring buffer (arrival order) plus a sorted copy (insertion/removal by shifting, which for
+windows of tens of values beats a heap or skip list); the median of a sorted window is a lookup.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections import namedtuple
 
 import numba as nb
 import numpy as np
@@ -47,82 +34,127 @@ STATUS_NAMES = ("accepted", "flagged", "nonfinite", "warmup", "expected_for_buck
 EV_SPIKE = 1
 EV_SHIFT = 2
 
-# rows of the float window matrix
-W_TREND, W_RECENT, W_OLD, W_SCALE_RING, W_SCALE, W_RAW_RING, W_RAW, W_SHADOW, W_POST, W_MIX_RING, W_MIX = range(11)
-N_WINDOWS = 11
-
-# integer scalar state
-(I_TREND_HEAD, I_TREND_N, I_SCALE_HEAD, I_SCALE_N, I_RAW_HEAD, I_RAW_N, I_SHADOW_HEAD, I_SHADOW_N, I_POST_HEAD,
- I_POST_N, I_N_ACC, I_N_JUDGED, I_OPEN, I_OPEN_START, I_OPEN_END, I_OPEN_PEAK, I_OPEN_N, I_OPEN_JSTART,
- I_OPEN_BUCKET, I_N_PEND, I_PEND_HEAD, I_N_KNOWN, I_MIX_HEAD, I_MIX_N) = range(24)
-N_ISTATE = 24
-# float scalar state: the open event's peak, then the sum of the known buckets' median residuals
-F_PEAK_X, F_PEAK_BASE, F_PEAK_Z, F_PEAK_SCALE, F_PEAK_OFF, F_MED_SUM = range(6)
-N_FSTATE = 6
-
-# a pending (closed, not yet confirmed) event: ints and floats
-(PI_START, PI_END, PI_PEAK, PI_RECOVERY, PI_N, PI_ACC_MARK, PI_JCLOSE, PI_JSTART, PI_BUCKET) = range(9)
-N_PI = 9
-N_PF = 5  # the F_PEAK_* part of the float state
-
-# an emitted event
-(EI_KIND, EI_START, EI_END, EI_PEAK, EI_RECOVERY, EI_N, EI_BUCKET, EI_OPEN, EI_N_POST) = range(9)
-N_EI = 9
-(EF_X, EF_BASE, EF_Z, EF_SCALE, EF_OFF, EF_POST, EF_NEW_LEVEL) = range(7)
-N_EF = 7
-
-# parameters
-PF_Z, PF_RATIO, PF_MIN_JUMP, PF_Z_LARGE, PF_RATIO_LARGE = range(5)
-(PI_W, PI_H, PI_MIN_OLD, PI_MIN_PERIODS, PI_D, PI_R, PI_WB, PI_MIN_B, PI_QCAP, PI_USE_RAW) = range(10)
-
 MAD_TO_SD = 1.4826
 
+#: The rule's parameters, resolved once by the detector (one record).
+PARAMS = np.dtype([
+    ("z", np.float64), ("ratio", np.float64), ("min_jump", np.float64),
+    ("z_large", np.float64), ("ratio_large", np.float64),
+    ("window", np.int64),  # W: accepted values in the trend and the noise scale
+    ("half", np.int64),  # h: the trend's recent half
+    ("min_old", np.int64),  # older values the trend needs before it extrapolates
+    ("min_periods", np.int64), ("max_duration", np.int64), ("confirm", np.int64),
+    ("bucket_window", np.int64), ("min_bucket_periods", np.int64),
+    ("queue", np.int64),  # capacity of the pending-event queue
+    ("use_raw", np.int64),  # 1: also judge accepted steps as a detector without tags would (expected_for_bucket)
+    ("alpha", np.float64),  # false alarms asked per judged row (false_rate / 10,000); 0: the fixed score z
+    ("tail_start", np.float64),  # scores above it are the tail's peaks
+    ("min_peaks", np.int64),  # peaks needed before the fitted tail replaces z
+])
 
-@dataclass
-class KernelState:
-    """Everything the loop carries from one row to the next (copyable, so ``finish`` can work on a copy)."""
+#: Counters carried between rows (one record).
+COUNTS = np.dtype([
+    ("n_accepted", np.int64),  # values that entered the baseline, warm-up included
+    ("n_judged", np.int64),  # rows judged (flagged or accepted after the warm-up)
+    ("n_pending", np.int64), ("pending_head", np.int64),  # the queue of closed events awaiting confirmation
+    ("n_known_buckets", np.int64),  # buckets with at least min_bucket_periods residuals
+    ("offset_sum", np.float64),  # sum of the known buckets' median residuals (their mean centres the offsets)
+    ("z_tail", np.float64),  # the score threshold the fitted tail gives (NaN until min_peaks peaks)
+    ("z_exclude", np.float64),  # scores from it up are kept out of the tail (the fit's threshold at alpha / 100)
+    ("tail_xi", np.float64), ("tail_sigma", np.float64),  # the fitted generalized Pareto shape and scale
+])
 
-    win: np.ndarray  # (N_WINDOWS, cap) float64
-    ist: np.ndarray  # (N_ISTATE,) int64
-    fst: np.ndarray  # (N_FSTATE,) float64
-    bucket_f: np.ndarray  # (K, 2, Wb) float64: ring, sorted
-    bucket_i: np.ndarray  # (K, 2) int64: head, count
-    bucket_m: np.ndarray  # (K,) float64: median of each bucket's window
-    pend_i: np.ndarray  # (Q, N_PI) int64
-    pend_f: np.ndarray  # (Q, N_PF) float64
+#: One event: the open one, a pending one, or an emitted one (fields a stage does not use stay 0).
+EVENT = np.dtype([
+    ("kind", np.int64), ("start", np.int64), ("end", np.int64), ("peak", np.int64), ("recovery", np.int64),
+    ("n_rows", np.int64), ("bucket", np.int64), ("is_open", np.int64), ("n_post", np.int64),
+    ("accepted_mark", np.int64),  # n_accepted when it closed: values after it are n_accepted - accepted_mark
+    ("judged_close", np.int64), ("judged_start", np.int64),  # n_judged when it closed / when it started
+    ("x", np.float64), ("base", np.float64), ("z", np.float64), ("scale", np.float64), ("offset", np.float64),
+    ("post", np.float64), ("new_level", np.float64),
+])
 
-    @classmethod
-    def empty(cls, cap: int, bucket_window: int, queue: int) -> KernelState:
-        return cls(
-            win=np.zeros((N_WINDOWS, cap)), ist=np.zeros(N_ISTATE, np.int64), fst=np.zeros(N_FSTATE),
-            bucket_f=np.zeros((0, 2, bucket_window)), bucket_i=np.zeros((0, 2), np.int64), bucket_m=np.zeros(0),
-            pend_i=np.zeros((queue, N_PI), np.int64), pend_f=np.zeros((queue, N_PF)),
-        )
+#: A rolling window of the last ``len(ring)`` values: ring (arrival order), sorted copy, meta = [head, count].
+Window = namedtuple("Window", "ring sorted meta")
+#: The trend's window: the last W values split into the recent ``h`` and the older ``W - h``, each sorted.
+TrendWindow = namedtuple("TrendWindow", "ring recent old meta")
+#: Per-bucket windows of residuals: ring and sorted (K, Wb), meta (K, 2) = head, count; median (K,).
+BucketWindows = namedtuple("BucketWindows", "ring sorted meta median")
+#: Everything the loop carries from one row to the next.
+KernelState = namedtuple("KernelState", [
+    "counts",  # COUNTS record array of length 1
+    "open",  # EVENT record array of length 1: the event being extended (is_open = 1)
+    "pending",  # EVENT array (queue,): closed events awaiting confirmation, a ring from counts.pending_head
+    "trend",  # TrendWindow of bucket-adjusted accepted values y
+    "scale",  # Window of |x - baseline| of accepted values: the noise scale (MAD)
+    "mix",  # Window of raw accepted values (what a detector without tags would take as its median)
+    "raw_scale",  # Window of |x - median(mix)|: that detector's noise scale
+    "shadow",  # Window (ring only) of the judged values y, flagged or not: the new level after a shift
+    "post",  # Window (ring only) of accepted judged values y: what decides whether a spike returned
+    "buckets",  # BucketWindows
+    "tail",  # Window of the excesses (score - tail_start) of accepted judged rows over tail_start: the peaks
+    "tail_at",  # Window (ring only) of n_judged at each peak, aligned with tail's ring
+])
+#: A chunk of rows, and the per-row verdicts written for it.
+Rows = namedtuple("Rows", "step value bucket")
+Verdicts = namedtuple("Verdicts", "status baseline score")
 
-    def copy(self) -> KernelState:
-        return KernelState(**{f.name: getattr(self, f.name).copy() for f in fields(self)})
 
-    def ensure_buckets(self, n: int) -> None:
-        """Grow the per-bucket windows to hold bucket ids ``0..n-1``."""
-        k = self.bucket_i.shape[0]
-        if n > k:
-            wb = self.bucket_f.shape[2]
-            self.bucket_f = np.concatenate([self.bucket_f, np.zeros((n - k, 2, wb))])
-            self.bucket_i = np.concatenate([self.bucket_i, np.zeros((n - k, 2), np.int64)])
-            self.bucket_m = np.concatenate([self.bucket_m, np.zeros(n - k)])
+def _window(cap: int, sorted_too: bool = True) -> Window:
+    return Window(np.zeros(cap), np.zeros(cap if sorted_too else 0), np.zeros(2, np.int64))
 
-    def args(self) -> tuple:
-        return self.win, self.ist, self.fst, self.bucket_f, self.bucket_i, self.bucket_m, self.pend_i, self.pend_f
 
-    def offset(self, b: int, min_b: int) -> float:
-        """Bucket ``b``'s current offset from the trend (NaN while it has fewer than ``min_b`` steps)."""
-        if b >= len(self.bucket_m) or self.bucket_i[b, 1] < min_b or self.ist[I_N_KNOWN] == 0:
-            return float("nan")
-        return float(self.bucket_m[b] - self.fst[F_MED_SUM] / self.ist[I_N_KNOWN])
+def new_state(params: np.ndarray, tail_window: int = 1) -> KernelState:
+    """An empty state for the parameters of a ``PARAMS`` record array (``tail_window``: peaks kept)."""
+    p = params[0]
+    w, h, q = int(p["window"]), int(p["half"]), int(p["queue"])
+    wb = int(p["bucket_window"])
+    return KernelState(
+        counts=empty_counts(), open=np.zeros(1, EVENT), pending=np.zeros(q, EVENT),
+        trend=TrendWindow(np.zeros(w), np.zeros(h), np.zeros(w - h), np.zeros(2, np.int64)),
+        scale=_window(w), mix=_window(w), raw_scale=_window(w),
+        shadow=_window(int(p["max_duration"]), False), post=_window(int(p["confirm"]), False),
+        buckets=BucketWindows(np.zeros((0, wb)), np.zeros((0, wb)), np.zeros((0, 2), np.int64), np.zeros(0)),
+        tail=_window(tail_window), tail_at=_window(tail_window, False),
+    )
+
+
+def copy_state(state: tuple) -> tuple:
+    """A deep copy (``finish`` resolves what is pending on a copy, so the live state is untouched)."""
+    return type(state)(*(copy_state(v) if isinstance(v, tuple) else v.copy() for v in state))
+
+
+def with_buckets(state: KernelState, n: int) -> KernelState:
+    """The state with per-bucket windows for bucket ids ``0..n-1`` (grown, existing windows kept)."""
+    bw = state.buckets
+    k, wb = bw.ring.shape
+    if n <= k:
+        return state
+    grown = BucketWindows(np.concatenate([bw.ring, np.zeros((n - k, wb))]),
+                          np.concatenate([bw.sorted, np.zeros((n - k, wb))]),
+                          np.concatenate([bw.meta, np.zeros((n - k, 2), np.int64)]),
+                          np.concatenate([bw.median, np.zeros(n - k)]))
+    return state._replace(buckets=grown)
+
+
+def empty_counts() -> np.ndarray:
+    c = np.zeros(1, COUNTS)
+    c["z_tail"] = np.nan
+    c["z_exclude"] = np.nan
+    return c
+
+
+def bucket_offset(state: KernelState, b: int, min_bucket_periods: int) -> float:
+    """Bucket ``b``'s current offset from the trend (NaN while it has fewer than ``min_bucket_periods`` steps)."""
+    c = state.counts[0]
+    bw = state.buckets
+    if b >= len(bw.median) or bw.meta[b, 1] < min_bucket_periods or c["n_known_buckets"] == 0:
+        return float("nan")
+    return float(bw.median[b] - c["offset_sum"] / c["n_known_buckets"])
 
 
 # --- sorted windows -------------------------------------------------------------------------------------------------
-@nb.njit("void(f8[::1], i8, f8)", cache=True)
+@nb.njit(cache=True)
 def _insert(srt, n, x):
     i = n
     while i > 0 and srt[i - 1] > x:
@@ -131,7 +163,7 @@ def _insert(srt, n, x):
     srt[i] = x
 
 
-@nb.njit("void(f8[::1], i8, f8)", cache=True)
+@nb.njit(cache=True)
 def _remove(srt, n, x):
     lo, hi = 0, n
     while lo < hi:  # first index with srt[i] >= x
@@ -144,7 +176,7 @@ def _remove(srt, n, x):
         srt[j] = srt[j + 1]
 
 
-@nb.njit("void(f8[::1], i8, f8, f8)", cache=True)
+@nb.njit(cache=True)
 def _replace(srt, n, old, new):
     """Swap ``old`` (present) for ``new`` in a full sorted window: one pass over the values between them."""
     lo, hi = 0, n
@@ -166,91 +198,101 @@ def _replace(srt, n, old, new):
     srt[i] = new
 
 
-@nb.njit("f8(f8[::1], i8)", cache=True)
+@nb.njit(cache=True)
 def _median(srt, n):
     if n % 2 == 1:
         return srt[n // 2]
     return 0.5 * (srt[n // 2 - 1] + srt[n // 2])
 
 
-@nb.njit("void(f8[::1], f8[::1], i8[::1], i8, i8, f8)", cache=True)
-def _push(ring, srt, meta, k, cap, x):
-    """Append ``x`` to a window of capacity ``cap``; ``meta[k]`` is its head, ``meta[k + 1]`` its count."""
-    head = meta[k]
-    n = meta[k + 1]
+@nb.njit(cache=True)
+def _push(ring, srt, meta, x):
+    """Append ``x`` to a sorted window (ring, sorted copy, meta = [head, count]) of capacity ``len(ring)``."""
+    cap = ring.shape[0]
+    head = meta[0]
+    n = meta[1]
     if n == cap:
         _replace(srt, n, ring[head], x)
     else:
         _insert(srt, n, x)
-        meta[k + 1] = n + 1
+        meta[1] = n + 1
     ring[head] = x
-    meta[k] = (head + 1) % cap
+    meta[0] = (head + 1) % cap
 
 
-@nb.njit("void(f8[::1], i8[::1], i8, i8, f8)", cache=True)
-def _ring_push(ring, meta, k, cap, x):
+@nb.njit(cache=True)
+def _win_push(w, x):
+    _push(w.ring, w.sorted, w.meta, x)
+
+
+@nb.njit(cache=True)
+def _win_median(w):
+    return _median(w.sorted, w.meta[1])
+
+
+@nb.njit(cache=True)
+def _ring_push(w, x):
     """Append to a plain ring (no sorted copy)."""
-    head = meta[k]
-    ring[head] = x
-    meta[k] = (head + 1) % cap
-    if meta[k + 1] < cap:
-        meta[k + 1] += 1
+    cap = w.ring.shape[0]
+    w.ring[w.meta[0]] = x
+    w.meta[0] = (w.meta[0] + 1) % cap
+    if w.meta[1] < cap:
+        w.meta[1] += 1
 
 
-@nb.njit("void(f8[::1], i8[::1], i8, i8, i8, f8[::1])", cache=True)
-def _ring_last(ring, meta, k, cap, m, out):
+@nb.njit(cache=True)
+def _ring_last(w, m, out):
     """The last ``m`` values of a ring in arrival order into ``out[:m]``."""
-    head = meta[k]
+    cap = w.ring.shape[0]
+    head = w.meta[0]
     for j in range(m):
-        out[j] = ring[(head - m + j) % cap]
+        out[j] = w.ring[(head - m + j) % cap]
 
 
 # --- the trend: two halves of the last W accepted values --------------------------------------------------------------
-@nb.njit("void(f8[:, ::1], i8[::1], i8, i8, f8)", cache=True)
-def _trend_push(win, ist, W, h, x):
-    ring = win[W_TREND]
-    recent = win[W_RECENT]
-    old = win[W_OLD]
-    head = ist[I_TREND_HEAD]
-    n = ist[I_TREND_N]
+@nb.njit(cache=True)
+def _trend_push(tw, x):
+    W = tw.ring.shape[0]
+    h = tw.recent.shape[0]
+    head = tw.meta[0]
+    n = tw.meta[1]
     if n == W:  # full: the oldest leaves the older half, the value at age h moves over, x joins the recent half
         if W > h:
-            moving = ring[(head - h) % W]
-            _replace(old, W - h, ring[head], moving)
-            _replace(recent, h, moving, x)
+            moving = tw.ring[(head - h) % W]
+            _replace(tw.old, W - h, tw.ring[head], moving)
+            _replace(tw.recent, h, moving, x)
         else:
-            _replace(recent, W, ring[head], x)
+            _replace(tw.recent, W, tw.ring[head], x)
     elif W > h and n >= h:
-        moving = ring[(head - h) % W]
-        _remove(recent, h, moving)
-        _insert(old, n - h, moving)
-        _insert(recent, h - 1, x)
-        ist[I_TREND_N] = n + 1
+        moving = tw.ring[(head - h) % W]
+        _remove(tw.recent, h, moving)
+        _insert(tw.old, n - h, moving)
+        _insert(tw.recent, h - 1, x)
+        tw.meta[1] = n + 1
     else:
-        _insert(recent, n, x)
-        ist[I_TREND_N] = n + 1
-    ring[head] = x
-    ist[I_TREND_HEAD] = (head + 1) % W
+        _insert(tw.recent, n, x)
+        tw.meta[1] = n + 1
+    tw.ring[head] = x
+    tw.meta[0] = (head + 1) % W
 
 
-@nb.njit("f8(f8[:, ::1], i8[::1], i8, i8)", cache=True)
-def _trend(win, ist, h, min_old):
+@nb.njit(cache=True)
+def _trend(tw, min_old):
     """The baseline trend at the next step (NaN before the first accepted value)."""
-    n = ist[I_TREND_N]
+    n = tw.meta[1]
     if n == 0:
         return np.nan
-    n_r = min(n, h)
+    n_r = min(n, tw.recent.shape[0])
     n_o = n - n_r
-    recent = win[W_RECENT]
-    med_r = _median(recent, n_r)
+    med_r = _median(tw.recent, n_r)
     if n_o < min_old:
         return med_r
-    med_o = _median(win[W_OLD], n_o)
+    med_o = _median(tw.old, n_o)
     c_r = (n_r + 1) / 2.0  # mean age of the recent half (age 1 = newest)
     c_o = n_r + (n_o + 1) / 2.0
     t = med_r - c_r * (med_o - med_r) / (c_o - c_r)
-    lo = recent[0]
-    hi = recent[n_r - 1]
+    lo = tw.recent[0]
+    hi = tw.recent[n_r - 1]
     if t < lo:
         t = lo
     elif t > hi:
@@ -258,279 +300,363 @@ def _trend(win, ist, h, min_old):
     return t
 
 
-@nb.njit("f8(f8[:, ::1], i8[::1], i8, i8, i8, i8)", cache=True)
-def _reanchor(win, ist, W, h, D, m):
+@nb.njit(cache=True)
+def _reanchor(state, m):
     """Refill the trend with the last ``m`` judged values (a level shift: the new level is the baseline now)."""
-    m = min(m, ist[I_SHADOW_N], W)
+    tw = state.trend
+    m = min(m, state.shadow.meta[1], tw.ring.shape[0])
     tmp = np.empty(max(m, 1))
-    _ring_last(win[W_SHADOW], ist, I_SHADOW_HEAD, D, m, tmp)
-    ist[I_TREND_HEAD] = 0
-    ist[I_TREND_N] = 0
+    _ring_last(state.shadow, m, tmp)
+    tw.meta[0] = 0
+    tw.meta[1] = 0
     for j in range(m):
-        _trend_push(win, ist, W, h, tmp[j])
+        _trend_push(tw, tmp[j])
     if m == 0:
         return np.nan
     return np.median(tmp[:m])
 
 
 # --- events ---------------------------------------------------------------------------------------------------------
-@nb.njit("i8(i8[:, ::1], f8[:, ::1], i8, i8, i8, i8, i8, i8, i8, i8, i8, i8, f8, f8, f8, f8, f8, f8, f8)", cache=True)
-def _emit(ev_i, ev_f, n_ev, kind, start, end, peak, recovery, n_rows, bucket, is_open, n_post,
-          x, base, z, scale, off, post, new_level):
-    ev_i[n_ev, EI_KIND] = kind
-    ev_i[n_ev, EI_START] = start
-    ev_i[n_ev, EI_END] = end
-    ev_i[n_ev, EI_PEAK] = peak
-    ev_i[n_ev, EI_RECOVERY] = recovery
-    ev_i[n_ev, EI_N] = n_rows
-    ev_i[n_ev, EI_BUCKET] = bucket
-    ev_i[n_ev, EI_OPEN] = is_open
-    ev_i[n_ev, EI_N_POST] = n_post
-    ev_f[n_ev, EF_X] = x
-    ev_f[n_ev, EF_BASE] = base
-    ev_f[n_ev, EF_Z] = z
-    ev_f[n_ev, EF_SCALE] = scale
-    ev_f[n_ev, EF_OFF] = off
-    ev_f[n_ev, EF_POST] = post
-    ev_f[n_ev, EF_NEW_LEVEL] = new_level
+@nb.njit(cache=True)
+def _copy_event(dst, src):
+    dst.kind = src.kind
+    dst.start = src.start
+    dst.end = src.end
+    dst.peak = src.peak
+    dst.recovery = src.recovery
+    dst.n_rows = src.n_rows
+    dst.bucket = src.bucket
+    dst.is_open = src.is_open
+    dst.n_post = src.n_post
+    dst.accepted_mark = src.accepted_mark
+    dst.judged_close = src.judged_close
+    dst.judged_start = src.judged_start
+    dst.x = src.x
+    dst.base = src.base
+    dst.z = src.z
+    dst.scale = src.scale
+    dst.offset = src.offset
+    dst.post = src.post
+    dst.new_level = src.new_level
+
+
+@nb.njit(cache=True)
+def _emit(events, n_ev, src, kind, end, recovery, is_open, n_post, post, new_level):
+    """Append an event built from ``src`` (its peak fields and counts) to the output."""
+    e = events[n_ev]
+    _copy_event(e, src)
+    e.kind = kind
+    e.end = end
+    e.recovery = recovery
+    e.is_open = is_open
+    e.n_post = n_post
+    e.post = post
+    e.new_level = new_level
     return n_ev + 1
 
 
-@nb.njit("i8(i8[::1], f8[:, ::1], i8[::1], f8[::1], i8[:, ::1], f8[:, ::1], i8[:, ::1], f8[:, ::1], i8, i8, i8)", cache=True)
-def _shift_from(pi, win, ist, fst, pend_i, pend_f, ev_i, ev_f, n_ev, first, step_now):
-    """Declare a level shift made of pending events ``first..`` and the open event; re-anchor the trend."""
-    W, h, D, Q = pi[PI_W], pi[PI_H], pi[PI_D], pi[PI_QCAP]
-    head = ist[I_PEND_HEAD]
-    n_pend = ist[I_N_PEND]
-    start = -1
-    jstart = ist[I_N_JUDGED]
-    peak, bucket = -1, -1
-    px, pbase, pz, pscale, poff = np.nan, np.nan, -np.inf, np.nan, np.nan
-    n_rows = 0
-    for j in range(first, n_pend):
-        q = (head + j) % Q
-        if start < 0:
-            start = pend_i[q, PI_START]
-            jstart = pend_i[q, PI_JSTART]
-        n_rows += pend_i[q, PI_N]
-        if pend_f[q, F_PEAK_Z] > pz:
-            pz = pend_f[q, F_PEAK_Z]
-            px, pbase, pscale, poff = pend_f[q, F_PEAK_X], pend_f[q, F_PEAK_BASE], pend_f[q, F_PEAK_SCALE], \
-                pend_f[q, F_PEAK_OFF]
-            peak, bucket = pend_i[q, PI_PEAK], pend_i[q, PI_BUCKET]
-    if ist[I_OPEN] == 1:
-        if start < 0:
-            start = ist[I_OPEN_START]
-            jstart = ist[I_OPEN_JSTART]
-        n_rows += ist[I_OPEN_N]
-        if fst[F_PEAK_Z] > pz:
-            pz = fst[F_PEAK_Z]
-            px, pbase, pscale, poff = fst[F_PEAK_X], fst[F_PEAK_BASE], fst[F_PEAK_SCALE], fst[F_PEAK_OFF]
-            peak, bucket = ist[I_OPEN_PEAK], ist[I_OPEN_BUCKET]
-    span = ist[I_N_JUDGED] - jstart + 1
-    new_level = _reanchor(win, ist, W, h, D, span)
-    n_ev = _emit(ev_i, ev_f, n_ev, EV_SHIFT, start, step_now, peak, -1, n_rows, bucket, 0, 0,
-                 px, pbase, pz, pscale, poff, np.nan, new_level)
-    ist[I_N_PEND] = first
-    ist[I_OPEN] = 0
-    return n_ev
+@nb.njit(cache=True)
+def _shift_from(state, events, n_ev, step_now):
+    """Declare a level shift made of every pending event and the open one; re-anchor the trend."""
+    c = state.counts[0]
+    op = state.open[0]
+    Q = state.pending.shape[0]
+    a = events[n_ev]  # the shift is built in its output slot: first start, summed rows, the highest-scoring peak
+    a.start = -1
+    a.judged_start = c.n_judged
+    a.n_rows = 0
+    a.peak = -1
+    a.bucket = -1
+    a.x, a.base, a.z, a.scale, a.offset = np.nan, np.nan, -np.inf, np.nan, np.nan
+    for j in range(c.n_pending):
+        e = state.pending[(c.pending_head + j) % Q]
+        if a.start < 0:
+            a.start = e.start
+            a.judged_start = e.judged_start
+        a.n_rows += e.n_rows
+        if e.z > a.z:
+            a.x, a.base, a.z, a.scale, a.offset = e.x, e.base, e.z, e.scale, e.offset
+            a.peak, a.bucket = e.peak, e.bucket
+    if op.is_open == 1:
+        if a.start < 0:
+            a.start = op.start
+            a.judged_start = op.judged_start
+        a.n_rows += op.n_rows
+        if op.z > a.z:
+            a.x, a.base, a.z, a.scale, a.offset = op.x, op.base, op.z, op.scale, op.offset
+            a.peak, a.bucket = op.peak, op.bucket
+    a.new_level = _reanchor(state, c.n_judged - a.judged_start + 1)
+    a.kind = EV_SHIFT
+    a.end = step_now
+    a.recovery = -1
+    a.is_open = 0
+    a.n_post = 0
+    a.post = np.nan
+    c.n_pending = 0
+    op.is_open = 0
+    return n_ev + 1
 
 
-@nb.njit("i8(i8[::1], f8[:, ::1], i8[::1], f8[::1], i8[:, ::1], f8[:, ::1], i8[:, ::1], f8[:, ::1], i8, i8, b1)", cache=True)
-def _resolve(pi, win, ist, fst, pend_i, pend_f, ev_i, ev_f, n_ev, step_now, final):
-    """Confirm pending events: a spike returns (its next ``R`` accepted values sit closer to the baseline than
-    to its peak); one that does not, or that waits ``D`` judged rows for them, was the start of a level shift."""
-    R, D, Q = pi[PI_R], pi[PI_D], pi[PI_QCAP]
+@nb.njit(cache=True)
+def _resolve(p, state, events, n_ev, step_now, final):
+    """Confirm pending events: a spike returns (its next ``confirm`` accepted values sit closer to the baseline
+    than to its peak); one that does not, or that waits ``max_duration`` judged rows for them, was the start of a
+    level shift."""
+    c = state.counts[0]
+    R, D = p.confirm, p.max_duration
+    Q = state.pending.shape[0]
     tmp = np.empty(R)
-    while ist[I_N_PEND] > 0:
-        q = ist[I_PEND_HEAD]
-        n_post = ist[I_N_ACC] - pend_i[q, PI_ACC_MARK]
-        timed_out = ist[I_N_JUDGED] - pend_i[q, PI_JCLOSE] >= D
+    while c.n_pending > 0:
+        e = state.pending[c.pending_head]
+        n_post = c.n_accepted - e.accepted_mark
+        timed_out = c.n_judged - e.judged_close >= D
         if n_post < R and not timed_out and not final:
             break
         returned = False
         post = np.nan
         m = min(n_post, R)
         if m > 0 and not timed_out:
-            _ring_last(win[W_POST], ist, I_POST_HEAD, R, m, tmp)
+            _ring_last(state.post, m, tmp)
             post = np.median(tmp[:m])
-            base_t = pend_f[q, F_PEAK_BASE] - pend_f[q, F_PEAK_OFF]
-            peak_y = pend_f[q, F_PEAK_X] - pend_f[q, F_PEAK_OFF]
+            base_t = e.base - e.offset
+            peak_y = e.x - e.offset
             returned = post - base_t < 0.5 * (peak_y - base_t)
         if not returned:
-            return _shift_from(pi, win, ist, fst, pend_i, pend_f, ev_i, ev_f, n_ev, 0, step_now)
-        n_ev = _emit(ev_i, ev_f, n_ev, EV_SPIKE, pend_i[q, PI_START], pend_i[q, PI_END], pend_i[q, PI_PEAK],
-                     pend_i[q, PI_RECOVERY], pend_i[q, PI_N], pend_i[q, PI_BUCKET], 0, m,
-                     pend_f[q, F_PEAK_X], pend_f[q, F_PEAK_BASE], pend_f[q, F_PEAK_Z], pend_f[q, F_PEAK_SCALE],
-                     pend_f[q, F_PEAK_OFF], post, np.nan)
-        ist[I_PEND_HEAD] = (q + 1) % Q
-        ist[I_N_PEND] -= 1
+            return _shift_from(state, events, n_ev, step_now)
+        n_ev = _emit(events, n_ev, e, EV_SPIKE, e.end, e.recovery, 0, m, post, np.nan)
+        c.pending_head = (c.pending_head + 1) % Q
+        c.n_pending -= 1
     return n_ev
 
 
-@nb.njit("void(f8[:, :, ::1], i8[:, ::1], f8[::1], i8[::1], f8[::1], i8, i8, i8, f8)", cache=True)
-def _bucket_push(bucket_f, bucket_i, bucket_m, ist, fst, b, Wb, min_b, resid):
+@nb.njit(cache=True)
+def _bucket_push(p, state, b, resid):
     """Add a residual to bucket ``b``'s window; keep the sum of the known buckets' medians current."""
-    known_before = bucket_i[b, 1] >= min_b
-    old = bucket_m[b]
-    _push(bucket_f[b, 0], bucket_f[b, 1], bucket_i[b], 0, Wb, resid)
-    m = _median(bucket_f[b, 1], bucket_i[b, 1])
-    bucket_m[b] = m
+    bw = state.buckets
+    c = state.counts[0]
+    min_b = p.min_bucket_periods
+    known_before = bw.meta[b, 1] >= min_b
+    old = bw.median[b]
+    _push(bw.ring[b], bw.sorted[b], bw.meta[b], resid)
+    m = _median(bw.sorted[b], bw.meta[b, 1])
+    bw.median[b] = m
     if known_before:
-        fst[F_MED_SUM] += m - old
-    elif bucket_i[b, 1] >= min_b:
-        fst[F_MED_SUM] += m
-        ist[I_N_KNOWN] += 1
+        c.offset_sum += m - old
+    elif bw.meta[b, 1] >= min_b:
+        c.offset_sum += m
+        c.n_known_buckets += 1
+
+
+#: Scores the fitted tail says are rarer than ``alpha / EXCLUDE_FACTOR`` (rates of ``EXCLUDE_P`` per step and up) or
+#: than ``EXCLUDE_P`` (rarer rates) stay out of it. At rare rates the limit sits below the threshold: a spike of
+#: 1.6x and more scores above the noise's once-in-10,000, and letting spikes in below a high threshold feeds the fit
+#: that raised it. At high rates alpha is a sizeable share of the peaks and censoring the tail at or below the
+#: threshold would drag the fit down with it, so there the limit sits ten times rarer than alpha.
+EXCLUDE_FACTOR = 10.0
+EXCLUDE_P = 1e-4
+#: With a false_rate but fewer than min_peaks peaks, the jump condition is at least this (the fixed rule's default):
+#: the fixed score z alone flags heavy-tailed noise every few hundred steps.
+FALLBACK_RATIO = 1.5
+#: The fitted tail shape is kept at or above this: Gaussian noise judged by a rolling MAD fits about -0.13 above 2
+#: noise units, while a fit that sees a few thousand peaks can wander far lower and under-state the far tail.
+XI_MIN = -0.15
 
 
 @nb.njit(cache=True)
-def _over(r, sc, base, z_thr, ratio, z_large, ratio_large, min_jump):
+def _gpd_quantile(t0, xi, sigma, q):
+    """The score a generalized Pareto above ``t0`` exceeds with probability ``q`` (relative to ``t0``'s)."""
+    if q >= 1.0:
+        return t0
+    if abs(xi) < 1e-6:
+        return t0 - sigma * np.log(q)
+    return t0 + sigma / xi * (q ** (-xi) - 1.0)
+
+
+@nb.njit(cache=True)
+def _fit_tail(p, state):
+    """Refit the tail after a new peak: a generalized Pareto by probability-weighted moments on the sorted
+    excesses, and the score it says is exceeded with probability ``alpha`` (module docstring of spikes.py)."""
+    c = state.counts[0]
+    k = state.tail.meta[1]
+    if k < p.min_peaks:
+        return
+    y = state.tail.sorted
+    a0 = 0.0
+    b1 = 0.0
+    for j in range(k):
+        a0 += y[j]
+        b1 += y[j] * j / (k - 1)
+    a0 /= k
+    b1 /= k
+    a1 = a0 - b1
+    d = a0 - 2.0 * a1
+    if d <= 0.0 or a0 <= 0.0:
+        return
+    xi = 2.0 - a0 / d
+    sigma = 2.0 * a0 * a1 / d
+    if xi < XI_MIN:  # a bounded tail fitted near tail_start under-states the far one: at most slightly bounded
+        xi = XI_MIN
+        sigma = a0 * (1.0 - xi)  # the generalized Pareto's mean excess is sigma / (1 - xi)
+    elif xi > 0.9:
+        xi = 0.9
+    cap = state.tail.ring.shape[0]
+    oldest = state.tail_at.ring[state.tail_at.meta[0] % cap] if k == cap else 1.0
+    span = c.n_judged - oldest + 1.0
+    q = p.alpha * span / k  # the exceedance probability asked, relative to that of tail_start
+    c.z_tail = _gpd_quantile(p.tail_start, xi, sigma, q)
+    q_exclude = p.alpha / EXCLUDE_FACTOR if p.alpha >= EXCLUDE_P else EXCLUDE_P
+    c.z_exclude = _gpd_quantile(p.tail_start, xi, sigma, q_exclude * span / k)
+    c.tail_xi = xi
+    c.tail_sigma = sigma
+
+
+@nb.njit(cache=True)
+def _over(p, r, sc, base, z_thr, z_large, ratio_floor):
     """Above the thresholds: the score and the relative jump together; a larger jump needs a smaller score."""
     if r <= 0.0:
         return False
-    if r / sc >= z_thr and r >= max((ratio - 1.0) * abs(base), min_jump):
+    if r / sc >= z_thr and r >= max((max(p.ratio, ratio_floor) - 1.0) * abs(base), p.min_jump):
         return True
-    return r / sc >= z_large and r >= max((ratio_large - 1.0) * abs(base), min_jump)
+    return r / sc >= z_large and r >= max((p.ratio_large - 1.0) * abs(base), p.min_jump)
 
 
 @nb.njit(cache=True)
-def run_rows(pf, pi, win, ist, fst, bucket_f, bucket_i, bucket_m, pend_i, pend_f, steps, x, bkt,
-             status, base_out, score_out, ev_i, ev_f):
-    """Process rows in order, updating the state in place.
+def run_rows(params, state, rows, out, events):
+    """Process ``rows`` in order, writing ``out`` per row and events into ``events``, updating ``state`` in place.
 
-    Returns ``(n_events, n_rows_done)``: it stops early, between rows, when fewer than ``Q + 2`` free event slots
-    are left (one row can emit at most ``Q + 1`` events), so a small event buffer serves any number of rows.
+    Returns ``(n_events, n_rows_done)``: it stops early, between rows, when fewer than ``queue + 2`` free event
+    slots are left (one row can emit at most ``queue + 1`` events), so a small event buffer serves any number of
+    rows. ``params.z_large`` is infinite without buckets (the looser score needs per-bucket baselines).
     """
-    z_thr, ratio, min_jump = pf[PF_Z], pf[PF_RATIO], pf[PF_MIN_JUMP]
-    z_large, ratio_large = pf[PF_Z_LARGE], pf[PF_RATIO_LARGE]
-    W, h, min_old, min_periods = pi[PI_W], pi[PI_H], pi[PI_MIN_OLD], pi[PI_MIN_PERIODS]
-    D, R, Wb, min_b, Q, use_raw = pi[PI_D], pi[PI_R], pi[PI_WB], pi[PI_MIN_B], pi[PI_QCAP], pi[PI_USE_RAW]
+    p = params[0]
+    c = state.counts[0]
+    op = state.open[0]
+    bw = state.buckets
     n_ev = 0
-    room = ev_i.shape[0] - (Q + 2)
-    for i in range(x.shape[0]):
+    room = events.shape[0] - (p.queue + 2)
+    for i in range(rows.value.shape[0]):
         if n_ev > room:
             return n_ev, i
-        v = x[i]
-        s = steps[i]
-        b = bkt[i]
-        base_out[i] = np.nan
-        score_out[i] = np.nan
+        v = rows.value[i]
+        s = rows.step[i]
+        b = rows.bucket[i]
+        out.baseline[i] = np.nan
+        out.score[i] = np.nan
         if not np.isfinite(v):
-            status[i] = NONFINITE
+            out.status[i] = NONFINITE
             continue
-        t = _trend(win, ist, h, min_old)
+        t = _trend(state.trend, p.min_old)
         has_t = not np.isnan(t)
-        warm = ist[I_N_ACC] < min_periods or not has_t
+        warm = c.n_accepted < p.min_periods or not has_t
         off = 0.0
         known = False
         if b >= 0:
-            if bucket_i[b, 1] >= min_b:
-                off = bucket_m[b] - fst[F_MED_SUM] / ist[I_N_KNOWN]
+            if bw.meta[b, 1] >= p.min_bucket_periods:
+                off = bw.median[b] - c.offset_sum / c.n_known_buckets
                 known = True
             elif not warm:
-                _bucket_push(bucket_f, bucket_i, bucket_m, ist, fst, b, Wb, min_b, v - t)
-                status[i] = NEW_BUCKET
+                _bucket_push(p, state, b, v - t)
+                out.status[i] = NEW_BUCKET
                 continue
         y = v - off  # the value with its bucket's offset removed: what the trend is made of
         base = t + off
         r = v - base
         st = WARMUP
         if not warm:
-            sc = MAD_TO_SD * _median(win[W_SCALE], ist[I_SCALE_N])
+            sc = MAD_TO_SD * _win_median(state.scale)
             sc = max(sc, 1e-9 * abs(base) + 1e-12)
             zz = r / sc
-            base_out[i] = base
-            score_out[i] = zz
-            ist[I_N_JUDGED] += 1
-            flag = _over(r, sc, base, z_thr, ratio, z_large, ratio_large, min_jump)
+            out.baseline[i] = base
+            out.score[i] = zz
+            c.n_judged += 1
+            z_thr = p.z
+            ratio_floor = 1.0
+            if p.alpha > 0.0:
+                if not np.isnan(c.z_tail):
+                    z_thr = c.z_tail
+                else:  # too few peaks yet: the fixed rule, its jump condition at least the default 1.5x
+                    ratio_floor = FALLBACK_RATIO
+                z_excl = p.z if np.isnan(c.z_exclude) else c.z_exclude
+                if p.tail_start < zz < z_excl:  # a peak of the tail (judged before the fit moves)
+                    _win_push(state.tail, zz - p.tail_start)
+                    _ring_push(state.tail_at, c.n_judged)
+                    _fit_tail(p, state)
+            flag = _over(p, r, sc, base, z_thr, p.z_large, ratio_floor)
             below_only = False
             if flag and known and off < 0.0:
-                r0 = v - t
-                below_only = not _over(r0, sc, t, z_thr, ratio, z_large, ratio_large, min_jump)
-                if below_only and bucket_i[b, 1] < Wb:
+                below_only = not _over(p, v - t, sc, t, z_thr, p.z_large, ratio_floor)
+                if below_only and bw.meta[b, 1] < p.bucket_window:
                     # flagged only because a young bucket's offset sits below the trend: an offset resting on a
                     # few steps (a rare bucket first seen in the warm-up's steep descent) is not trusted alone
                     flag = False
             if flag:
-                status[i] = FLAGGED
+                out.status[i] = FLAGGED
                 if below_only:
                     # flagged only because its bucket sits below the trend: the bucket keeps learning its
                     # level, or an offset learned early would flag every later step of that bucket and never
                     # correct itself
-                    _bucket_push(bucket_f, bucket_i, bucket_m, ist, fst, b, Wb, min_b, v - t)
-                _ring_push(win[W_SHADOW], ist, I_SHADOW_HEAD, D, y)
-                if ist[I_OPEN] == 0:
-                    ist[I_OPEN] = 1
-                    ist[I_OPEN_START] = s
-                    ist[I_OPEN_N] = 0
-                    ist[I_OPEN_JSTART] = ist[I_N_JUDGED]
-                    fst[F_PEAK_Z] = -np.inf
-                ist[I_OPEN_N] += 1
-                ist[I_OPEN_END] = s
-                if zz > fst[F_PEAK_Z]:
-                    fst[F_PEAK_X] = v
-                    fst[F_PEAK_BASE] = base
-                    fst[F_PEAK_Z] = zz
-                    fst[F_PEAK_SCALE] = sc
-                    fst[F_PEAK_OFF] = off
-                    ist[I_OPEN_PEAK] = s
-                    ist[I_OPEN_BUCKET] = b
-                if ist[I_OPEN_N] >= D:
-                    n_ev = _shift_from(pi, win, ist, fst, pend_i, pend_f, ev_i, ev_f, n_ev, 0, s)
+                    _bucket_push(p, state, b, v - t)
+                _ring_push(state.shadow, y)
+                if op.is_open == 0:
+                    op.is_open = 1
+                    op.start = s
+                    op.n_rows = 0
+                    op.judged_start = c.n_judged
+                    op.z = -np.inf
+                op.n_rows += 1
+                op.end = s
+                if zz > op.z:
+                    op.x, op.base, op.z, op.scale, op.offset = v, base, zz, sc, off
+                    op.peak = s
+                    op.bucket = b
+                if op.n_rows >= p.max_duration:
+                    n_ev = _shift_from(state, events, n_ev, s)
                 else:
-                    n_ev = _resolve(pi, win, ist, fst, pend_i, pend_f, ev_i, ev_f, n_ev, s, False)
+                    n_ev = _resolve(p, state, events, n_ev, s, False)
                 continue
             st = ACCEPTED
-            if use_raw == 1 and known:  # would a detector without tags have flagged it?
-                mix = _median(win[W_MIX], ist[I_MIX_N])
-                sc_raw = MAD_TO_SD * _median(win[W_RAW], ist[I_RAW_N])
+            if p.use_raw == 1 and known:  # would a detector without tags have flagged it?
+                mix = _win_median(state.mix)
+                sc_raw = MAD_TO_SD * _win_median(state.raw_scale)
                 sc_raw = max(sc_raw, 1e-9 * abs(mix) + 1e-12)
-                r_raw = v - mix
-                if _over(r_raw, sc_raw, mix, z_thr, ratio, z_large, ratio_large, min_jump):
+                if _over(p, v - mix, sc_raw, mix, z_thr, p.z_large, ratio_floor):
                     st = EXPECTED
-        status[i] = st
+        out.status[i] = st
         # accept: the value enters every window
-        if use_raw == 1:
-            if ist[I_MIX_N] > 0:
-                _push(win[W_RAW_RING], win[W_RAW], ist, I_RAW_HEAD, W, abs(v - _median(win[W_MIX], ist[I_MIX_N])))
-            _push(win[W_MIX_RING], win[W_MIX], ist, I_MIX_HEAD, W, v)
+        if p.use_raw == 1:
+            if state.mix.meta[1] > 0:
+                _win_push(state.raw_scale, abs(v - _win_median(state.mix)))
+            _win_push(state.mix, v)
         if has_t:
-            _push(win[W_SCALE_RING], win[W_SCALE], ist, I_SCALE_HEAD, W, abs(r))
+            _win_push(state.scale, abs(r))
             if b >= 0:
-                _bucket_push(bucket_f, bucket_i, bucket_m, ist, fst, b, Wb, min_b, v - t)
-        _trend_push(win, ist, W, h, y)
+                _bucket_push(p, state, b, v - t)
+        _trend_push(state.trend, y)
         if st == WARMUP:
-            ist[I_N_ACC] += 1
+            c.n_accepted += 1
             continue
-        _ring_push(win[W_SHADOW], ist, I_SHADOW_HEAD, D, y)
-        _ring_push(win[W_POST], ist, I_POST_HEAD, R, y)
-        if ist[I_OPEN] == 1:
-            q = (ist[I_PEND_HEAD] + ist[I_N_PEND]) % Q
-            pend_i[q, PI_START] = ist[I_OPEN_START]
-            pend_i[q, PI_END] = ist[I_OPEN_END]
-            pend_i[q, PI_PEAK] = ist[I_OPEN_PEAK]
-            pend_i[q, PI_RECOVERY] = s
-            pend_i[q, PI_N] = ist[I_OPEN_N]
-            pend_i[q, PI_ACC_MARK] = ist[I_N_ACC]
-            pend_i[q, PI_JCLOSE] = ist[I_N_JUDGED]
-            pend_i[q, PI_JSTART] = ist[I_OPEN_JSTART]
-            pend_i[q, PI_BUCKET] = ist[I_OPEN_BUCKET]
-            for j in range(N_PF):
-                pend_f[q, j] = fst[j]
-            ist[I_N_PEND] += 1
-            ist[I_OPEN] = 0
-        ist[I_N_ACC] += 1
-        n_ev = _resolve(pi, win, ist, fst, pend_i, pend_f, ev_i, ev_f, n_ev, s, False)
-    return n_ev, x.shape[0]
+        _ring_push(state.shadow, y)
+        _ring_push(state.post, y)
+        if op.is_open == 1:  # the open event closes: it waits in the queue for its confirmation
+            e = state.pending[(c.pending_head + c.n_pending) % p.queue]
+            _copy_event(e, op)
+            e.recovery = s
+            e.accepted_mark = c.n_accepted
+            e.judged_close = c.n_judged
+            c.n_pending += 1
+            op.is_open = 0
+        c.n_accepted += 1
+        n_ev = _resolve(p, state, events, n_ev, s, False)
+    return n_ev, rows.value.shape[0]
 
 
 @nb.njit(cache=True)
-def flush(pf, pi, win, ist, fst, pend_i, pend_f, last_step, ev_i, ev_f):
+def flush(params, state, last_step, events):
     """Resolve what is pending and open as if the run ended now (call on a copy of the state)."""
-    n_ev = _resolve(pi, win, ist, fst, pend_i, pend_f, ev_i, ev_f, 0, last_step, True)
-    if ist[I_OPEN] == 1:
-        n_ev = _emit(ev_i, ev_f, n_ev, EV_SPIKE, ist[I_OPEN_START], ist[I_OPEN_END], ist[I_OPEN_PEAK], -1,
-                     ist[I_OPEN_N], ist[I_OPEN_BUCKET], 1, 0, fst[F_PEAK_X], fst[F_PEAK_BASE], fst[F_PEAK_Z],
-                     fst[F_PEAK_SCALE], fst[F_PEAK_OFF], np.nan, np.nan)
-        ist[I_OPEN] = 0
+    p = params[0]
+    op = state.open[0]
+    n_ev = _resolve(p, state, events, 0, last_step, True)
+    if op.is_open == 1:
+        n_ev = _emit(events, n_ev, op, EV_SPIKE, op.end, -1, 1, 0, np.nan, np.nan)
+        op.is_open = 0
     return n_ev

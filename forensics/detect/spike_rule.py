@@ -11,7 +11,7 @@ from typing import Any
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
-from forensics.detect.spikes import SpikeDetector, detect_spikes
+from forensics.detect.spikes import SpikeDetector, add_confidence, detect_spikes
 from forensics.errors import ForensicsError
 
 #: Below this many written values a metric's first ``min_periods`` (history, not judged) weigh heavily: say so.
@@ -49,7 +49,9 @@ class SpikeRule(Rule):
             out += detect_spikes(rows, col, tags=run.tags, boundaries=run.boundaries, **self.params)
             if len(rows) < SHORT_RUN:
                 self.warnings_.append(f"'{col}' has only {len(rows)} values: the first {min(history, len(rows))} "
-                                      "serve as the detector's history and are not judged for spikes")
+                                      "(the causal detector's history) were judged two-sided, against the span "
+                                      "itself (details.judged_by of each finding says which rule judged it)")
+        add_confidence(out, run.grad_norm_key)  # joint evidence: the loss and the grad norm together
         return out
 
 

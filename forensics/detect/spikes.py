@@ -42,8 +42,52 @@ the plain median of the last ``window`` raw values and the MAD about it) it is c
 after the warm-up are learned from but not judged (its level is not known yet); steps without a bucket are judged
 against the trend alone.
 
-The inner loop is compiled with numba (:mod:`forensics.detect._kernel`); its state is carried between ``update``
-calls, which is what makes online and offline answers identical.
+**Short and fresh series.** The causal rule needs ``min_periods`` accepted values before it judges anything; the
+steps of that warm-up (all of them in a series shorter than its history, such as a 13-row excerpt pasted around a
+spike) are judged instead by a two-sided rule against the warm-up span itself, resolved in ``finish()`` (so online
+and offline still agree): a warm-up step is flagged when, against ``base = max(leave-one-out median of the span,
+median of the up to 3 unflagged steps just before it)``, both conditions hold with the span's leave-one-out MAD as the noise
+scale. The median of the steps before it keeps a warm-up descent from looking like a spike (a spike rises from
+what came before; the first step has nothing before it and is never flagged); the leave-one-out median and MAD
+keep the spike itself out of what it is judged against. It needs at least ``SHORT_MIN_ROWS`` finite values. Its
+findings carry ``details["judged_by"] = "two_sided"`` and ``details["two_sided_span"]`` (the warm-up's first and
+last step); every other finding was judged by the causal rule (``"causal"``).
+
+**Calibrated thresholds** (``false_rate`` set: expected false events per 10,000 steps; the streaming extreme-value
+thresholds of SPOT/DSPOT, Siffer et al., KDD 2017). The scores ``u = (x - base) / scale`` of accepted judged steps
+above ``tail_start`` are the tail's peaks; over the last ``tail_window`` peaks, ``p0`` = peaks / judged steps since
+the oldest of them, and a generalized Pareto (shape
+``xi`` clamped to [-0.15, 0.9]: a bounded fit near ``tail_start`` would under-state the far tail; scale ``sigma``) is fitted to the
+excesses ``u - tail_start`` by probability-weighted moments (closed form, robust for heavy tails). The score
+threshold is the one the fit says is exceeded with probability ``alpha = false_rate / 10,000``::
+
+    z = tail_start + sigma / xi * ((alpha / p0) ** -xi - 1)        (z = tail_start - sigma * log(alpha / p0), xi = 0)
+
+It replaces ``z`` in the first condition, refitted at every new peak (causal: from judged history only, so online
+= offline). Peaks are the judged scores between ``tail_start`` and a limit the fit gives: the score exceeded once
+in 10,000 steps for rates below 1 per 10K (below the threshold: spikes, scoring above it, never fatten the tail
+they are judged against), ten times rarer than ``alpha`` for higher rates (censoring the tail at a high rate's
+threshold would drag the fit down with it). See ``EXCLUDE_P`` in the kernel.
+With fewer than ``min_peaks`` peaks the fallback is the fixed rule: ``z`` (also the exclusion limit) and a jump of
+at least the default 1.5x whatever ``ratio`` is (the score alone flags heavy-tailed noise every few hundred steps).
+
+**Per row**, in one place (finite value ``x``, bucket ``b`` or -1)::
+
+    m_b   = median of (x - T) over the last bucket_window accepted steps of bucket b
+    off   = m_b - mean of m_k over the buckets known so far                      (0 without a bucket)
+    T     = trend of the last W accepted values of y = x - off (see "The baseline")
+    base  = T + off
+    scale = 1.4826 * median |x - base| over the last W accepted steps            (MAD about the baseline)
+    flag  = (x - base) / scale >= z  and  x - base >= max((ratio - 1) * |base|, min_jump)
+            (or the same with z_large and ratio_large, with buckets)
+
+The offsets are centred on their mean so that trend and offsets cannot drift together (``T + c`` and ``off - c``
+would explain the data equally well). Flagged rows stay out of every window.
+
+This docstring is the rule's one description. :mod:`forensics.detect._reference` is the same rule in plain Python
+(read it top to bottom); the inner loop is compiled with numba (:mod:`forensics.detect._kernel`) and a property test
+holds it to the reference. The kernel's state is carried between ``update`` calls, which is what makes online and
+offline answers identical.
 """
 
 from __future__ import annotations
@@ -68,6 +112,39 @@ CRITICAL_RATIO = 2.0
 EXAMPLE_STEPS = 10
 #: Events the kernel may emit before it pauses for them to be collected (bounds memory for any chunk size).
 EVENT_BUFFER = 1024
+#: Finite warm-up values the two-sided rule needs before it judges a short span (fewer: nothing can be said).
+SHORT_MIN_ROWS = 5
+#: Steps before a warm-up step whose median it must rise above (the two-sided rule).
+SHORT_LEFT = 3
+
+
+def two_sided_events(values: np.ndarray, z: float, ratio: float,
+                     min_jump: float) -> list[tuple[int, int, int, float, float, float]]:
+    """Events of a short span judged against the span itself (the rule in the module docstring, "Short and fresh
+    series"): ``(first, last, peak, baseline, scale, score)`` per run of consecutive flagged indices."""
+    n = len(values)
+    if n < SHORT_MIN_ROWS:
+        return []
+    flagged: list[tuple[int, float, float, float]] = []
+    before: list[float] = [float(values[0])]  # the unflagged values so far: a spike's own tail is not its level
+    for i in range(1, n):
+        others = np.delete(values, i)
+        med = float(np.median(others))
+        base = max(med, float(np.median(before[-SHORT_LEFT:])))
+        scale = max(K.MAD_TO_SD * float(np.median(np.abs(others - med))), 1e-9 * abs(base) + 1e-12)
+        r = float(values[i]) - base
+        if r > 0 and r / scale >= z and r >= max((ratio - 1.0) * abs(base), min_jump):
+            flagged.append((i, base, scale, r / scale))
+        else:
+            before.append(float(values[i]))
+    events: list[tuple[int, int, int, float, float, float]] = []
+    for i, base, scale, score in flagged:
+        if events and events[-1][1] == i - 1:
+            first, _, peak, b0, s0, z0 = events[-1]
+            events[-1] = (first, i, *((i, base, scale, score) if score > z0 else (peak, b0, s0, z0)))
+        else:
+            events.append((i, i, i, base, scale, score))
+    return events
 
 
 class SpikeDetector(Detector):
@@ -107,12 +184,25 @@ class SpikeDetector(Detector):
         1.75x its bucket's baseline or more is flagged from a score of 4.5. Where the baseline noise is inflated (steps that mix buckets, grad
         accumulation) a clear jump would otherwise hide behind the score alone; heavy-tailed noise rarely
         reaches 1.75x, so the false rate stays where ``z`` and ``ratio`` put it (see bench_detection_quality).
+    false_rate:
+        Expected false events per 10,000 judged steps of clean noise; ``None`` (default) keeps the fixed score
+        ``z``. When set, the score threshold comes from the run's own tail ("Calibrated thresholds" in the module
+        docstring); the jump condition (``ratio``, ``min_jump``) still applies, so the rate is at most this (set
+        ``ratio=1`` to judge by the tail alone).
+    tail_start:
+        Scores above it are the tail's peaks (default 2.0 noise units: ~2% of Gaussian steps, more for heavy tails,
+        so peaks gather within a few thousand steps).
+    tail_window:
+        Peaks kept for the fit (default 1000: the tail follows a drifting noise over ~50K steps, DSPOT's window).
+    min_peaks:
+        Peaks before the fitted tail replaces ``z`` (default 50; before that the fixed ``z`` is the fallback).
     """
 
     def __init__(self, metric: str | None = None, window: int = 64, z: float = 6.0, ratio: float = 1.5,
                  min_jump: float = 0.0, max_duration: int = 50, confirm: int = 5, min_periods: int = 32,
                  trend: bool = True, bucket_window: int = 64, min_bucket_periods: int = 5, group: str = BUCKET,
-                 z_large: float = 4.5, ratio_large: float = 1.75):
+                 z_large: float = 4.5, ratio_large: float = 1.75, false_rate: float | None = None,
+                 tail_start: float = 2.0, tail_window: int = 1000, min_peaks: int = 50):
         self.metric = metric
         self.window = window
         self.z = z
@@ -127,33 +217,40 @@ class SpikeDetector(Detector):
         self.bucket_window = bucket_window
         self.min_bucket_periods = min_bucket_periods
         self.group = group
+        self.false_rate = false_rate
+        self.tail_start = tail_start
+        self.tail_window = tail_window
+        self.min_peaks = min_peaks
 
     # --- state ------------------------------------------------------------------------------------------------------
     def reset(self) -> None:
         self._check_params()
         w = int(self.window)
         h = w // 2 if self.trend else w
-        queue = int(self.max_duration) + 2
-        self.params_f_ = np.array([self.z, self.ratio, self.min_jump, self.z_large, self.ratio_large],
-                                  dtype=np.float64)
-        self.params_i_ = np.array([
-            w, h, max(1, h // 2) if self.trend else w + 1, max(2, int(self.min_periods)), int(self.max_duration),
-            int(self.confirm), int(self.bucket_window), int(self.min_bucket_periods), queue, 0,
-        ], dtype=np.int64)
-        self.state_ = K.KernelState.empty(max(w, int(self.max_duration), int(self.confirm)),
-                                          int(self.bucket_window), queue)
+        params = np.zeros(1, K.PARAMS)
+        params[0] = (self.z, self.ratio, self.min_jump, self.z_large, self.ratio_large, w, h,
+                     max(1, h // 2) if self.trend else w + 1, max(2, int(self.min_periods)), int(self.max_duration),
+                     int(self.confirm), int(self.bucket_window), int(self.min_bucket_periods),
+                     int(self.max_duration) + 2, 0,
+                     0.0 if self.false_rate is None else float(self.false_rate) / 1e4, float(self.tail_start),
+                     int(self.min_peaks))
+        self.params_ = params
+        self.state_ = K.new_state(params, int(self.tail_window))
         self.metric_: str | None = self.metric
         self.last_step_: int | None = None
         self.n_rows_ = 0
         self.n_skipped_ = 0
         self.status_counts_ = np.zeros(len(K.STATUS_NAMES), dtype=np.int64)
         self.expected_: dict[int, dict] = {}
+        self.warmup_steps_: list[int] = []  # the warm-up rows, judged by the two-sided rule in finish()
+        self.warmup_values_: list[float] = []
+        self.warmup_groups_: list[int] = []
         self._lookup: StepLookup | None = None
         self._lookup_src: pd.DataFrame | None = None
 
     def _check_params(self) -> None:
         ints = {"window": 4, "max_duration": 2, "confirm": 1, "min_periods": 2, "bucket_window": 1,
-                "min_bucket_periods": 1}
+                "min_bucket_periods": 1, "tail_window": 2, "min_peaks": 2}
         for name, lo in ints.items():
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
@@ -161,6 +258,12 @@ class SpikeDetector(Detector):
         if not (self.z > 0 and self.ratio >= 1 and self.min_jump >= 0):
             raise ForensicsError(f"SpikeDetector: need z > 0, ratio >= 1, min_jump >= 0; got z={self.z}, "
                                  f"ratio={self.ratio}, min_jump={self.min_jump}")
+        if self.false_rate is not None and not 0 < self.false_rate < 1e4:
+            raise ForensicsError(f"SpikeDetector: 'false_rate' (false events per 10,000 steps) must be > 0 and "
+                                 f"< 10000, or None for the fixed score z; got {self.false_rate!r}")
+        if self.min_peaks > self.tail_window:
+            raise ForensicsError(f"SpikeDetector: 'min_peaks' ({self.min_peaks}) cannot exceed 'tail_window' "
+                                 f"({self.tail_window})")
 
     # --- the protocol -----------------------------------------------------------------------------------------------
     def update(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
@@ -172,13 +275,11 @@ class SpikeDetector(Detector):
         """Pending and open events as they would be reported if the run ended now, plus the bucket summaries."""
         if not hasattr(self, "state_") or self.last_step_ is None:
             return []
-        st = self.state_.copy()
-        cap = st.pend_i.shape[0] + 2
-        ev_i = np.zeros((cap, K.N_EI), np.int64)
-        ev_f = np.zeros((cap, K.N_EF))
-        n = K.flush(self.params_f_, self.params_i_, st.win, st.ist, st.fst, st.pend_i, st.pend_f,
-                    self.last_step_, ev_i, ev_f)
-        out = [self._event_finding(ev_i[j], ev_f[j]) for j in range(n)]
+        st = K.copy_state(self.state_)
+        events = np.zeros(len(st.pending) + 2, K.EVENT)
+        n = K.flush(self.params_, st, self.last_step_, events)
+        out = [self._event_finding(events[j]) for j in range(n)]
+        out += self._two_sided_findings()
         out += self._expected_findings()
         return sorted(out, key=lambda f: (f.step, f.kind))
 
@@ -219,28 +320,32 @@ class SpikeDetector(Detector):
                         if keep_rows else None)
         if self.n_rows_ == 0:  # fixed at the first rows, so that every chunking keeps the same windows
             grouped = tags is not None or self.group in new_rows.columns
-            self.params_i_[K.PI_USE_RAW] = int(grouped)
+            self.params_["use_raw"] = int(grouped)
             # the looser score for large jumps needs per-bucket baselines: without them a long-sequence step of a
             # bucket-jumpy run is itself a large jump
-            self.params_f_[K.PF_Z_LARGE] = self.z_large if grouped else np.inf
+            self.params_["z_large"] = self.z_large if grouped else np.inf
         if groups.max() >= 0:
-            self.state_.ensure_buckets(int(groups.max()) + 1)
+            self.state_ = K.with_buckets(self.state_, int(groups.max()) + 1)
         status = np.empty(n, np.int8)
         base = np.empty(n)
         score = np.empty(n)
-        ev_i = np.zeros((EVENT_BUFFER + self.state_.pend_i.shape[0] + 2, K.N_EI), np.int64)
-        ev_f = np.zeros((ev_i.shape[0], K.N_EF))
+        events = np.zeros(EVENT_BUFFER + len(self.state_.pending) + 2, K.EVENT)
         found = []
         done = 0
         while done < n:  # the kernel pauses when its event buffer fills; collect and go on
-            n_ev, k = K.run_rows(self.params_f_, self.params_i_, *self.state_.args(), steps[done:],
-                                 values[done:], groups[done:], status[done:], base[done:], score[done:], ev_i, ev_f)
-            found += [self._event_finding(ev_i[j], ev_f[j]) for j in range(n_ev)]
+            n_ev, k = K.run_rows(self.params_, self.state_, K.Rows(steps[done:], values[done:], groups[done:]),
+                                 K.Verdicts(status[done:], base[done:], score[done:]), events)
+            found += [self._event_finding(events[j]) for j in range(n_ev)]
             done += k
         self.last_step_ = int(steps[-1])
         self.n_rows_ += n
         self.status_counts_ += np.bincount(status, minlength=len(K.STATUS_NAMES))[: len(K.STATUS_NAMES)]
         self._count_expected(steps, values, groups, status)
+        warm = np.flatnonzero(status == K.WARMUP)
+        if len(warm):
+            self.warmup_steps_ += steps[warm].tolist()
+            self.warmup_values_ += values[warm].tolist()
+            self.warmup_groups_ += groups[warm].tolist()
         if (status == K.NONFINITE).any():
             found += nonfinite_findings(steps, values, metric)
         found.sort(key=lambda f: (f.step, f.kind))
@@ -288,11 +393,34 @@ class SpikeDetector(Detector):
             if room > 0:
                 rec["examples"].extend(int(s) for s in steps[sel[:room]])
 
+    def _two_sided_findings(self) -> list[Finding]:
+        """The warm-up span judged against itself (module docstring, "Short and fresh series")."""
+        steps, values = self.warmup_steps_, np.asarray(self.warmup_values_, dtype=np.float64)
+        out = []
+        for first, last, peak, base, scale, z in two_sided_events(values, self.z, self.ratio, self.min_jump):
+            ev = {"kind": K.EV_SPIKE, "start": steps[first], "end": steps[last], "peak": steps[peak],
+                  "recovery": steps[last + 1] if last + 1 < len(steps) else -1, "n_rows": last - first + 1,
+                  "bucket": self.warmup_groups_[peak], "is_open": int(last + 1 >= len(steps)),
+                  "n_post": 0, "x": float(values[peak]), "base": base, "z": z, "scale": scale, "offset": 0.0,
+                  "post": float("nan"), "new_level": float("nan")}
+            f = self._event_finding(ev)
+            f.details["judged_by"] = "two_sided"
+            f.details["two_sided_span"] = [steps[0], steps[-1]]
+            f.details.pop("trend", None)
+            f.details.pop("bucket_offset", None)
+            f.evidence[1:] = [
+                f"Step {steps[peak]} lies in the first {len(steps)} steps, before the causal baseline had "
+                f"{self.min_periods} values to judge by: it was judged against the span itself (steps "
+                f"{steps[0]}-{steps[-1]}, its median without this step, the steps just before it, and the span's "
+                f"noise scale), a two-sided rule."]
+            out.append(f)
+        return out
+
     def _expected_findings(self) -> list[Finding]:
         out = []
         st = self.state_
         for g, rec in sorted(self.expected_.items()):
-            offset = st.offset(g, self.min_bucket_periods)
+            offset = K.bucket_offset(st, g, self.min_bucket_periods)
             out.append(Finding(
                 kind="expected_for_bucket", step=rec["first_step"], end_step=rec["last_step"], metric=self.metric_,
                 value=rec["max_value"], severity=INFO, tags={self.group: g},
@@ -306,17 +434,19 @@ class SpikeDetector(Detector):
             ))
         return out
 
-    def _event_finding(self, ev_i: np.ndarray, ev_f: np.ndarray) -> Finding:
+    def _event_finding(self, ev: np.void) -> Finding:
         metric = self.metric_
-        kind = "spike" if ev_i[K.EI_KIND] == K.EV_SPIKE else "level_shift"
-        start, end, peak = int(ev_i[K.EI_START]), int(ev_i[K.EI_END]), int(ev_i[K.EI_PEAK])
-        recovery = int(ev_i[K.EI_RECOVERY])
-        n_rows, bucket, is_open = int(ev_i[K.EI_N]), int(ev_i[K.EI_BUCKET]), bool(ev_i[K.EI_OPEN])
-        x, base, z = float(ev_f[K.EF_X]), float(ev_f[K.EF_BASE]), float(ev_f[K.EF_Z])
-        scale, off = float(ev_f[K.EF_SCALE]), float(ev_f[K.EF_OFF])
+        kind = "spike" if ev["kind"] == K.EV_SPIKE else "level_shift"
+        start, end, peak = int(ev["start"]), int(ev["end"]), int(ev["peak"])
+        recovery = int(ev["recovery"])
+        n_rows, bucket, is_open = int(ev["n_rows"]), int(ev["bucket"]), bool(ev["is_open"])
+        x, base, z = float(ev["x"]), float(ev["base"]), float(ev["z"])
+        scale, off = float(ev["scale"]), float(ev["offset"])
         ratio = x / base if base > 0 else float("nan")
         details = {"n_steps": n_rows, "recovery_step": recovery if recovery >= 0 else None, "ratio": ratio,
-                   "noise_scale": scale, "thresholds": {"z": self.z, "ratio": self.ratio, "min_jump": self.min_jump}}
+                   "noise_scale": scale, "judged_by": "causal",
+                   "thresholds": {"z": self.z, "ratio": self.ratio, "min_jump": self.min_jump,
+                                  "false_rate": self.false_rate}}
         tags = {}
         if bucket >= 0:
             tags[self.group] = bucket
@@ -327,7 +457,7 @@ class SpikeDetector(Detector):
                 f"{z:.1f} times the local noise scale of {scale:.3g} (thresholds: {self.ratio}x"
                 f"{f', +{self.min_jump:g}' if self.min_jump else ''} and {self.z}).")
         if kind == "level_shift":
-            new_level = float(ev_f[K.EF_NEW_LEVEL])
+            new_level = float(ev["new_level"])
             details["new_level"] = new_level
             return Finding(
                 kind=kind, step=start, end_step=end, peak_step=peak, metric=metric, value=x, baseline=base, score=z,
@@ -337,7 +467,7 @@ class SpikeDetector(Detector):
                                 f"re-anchored to it at step {end}."],
                 next_step=f"Check what changed at step {start} (data mix, learning-rate schedule, a restart).",
             )
-        post = float(ev_f[K.EF_POST])
+        post = float(ev["post"])
         details["post_level"] = post
         details["open"] = is_open
         span = f"step {start}" if start == end else f"steps {start}-{end} ({n_rows} flagged steps)"
@@ -345,7 +475,7 @@ class SpikeDetector(Detector):
             after = f"The event spans {span} and was still open at the end of the data."
         else:
             after = (f"The event spans {span}; {metric} was back within the thresholds at step {recovery}, and "
-                     f"the next {int(ev_i[K.EI_N_POST])} accepted values had a median of {post:.4g}.")
+                     f"the next {int(ev['n_post'])} accepted values had a median of {post:.4g}.")
         evidence = [rise, after]
         if bucket >= 0:
             evidence.append(f"Judged against the baseline of its own {self.group} {bucket}: the run's trend "
@@ -376,9 +506,61 @@ def detect_spikes(metrics: pd.DataFrame, metric: str | Sequence[str] | None = No
     for name in names:
         found += SpikeDetector(name, **params).detect(metrics, tags)
     attach_tags([f for f in found if f.kind != "expected_for_bucket"], tags, boundaries)
+    add_confidence(found)
     bounds = list(boundaries) if boundaries is not None else list(DEFAULT_BOUNDARIES)
     for f in found:
         b = f.tags.get(BUCKET) if f.kind == "expected_for_bucket" else None
         if b is not None and 0 <= b < len(bounds) - 1:
             f.tags[BUCKET_RANGE] = bucket_range(b, bounds)
     return sorted(found, key=lambda f: (f.step, f.metric or "", f.kind))
+
+
+#: Steps by which a grad-norm spike may lead a loss spike and still be the same event (BLOOM-176B's led by 4).
+JOINT_LEAD = 10
+
+
+def _alone_confidence(f: Finding) -> float:
+    """How far past both thresholds a spike is: 0.5 at the thresholds, towards 1 as the margin grows."""
+    th = f.details.get("thresholds", {})
+    margins = []
+    if f.score is not None and th.get("z"):
+        margins.append(f.score / th["z"])
+    ratio = f.details.get("ratio")
+    if ratio is not None and np.isfinite(ratio) and th.get("ratio", 1.0) > 1.0:
+        margins.append((ratio - 1.0) / (th["ratio"] - 1.0))
+    margin = min(margins) if margins else 1.0
+    return float(1.0 - 0.5 / max(margin, 1.0))
+
+
+def add_confidence(findings: Sequence[Finding], grad_metric: str | None = None) -> None:
+    """Set ``details["confidence"]`` (0-1) on every spike: its margin past the thresholds, raised when the loss
+    and the grad norm agree (a loss spike the grad norm led by up to ``JOINT_LEAD`` steps or accompanied, or a
+    grad-norm spike the loss answered), with ``details["joint"]`` saying how (``led``, ``accompanied``,
+    ``loss_response`` or ``none``; absent unless both a grad norm and another metric have spikes here). Call it
+    once on the findings of every analysed metric of a run; the grad-norm metric is found by its name unless
+    given."""
+    from forensics.schema import grad_norm_column
+
+    spikes = [f for f in findings if f.kind == "spike"]
+    metrics = {f.metric for f in spikes if f.metric}
+    grad = grad_metric or grad_norm_column(sorted(metrics))
+    if grad is not None and not metrics - {grad}:
+        grad = None  # the grad norm alone: nothing to agree with, no joint verdict
+    grad_spikes = [f for f in spikes if grad is not None and f.metric == grad]
+    other = [f for f in spikes if f.metric != grad]
+    for f in spikes:
+        c = _alone_confidence(f)
+        joint = None
+        if grad is not None and f.metric != grad:
+            end = f.end_step if f.end_step is not None else f.step
+            near = [g for g in grad_spikes if f.step - JOINT_LEAD <= g.step <= end]
+            joint = ("led" if min(g.step for g in near) < f.step else "accompanied") if near else "none"
+        elif grad is not None:
+            end = f.end_step if f.end_step is not None else f.step
+            answered = any(f.step <= o.step <= end + JOINT_LEAD for o in other)
+            joint = "loss_response" if answered else "none"
+        if joint not in (None, "none"):
+            c = 1.0 - 0.4 * (1.0 - c)  # two metrics agreeing: the chance both are noise is far smaller
+        f.details["confidence"] = round(c, 3)
+        if joint is not None:
+            f.details["joint"] = joint

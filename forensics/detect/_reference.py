@@ -1,0 +1,303 @@
+"""The spike rule in plain Python, read top to bottom: the reference the compiled kernel is held to.
+
+The rule is documented once, in :mod:`forensics.detect.spikes`; this module states it again only as code. It is
+slow (a Python loop with sorted copies of every window) and exists for one purpose: a property test checks that
+:mod:`forensics.detect._kernel` gives the same verdict on every row and the same events on random series, with
+and without buckets, under any chunking. Change the rule here first, then in the kernel, and let the test agree.
+
+``reference_events(steps, values, buckets, params)`` returns ``(events, statuses, baselines, scores)``; each event
+is a dict with the fields of :data:`forensics.detect._kernel.EVENT` that the detector reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from forensics.detect._kernel import (
+    ACCEPTED,
+    EV_SHIFT,
+    EV_SPIKE,
+    EXCLUDE_FACTOR,
+    EXCLUDE_P,
+    EXPECTED,
+    FALLBACK_RATIO,
+    FLAGGED,
+    MAD_TO_SD,
+    NEW_BUCKET,
+    NONFINITE,
+    WARMUP,
+    XI_MIN,
+)
+
+EVENT_FIELDS = ("kind", "start", "end", "peak", "recovery", "n_rows", "bucket", "is_open", "n_post",
+                "x", "base", "z", "scale", "offset", "post", "new_level")
+
+
+def median(values: Sequence[float]) -> float:
+    """The median as the kernel computes it: the middle of the sorted values, or half the sum of the two middle."""
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 == 1 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def gpd_quantile(t0: float, xi: float, sigma: float, q: float) -> float:
+    """The score a generalized Pareto above ``t0`` exceeds with probability ``q`` (relative to ``t0``'s)."""
+    if q >= 1.0:
+        return t0
+    if abs(xi) < 1e-6:
+        return t0 - sigma * math.log(q)
+    return t0 + sigma / xi * (q ** (-xi) - 1.0)
+
+
+class ReferenceSpikeRule:
+    """One metric's rule state; ``params`` is a dict with the fields of :data:`forensics.detect._kernel.PARAMS`."""
+
+    def __init__(self, params: dict, tail_window: int = 1):
+        self.p = params
+        W, D, R = params["window"], params["max_duration"], params["confirm"]
+        self.trend_values: deque[float] = deque(maxlen=W)  # bucket-adjusted accepted values y, oldest first
+        self.abs_residuals: deque[float] = deque(maxlen=W)  # |x - baseline| of accepted values
+        self.mix: deque[float] = deque(maxlen=W)  # raw accepted values (the view without tags)
+        self.mix_abs: deque[float] = deque(maxlen=W)  # |x - median(mix)| (that view's noise)
+        self.judged: deque[float] = deque(maxlen=D)  # y of every judged row: the new level after a shift
+        self.post: deque[float] = deque(maxlen=R)  # y of accepted judged rows: did a spike return?
+        self.bucket_resid: dict[int, deque[float]] = {}  # bucket -> its last Wb residuals x - T
+        self.bucket_median: dict[int, float] = {}
+        self.offset_sum = 0.0  # sum of the known buckets' medians, kept as the kernel keeps it (incrementally)
+        self.n_known = 0
+        self.n_accepted = 0
+        self.n_judged = 0
+        self.open: dict | None = None  # the event being extended
+        self.pending: list[dict] = []  # closed events awaiting confirmation, oldest first
+        self.peaks: deque[float] = deque(maxlen=tail_window)  # excesses over tail_start of accepted scores
+        self.peaks_at: deque[int] = deque(maxlen=tail_window)  # n_judged at each peak
+        self.z_tail = float("nan")  # the fitted tail's threshold (NaN until min_peaks peaks)
+        self.z_exclude = float("nan")  # scores from it up stay out of the tail
+
+    # --- the baseline ---------------------------------------------------------------------------------------------
+    def trend(self) -> float:
+        """Median of the recent half, extrapolated along the line to the older half's median, clamped to the recent
+        half's range; the plain median of the recent half while the older half is short."""
+        vals = list(self.trend_values)
+        if not vals:
+            return float("nan")
+        h = self.p["half"]
+        recent, old = vals[-h:], vals[:-h] if len(vals) > h else []
+        med_r = median(recent)
+        if len(old) < self.p["min_old"]:
+            return med_r
+        med_o = median(old)
+        c_r = (len(recent) + 1) / 2.0  # mean age of the recent half (age 1 = newest)
+        c_o = len(recent) + (len(old) + 1) / 2.0
+        t = med_r - c_r * (med_o - med_r) / (c_o - c_r)
+        return min(max(t, min(recent)), max(recent))
+
+    def push_bucket(self, b: int, resid: float) -> None:
+        window = self.bucket_resid.setdefault(b, deque(maxlen=self.p["bucket_window"]))
+        known_before = len(window) >= self.p["min_bucket_periods"]
+        old = self.bucket_median.get(b, 0.0)
+        window.append(resid)
+        m = median(window)
+        self.bucket_median[b] = m
+        if known_before:
+            self.offset_sum += m - old
+        elif len(window) >= self.p["min_bucket_periods"]:
+            self.offset_sum += m
+            self.n_known += 1
+
+    def over(self, r: float, scale: float, base: float, z: float, ratio_floor: float = 1.0) -> bool:
+        """Both conditions: the robust score and the relative jump (or the looser score for a larger jump)."""
+        p = self.p
+        if r <= 0.0:
+            return False
+        if r / scale >= z and r >= max((max(p["ratio"], ratio_floor) - 1.0) * abs(base), p["min_jump"]):
+            return True
+        return r / scale >= p["z_large"] and r >= max((p["ratio_large"] - 1.0) * abs(base), p["min_jump"])
+
+    def fit_tail(self) -> None:
+        """A generalized Pareto by probability-weighted moments on the peaks; the score exceeded with
+        probability alpha."""
+        p = self.p
+        k = len(self.peaks)
+        if k < p["min_peaks"]:
+            return
+        y = sorted(self.peaks)
+        a0 = 0.0
+        b1 = 0.0
+        for j in range(k):  # sequential sums, as the kernel adds them
+            a0 += y[j]
+            b1 += y[j] * j / (k - 1)
+        a0 /= k
+        b1 /= k
+        a1 = a0 - b1
+        d = a0 - 2.0 * a1
+        if d <= 0.0 or a0 <= 0.0:
+            return
+        xi = 2.0 - a0 / d
+        sigma = 2.0 * a0 * a1 / d
+        if xi < XI_MIN:  # at most slightly bounded (the kernel's reason)
+            xi, sigma = XI_MIN, a0 * (1.0 - XI_MIN)
+        elif xi > 0.9:
+            xi = 0.9
+        oldest = float(self.peaks_at[0]) if k == self.peaks.maxlen else 1.0
+        q = p["alpha"] * (self.n_judged - oldest + 1.0) / k
+        self.z_tail = gpd_quantile(p["tail_start"], xi, sigma, q)
+        q_exclude = p["alpha"] / EXCLUDE_FACTOR if p["alpha"] >= EXCLUDE_P else EXCLUDE_P  # the kernel's reason
+        self.z_exclude = gpd_quantile(p["tail_start"], xi, sigma, q_exclude * (self.n_judged - oldest + 1.0) / k)
+
+    # --- events ---------------------------------------------------------------------------------------------------
+    def shift(self, step_now: int) -> dict:
+        """Every pending event and the open one become one level shift; the trend restarts at the new level."""
+        parts = self.pending + ([self.open] if self.open else [])
+        peak = max(parts, key=lambda e: e["z"]) if parts else None
+        n_judged_span = self.n_judged - (parts[0]["judged_start"] if parts else self.n_judged) + 1
+        m = min(n_judged_span, len(self.judged), self.p["window"])
+        new_values = list(self.judged)[len(self.judged) - m:]
+        self.trend_values.clear()
+        self.trend_values.extend(new_values)
+        ev = {"kind": EV_SHIFT, "start": parts[0]["start"] if parts else -1, "end": step_now,
+              "peak": peak["peak"] if peak else -1, "recovery": -1, "n_rows": sum(e["n_rows"] for e in parts),
+              "bucket": peak["bucket"] if peak else -1, "is_open": 0, "n_post": 0,
+              "x": peak["x"] if peak else np.nan, "base": peak["base"] if peak else np.nan,
+              "z": peak["z"] if peak else -np.inf, "scale": peak["scale"] if peak else np.nan,
+              "offset": peak["offset"] if peak else np.nan, "post": np.nan,
+              "new_level": float(np.median(new_values)) if m else np.nan}
+        self.pending = []
+        self.open = None
+        return ev
+
+    def resolve(self, step_now: int, final: bool) -> list[dict]:
+        """A pending event is a spike once its next ``confirm`` accepted values sit closer to its baseline than to
+        its peak; if they do not, or do not arrive within ``max_duration`` judged rows, it began a level shift."""
+        out = []
+        while self.pending:
+            e = self.pending[0]
+            n_post = self.n_accepted - e["accepted_mark"]
+            timed_out = self.n_judged - e["judged_close"] >= self.p["max_duration"]
+            if n_post < self.p["confirm"] and not timed_out and not final:
+                break
+            m = min(n_post, self.p["confirm"])
+            post, returned = np.nan, False
+            if m > 0 and not timed_out:
+                post = float(np.median(list(self.post)[len(self.post) - m:]))
+                base_t, peak_y = e["base"] - e["offset"], e["x"] - e["offset"]
+                returned = post - base_t < 0.5 * (peak_y - base_t)
+            if not returned:
+                return out + [self.shift(step_now)]
+            out.append({**e, "kind": EV_SPIKE, "is_open": 0, "n_post": m, "post": post, "new_level": np.nan})
+            self.pending.pop(0)
+        return out
+
+    # --- one row --------------------------------------------------------------------------------------------------
+    def row(self, step: int, x: float, b: int) -> tuple[int, float, float, list[dict]]:
+        """Judge one row: ``(status, baseline, score, events that became final)``."""
+        p = self.p
+        if not np.isfinite(x):
+            return NONFINITE, np.nan, np.nan, []
+        t = self.trend()
+        has_trend = not np.isnan(t)
+        warm = self.n_accepted < p["min_periods"] or not has_trend
+        offset, known = 0.0, False
+        if b >= 0:
+            if len(self.bucket_resid.get(b, ())) >= p["min_bucket_periods"]:
+                offset = self.bucket_median[b] - self.offset_sum / self.n_known
+                known = True
+            elif not warm:
+                self.push_bucket(b, x - t)  # a new bucket: learned from, not judged
+                return NEW_BUCKET, np.nan, np.nan, []
+        y = x - offset
+        base = t + offset
+        r = x - base
+        status, baseline, score, events = WARMUP, np.nan, np.nan, []
+        if not warm:
+            scale = max(MAD_TO_SD * median(self.abs_residuals), 1e-9 * abs(base) + 1e-12)
+            baseline, score = base, r / scale
+            self.n_judged += 1
+            z = p["z"]
+            floor = 1.0
+            if p["alpha"] > 0.0:
+                if not math.isnan(self.z_tail):
+                    z = self.z_tail
+                else:
+                    floor = FALLBACK_RATIO  # too few peaks: the fixed rule, with at least its 1.5x jump
+                z_excl = p["z"] if math.isnan(self.z_exclude) else self.z_exclude
+                if p["tail_start"] < score < z_excl:  # a peak of the tail (judged before the fit moves)
+                    self.peaks.append(score - p["tail_start"])
+                    self.peaks_at.append(self.n_judged)
+                    self.fit_tail()
+            flag = self.over(r, scale, base, z, floor)
+            below_only = False
+            if flag and known and offset < 0.0:
+                below_only = not self.over(x - t, scale, t, z, floor)
+                if below_only and len(self.bucket_resid[b]) < p["bucket_window"]:
+                    flag = False  # a young bucket's low offset is not trusted alone
+            if flag:
+                if below_only:
+                    self.push_bucket(b, x - t)  # its bucket keeps learning its level
+                self.judged.append(y)
+                if self.open is None:
+                    self.open = {"start": step, "n_rows": 0, "judged_start": self.n_judged, "z": -np.inf}
+                self.open["n_rows"] += 1
+                self.open["end"] = step
+                if score > self.open["z"]:
+                    self.open.update(x=x, base=base, z=score, scale=scale, offset=offset, peak=step, bucket=b)
+                if self.open["n_rows"] >= p["max_duration"]:
+                    events = [self.shift(step)]
+                else:
+                    events = self.resolve(step, False)
+                return FLAGGED, baseline, score, events
+            status = ACCEPTED
+            if p["use_raw"] == 1 and known:
+                mix = median(self.mix)
+                scale_raw = max(MAD_TO_SD * median(self.mix_abs), 1e-9 * abs(mix) + 1e-12)
+                if self.over(x - mix, scale_raw, mix, z, floor):
+                    status = EXPECTED
+        # accepted (or warm-up): the value enters every window
+        if p["use_raw"] == 1:
+            if self.mix:
+                self.mix_abs.append(abs(x - median(self.mix)))
+            self.mix.append(x)
+        if has_trend:
+            self.abs_residuals.append(abs(r))
+            if b >= 0:
+                self.push_bucket(b, x - t)
+        self.trend_values.append(y)
+        if status == WARMUP:
+            self.n_accepted += 1
+            return status, baseline, score, events
+        self.judged.append(y)
+        self.post.append(y)
+        if self.open is not None:
+            self.pending.append({**self.open, "recovery": step, "accepted_mark": self.n_accepted,
+                                 "judged_close": self.n_judged})
+            self.open = None
+        self.n_accepted += 1
+        return status, baseline, score, self.resolve(step, False)
+
+    def flush(self, last_step: int) -> list[dict]:
+        """What is pending and open as if the run ended now (mutates: call on a fresh copy or at the end)."""
+        out = self.resolve(last_step, True)
+        if self.open is not None:
+            out.append({**self.open, "kind": EV_SPIKE, "recovery": -1, "is_open": 1, "n_post": 0, "post": np.nan,
+                        "new_level": np.nan})
+            self.open = None
+        return out
+
+
+def reference_events(steps: np.ndarray, values: np.ndarray, buckets: np.ndarray, params: dict,
+                     tail_window: int = 1) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
+    """Run the rule over a whole series (steps increasing); events in the order they became final, then flushed."""
+    rule = ReferenceSpikeRule(params, tail_window)
+    n = len(values)
+    status, baseline, score = np.empty(n, np.int8), np.empty(n), np.empty(n)
+    events: list[dict] = []
+    for i in range(n):
+        status[i], baseline[i], score[i], ev = rule.row(int(steps[i]), float(values[i]), int(buckets[i]))
+        events += ev
+    if n:
+        events += rule.flush(int(steps[-1]))
+    return [{k: e[k] for k in EVENT_FIELDS} for e in events], status, baseline, score

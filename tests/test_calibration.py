@@ -1,0 +1,79 @@
+"""Calibrated spike thresholds (false_rate): the rate asked is the rate measured on clean noise, whatever its tail;
+spikes do not fatten the tail they are judged against; too few peaks fall back to the fixed rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forensics.detect import SpikeDetector
+from forensics.errors import ForensicsError
+
+LOSS = "train/loss"
+N = 200_000
+
+
+def clean_run(noise: str, seed: int = 0) -> np.ndarray:
+    """A decaying loss with log-space noise: Gaussian (sd 0.02) or Student-t with 3 degrees of freedom (scale
+    0.008), the tail where a fixed score threshold misjudges the false rate by orders of magnitude."""
+    rng = np.random.default_rng(seed)
+    s = np.arange(N)
+    eps = 0.02 * rng.standard_normal(N) if noise == "gauss" else 0.008 * rng.standard_t(3, N)
+    return (1.0 + 6.0 * np.exp(-s / 300.0) - 0.2 * s / N) * np.exp(np.clip(eps, -0.69, 0.69))
+
+
+def frame(x: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"step": np.arange(len(x), dtype=np.int64), LOSS: x})
+
+
+def n_spikes(found) -> int:
+    return sum(f.kind == "spike" for f in found)
+
+
+@pytest.mark.parametrize("noise", ["gauss", "t3"])
+@pytest.mark.parametrize("false_rate", [1.0, 10.0])
+def test_measured_false_rate_is_within_2x_of_the_rate_asked(noise, false_rate):
+    """On 200K clean steps: 20 (at 1 per 10K) or 200 (at 10) expected; the score alone judges (ratio=1)."""
+    expected = false_rate * N / 1e4
+    found = n_spikes(SpikeDetector(LOSS, false_rate=false_rate, ratio=1.0).detect(frame(clean_run(noise))))
+    assert expected / 2 <= found <= expected * 2, (noise, false_rate, found, expected)
+
+
+def test_fixed_score_misjudges_heavy_tails_where_the_fitted_one_does_not():
+    """The same z for both tails: on t3 noise z=6 alone fires far more often than on Gaussian noise."""
+    gauss = n_spikes(SpikeDetector(LOSS, ratio=1.0).detect(frame(clean_run("gauss"))))
+    heavy = n_spikes(SpikeDetector(LOSS, ratio=1.0).detect(frame(clean_run("t3"))))
+    assert gauss <= 5 and heavy > 200
+
+
+def test_spikes_do_not_fatten_the_tail_and_are_all_found():
+    x = clean_run("t3", seed=1)
+    det_clean = SpikeDetector(LOSS, false_rate=1.0)
+    det_clean.detect(frame(x))
+    at = np.arange(5_000, N, 2_000)  # 98 spikes of 2-4x
+    y = x.copy()
+    y[at] *= np.random.default_rng(2).uniform(2.0, 4.0, len(at))
+    det = SpikeDetector(LOSS, false_rate=1.0)
+    found = det.detect(frame(y))
+    z_clean, z_spiky = det_clean.state_.counts[0]["z_tail"], det.state_.counts[0]["z_tail"]
+    assert z_spiky == pytest.approx(z_clean, rel=0.05)
+    starts = {f.step for f in found if f.kind == "spike"}
+    assert set(at.tolist()) <= starts
+
+
+def test_too_few_peaks_fall_back_to_the_fixed_rule():
+    """Before min_peaks peaks the fitted tail is not used: the fixed z and the 1.5x jump decide."""
+    x = clean_run("t3")[:3_000]
+    x[[1_000, 2_000]] *= 3.0
+    fixed = SpikeDetector(LOSS).trace(frame(x))
+    fallback = SpikeDetector(LOSS, false_rate=0.1, min_peaks=1_000, tail_window=1_000).trace(frame(x))
+    pd.testing.assert_frame_equal(fixed, fallback)
+    found = SpikeDetector(LOSS, false_rate=0.1, min_peaks=1_000, tail_window=1_000).detect(frame(x))
+    assert [f.step for f in found if f.kind == "spike"] == [1_000, 2_000]
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, 1e4])
+def test_false_rate_out_of_range_is_bad_input(bad):
+    with pytest.raises(ForensicsError, match="false_rate"):
+        SpikeDetector(LOSS, false_rate=bad).detect(frame(np.ones(100)))

@@ -26,3 +26,12 @@ def _numba_cache_dir() -> None:
 
 
 _numba_cache_dir()
+
+
+def _size_thread_pools() -> None:
+    from forensics._threads import size_thread_pools
+
+    size_thread_pools()
+
+
+_size_thread_pools()

@@ -59,6 +59,18 @@ class Audit:
         """``findings.json`` (DESIGN.md Contracts)."""
         return self.findings
 
+    def replay_results(self) -> dict[str, Any] | None:
+        """The case's ``replay/replay.json`` when a replay ran (its verdicts go on the report's cards)."""
+        import json
+
+        path = self.case.output("replay/replay.json")
+        if path is None or not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
 
 @contextmanager
 def _quiet_stage(name: str) -> Iterator[None]:
@@ -90,7 +102,7 @@ def run_audit(
     rules = build_rules(cfg.detect, has_plan=bool(cfg.plan))  # first: a typo in [detect] costs no reading
     sources = case.metrics_sources
     with stage("reading metrics"):
-        metrics, report = read_metrics([s.path for s in sources], step_offset=cfg.step_offset,
+        metrics, report = read_metrics(sources, step_offset=cfg.step_offset,
                                        step_key=cfg.step_key)
     warnings += report.warnings
     if metrics.empty:
@@ -130,7 +142,8 @@ def run_audit(
     from forensics.detect.base import RunTables
     run = RunTables(metrics=metrics, loss_key=loss_key, analysed=analysed,
                     grad_norm_key=grad_key, tags=tags, plan=plan, samples=samples,
-                    boundaries=boundaries, max_len=cfg.max_len, sections=sections)
+                    boundaries=boundaries, max_len=cfg.max_len, sections=sections,
+                    steps_known=all(a.convention != "as logged" for a in report.alignments))
     found: list = []
     for rule in rules:
         with stage(f"rule {rule.name}"):
@@ -273,7 +286,7 @@ def validate_case(case: Case) -> CaseCheck:
     plan = step_plan(load_plan(case.plan_path, samples), cfg) if cfg.plan else None
     metrics = None
     if cfg.metrics:
-        metrics, report = read_metrics([s.path for s in case.metrics_sources], step_offset=cfg.step_offset,
+        metrics, report = read_metrics(case.metrics_sources, step_offset=cfg.step_offset,
                                        step_key=cfg.step_key)
         warnings += report.warnings
         if metrics.empty:

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
         with stage("writing the report"):
             write_report(html_path, audit.findings, audit.metrics, tags=audit.tags, samples=audit.samples,
-                         plan=audit.plan, loss_key=audit.loss_key)
+                         plan=audit.plan, loss_key=audit.loss_key, replay=audit.replay_results())
         written.append(str(html_path))
 
     from forensics.report.summary import render_summary

@@ -163,7 +163,9 @@ def write_case(case_dir: Path, samples: pd.DataFrame, plan: pd.DataFrame, sim: S
     write_metrics_jsonl(sim.metrics, case_dir / "metrics.jsonl")
     write_run_toml({"metrics": ["metrics.parquet"], "plan": "plan.parquet", "samples": "samples.parquet",
                     "grad_accum": 1, "world_size": 1, "rank_split": "round_robin", "loss_key": LOSS,
-                    "boundaries": list(DEFAULT_BOUNDARIES), "token_budget": TOKEN_BUDGET, "max_len": MAX_LEN},
+                    "boundaries": list(DEFAULT_BOUNDARIES), "token_budget": TOKEN_BUDGET, "max_len": MAX_LEN,
+                    # the forgetting signature read on the simulator's own time scale (labels.json 'forgetting')
+                    "detect": {"forgetting": {"tau": float(labels["forgetting"]["tau_steps"])}}},
                    case_dir / "run.toml")
     (case_dir / "labels.json").write_text(json.dumps(labels, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 

@@ -82,6 +82,8 @@ class RunTables:
     boundaries: list[int] | None = None
     max_len: int = MAX_LEN
     sections: dict[str, Any] = field(default_factory=dict)
+    #: Every metrics source said how it counts steps (a recognised convention, or an offset given): not checked.
+    steps_known: bool = False
 
     @property
     def has_plan(self) -> bool:

@@ -103,3 +103,6 @@ register_kind(FindingKind("static_plan", "static batch composition", fail_on="st
                           verdict=lambda items: "batch composition is static across epochs"))
 register_kind(FindingKind("oscillation", "oscillation", fail_on="oscillation", told_by="oscillation",
                           verdict=lambda items: f"the loss oscillates (steps {_steps(items)})"))
+register_kind(FindingKind("misaligned_steps", "metrics off the plan",
+                          line=lambda f: (f"metrics look {int(f.get('value') or 0):+d} step(s) off the plan: "
+                                          + (f.get('evidence') or [''])[0])))

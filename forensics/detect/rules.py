@@ -19,6 +19,7 @@ from forensics.errors import ForensicsError
 #: Built-in rules in the order they run: detectors first, then the rules that read their findings.
 BUILTIN_RULES = (
     "forensics.detect.spike_rule:SpikeRule",
+    "forensics.detect.alignment:AlignmentRule",
     "forensics.detect.nonfinite:NonfiniteRule",
     "forensics.detect.oscillation:OscillationRule",
     "forensics.detect.composition:CompositionRule",

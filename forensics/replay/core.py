@@ -149,7 +149,7 @@ def replay_case(case_dir: str | Path, options: ReplayOptions | None = None) -> R
     # the run's tables
     from forensics.sources import read_metrics
 
-    metrics, _ = read_metrics([s.path for s in case.metrics_sources], step_offset=cfg.step_offset,
+    metrics, _ = read_metrics(case.metrics_sources, step_offset=cfg.step_offset,
                               step_key=cfg.step_key)
     loss_key = find_loss_key(metrics.columns, cfg.loss_key)
     logged = dict(zip(metrics[STEP].tolist(), metrics[loss_key].astype(float).tolist()))

@@ -411,6 +411,7 @@ def cause_card(
     batches: BatchLookup | None = None,
     names: dict[int, str] | None = None,
     loss_key: str | None = None,
+    replay: dict[int, dict] | None = None,
 ) -> str:
     """One card per cause: its summary, one row per event with every metric that moved, the batch of the first
     event (one table: the events share their samples), where the batch came back, and one next step."""
@@ -449,10 +450,25 @@ def cause_card(
         table,
         _list("Evidence", [e for s in spikes[:1] for e in (s.get("evidence") or [])]),
         batch,
+        _replay_rows([replay[s] for s in steps if replay and s in replay]),
         f'<p class="next"><b>Next step:</b> {prose(cause.get("next_step"))}</p>' if cause.get("next_step") else "",
         "</article>",
     ]
     return "\n".join(p for p in parts if p)
+
+
+def _replay_rows(results: list[dict]) -> str:
+    """The replay's verdict per step of the cause (``forensics replay``), with its evidence sentences."""
+    if not results:
+        return ""
+    rows = "".join(
+        f"<tr><td>{esc(r.get('step'))}</td><td><b>{esc(r.get('verdict'))}</b></td>"
+        f"<td>{esc(r.get('checkpoint_step'))}</td><td>{esc(fmt_num(r.get('logged')))} / "
+        f"{esc(fmt_num(r.get('replayed')))}</td><td>{prose(' '.join(map(str, (r.get('evidence') or [])[:3])))}</td></tr>"
+        for r in results)
+    return (f'<section><h4>Replay (forensics replay)</h4><div class="scroll"><table class="replay"><thead><tr>'
+            f"<th>step</th><th>verdict</th><th>checkpoint</th><th>logged / replayed</th><th>evidence</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></div></section>")
 
 
 def finding_cards(
@@ -461,6 +477,7 @@ def finding_cards(
     plan: pd.DataFrame | None = None,
     tags: pd.DataFrame | None = None,
     loss_key: str | None = None,
+    replay: dict | None = None,
 ) -> list[str]:
     """All cards in reading order: spikes (by step), non-finite values, the plan, oscillation, then other kinds."""
     lookup = sample_lookup(samples)
@@ -468,7 +485,9 @@ def finding_cards(
     names = cluster_names(tags)
     spikes = [s for s in findings.get("spikes") or [] if isinstance(s, dict) and "step" in s]
     causes = [c for c in findings.get("causes") or [] if isinstance(c, dict)]
-    cards = [cause_card(c, [s for s in spikes if s.get("cause") == c.get("id")], lookup, batches, names, loss_key)
+    by_step = {int(r["step"]): r for r in (replay or {}).get("steps") or [] if isinstance(r, dict) and "step" in r}
+    cards = [cause_card(c, [s for s in spikes if s.get("cause") == c.get("id")], lookup, batches, names, loss_key,
+                        by_step)
              for c in causes if c.get("kind") in ("batch", "event")]
     told = {s.get("cause") for s in spikes} & {c.get("id") for c in causes}
     cards += [spike_card(s, lookup, batches, names, loss_key)

@@ -127,14 +127,16 @@ def build_report(
     loss_key: str | None = None,
     title: str = "Loss-spike forensics",
     figures: dict[str, go.Figure] | None = None,
+    replay: dict | None = None,
 ) -> str:
-    """The report as one HTML string (see the module docstring); ``figures`` overrides :func:`report_figures`."""
+    """The report as one HTML string (see the module docstring); ``figures`` overrides :func:`report_figures`;
+    ``replay``: the case's ``replay/replay.json``, whose verdicts show on the cards of their causes."""
     from forensics.report.figures import report_figures
 
     findings = findings or {}
-    loss_key = find_loss_key(metric_columns(metrics), loss_key or findings.get("loss_key"))
+    loss_key = find_loss_key(metric_columns(metrics), loss_key or (findings.get("run") or {}).get("loss_key"))
     figs = figures if figures is not None else report_figures(findings, metrics, tags, samples, plan, loss_key)
-    cards = finding_cards(findings, samples, plan, tags, loss_key)
+    cards = finding_cards(findings, samples, plan, tags, loss_key, replay)
     sections = []
     for key, heading, names in _SECTIONS:
         present = [n for n in names if n in figs]

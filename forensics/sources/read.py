@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.schema import STEP, metric_columns, written
+from forensics.schema import STEP, SourceSpec, metric_columns, written
 from forensics.sources.merge import apply_step_offset, merge_on_step
 from forensics.sources.reader import MetricsReader
 from forensics.sources.records import ReaderReport
@@ -98,7 +98,7 @@ def summarize(table: pd.DataFrame) -> dict[str, dict[str, int]]:
 
 
 def open_readers(
-    sources: Sequence[str | Path],
+    sources: Sequence[str | Path | SourceSpec],
     *,
     keys: Sequence[str] | None = None,
     step_key: str | None = None,
@@ -106,11 +106,18 @@ def open_readers(
     strict: bool = False,
     run_id: str | None = None,
 ) -> list[MetricsReader]:
-    """One reader per source, in the order given (which is the merge order: later wins)."""
+    """One reader per source, in the order given (which is the merge order: later wins). A
+    :class:`~forensics.schema.SourceSpec` brings its own step key and offset (run.toml ``metrics`` tables)."""
     if not sources:
         raise ForensicsError("no metrics source given")
-    return [open_reader(s, keys=keys, step_key=step_key, pattern=pattern, strict=strict, run_id=run_id)
-            for s in sources]
+    readers = []
+    for s in sources:
+        spec = s if isinstance(s, SourceSpec) else SourceSpec(str(s))
+        reader = open_reader(spec.path, keys=keys, step_key=spec.step_key or step_key, pattern=pattern,
+                             strict=strict, run_id=run_id)
+        reader.given_offset = spec.step_offset
+        readers.append(reader)
+    return readers
 
 
 def alignment_of(reader: MetricsReader, step_offset: int | None) -> SourceAlignment:
@@ -120,8 +127,10 @@ def alignment_of(reader: MetricsReader, step_offset: int | None) -> SourceAlignm
     from forensics.sources.conventions import recognise
 
     damaged = list(getattr(reader.report, "damaged", []))
+    own = getattr(reader, "given_offset", None)
+    step_offset = own if own is not None else step_offset
     if step_offset is not None or reader.step_key is not None:
-        how = "given" if step_offset or reader.step_key else "as logged"
+        how = "given"
         return SourceAlignment(reader.source, reader.format_name, reader.step_key_used, int(step_offset or 0), how,
                                damaged)
     conv = recognise(reader)
@@ -137,6 +146,7 @@ def _realign(reader: MetricsReader, alignment: SourceAlignment) -> MetricsReader
     if alignment.step_key is None or alignment.step_key == reader.step_key_used or alignment.convention == "given":
         return reader
     again = open_reader(reader.source, keys=reader.keys, step_key=alignment.step_key, strict=reader.strict)
+    again.given_offset = getattr(reader, "given_offset", None)
     again.finished = reader.finished
     again.read_all()
     return again
@@ -173,7 +183,7 @@ def merge_readers(readers: list[MetricsReader], step_offset: int | None = None,
 
 
 def read_metrics(
-    sources: Sequence[str | Path] | str | Path,
+    sources: Sequence[str | Path | SourceSpec] | str | Path,
     *,
     keys: Sequence[str] | None = None,
     step_key: str | None = None,

@@ -50,6 +50,8 @@ class MetricsReader:
         self.keys = list(keys) if keys else None
         self.step_key = step_key
         self.strict = strict
+        #: The step offset this source's configuration gives (run.toml ``metrics`` table), None when not given.
+        self.given_offset: int | None = None
         self._finished = False
         self._reset()
 

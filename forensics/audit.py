@@ -143,7 +143,8 @@ def run_audit(
     run = RunTables(metrics=metrics, loss_key=loss_key, analysed=analysed,
                     grad_norm_key=grad_key, tags=tags, plan=plan, samples=samples,
                     boundaries=boundaries, max_len=cfg.max_len, sections=sections,
-                    steps_known=all(a.convention != "as logged" for a in report.alignments))
+                    steps_known=all(a.convention != "as logged" for a in report.alignments),
+                    logging_steps=_logging_steps(cfg, report, loss_key))
     found: list = []
     for rule in rules:
         with stage(f"rule {rule.name}"):
@@ -168,6 +169,15 @@ def run_audit(
     findings["verdict_facts"] = facts(findings)
     return Audit(findings=findings, metrics=metrics, loss_key=loss_key, case=case, tags=tags, plan=plan,
                  samples=samples, boundaries=boundaries)
+
+
+def _logging_steps(cfg: RunConfig, report: Any, loss_key: str) -> int:
+    """Steps each logged loss value covers: run.toml's ``logging_steps``, else what the loss's source says (HF's
+    trainer_state.json, W&B config), else 1."""
+    if cfg.logging_steps:
+        return int(cfg.logging_steps)
+    said = [a.logging_steps for a in report.alignments if a.logging_steps and a.convention == "hf-trainer"]
+    return int(said[-1]) if said else 1
 
 
 def _plan_sections(plan: pd.DataFrame, samples: pd.DataFrame, boundaries: list[int], cfg: RunConfig, case: Case,

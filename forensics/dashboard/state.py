@@ -34,6 +34,7 @@ from forensics.schema import (
     find_loss_key,
     grad_norm_column,
     metric_columns,
+    written,
 )
 
 #: Files whose presence makes a folder a case folder (else a folder given is a metrics source, e.g. ``wandb/``).
@@ -385,7 +386,7 @@ class LiveRun:
             self._record([f for f in found if f.step > int(last) and (f.metric, f.step) not in known], now)
 
     def _written(self, rows: pd.DataFrame, col: str) -> pd.DataFrame:
-        mask = self.live.report.written(rows, col) if col in rows.columns else np.zeros(len(rows), bool)
+        mask = written(rows, col) if col in rows.columns else np.zeros(len(rows), bool)
         return rows.loc[mask, [STEP, col]]
 
     # --- refreshing -----------------------------------------------------------------------------------------------

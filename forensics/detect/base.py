@@ -84,6 +84,8 @@ class RunTables:
     sections: dict[str, Any] = field(default_factory=dict)
     #: Every metrics source said how it counts steps (a recognised convention, or an offset given): not checked.
     steps_known: bool = False
+    #: Steps each logged value covers (HF's ``loss`` is the mean over ``logging_steps``); 1: one step each.
+    logging_steps: int = 1
 
     @property
     def has_plan(self) -> bool:

@@ -106,7 +106,7 @@ class CauseRule(Rule):
                                    f.evidence[0] if f.evidence else "the same samples meet in every epoch") + ".",
                                "next_step": "Rebuild batches every epoch (e.g. bucketed_shuffle: shuffle inside "
                                             "length buckets, then pack)."})
-        causes.sort(key=lambda c: (-SEVERITIES.index(c["severity"]), -c["confidence"], c["steps"][:1] or [0]))
+        causes.sort(key=lambda c: (-SEVERITIES.index(c["severity"]), -round(c["confidence"], 3), c["steps"][:1] or [0]))
         for i, c in enumerate(causes, 1):
             c["id"] = f"C{i}"
             for f in c.pop("_members", []):

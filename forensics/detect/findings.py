@@ -257,7 +257,7 @@ def _order(f: Finding) -> tuple:
 
 def _rank(d: Mapping[str, Any]) -> tuple:
     """Most urgent first: severity, then confidence, then step (DESIGN.md Conventions, ``severity``)."""
-    return (-SEVERITIES.index(d.get("severity", INFO)), -(d.get("confidence") or 0.0), d.get("step") or 0)
+    return (-SEVERITIES.index(d.get("severity", INFO)), -round(d.get("confidence") or 0.0, 3), d.get("step") or 0)
 
 
 # --- JSON safety ---------------------------------------------------------------------------------------------------

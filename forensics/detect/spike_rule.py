@@ -52,7 +52,23 @@ class SpikeRule(Rule):
                                       "(the causal detector's history) were judged two-sided, against the span "
                                       "itself (details.judged_by of each finding says which rule judged it)")
         add_confidence(out, run.grad_norm_key)  # joint evidence: the loss and the grad norm together
+        if run.logging_steps > 1:
+            for f in out:
+                if f.kind == "spike":
+                    cover_window(f, run.logging_steps)
         return out
+
+
+def cover_window(f: Finding, every: int) -> None:
+    """A value logged every ``every`` steps is the mean over them (HF's ``loss`` over ``logging_steps``): the spike
+    is located to the window its logged steps cover, so its batch evidence is the union of their batches."""
+    logged = (int(f.step), int(f.end_step if f.end_step is not None else f.step))
+    f.step = max(0, logged[0] - every + 1)
+    f.details["logged_steps"] = list(logged)
+    f.details["window"] = [f.step, logged[1]]
+    f.evidence.append(f"Each logged {f.metric} value is the mean over {every} steps (logging_steps = {every}): the "
+                      f"value at step {logged[0]} covers steps {f.step}-{logged[0]}, and its batch evidence is the "
+                      f"union of those steps' batches.")
 
 
 def _spike_parameters() -> dict[str, Any]:

@@ -50,6 +50,8 @@ class ReaderReport:
     nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: Regions skipped because their checksums failed (:class:`forensics.sources.damage.Damage`), in file order.
+    damaged: list = field(default_factory=list)
 
     def add_malformed(self, where: int, reason: str) -> None:
         self.malformed += 1

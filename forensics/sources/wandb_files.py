@@ -8,16 +8,18 @@ start again from 0: the folders of one run id are read in time order and merged 
 
 Live use: each file is read from the byte offset where the last read stopped; a record the writer has not finished
 is left for the next :meth:`~forensics.sources.base.MetricsReader.read_new`, and new folders of the run (a resume
-started while watching) are picked up.
+started while watching) are picked up. A damaged record is skipped (its values stay missing; reading resumes at the
+next record that verifies) and listed in ``report.damaged`` with the steps either side of it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from forensics.errors import ForensicsError
 from forensics.sources.base import MetricsReader, Records
+from forensics.sources.damage import Damage, damage_line
 from forensics.sources.wandb_records import (
     RecordLog,
     flatten_numeric,
@@ -141,6 +144,13 @@ class WandbRunReader(MetricsReader):
         self._meta: dict[str, Any] = {"run_id": self.run_id, "config": {}, "summary": {}, "files": []}
         self._tail_warnings: dict[Path, str] = {}
         self._exited: set[Path] = set()
+        self._damages: list[Damage] = []
+        #: Per file: damaged regions already taken from its log, the step of the last history row read, and the
+        #: indexes into ``_damages`` of regions whose next step is not known yet.
+        self._damages_seen: dict[Path, int] = {}
+        self._file_last_step: dict[Path, int] = {}
+        self._open: dict[Path, list[int]] = {}
+        self._damage_warning: str | None = None
 
     def _read_records(self) -> list[Records]:
         files = self._run_files()
@@ -156,6 +166,7 @@ class WandbRunReader(MetricsReader):
             self._note_file_state(log)
         self._meta["finished"] = files[-1].path in self._exited
         self._publish()
+        self._publish_damage()
         return batches
 
     # --- reading ------------------------------------------------------------------------------------------------
@@ -171,13 +182,18 @@ class WandbRunReader(MetricsReader):
         rows: list[dict[str, float]] = []
         where: list[int] = []
         meta = self._meta
-        for offset, rec in log.records():
+        for offset, rec in log.records(self.finished):
             kind = rec.WhichOneof("record_type")
+            if len(log.damaged) > self._damages_seen.get(log.path, 0):
+                self._take_damage(log)
             if kind == "history":
                 row = self._history_row(rec.history)
                 if row is not None:
                     rows.append(row)
                     where.append(offset)
+                    step = row.get(self.step_key)
+                    if step is not None and math.isfinite(step):
+                        self._step_after_damage(log.path, int(step))
             elif kind == "summary":
                 _apply(meta["summary"], rec.summary)
             elif kind == "config":
@@ -187,9 +203,37 @@ class WandbRunReader(MetricsReader):
             elif kind == "exit":
                 self._exited.add(log.path)
                 meta["exit_code"] = rec.exit.exit_code
+        if len(log.damaged) > self._damages_seen.get(log.path, 0):
+            self._take_damage(log)
         if not rows:
             return None
         return Records(rows_table(rows), np.asarray(where, dtype=np.int64))
+
+    def _take_damage(self, log: RecordLog) -> None:
+        """New damaged regions of ``log``: the last step read before them is known now, the next one comes later."""
+        seen = self._damages_seen.get(log.path, 0)
+        source = Path(self.source)
+        try:
+            name = None if source.is_file() else log.path.relative_to(source).as_posix()
+        except ValueError:
+            name = str(log.path)
+        for d in log.damaged[seen:]:
+            self._damages.append(replace(d, steps=(self._file_last_step.get(log.path), None), file=name))
+            self._open.setdefault(log.path, []).append(len(self._damages) - 1)
+        self._damages_seen[log.path] = len(log.damaged)
+
+    def _step_after_damage(self, path: Path, step: int) -> None:
+        self._file_last_step[path] = step
+        for i in self._open.pop(path, ()):
+            self._damages[i] = replace(self._damages[i], steps=(self._damages[i].steps[0], step))
+
+    def _publish_damage(self) -> None:
+        self.report.damaged = list(self._damages)
+        if self._damage_warning in self.report.warnings:
+            self.report.warnings.remove(self._damage_warning)
+        self._damage_warning = damage_line(self._damages)
+        if self._damage_warning is not None:
+            self.report.warn(self._damage_warning)
 
     def _history_row(self, history) -> dict[str, float] | None:
         keys: list[str] = []
@@ -242,13 +286,11 @@ class WandbRunReader(MetricsReader):
             _apply(meta["summary"], run.summary)
 
     def _note_file_state(self, log: RecordLog) -> None:
-        """Damage is reported once; an unfinished last record is reported while it is unfinished (as of now)."""
-        if log.damage is not None:
-            self.report.warn(log.damage.describe(log.path))
+        """An unfinished last record is reported while it is unfinished (as of now); damage is in its own line."""
         old = self._tail_warnings.pop(log.path, None)
         if old is not None and old in self.report.warnings:
             self.report.warnings.remove(old)
-        if log.damage is None and log.tail_bytes:
+        if log.tail_bytes:
             state = "truncated" if self.finished else "still being written, or truncated"
             msg = (f"{log.path}: ends inside a record at byte {log.offset} ({log.tail_bytes} bytes not yet a "
                    f"complete record: {state}); the records before it are read")

@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("tensorboard")
 SummaryWriter = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
 
+from forensics.errors import ForensicsError  # noqa: E402
 from forensics.sources import tfrecord  # noqa: E402
 from forensics.sources.damage import Damage, damage_line  # noqa: E402
 from forensics.sources.tensorboard import TensorBoardReader  # noqa: E402
@@ -179,6 +180,10 @@ def test_finished_tensorboard_file_with_damage_at_its_end(tb_file: Path, tmp_pat
     assert d.steps == (TB_STEPS - 2, None) and d.to_json()["steps"] == [TB_STEPS - 2, None]
     assert df["step"].tolist() == list(range(TB_STEPS - 1))
     assert df["train/loss"].notna().all()
+    strict = TensorBoardReader(path, strict=True)
+    strict.finished = True
+    with pytest.raises(ForensicsError, match=r"1 record skipped for damage at byte offset \d+ .*\(strict mode\)"):
+        strict.read_all()
 
 
 def test_damage_line_counts_offsets_and_steps() -> None:

@@ -129,6 +129,8 @@ class TensorBoardReader(MetricsReader):
             self.report.warnings.remove(self._damage_warning)
         self._damage_warning = damage_line(self._damages)
         if self._damage_warning is not None:
+            if self.strict:
+                raise ForensicsError(f"{self.source}: {self._damage_warning} (strict mode)")
             self.report.warn(self._damage_warning)
 
 

@@ -182,18 +182,21 @@ class WandbRunReader(MetricsReader):
         rows: list[dict[str, float]] = []
         where: list[int] = []
         meta = self._meta
+        path = log.path
+        seen = self._damages_seen.get(path, 0)  # damaged regions of this log already taken
+        waiting = path in self._open  # a damaged region waits for the step of the next history row
         for offset, rec in log.records(self.finished):
+            if len(log.damaged) > seen:
+                seen = self._take_damage(log, rows)
+                waiting = True
             kind = rec.WhichOneof("record_type")
-            if len(log.damaged) > self._damages_seen.get(log.path, 0):
-                self._take_damage(log)
             if kind == "history":
                 row = self._history_row(rec.history)
                 if row is not None:
                     rows.append(row)
                     where.append(offset)
-                    step = row.get(self.step_key)
-                    if step is not None and math.isfinite(step):
-                        self._step_after_damage(log.path, int(step))
+                    if waiting:
+                        waiting = not self._close_damage(path, row)
             elif kind == "summary":
                 _apply(meta["summary"], rec.summary)
             elif kind == "config":
@@ -201,31 +204,45 @@ class WandbRunReader(MetricsReader):
             elif kind == "run":
                 self._run_record(rec.run)
             elif kind == "exit":
-                self._exited.add(log.path)
+                self._exited.add(path)
                 meta["exit_code"] = rec.exit.exit_code
-        if len(log.damaged) > self._damages_seen.get(log.path, 0):
-            self._take_damage(log)
+        if len(log.damaged) > seen:
+            self._take_damage(log, rows)
         if not rows:
             return None
+        last = self._row_step(rows[-1])
+        if last is not None:
+            self._file_last_step[path] = last
         return Records(rows_table(rows), np.asarray(where, dtype=np.int64))
 
-    def _take_damage(self, log: RecordLog) -> None:
-        """New damaged regions of ``log``: the last step read before them is known now, the next one comes later."""
+    def _row_step(self, row: dict[str, float]) -> int | None:
+        step = row.get(self.step_key)
+        return int(step) if step is not None and math.isfinite(step) else None
+
+    def _take_damage(self, log: RecordLog, rows: list[dict[str, float]]) -> int:
+        """New damaged regions of ``log``: the step of the last row before them is known now, the next one comes
+        later. Returns how many regions of the log have been taken."""
         seen = self._damages_seen.get(log.path, 0)
+        before = self._row_step(rows[-1]) if rows else self._file_last_step.get(log.path)
         source = Path(self.source)
         try:
             name = None if source.is_file() else log.path.relative_to(source).as_posix()
         except ValueError:
             name = str(log.path)
         for d in log.damaged[seen:]:
-            self._damages.append(replace(d, steps=(self._file_last_step.get(log.path), None), file=name))
+            self._damages.append(replace(d, steps=(before, None), file=name))
             self._open.setdefault(log.path, []).append(len(self._damages) - 1)
         self._damages_seen[log.path] = len(log.damaged)
+        return len(log.damaged)
 
-    def _step_after_damage(self, path: Path, step: int) -> None:
-        self._file_last_step[path] = step
+    def _close_damage(self, path: Path, row: dict[str, float]) -> bool:
+        """Give the waiting regions of ``path`` the step of ``row`` (the first read after them); False if it has none."""
+        step = self._row_step(row)
+        if step is None:
+            return False
         for i in self._open.pop(path, ()):
             self._damages[i] = replace(self._damages[i], steps=(self._damages[i].steps[0], step))
+        return True
 
     def _publish_damage(self) -> None:
         self.report.damaged = list(self._damages)
@@ -233,6 +250,8 @@ class WandbRunReader(MetricsReader):
             self.report.warnings.remove(self._damage_warning)
         self._damage_warning = damage_line(self._damages)
         if self._damage_warning is not None:
+            if self.strict:
+                raise ForensicsError(f"{self.source}: {self._damage_warning} (strict mode)")
             self.report.warn(self._damage_warning)
 
     def _history_row(self, history) -> dict[str, float] | None:

@@ -11,8 +11,9 @@ it). After = this working tree. Each side runs in its own subprocess (``PYTHONPA
    of rows kept on average for both formats.
 2. Speed: ``open_reader(...).read_all()`` of a TensorBoard file of ``--tb-events`` scalars (default 200,000;
    ``SummaryWriter``, cached: ~1 minute to write once) and of a ``.wandb`` run of ``--wandb-rows`` rows x 8 metrics
-   (default 50,000; the cached input of ``bench_wandb_reader.py``), before and after alternately, best of
-   ``--repeat`` CPU seconds (process time: steadier than wall time on a shared machine). Target: after within 10%.
+   (default 50,000; the cached input of ``bench_wandb_reader.py``), before and after alternately, ``--repeat``
+   times each: best and median CPU seconds (process time: steadier than wall time on a shared machine). Target:
+   after within 10%.
 
     python bench/bench_damage.py                       # both parts
     python bench/bench_damage.py --quick               # smaller speed inputs, 3 repeats
@@ -199,21 +200,23 @@ def speed(args: argparse.Namespace, before: Path) -> None:
                     w.add_scalar(f"train/m{j}", x, s)
         (tb_folder / "complete").write_text("ok\n")
     wandb_folder = bench_wandb_reader.prepare(args.wandb_rows, 8) / "wandb"
-    print(f"\nreader speed, best of {args.repeat} (CPU seconds; wall in brackets), before and after alternately")
-    print(f"{'source':<40}{'before':>16}{'after':>16}{'after/before':>14}")
+    print(f"\nreader speed over {args.repeat} runs each, before and after alternately: CPU seconds, best and median")
+    print(f"{'source':<40}{'before':>16}{'after':>16}{'after/before':>16}")
     for label, source in ((f"tensorboard, {args.tb_events:,} scalars", tb_folder),
                           (f"wandb, {args.wandb_rows:,} rows x 8 metrics", wandb_folder)):
-        best: dict[str, dict] = {}
+        runs: dict[str, list[dict]] = {"before": [], "after": []}
         for _ in range(args.repeat):
             for side, tree in (("before", before), ("after", ROOT)):
-                r = run_side(tree, "speed", str(source))
-                if side not in best or r["cpu"] < best[side]["cpu"]:
-                    best[side] = r
-        b, a = best["before"], best["after"]
+                runs[side].append(run_side(tree, "speed", str(source)))
+        b, a = runs["before"][0], runs["after"][0]
         if (b["rows"], round(b["checksum"], 3)) != (a["rows"], round(a["checksum"], 3)):
             raise SystemExit(f"before and after disagree on {source}: {b} vs {a}")
-        print(f"{label:<40}{b['cpu']:>7.2f} [{b['wall']:>5.2f}]{a['cpu']:>8.2f} [{a['wall']:>5.2f}]"
-              f"{a['cpu'] / b['cpu']:>13.2f}x")
+        cpu = {side: np.array([r["cpu"] for r in rs]) for side, rs in runs.items()}
+        best = {side: float(v.min()) for side, v in cpu.items()}
+        median = {side: float(np.median(v)) for side, v in cpu.items()}
+        print(f"{label:<40}{best['before']:>7.2f} ({median['before']:>5.2f}){best['after']:>8.2f} "
+              f"({median['after']:>5.2f}){best['after'] / best['before']:>8.2f}x "
+              f"({median['after'] / median['before']:.2f}x)")
 
 
 def main() -> None:

@@ -182,7 +182,7 @@ def test_finished_tensorboard_file_with_damage_at_its_end(tb_file: Path, tmp_pat
     assert df["train/loss"].notna().all()
     strict = TensorBoardReader(path, strict=True)
     strict.finished = True
-    with pytest.raises(ForensicsError, match=r"1 record skipped for damage at byte offset \d+ .*\(strict mode\)"):
+    with pytest.raises(ForensicsError, match=r"1 record skipped for damage at byte offset \d+, after step 46 .*strict"):
         strict.read_all()
 
 
@@ -190,8 +190,10 @@ def test_damage_line_counts_offsets_and_steps() -> None:
     damages = [Damage(100, 52, "data checksum mismatch", (9, 10)), Damage(900, 40, "length checksum mismatch",
                                                                            (29, 31), "run/events.x")]
     line = damage_line(damages)
-    assert line.startswith("2 records skipped for damage at byte offsets 100, run/events.x:900 ")
-    assert "steps 9-31" in line and "not filled in" in line
+    assert line.startswith("2 records skipped for damage at byte offsets 100, steps 9-10; run/events.x:900, steps "
+                           "29-31 (data checksum mismatch; length checksum mismatch): ")
+    assert "never filled in" in line
+    assert "byte offset 7, after step 3 (x)" in damage_line([Damage(7, None, "x", (3, None))])
     assert damage_line([]) is None
     assert damages[1].to_json() == {"file": "run/events.x", "offset": 900, "length": 40,
                                     "reason": "length checksum mismatch", "steps": [29, 31]}
@@ -302,7 +304,7 @@ def test_live_wandb_file_waits_then_skips_the_damaged_record(wandb_file: Path, t
     (d,) = reader.report.damaged
     assert (d.offset, d.length, d.reason, d.steps) == (s, e - s, "checksum mismatch", (49, 51))
     assert second["step"].tolist() == list(range(51, WANDB_ROWS))
-    assert any("1 record skipped for damage at byte offset" in w and "steps 49-51" in w
+    assert any(f"1 record skipped for damage at byte offset {s}, steps 49-51 (checksum mismatch)" in w
                for w in reader.report.warnings)
     assert json.dumps([x.to_json() for x in reader.report.damaged])
 

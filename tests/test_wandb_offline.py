@@ -322,7 +322,7 @@ def test_corrupt_bytes_lose_only_their_record_with_the_offset(runs: Path, tmp_pa
     (damage,) = reader.report.damaged
     assert (damage.offset, damage.length, damage.reason, damage.steps) == (start, end - start, "checksum mismatch",
                                                                            (lost - 1, lost + 1))
-    assert any(f"1 record skipped for damage at byte offset {start} (checksum mismatch)" in w
+    assert any(f"1 record skipped for damage at byte offset {start}, steps {lost - 1}-{lost + 1} (checksum mismatch)" in w
                for w in reader.report.warnings)
     assert len(reader.read_new()) == 0  # nothing new later
 

@@ -45,27 +45,27 @@ class Damage:
         }
 
 
-def step_range(damages: Sequence[Damage]) -> tuple[int | None, int | None]:
-    """The smallest and largest neighbouring step over all regions (None where no region has one)."""
-    lows = [d.steps[0] for d in damages if d.steps is not None and d.steps[0] is not None]
-    highs = [d.steps[1] for d in damages if d.steps is not None and d.steps[1] is not None]
-    low = min(lows) if lows else None
-    high = max(highs) if highs else None
-    return low, high
+def describe_steps(steps: tuple[int | None, int | None] | None) -> str:
+    """``steps a-b``, ``before step b``, ``after step a`` or ``steps unknown``."""
+    low, high = steps if steps is not None else (None, None)
+    if low is not None and high is not None:
+        return f"steps {low}-{high}"
+    if high is not None:
+        return f"before step {high}"
+    if low is not None:
+        return f"after step {low}"
+    return "steps unknown"
 
 
 def damage_line(damages: Sequence[Damage]) -> str | None:
-    """The warning for a source: ``N records skipped for damage at byte offsets ..., steps a-b`` (None if none)."""
+    """The warning for a source, e.g. ``2 records skipped for damage at byte offsets 29969, steps 219-220; 40960,
+    steps 298-299 (data checksum mismatch): ...`` (None if there is no damage)."""
     if not damages:
         return None
-    shown = ", ".join(f"{d.file}:{d.offset}" if d.file else str(d.offset) for d in damages[:MAX_QUOTED])
+    shown = "; ".join(f"{d.file + ':' if d.file else ''}{d.offset}, {describe_steps(d.steps)}"
+                      for d in damages[:MAX_QUOTED])
     more = f" and {len(damages) - MAX_QUOTED} more" if len(damages) > MAX_QUOTED else ""
-    reasons = sorted({d.reason for d in damages})
-    low, high = step_range(damages)
-    if low is None and high is None:
-        steps = "steps unknown"
-    else:
-        steps = f"steps {'start' if low is None else low}-{'end' if high is None else high}"
+    reasons = "; ".join(sorted({d.reason for d in damages}))
     n = len(damages)
     return (f"{n} record{'s' if n != 1 else ''} skipped for damage at byte offset{'s' if n != 1 else ''} "
-            f"{shown}{more} ({'; '.join(reasons)}), {steps}: values there are missing, not filled in")
+            f"{shown}{more} ({reasons}): a value logged in that range is missing, never filled in")

@@ -14,6 +14,7 @@ next record that verifies) and listed in ``report.damaged`` with the steps eithe
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import re
@@ -146,7 +147,7 @@ class WandbRunReader(MetricsReader):
         self._exited: set[Path] = set()
         self._damages: list[Damage] = []
         #: Per file: damaged regions already taken from its log, the step of the last history row read, and the
-        #: indexes into ``_damages`` of regions whose next step is not known yet.
+        #: indexes into ``_damages`` of regions whose next step is not known yet (it comes with a later read).
         self._damages_seen: dict[Path, int] = {}
         self._file_last_step: dict[Path, int] = {}
         self._open: dict[Path, list[int]] = {}
@@ -183,20 +184,13 @@ class WandbRunReader(MetricsReader):
         where: list[int] = []
         meta = self._meta
         path = log.path
-        seen = self._damages_seen.get(path, 0)  # damaged regions of this log already taken
-        waiting = path in self._open  # a damaged region waits for the step of the next history row
         for offset, rec in log.records(self.finished):
-            if len(log.damaged) > seen:
-                seen = self._take_damage(log, rows)
-                waiting = True
             kind = rec.WhichOneof("record_type")
             if kind == "history":
                 row = self._history_row(rec.history)
                 if row is not None:
                     rows.append(row)
                     where.append(offset)
-                    if waiting:
-                        waiting = not self._close_damage(path, row)
             elif kind == "summary":
                 _apply(meta["summary"], rec.summary)
             elif kind == "config":
@@ -206,8 +200,10 @@ class WandbRunReader(MetricsReader):
             elif kind == "exit":
                 self._exited.add(path)
                 meta["exit_code"] = rec.exit.exit_code
-        if len(log.damaged) > seen:
-            self._take_damage(log, rows)
+        if rows and path in self._open:
+            self._close_damage(path, rows[0])  # regions found before: this read's first row follows them
+        if len(log.damaged) > self._damages_seen.get(path, 0):
+            self._take_damage(log, rows, where)
         if not rows:
             return None
         last = self._row_step(rows[-1])
@@ -219,21 +215,23 @@ class WandbRunReader(MetricsReader):
         step = row.get(self.step_key)
         return int(step) if step is not None and math.isfinite(step) else None
 
-    def _take_damage(self, log: RecordLog, rows: list[dict[str, float]]) -> int:
-        """New damaged regions of ``log``: the step of the last row before them is known now, the next one comes
-        later. Returns how many regions of the log have been taken."""
+    def _take_damage(self, log: RecordLog, rows: list[dict[str, float]], where: list[int]) -> None:
+        """New damaged regions of ``log``, with the steps of the history rows either side (found by byte offset:
+        nothing is tracked per record); a region after this read's last row waits for the next read's first."""
         seen = self._damages_seen.get(log.path, 0)
-        before = self._row_step(rows[-1]) if rows else self._file_last_step.get(log.path)
         source = Path(self.source)
         try:
             name = None if source.is_file() else log.path.relative_to(source).as_posix()
         except ValueError:
             name = str(log.path)
         for d in log.damaged[seen:]:
-            self._damages.append(replace(d, steps=(before, None), file=name))
-            self._open.setdefault(log.path, []).append(len(self._damages) - 1)
+            k = bisect.bisect_left(where, d.offset)
+            before = self._row_step(rows[k - 1]) if k > 0 else self._file_last_step.get(log.path)
+            after = self._row_step(rows[k]) if k < len(rows) else None
+            self._damages.append(replace(d, steps=(before, after), file=name))
+            if after is None:
+                self._open.setdefault(log.path, []).append(len(self._damages) - 1)
         self._damages_seen[log.path] = len(log.damaged)
-        return len(log.damaged)
 
     def _close_damage(self, path: Path, row: dict[str, float]) -> bool:
         """Give the waiting regions of ``path`` the step of ``row`` (the first read after them); False if it has none."""

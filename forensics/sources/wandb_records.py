@@ -43,6 +43,7 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 _CHUNK_HEADER = struct.Struct("<IHB")
 #: CRC-32 of each chunk type byte alone: the checksum of (type + data) continues from it.
 _TYPE_CRC = [zlib.crc32(bytes([t])) for t in range(LAST + 1)]
+_FULL_CRC = _TYPE_CRC[FULL]
 #: Bytes read per system call: whole blocks, so a window never splits a chunk.
 _WINDOW_BLOCKS = 64
 #: Candidate offsets tested per read while resynchronising after damage.
@@ -146,9 +147,17 @@ class RecordLog:
             if avail < CHUNK_HEADER_SIZE:
                 break
             crc, length, kind = _CHUNK_HEADER.unpack_from(window, at)
+            end = at + CHUNK_HEADER_SIZE + length
+            if kind == FULL and not parts and length <= block_left - CHUNK_HEADER_SIZE and end <= len(window):
+                # The common case, checked in full with the fewest steps: a whole record in one chunk.
+                data = window[at + CHUNK_HEADER_SIZE : end]
+                if zlib.crc32(data, _FULL_CRC) == crc:
+                    record = pos
+                    pos = self.offset = pos + CHUNK_HEADER_SIZE + length
+                    yield record, data
+                    continue
             if kind == 0 and length == 0 and crc == 0 and not window[at:].strip(b"\0") and self._zeros_to_eof(fh):
                 break  # a preallocated or not-yet-written zero region: nothing more to read yet
-            end = at + CHUNK_HEADER_SIZE + length
             problem = None
             if kind < FULL or kind > LAST:
                 problem = f"unknown chunk type {kind}"

@@ -118,7 +118,8 @@ class TensorBoardReader(MetricsReader):
             k = int(np.searchsorted(starts, offset))  # records before it: starts[:k]
             before = _step_at(data, frames, k - 1, event_pb2) if k > 0 else self._file_last_step.get(path)
             after = _step_at(data, frames, k, event_pb2) if k < len(starts) else None
-            name = path.name if Path(self.source).is_dir() else None
+            root = Path(self.source)
+            name = path.relative_to(root).as_posix() if root.is_dir() else None
             self._damages.append(Damage(start + offset, length, reason, (before, after), name))
             if after is None:
                 self._open.setdefault(path, []).append(len(self._damages) - 1)

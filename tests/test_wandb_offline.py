@@ -305,7 +305,7 @@ def test_truncated_copy_reads_what_precedes_the_cut(runs: Path, tmp_path: Path) 
     assert reader.report.metadata["finished"] is False
 
 
-def test_corrupt_bytes_stop_reading_with_the_offset(runs: Path, tmp_path: Path) -> None:
+def test_corrupt_bytes_lose_only_their_record_with_the_offset(runs: Path, tmp_path: Path) -> None:
     path = nested_file(runs)
     block = 32 * 1024
     # a history record held in one FULL chunk (not split across blocks), so its chunk starts where it starts
@@ -317,10 +317,14 @@ def test_corrupt_bytes_stop_reading_with_the_offset(runs: Path, tmp_path: Path) 
     bad.write_bytes(bytes(data))
     reader = WandbRunReader(bad)
     got = reader.read_all()
-    n_before = sum(1 for s, _, kind in record_spans(path) if kind == "history" and s < start)
-    assert got["step"].tolist() == list(range(n_before))
-    assert any(f"damaged at byte {start} (checksum mismatch)" in w for w in reader.report.warnings)
-    assert len(reader.read_new()) == 0  # nothing past the damage, later either
+    lost = sum(1 for s, _, kind in record_spans(path) if kind == "history" and s < start)
+    assert got["step"].tolist() == [s for s in range(150) if s != lost]  # the rest of the file is read
+    (damage,) = reader.report.damaged
+    assert (damage.offset, damage.length, damage.reason, damage.steps) == (start, end - start, "checksum mismatch",
+                                                                           (lost - 1, lost + 1))
+    assert any(f"1 record skipped for damage at byte offset {start}, steps {lost - 1}-{lost + 1} (checksum mismatch)" in w
+               for w in reader.report.warnings)
+    assert len(reader.read_new()) == 0  # nothing new later
 
 
 def test_not_a_wandb_file_is_bad_input(tmp_path: Path) -> None:

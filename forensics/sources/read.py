@@ -42,7 +42,14 @@ class SourceAlignment:
         return {"source": self.source, "format": self.format, "step_key": self.step_key,
                 "step_offset": self.step_offset, "convention": self.convention, "logging_steps": self.logging_steps,
                 "evidence": self.evidence,
-                "damaged": [d.to_json() if hasattr(d, "to_json") else d for d in self.damaged]}
+                "damaged": [self._shifted(d) for d in self.damaged]}
+
+    def _shifted(self, damage: Any) -> dict[str, Any]:
+        """A damaged region with its steps as metrics steps (the reader saw logged steps)."""
+        out = dict(damage.to_json() if hasattr(damage, "to_json") else damage)
+        if out.get("steps") and self.step_offset:
+            out["steps"] = [None if s is None else int(s) - self.step_offset for s in out["steps"]]
+        return out
 
 
 @dataclass

@@ -70,6 +70,8 @@ class ReaderReport:
     nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: Regions skipped because their checksums failed (:class:`forensics.sources.damage.Damage`), in file order.
+    damaged: list = field(default_factory=list)
     #: Per column, cells that are not numbers (kept as missing): ``{column: [count, examples]}``.
     bad_cells: dict[str, list] = field(default_factory=dict)
 

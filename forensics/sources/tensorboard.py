@@ -2,21 +2,23 @@
 
 TensorBoard's ``EventAccumulator`` keeps a random 10,000 scalars per tag by default, which can hide exactly the
 spikes this tool looks for, and it is ~10x slower than reading the files. So this module reads the TFRecord framing
-itself (uint64 length, uint32 length CRC, payload, uint32 payload CRC) and decodes each payload with TensorBoard's
-own ``Event`` protobuf. Both scalar encodings are read: ``simple_value`` (PyTorch's ``SummaryWriter``, TF1) and
+itself (:mod:`forensics.sources.tfrecord`: both checksums of every record verified, a damaged record skipped and
+reading resumed at the next record that verifies) and decodes each payload with TensorBoard's own ``Event``
+protobuf. Both scalar encodings are read: ``simple_value`` (PyTorch's ``SummaryWriter``, TF1) and
 0-d tensors of the scalars plugin (TF2 ``tf.summary.scalar``, whose plugin metadata comes only with a tag's first
 value).
 
 A folder is read file by file in the order the files were started (the timestamp in
 ``events.out.tfevents.<time>.<host>...``): a resumed run writes a new file whose steps overlap the old one, and the
 last write of a (step, tag) wins. Files in subfolders (``add_scalars``, Keras ``train/``/``validation/``) get the
-subfolder as a prefix of their tags. A truncated last record (a file being written) is left for the next read.
+subfolder as a prefix of their tags. A truncated last record (a file being written) is left for the next read; a
+damaged one is skipped (its values stay missing) and reported in ``report.damaged`` and one warning line.
 """
 
 from __future__ import annotations
 
 import re
-import struct
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +26,11 @@ import pyarrow as pa
 
 from forensics.errors import ForensicsError, require
 from forensics.schema import TIMESTAMP
+from forensics.sources import tfrecord
+from forensics.sources.damage import Damage, damage_line
 from forensics.sources.reader import MetricsReader
 from forensics.sources.records import Records, sparse_columns
 
-_HEADER = struct.Struct("<QI")
-_FOOTER = 4
-#: A record longer than this is taken as damage, not data (scalar events are ~100 bytes; images can be MBs).
-_MAX_RECORD = 1 << 30
 _FILE_TIME = re.compile(r"events\.out\.tfevents\.(\d+)")
 
 
@@ -48,7 +48,11 @@ def event_files(folder: Path) -> list[Path]:
 
 
 class TensorBoardReader(MetricsReader):
-    """Reads one event file or a folder of them, live or finished; every scalar event is kept."""
+    """Reads one event file or a folder of them, live or finished; every scalar event is kept.
+
+    Every record's two checksums are checked (:mod:`forensics.sources.tfrecord`); a damaged record is skipped, its
+    values stay missing, and :attr:`report.damaged <forensics.sources.records.ReaderReport.damaged>` says where.
+    """
 
     format_name = "tensorboard"
     _where_word = "byte"
@@ -57,7 +61,12 @@ class TensorBoardReader(MetricsReader):
     def _reset_position(self) -> None:
         self._offsets: dict[Path, int] = {}
         self._scalar_tags: dict[Path, dict[str, bool]] = {}
-        self._damaged: set[Path] = set()
+        #: Per file, the step of the last record read (the left neighbour of a damaged region found later).
+        self._file_last_step: dict[Path, int] = {}
+        self._damages: list[Damage] = []
+        #: Per file, indexes into ``_damages`` of regions whose next readable step is not known yet.
+        self._open: dict[Path, list[int]] = {}
+        self._damage_warning: str | None = None
 
     def _files(self) -> list[Path]:
         root = Path(self.source)
@@ -72,14 +81,13 @@ class TensorBoardReader(MetricsReader):
         root = Path(self.source)
         out = []
         for path in self._files():
-            if path in self._damaged:
-                continue
             prefix = ""
             if root.is_dir() and path.parent != root:
                 prefix = path.parent.relative_to(root).as_posix() + "/"
             rec = self._read_file(path, prefix, event_pb2)
             if rec is not None:
                 out.append(rec)
+        self._publish_damage()
         return out
 
     def _read_file(self, path: Path, prefix: str, event_pb2) -> Records | None:
@@ -90,35 +98,96 @@ class TensorBoardReader(MetricsReader):
                 data = fh.read()
         except OSError as exc:
             raise ForensicsError(f"TensorBoard file {path} could not be read: {exc.strerror or exc}") from exc
-        tags = self._scalar_tags.setdefault(path, {})
-        rows = _RowBuilder()
-        pos, n = 0, len(data)
-        view = memoryview(data)
-        while pos + _HEADER.size <= n:
-            length, _ = _HEADER.unpack_from(data, pos)
-            end = pos + _HEADER.size + length + _FOOTER
-            if length > _MAX_RECORD:
-                self._damaged.add(path)
-                self._malformed(start + pos, f"impossible record length {length} in {path.name}; rest of file skipped")
-                break
-            if end > n:
-                break  # a record still being written: read it next time
-            try:
-                event = event_pb2.Event.FromString(view[pos + _HEADER.size:end - _FOOTER])
-            except Exception:  # the protobuf runtime raises its own DecodeError type
-                self._malformed(start + pos, f"undecodable event in {path.name}")
-                pos = end
-                continue
-            if event.HasField("summary"):
-                for value in event.summary.value:
-                    x = _scalar(value, tags)
-                    if x is not None:
-                        rows.add(event.step, prefix + value.tag, x, event.wall_time, start + pos)
-            pos = end
-        self._offsets[path] = start + pos
-        if self.finished and pos < n:
-            self.report.warn(f"{path.name}: a truncated last record ({n - pos} bytes) was not read")
+        frames = tfrecord.scan(data, finished=self.finished)
+        rows = _decode(data, frames, start, prefix, self._scalar_tags.setdefault(path, {}), event_pb2, self)
+        self._note_damage(path, data, frames, start, event_pb2)
+        if rows.last_step is not None:
+            self._file_last_step[path] = rows.last_step
+        self._offsets[path] = start + frames.end
+        if frames.state == "incomplete" and self.finished:
+            self.report.warn(f"{path.name}: a truncated last record ({len(data) - frames.end} bytes) was not read")
         return rows.records()
+
+    def _note_damage(self, path: Path, data: bytes, frames: tfrecord.Frames, start: int, event_pb2) -> None:
+        """Record each damaged region with the steps of the records either side of it (the lost values lie there)."""
+        starts = frames.starts
+        if len(starts):
+            first = _step_at(data, frames, 0, event_pb2)
+            for i in self._open.pop(path, []):  # regions found earlier: this read's first record follows them
+                self._damages[i] = replace(self._damages[i], steps=(self._damages[i].steps[0], first))
+        for offset, length, reason in frames.damaged:
+            k = int(np.searchsorted(starts, offset))  # records before it: starts[:k]
+            before = _step_at(data, frames, k - 1, event_pb2) if k > 0 else self._file_last_step.get(path)
+            after = _step_at(data, frames, k, event_pb2) if k < len(starts) else None
+            root = Path(self.source)
+            name = path.relative_to(root).as_posix() if root.is_dir() else None
+            self._damages.append(Damage(start + offset, length, reason, (before, after), name))
+            if after is None:
+                self._open.setdefault(path, []).append(len(self._damages) - 1)
+
+    def _publish_damage(self) -> None:
+        self.report.damaged = list(self._damages)
+        if self._damage_warning in self.report.warnings:
+            self.report.warnings.remove(self._damage_warning)
+        self._damage_warning = damage_line(self._damages)
+        if self._damage_warning is not None:
+            if self.strict:
+                raise ForensicsError(f"{self.source}: {self._damage_warning} (strict mode)")
+            self.report.warn(self._damage_warning)
+
+
+def _step_at(data: bytes, frames: tfrecord.Frames, k: int, event_pb2) -> int | None:
+    """The step of record ``k`` of ``frames`` (None if it does not decode)."""
+    s, n = int(frames.starts[k]), int(frames.lengths[k])
+    try:
+        return int(event_pb2.Event.FromString(data[s:s + n]).step)
+    except Exception:  # the protobuf runtime raises its own DecodeError type
+        return None
+
+
+def _decode(data: bytes, frames: tfrecord.Frames, base: int, prefix: str, tags: dict[str, bool], event_pb2,
+            reader: MetricsReader) -> _RowBuilder:
+    """Decode the verified records into wide rows (the hot loop: rows are built inline, not per call)."""
+    rows = _RowBuilder()
+    steps, where, wall, cols = rows.steps, rows.where, rows.wall, rows.cols
+    from_string = event_pb2.Event.FromString
+    view = memoryview(data)
+    row, last, row_tags = -1, None, set()
+    for s, n in zip(frames.starts.tolist(), frames.lengths.tolist()):
+        try:
+            event = from_string(view[s:s + n])
+        except Exception:  # checksums verified, so the writer wrote it this way: malformed, not damage
+            reader._malformed(base + s - tfrecord.HEADER_SIZE, "undecodable event")
+            continue
+        values = event.summary.value
+        if not values:
+            continue
+        step = event.step
+        wall_time = event.wall_time
+        for value in values:
+            if value.WhichOneof("value") == "simple_value":
+                x = value.simple_value
+            else:
+                x = _scalar(value, tags)
+                if x is None:
+                    continue
+            tag = prefix + value.tag if prefix else value.tag
+            if step != last or tag in row_tags:
+                steps.append(step)
+                where.append(base + s - tfrecord.HEADER_SIZE)
+                wall.append(wall_time)
+                row += 1
+                last = step
+                row_tags = set()
+            else:
+                wall[row] = wall_time
+            row_tags.add(tag)
+            col = cols.get(tag)
+            if col is None:
+                col = cols[tag] = {}
+            col[row] = x
+    rows.last_step = last
+    return rows
 
 
 def _scalar(value, tags: dict[str, bool]) -> float | None:
@@ -156,18 +225,7 @@ class _RowBuilder:
         self.where: list[int] = []
         self.wall: list[float] = []
         self.cols: dict[str, dict[int, float]] = {}
-        self._row_tags: set[str] = set()
-
-    def add(self, step: int, tag: str, x: float, wall_time: float, where: int) -> None:
-        if not self.steps or self.steps[-1] != step or tag in self._row_tags:
-            self.steps.append(step)
-            self.where.append(where)
-            self.wall.append(wall_time)
-            self._row_tags = set()
-        row = len(self.steps) - 1
-        self._row_tags.add(tag)
-        self.cols.setdefault(tag, {})[row] = x
-        self.wall[row] = wall_time
+        self.last_step: int | None = None
 
     def records(self) -> Records | None:
         if not self.steps:

@@ -8,22 +8,26 @@ start again from 0: the folders of one run id are read in time order and merged 
 
 Live use: each file is read from the byte offset where the last read stopped; a record the writer has not finished
 is left for the next :meth:`~forensics.sources.reader.MetricsReader.read_new`, and new folders of the run (a resume
-started while watching) are picked up.
+started while watching) are picked up. A damaged record is skipped (its values stay missing; reading resumes at the
+next record that verifies) and listed in ``report.damaged`` with the steps either side of it.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from forensics.errors import ForensicsError
+from forensics.sources.damage import Damage, damage_line
 from forensics.sources.reader import MetricsReader
 from forensics.sources.records import Records
 from forensics.sources.wandb_records import (
@@ -142,6 +146,13 @@ class WandbRunReader(MetricsReader):
         self._meta: dict[str, Any] = {"run_id": self.run_id, "config": {}, "summary": {}, "files": []}
         self._tail_warnings: dict[Path, str] = {}
         self._exited: set[Path] = set()
+        self._damages: list[Damage] = []
+        #: Per file: damaged regions already taken from its log, the step of the last history row read, and the
+        #: indexes into ``_damages`` of regions whose next step is not known yet (it comes with a later read).
+        self._damages_seen: dict[Path, int] = {}
+        self._file_last_step: dict[Path, int] = {}
+        self._open: dict[Path, list[int]] = {}
+        self._damage_warning: str | None = None
 
     def _read_records(self) -> list[Records]:
         files = self._run_files()
@@ -157,6 +168,7 @@ class WandbRunReader(MetricsReader):
             self._note_file_state(log)
         self._meta["finished"] = files[-1].path in self._exited
         self._publish()
+        self._publish_damage()
         return batches
 
     # --- reading ------------------------------------------------------------------------------------------------
@@ -172,7 +184,8 @@ class WandbRunReader(MetricsReader):
         rows: list[dict[str, float]] = []
         where: list[int] = []
         meta = self._meta
-        for offset, rec in log.records():
+        path = log.path
+        for offset, rec in log.records(self.finished):
             kind = rec.WhichOneof("record_type")
             if kind == "history":
                 row = self._history_row(rec.history)
@@ -186,11 +199,59 @@ class WandbRunReader(MetricsReader):
             elif kind == "run":
                 self._run_record(rec.run)
             elif kind == "exit":
-                self._exited.add(log.path)
+                self._exited.add(path)
                 meta["exit_code"] = rec.exit.exit_code
+        if rows and path in self._open:
+            self._close_damage(path, rows[0])  # regions found before: this read's first row follows them
+        if len(log.damaged) > self._damages_seen.get(path, 0):
+            self._take_damage(log, rows, where)
         if not rows:
             return None
+        last = self._row_step(rows[-1])
+        if last is not None:
+            self._file_last_step[path] = last
         return Records(rows_table(rows), np.asarray(where, dtype=np.int64))
+
+    def _row_step(self, row: dict[str, float]) -> int | None:
+        step = row.get(self.step_key)
+        return int(step) if step is not None and math.isfinite(step) else None
+
+    def _take_damage(self, log: RecordLog, rows: list[dict[str, float]], where: list[int]) -> None:
+        """New damaged regions of ``log``, with the steps of the history rows either side (found by byte offset:
+        nothing is tracked per record); a region after this read's last row waits for the next read's first."""
+        seen = self._damages_seen.get(log.path, 0)
+        source = Path(self.source)
+        try:
+            name = None if source.is_file() else log.path.relative_to(source).as_posix()
+        except ValueError:
+            name = str(log.path)
+        for d in log.damaged[seen:]:
+            k = bisect.bisect_left(where, d.offset)
+            before = self._row_step(rows[k - 1]) if k > 0 else self._file_last_step.get(log.path)
+            after = self._row_step(rows[k]) if k < len(rows) else None
+            self._damages.append(replace(d, steps=(before, after), file=name))
+            if after is None:
+                self._open.setdefault(log.path, []).append(len(self._damages) - 1)
+        self._damages_seen[log.path] = len(log.damaged)
+
+    def _close_damage(self, path: Path, row: dict[str, float]) -> bool:
+        """Give the waiting regions of ``path`` the step of ``row`` (the first read after them); False if it has none."""
+        step = self._row_step(row)
+        if step is None:
+            return False
+        for i in self._open.pop(path, ()):
+            self._damages[i] = replace(self._damages[i], steps=(self._damages[i].steps[0], step))
+        return True
+
+    def _publish_damage(self) -> None:
+        self.report.damaged = list(self._damages)
+        if self._damage_warning in self.report.warnings:
+            self.report.warnings.remove(self._damage_warning)
+        self._damage_warning = damage_line(self._damages)
+        if self._damage_warning is not None:
+            if self.strict:
+                raise ForensicsError(f"{self.source}: {self._damage_warning} (strict mode)")
+            self.report.warn(self._damage_warning)
 
     def _history_row(self, history) -> dict[str, float] | None:
         keys: list[str] = []
@@ -243,13 +304,11 @@ class WandbRunReader(MetricsReader):
             _apply(meta["summary"], run.summary)
 
     def _note_file_state(self, log: RecordLog) -> None:
-        """Damage is reported once; an unfinished last record is reported while it is unfinished (as of now)."""
-        if log.damage is not None:
-            self.report.warn(log.damage.describe(log.path))
+        """An unfinished last record is reported while it is unfinished (as of now); damage is in its own line."""
         old = self._tail_warnings.pop(log.path, None)
         if old is not None and old in self.report.warnings:
             self.report.warnings.remove(old)
-        if log.damage is None and log.tail_bytes:
+        if log.tail_bytes:
             state = "truncated" if self.finished else "still being written, or truncated"
             msg = (f"{log.path}: ends inside a record at byte {log.offset} ({log.tail_bytes} bytes not yet a "
                    f"complete record: {state}); the records before it are read")

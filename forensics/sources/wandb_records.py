@@ -12,8 +12,9 @@ wandb 0.30 removed its Python reader, so this module reads the format directly (
 - each reassembled payload is a serialized ``wandb.proto.wandb_internal_pb2.Record``.
 
 :class:`RecordLog` reads a file incrementally from a byte offset. A file still being written ends inside a record;
-reading stops cleanly before it and resumes there next time. Damage (a bad checksum, an impossible length or type)
-stops reading for good at the last complete record before it, and :attr:`RecordLog.damage` names the offset.
+reading stops cleanly before it and resumes there next time. Damage (a bad checksum, an impossible length or type, a
+split record out of its block structure) loses only the damaged record: reading resumes at the next record whose own
+checksum verifies, and :attr:`RecordLog.damaged` lists each skipped region.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import math
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from forensics.errors import ForensicsError, require
+from forensics.sources.damage import Damage
 
 HEADER_IDENT = b":W&B"
 HEADER_MAGIC = 0xBEE1
@@ -41,61 +43,55 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 _CHUNK_HEADER = struct.Struct("<IHB")
 #: CRC-32 of each chunk type byte alone: the checksum of (type + data) continues from it.
 _TYPE_CRC = [zlib.crc32(bytes([t])) for t in range(LAST + 1)]
+_FULL_CRC = _TYPE_CRC[FULL]
 #: Bytes read per system call: whole blocks, so a window never splits a chunk.
 _WINDOW_BLOCKS = 64
-
-
-@dataclass(frozen=True)
-class Damage:
-    """Where a file stops being readable: ``offset`` is the byte where the bad chunk starts."""
-
-    offset: int
-    reason: str
-
-    def describe(self, path: str | Path) -> str:
-        return f"{path}: damaged at byte {self.offset} ({self.reason}); read the records before it"
+#: Candidate offsets tested per read while resynchronising after damage.
+_RESYNC_WINDOW = 1 << 16
 
 
 class RecordLog:
     """Reads the records of one ``.wandb`` file, from where the last read stopped.
 
-    ``offset`` is the byte after the last complete record returned (0 before the header has been read).
-    ``tail_bytes`` is how many bytes past ``offset`` were present at the last read but did not yet form a complete
-    record: normal for a run still being written, a truncation for a finished one. ``damage`` is set once a chunk
-    fails its checks; no record at or past it is returned, then or later.
+    ``offset`` is the byte after the last complete record returned or damaged region skipped (0 before the header
+    has been read). ``tail_bytes`` is how many bytes past ``offset`` were present at the last read but did not yet
+    form a complete record: normal for a run still being written, a truncation for a finished one. ``damaged``
+    lists the regions skipped so far (:class:`~forensics.sources.damage.Damage`, steps not filled in: the framing
+    does not know them). A chunk that fails its checks (checksum, type, length within its block, the block
+    structure of split records) loses its record only: reading resumes at the next FULL or FIRST chunk whose own
+    checksum verifies, found by scanning forward byte by byte (not only at the next block, as LevelDB's reader does).
+    A failed chunk with nothing verifiable after it is, while the file may still grow, left for the next read (the
+    writer may not have moved past it); with ``finished`` it is damage to the end of the file.
     """
 
     def __init__(self, path: str | Path, offset: int = 0) -> None:
         self.path = Path(path)
         self.offset = offset
         self.tail_bytes = 0
-        self.damage: Damage | None = None
+        self.damaged: list[Damage] = []
 
-    def payloads(self) -> Iterator[tuple[int, bytes]]:
+    def payloads(self, finished: bool = False) -> Iterator[tuple[int, bytes]]:
         """Yield ``(start byte, payload)`` of every complete record after ``offset``, advancing ``offset`` past each."""
-        if self.damage is not None:
-            return
         try:
             with self.path.open("rb") as fh:
                 if self.offset == 0 and not self._read_header(fh):
                     return
-                yield from self._chunks(fh)
+                yield from self._chunks(fh, finished)
         except FileNotFoundError as exc:
             raise ForensicsError(f"W&B run file {self.path} does not exist") from exc
         except OSError as exc:
             raise ForensicsError(f"W&B run file {self.path} could not be read: {exc}") from exc
 
-    def records(self) -> Iterator[tuple[int, Any]]:
+    def records(self, finished: bool = False) -> Iterator[tuple[int, Any]]:
         """Yield ``(start byte, record)`` of every complete record after ``offset`` (``wandb_internal_pb2.Record``)."""
         record_type = record_class()
-        for start, payload in self.payloads():
+        for start, payload in self.payloads(finished):
             rec = record_type()
             try:
                 rec.ParseFromString(payload)
-            except Exception as exc:  # protobuf's DecodeError; the framing's checksum passed, so this is damage
-                self.offset = start
-                self.damage = Damage(start, f"record does not decode as a W&B Record: {exc}")
-                return
+            except Exception as exc:  # protobuf's DecodeError: the checksum passed, so the writer wrote it so
+                self.damaged.append(Damage(start, self.offset - start, f"record does not decode as a W&B Record: {exc}"))
+                continue
             yield start, rec
 
     def _read_header(self, fh) -> bool:
@@ -103,6 +99,13 @@ class RecordLog:
         if len(head) < len(FILE_HEADER) and FILE_HEADER.startswith(head):
             self.tail_bytes = len(head)  # the writer has not finished the header yet
             return False
+        if head != FILE_HEADER and len(head) == len(FILE_HEADER) and _bit_distance(head, FILE_HEADER) <= 2:
+            # A flipped bit or two in the header, and a record that verifies right after it: damage, not another
+            # format (a different format or version would not frame its first record as ours).
+            if _verified_chunk_at(fh, len(FILE_HEADER)):
+                self.damaged.append(Damage(0, len(FILE_HEADER), f"file header damaged ({head!r})"))
+                self.offset = len(FILE_HEADER)
+                return True
         if head[:4] != HEADER_IDENT:
             raise ForensicsError(
                 f"W&B run file {self.path} is not a .wandb file: it starts with {head[:8]!r}, expected {FILE_HEADER!r}"
@@ -116,7 +119,7 @@ class RecordLog:
         self.offset = len(FILE_HEADER)
         return True
 
-    def _chunks(self, fh) -> Iterator[tuple[int, bytes]]:
+    def _chunks(self, fh, finished: bool) -> Iterator[tuple[int, bytes]]:
         """Walk chunks block by block from ``offset``; a multi-chunk record is committed only once complete."""
         pos = self.offset  # next chunk to look at
         parts: list[bytes] = []
@@ -128,6 +131,7 @@ class RecordLog:
             if pos - window_start >= len(window):
                 # Read up to the end of a block boundary so that each window holds whole blocks after the first.
                 want = _WINDOW_BLOCKS * BLOCK_SIZE - (pos % BLOCK_SIZE)
+                fh.seek(pos)
                 window = fh.read(want)
                 window_start = pos
                 if not window:
@@ -143,46 +147,73 @@ class RecordLog:
             if avail < CHUNK_HEADER_SIZE:
                 break
             crc, length, kind = _CHUNK_HEADER.unpack_from(window, at)
+            end = at + CHUNK_HEADER_SIZE + length
+            if kind == FULL and not parts and length <= block_left - CHUNK_HEADER_SIZE and end <= len(window):
+                # The common case, checked in full with the fewest steps: a whole record in one chunk.
+                data = window[at + CHUNK_HEADER_SIZE : end]
+                if zlib.crc32(data, _FULL_CRC) == crc:
+                    record = pos
+                    pos = self.offset = pos + CHUNK_HEADER_SIZE + length
+                    yield record, data
+                    continue
             if kind == 0 and length == 0 and crc == 0 and not window[at:].strip(b"\0") and self._zeros_to_eof(fh):
                 break  # a preallocated or not-yet-written zero region: nothing more to read yet
+            problem = None
             if kind < FULL or kind > LAST:
-                self.damage = Damage(pos, f"unknown chunk type {kind}")
-                break
-            if length > block_left - CHUNK_HEADER_SIZE:
-                self.damage = Damage(pos, f"chunk length {length} runs past its {BLOCK_SIZE}-byte block")
-                break
-            end = at + CHUNK_HEADER_SIZE + length
-            if end > len(window):
-                break  # the rest of this chunk has not been written yet
-            data = window[at + CHUNK_HEADER_SIZE : end]
-            if zlib.crc32(data, _TYPE_CRC[kind]) != crc:
-                self.damage = Damage(pos, "checksum mismatch")
-                break
-            pos += CHUNK_HEADER_SIZE + length
-            if kind == FULL:
-                if parts:
-                    self.damage = Damage(pos - CHUNK_HEADER_SIZE - length, "a FULL chunk inside a split record")
+                problem = f"unknown chunk type {kind}"
+            elif length > block_left - CHUNK_HEADER_SIZE:
+                problem = f"chunk length {length} runs past its {BLOCK_SIZE}-byte block"
+            elif end > len(window):
+                # Not all there: a chunk still being written, unless a verified record follows it (then the writer
+                # moved on and this chunk's length is wrong).
+                if _next_verified(fh, pos + 1) is None:
                     break
-                self.offset = pos
-                yield pos - CHUNK_HEADER_SIZE - length, data
-            elif kind == FIRST:
-                if parts:
-                    self.damage = Damage(pos - CHUNK_HEADER_SIZE - length, "a FIRST chunk inside a split record")
-                    break
-                parts = [data]
-                record_start = pos - CHUNK_HEADER_SIZE - length
+                problem = f"chunk length {length} runs past the next record"
             else:
-                if not parts:
-                    self.damage = Damage(pos - CHUNK_HEADER_SIZE - length, "a continuation chunk without a FIRST")
-                    break
-                parts.append(data)
-                if kind == LAST:
-                    self.offset = pos
-                    payload = b"".join(parts)
+                data = window[at + CHUNK_HEADER_SIZE : end]
+                if zlib.crc32(data, _TYPE_CRC[kind]) != crc:
+                    problem = "checksum mismatch"
+                elif (kind == FIRST or kind == MIDDLE) and end != at + block_left:
+                    problem = "a FIRST or MIDDLE chunk that does not fill its block"
+                elif kind >= MIDDLE and pos % BLOCK_SIZE:
+                    problem = "a continuation chunk that does not start a block"
+            if problem is None:
+                pos += CHUNK_HEADER_SIZE + length
+                if kind <= FIRST and parts:
+                    # A new record while a split one is unfinished: that one lost its continuation.
+                    self.damaged.append(Damage(record_start, pos - CHUNK_HEADER_SIZE - length - record_start,
+                                               "a split record without its last chunk"))
                     parts = []
-                    yield record_start, payload
+                if kind == FULL:
+                    self.offset = pos
+                    yield pos - CHUNK_HEADER_SIZE - length, data
+                elif kind == FIRST:
+                    parts = [data]
+                    record_start = pos - CHUNK_HEADER_SIZE - length
+                elif not parts:
+                    problem = "a continuation chunk without a FIRST"
+                    pos -= CHUNK_HEADER_SIZE + length
+                else:
+                    parts.append(data)
+                    if kind == LAST:
+                        self.offset = pos
+                        payload = b"".join(parts)
+                        parts = []
+                        yield record_start, payload
+            if problem is not None:
+                bad = record_start if parts else pos
+                parts = []
+                resume = _next_verified(fh, pos + 1)
+                if resume is None:
+                    if not finished:
+                        break  # the writer may not have moved past it yet: look again next time
+                    fh.seek(0, 2)
+                    resume = fh.tell()
+                self.damaged.append(Damage(bad, resume - bad, problem))
+                self.offset = pos = record_start = resume
+                window, window_start = b"", pos
         fh.seek(0, 2)
-        self.tail_bytes = max(0, fh.tell() - self.offset) if self.damage is None else 0
+        self.tail_bytes = max(0, fh.tell() - self.offset)
 
     @staticmethod
     def _zeros_to_eof(fh) -> bool:
@@ -190,6 +221,49 @@ class RecordLog:
         rest = fh.read()
         fh.seek(here)
         return not rest.strip(b"\0")
+
+
+def _bit_distance(a: bytes, b: bytes) -> int:
+    return sum(bin(x ^ y).count("1") for x, y in zip(a, b))
+
+
+def _verified_chunk_at(fh, pos: int) -> bool:
+    here = fh.tell()
+    try:
+        return _next_verified(fh, pos, only_at=True) == pos
+    finally:
+        fh.seek(here)
+
+
+def _next_verified(fh, start: int, only_at: bool = False) -> int | None:
+    """The first offset at or after ``start`` where a FULL or FIRST chunk starts whose checksum verifies and whose
+    place fits the block structure (a FULL inside its block, a FIRST filling its block to the end), else None.
+
+    Candidates are prefiltered with numpy (type byte, length against the block), then checked with zlib in order;
+    a false match needs a 32-bit checksum to agree by chance.
+    """
+    q = start
+    while True:
+        fh.seek(q)
+        window = fh.read(_RESYNC_WINDOW + BLOCK_SIZE + CHUNK_HEADER_SIZE)
+        usable = len(window) - CHUNK_HEADER_SIZE + 1  # candidate offsets with a whole header present
+        if usable <= 0:
+            return None
+        count = 1 if only_at else min(usable, _RESYNC_WINDOW)
+        arr = np.frombuffer(window, dtype=np.uint8)
+        i = np.arange(count)
+        kinds = arr[i + 6]
+        lengths = arr[i + 4].astype(np.int64) | (arr[i + 5].astype(np.int64) << 8)
+        room = BLOCK_SIZE - (q + i) % BLOCK_SIZE - CHUNK_HEADER_SIZE
+        fits = (room >= 0) & (((kinds == FULL) & (lengths <= room)) | ((kinds == FIRST) & (lengths == room)))
+        fits &= i + CHUNK_HEADER_SIZE + lengths <= len(window)
+        for c in np.flatnonzero(fits).tolist():
+            crc, length, kind = _CHUNK_HEADER.unpack_from(window, c)
+            if zlib.crc32(window[c + CHUNK_HEADER_SIZE : c + CHUNK_HEADER_SIZE + length], _TYPE_CRC[kind]) == crc:
+                return q + c
+        if only_at or count < _RESYNC_WINDOW:
+            return None
+        q += count
 
 
 def record_class():

@@ -62,7 +62,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.plan.builders import bucketed_shuffle, capped_lengths
+from forensics.plan.builders import capped_lengths, length_grouped, megabatch_size
 from forensics.plan.composition import (
     EpochCoverage,
     EpochMix,
@@ -73,6 +73,7 @@ from forensics.plan.composition import (
     consecutive_pairs,
     coverage,
     index_plan,
+    length_sorted,
     padding_efficiency,
 )
 from forensics.plan.rebuild import rebuild_plan, resolve_builder
@@ -86,7 +87,7 @@ from forensics.schema import (
     validate_samples,
 )
 
-MULTIPLE = 4.0
+MULTIPLE = 5.0
 FLOOR = 0.002
 CAP = 0.5
 IDENTICAL_MULTIPLE = 3.0
@@ -95,6 +96,7 @@ FIXED_PAIR_RETENTION = 0.1
 FIXED_IDENTICAL_BATCHES = 0.1
 REFERENCE_SEED = 0
 BUILDER_EPOCHS = 3
+MEGABATCH_WORDS = "50 batches each, or a quarter of the dataset when that is smaller, as HF's LengthGroupedSampler"
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class Limits:
     reference_identical_batches: float | None = None
     reference_token_budget: int | None = None
     reference_max_batch_size: int | None = None
+    reference_megabatch_size: int | None = None
     allow_drop_last: int = 0
     min_padding_efficiency: float | None = None
 
@@ -120,6 +123,7 @@ class Limits:
             "reference_identical_batches": self.reference_identical_batches,
             "reference_token_budget": self.reference_token_budget,
             "reference_max_batch_size": self.reference_max_batch_size,
+            "reference_megabatch_size": self.reference_megabatch_size,
             "multiple": MULTIPLE,
             "floor": FLOOR,
             "cap": CAP,
@@ -145,6 +149,9 @@ class GateResult:
     composition_failures: list[str] = field(default_factory=list)
     coverage_failures: list[str] = field(default_factory=list)
     padding_failures: list[str] = field(default_factory=list)
+    failure_kinds: list[str] = field(default_factory=list)
+    length_sorted: list[bool] | None = None
+    notes: list[str] = field(default_factory=list)
     source: str = ""
 
     @property
@@ -182,6 +189,9 @@ class GateResult:
                 {"epoch": m.epoch, "steps": m.longest_dominant_run, "cluster": m.dominant_cluster} for m in mix
             ] if mix else None,
             "failures": self.failures,
+            "failure_kinds": self.failure_kinds,
+            "length_sorted": self.length_sorted,
+            "notes": self.notes,
             "source": self.source,
         }
 
@@ -199,23 +209,30 @@ def derive_limits(
     allow_drop_last: int = 0,
     min_padding_efficiency: float | None = None,
 ) -> Limits:
-    """The limits for a plan over ``samples`` (see the module docstring); deterministic in its arguments."""
-    ref_pr = ref_id = None
+    """The limits for a plan over ``samples`` (see the module docstring); deterministic in its arguments.
+
+    ``boundaries`` is accepted for callers of the earlier bucketed reference; the reference no longer depends on
+    bucket boundaries (it is :func:`~forensics.plan.builders.length_grouped`, which has none)."""
+    del boundaries
+    ref_pr = ref_id = mega = None
     budget = int(token_budget or TOKEN_BUDGET)
     bs = int(max_batch_size) if max_batch_size else None
     if samples is not None and len(samples) >= 2:
-        kw: dict = {"boundaries": list(boundaries), "token_budget": budget, "max_len": int(max_len)}
+        kw: dict = {"token_budget": budget, "max_len": int(max_len)}
         if bs:
             kw["max_batch_size"] = bs
-        ref_plan = rebuild_plan(samples, lambda s, e, seed: bucketed_shuffle(s, e, seed, **kw), 2, REFERENCE_SEED)
+        mega = megabatch_size(capped_lengths(samples, int(max_len)), token_budget=budget,
+                              **({"max_batch_size": bs} if bs else {}))
+        ref_plan = rebuild_plan(samples, lambda s, e, seed: length_grouped(s, e, seed, **kw), 2, REFERENCE_SEED)
         ref = compare_epochs(*index_plan(ref_plan, samples).epochs)
         ref_pr, ref_id = ref.pair_retention, ref.identical_batches
         pr = min(CAP, max(FLOOR, MULTIPLE * ref_pr))
         ib = min(CAP, max(IDENTICAL_FLOOR, IDENTICAL_MULTIPLE * ref_id))
         how = (f"pair retention: min({CAP:g}, max({FLOOR:g}, {MULTIPLE:g} x {ref_pr:.5f})) = {pr:.5f}, where {ref_pr:.5f} "
-               f"is the pair retention between epochs 0 and 1 of bucketed_shuffle of these {len(samples)} samples "
-               f"(seed {REFERENCE_SEED}, boundaries {list(map(int, boundaries))}, token budget {budget}, "
-               f"max batch size {bs or 'default'}, max_len {int(max_len)}); identical batches: "
+               f"is the pair retention between epochs 0 and 1 of length_grouped (sorted mega-batches of {mega} "
+               f"samples, about {MEGABATCH_WORDS}: the finest length grouping that still rebuilds its batches) of these "
+               f"{len(samples)} samples (seed {REFERENCE_SEED}, token budget {budget}, max batch size {bs or 'default'}, "
+               f"max_len {int(max_len)}); identical batches: "
                f"min({CAP:g}, max({IDENTICAL_FLOOR:g}, {IDENTICAL_MULTIPLE:g} x {ref_id:.4f})) = {ib:.4f}")
     else:
         pr, ib = FIXED_PAIR_RETENTION, FIXED_IDENTICAL_BATCHES
@@ -227,7 +244,7 @@ def derive_limits(
     if max_identical_batches is not None:
         ib = float(max_identical_batches)
         how = f"identical batches {ib:g} given by --max-identical-batches; " + how
-    return Limits(pr, ib, how, ref_pr, ref_id, budget if ref_pr is not None else None, bs,
+    return Limits(pr, ib, how, ref_pr, ref_id, budget if ref_pr is not None else None, bs, mega,
                   int(allow_drop_last), min_padding_efficiency)
 
 
@@ -307,10 +324,11 @@ def check_plan(
     first_last = compare_epochs(m.epochs[0], m.epochs[-1])
     cov = coverage(m)
     padding = padding_efficiency(m, lengths) if lengths is not None else None
+    sorted_epochs = [length_sorted(e, lengths) for e in m.epochs] if lengths is not None else None
     mix = cluster_mix(plan, samples, grad_accum, world_size, rank_split) if samples is not None else None
     result = GateResult(passed=True, static=False, epochs=[e.epoch for e in m.epochs], pairs=pairs,
                         first_last=first_last, coverage=cov, threshold=limits, padding_efficiency=padding,
-                        cluster_mix=mix, source=source or "plan")
+                        cluster_mix=mix, length_sorted=sorted_epochs, source=source or "plan")
     _judge(result)
     return result
 
@@ -330,9 +348,25 @@ def _span(values: list[float]) -> str:
     return lo if lo == hi else f"{lo.rstrip('%')}-{hi}"
 
 
-def _composition_kind(p: PairComposition, lim: Limits) -> str | None:
+FAILURE_KINDS = {
+    "same_order": "reseeded",
+    "order_only": "built_once",
+    "sorted": "shuffle_then_sort",
+    "sorted+identical": "shuffle_then_sort",
+    "retention": "regrouped",
+    "retention+identical": "regrouped",
+    "identical": "identical_batches",
+}
+"""Composition failure -> the name ``failure_kinds`` gives it in the JSON: ``built_once`` (built once and only
+reordered), ``reseeded`` (re-seeded identically, or set_epoch never called), ``shuffle_then_sort`` (regrouped from
+the same samples by a sort of the whole dataset), ``regrouped`` (mostly regrouped from the same samples otherwise),
+``identical_batches``. The audit's words can follow these names rather than the one ``static`` flag."""
+
+
+def _composition_kind(p: PairComposition, lim: Limits, later_sorted: bool = False) -> str | None:
     """Which composition failure a pair of epochs shows (None when it passes). Single-sample batches have no
-    composition to repeat: a plan of only those (batch size 1) passes whatever its order."""
+    composition to repeat: a plan of only those (batch size 1) passes whatever its order. ``later_sorted``: the later
+    epoch's batches are the length order cut into runs (:func:`~forensics.plan.composition.length_sorted`)."""
     if p.pairs == 0:
         return None
     if p.same_order:
@@ -342,7 +376,8 @@ def _composition_kind(p: PairComposition, lim: Limits) -> str | None:
     over_pr = p.pair_retention > lim.pair_retention
     over_id = p.identical_batches > lim.identical_batches
     if over_pr:
-        return "retention+identical" if over_id else "retention"
+        kind = "sorted" if later_sorted else "retention"
+        return kind + "+identical" if over_id else kind
     return "identical" if over_id else None
 
 
@@ -351,33 +386,56 @@ def _composition_cause(kind: str, pairs: list[PairComposition], lim: Limits) -> 
     retention = [p.pair_retention for p in pairs]
     identical = [p.identical_batches for p in pairs]
     if kind == "same_order":
-        return ("are the same batches in the same order: the builder repeats itself every epoch "
-                "(a sampler re-seeded identically, or set_epoch never called)")
+        return ("are the same batches in the same order: re-seeded identically every epoch (a generator given the "
+                "same seed each epoch, or set_epoch never called)")
     if kind == "order_only":
         return "share 100% of batch-mate pairs: the batches are built once and only reordered"
     if kind == "identical":
         return f"repeat {_span(identical)} of their batches exactly (limit {_pct(lim.identical_batches)})"
     also = (f" and repeat {_span(identical)} of their batches exactly (limit {_pct(lim.identical_batches)})"
-            if kind == "retention+identical" else "")
-    return (f"share {_span(retention)} of batch-mate pairs (limit {_pct(lim.pair_retention)}){also}: the batches "
-            "are mostly regrouped from the same samples, e.g. a shuffle that a later sort undoes")
+            if kind.endswith("+identical") else "")
+    head = f"share {_span(retention)} of batch-mate pairs (limit {_pct(lim.pair_retention)}){also}"
+    if kind.startswith("sorted"):
+        return (f"{head}: regrouped from the same samples (shuffle then sort): every batch is a run of the length "
+                "order, so only samples of equal length change batch: a shuffle that a later sort undoes (a "
+                "length-grouped sampler whose one mega-batch covers the whole dataset is the same thing)")
+    return (f"{head}: the batches are mostly regrouped from the same samples: they group by length more finely than "
+            "sorted mega-batches of 50 batches, the finest grouping that still rebuilds (e.g. length buckets that "
+            "hold only a few batches each)")
+
+
+def _sorted_note(pairs: list[PairComposition], lim: Limits) -> str:
+    """Why a plan sorted as a whole passes: its ties are many enough that the sort regroups most pairs."""
+    return (f"epochs {_join([f'{p.earlier}-{p.later}' for p in pairs])} are sorted by length as a whole (shuffle then "
+            "sort, or a length-grouped sampler whose one mega-batch covers the whole dataset): only samples of equal "
+            f"length change batch, and enough samples share each length that they keep "
+            f"{_span([p.pair_retention for p in pairs])} of batch-mate pairs, within the limit "
+            f"{_pct(lim.pair_retention)}: they regroup like a bucketed shuffle with one bucket per length")
 
 
 def _judge(r: GateResult) -> None:
-    """Fill ``failures`` (causes in words, one line per kind of failure), ``static`` and ``passed``."""
+    """Fill ``failures`` (causes in words, one line per kind of failure), ``failure_kinds``, ``notes``, ``static``
+    and ``passed``."""
     lim = r.threshold
+    sorted_by_epoch = dict(zip(r.epochs, r.length_sorted or [False] * len(r.epochs)))
     by_kind: dict[str, list[PairComposition]] = {}
+    sorted_passing: list[PairComposition] = []
     for p in r.pairs:
-        kind = _composition_kind(p, lim)
+        kind = _composition_kind(p, lim, sorted_by_epoch.get(p.later, False))
         if kind:
             by_kind.setdefault(kind, []).append(p)
+        elif p.pairs and sorted_by_epoch.get(p.later, False):
+            sorted_passing.append(p)
     composition = [f"epochs {_join([f'{p.earlier}-{p.later}' for p in ps])} {_composition_cause(k, ps, lim)}"
                    for k, ps in by_kind.items()]
+    kinds = list(by_kind)
     if len(r.epochs) > 2 and not composition:  # e.g. a builder alternating between two plans
-        kind = _composition_kind(r.first_last, lim)
+        kind = _composition_kind(r.first_last, lim, sorted_by_epoch.get(r.first_last.later, False))
         if kind:
+            kinds.append(kind)
             composition.append(f"the first and last epochs ({r.first_last.earlier} and {r.first_last.later}) "
                                f"{_composition_cause(kind, [r.first_last], lim)}")
+    r.notes = [_sorted_note(sorted_passing, lim)] if sorted_passing and not composition else []
     cov_fail = []
     for c in r.coverage:
         if c.duplicated:
@@ -396,6 +454,7 @@ def _judge(r: GateResult) -> None:
                 if eff < lim.min_padding_efficiency:
                     pad_fail.append(f"epoch {ep} padding efficiency {eff:.1%} is below {lim.min_padding_efficiency:.1%}")
     r.static = bool(composition)
+    r.failure_kinds = list(dict.fromkeys(FAILURE_KINDS[k] for k in kinds))
     r.composition_failures = composition
     r.coverage_failures = cov_fail
     r.padding_failures = pad_fail
@@ -435,6 +494,7 @@ def summary(result: GateResult) -> str:
                  f"{_pct(result.threshold.identical_batches)} ({result.threshold.how})")
     lines.append("PASS: batch composition varies across epochs" if result.passed else "FAIL")
     lines += [f"- {f}" for f in result.failures]
+    lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
 
 

@@ -353,6 +353,7 @@ FAILURE_KINDS = {
     "order_only": "built_once",
     "sorted": "shuffle_then_sort",
     "sorted+identical": "shuffle_then_sort",
+    "sorted_identical": "shuffle_then_sort",
     "retention": "regrouped",
     "retention+identical": "regrouped",
     "identical": "identical_batches",
@@ -378,7 +379,9 @@ def _composition_kind(p: PairComposition, lim: Limits, later_sorted: bool = Fals
     if over_pr:
         kind = "sorted" if later_sorted else "retention"
         return kind + "+identical" if over_id else kind
-    return "identical" if over_id else None
+    if over_id:
+        return "sorted_identical" if later_sorted else "identical"
+    return None
 
 
 def _composition_cause(kind: str, pairs: list[PairComposition], lim: Limits) -> str:
@@ -395,9 +398,11 @@ def _composition_cause(kind: str, pairs: list[PairComposition], lim: Limits) -> 
     also = (f" and repeat {_span(identical)} of their batches exactly (limit {_pct(lim.identical_batches)})"
             if kind.endswith("+identical") else "")
     head = f"share {_span(retention)} of batch-mate pairs (limit {_pct(lim.pair_retention)}){also}"
+    if kind == "sorted_identical":
+        head = f"repeat {_span(identical)} of their batches exactly (limit {_pct(lim.identical_batches)})"
     if kind.startswith("sorted"):
         return (f"{head}: regrouped from the same samples (shuffle then sort): every batch is a run of the length "
-                "order, so only samples of equal length change batch: a shuffle that a later sort undoes (a "
+                "order, so only samples of equal length can change batch (a shuffle that a later sort undoes; a "
                 "length-grouped sampler whose one mega-batch covers the whole dataset is the same thing)")
     return (f"{head}: the batches are mostly regrouped from the same samples: they group by length more finely than "
             "sorted mega-batches of 50 batches, the finest grouping that still rebuilds (e.g. length buckets that "

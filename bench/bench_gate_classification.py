@@ -213,10 +213,12 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=sorted(SHAPES))
     ap.add_argument("--mixes", nargs="+", default=list(MIXES), choices=MIXES)
     ap.add_argument("--rows", nargs="+", help="only rows whose name contains one of these words")
+    ap.add_argument("--skip", nargs="+", help="leave out rows whose name contains one of these words")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ratios", action="store_true", help="add retention / reference to each row")
     args = ap.parse_args()
-    rows = [r for r in ROWS if not args.rows or any(w.lower() in r.name.lower() for w in args.rows)]
+    rows = [r for r in ROWS if (not args.rows or any(w.lower() in r.name.lower() for w in args.rows))
+            and not any(w.lower() in r.name.lower() for w in args.skip or [])]
     skipped = [r.name for r in rows if not available(r)]
     rows = [r for r in rows if available(r)]
     print("| sampler | mix | samples | batch size | pair retention | limit | verdict |"

@@ -11,7 +11,7 @@ sample) or the batch would exceed ``max_batch_size``. Lengths are capped at ``ma
 - :func:`random_shuffle` shuffles everything: fresh composition, much more padding.
 - :func:`length_grouped` is the ``group_by_length`` sampler of common trainers (HF's ``LengthGroupedSampler``):
   each epoch a fresh permutation cut into mega-batches of 50 batches, each sorted by length and packed. It is the
-  finest length grouping that still rebuilds its batches, and the gate's reference (:mod:`forensics.plan.gate`).
+  finest length grouping in common use that rebuilds every epoch, and the gate's reference (:mod:`forensics.plan.gate`).
 
 Every builder is a pure function of (samples, epoch, seed): the random generator is seeded with ``(seed, epoch)``.
 """
@@ -159,8 +159,9 @@ def megabatch_size(
     """Samples per mega-batch of :func:`length_grouped`, by HF's rule with a token budget in place of a fixed batch
     size: ``mult x b``, where ``b`` is the batch size a sample sits in when the samples are packed in length order
     (the mean over samples, sum(n_b^2) / n: under a token budget short samples fill batches of ``max_batch_size``
-    and long ones batches of a few, and pair retention is counted over pairs, which the big batches dominate), and ``mult = min(megabatch_batches, n // (4 b))``
-    (at least 1), so that the dataset holds at least 4 mega-batches whenever it holds 4 batches' worth of samples."""
+    and long ones batches of a few, and pair retention is counted over pairs, which the big batches dominate), and
+    ``mult = min(megabatch_batches, n // (4 b))`` (at least 1), so that the dataset holds at least 4 mega-batches
+    whenever it holds 4 batches' worth of samples."""
     n = len(lengths)
     if n == 0:
         return 1

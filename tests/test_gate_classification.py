@@ -68,6 +68,8 @@ def test_each_sampler_passes_or_fails_as_the_issue_lists(name, mix, n, samples_o
         assert r.passed == (retention <= limit)
         assert (r.notes[0] if r.passed else r.failures[0]).count("sorted") >= 1
     assert r.threshold.reference_megabatch_size is not None
+    assert r.threshold.floor == (0.002 if any(r.length_sorted) else 0.1)
+    assert any(r.length_sorted) == (row.kind == "shuffle_then_sort" or name.startswith("static_sorted"))
 
 
 def test_a_one_megabatch_length_grouped_sampler_is_called_shuffle_then_sort_not_built_once(samples_of):
@@ -140,3 +142,28 @@ def test_identical_batches_of_a_sorted_plan_are_worded_as_shuffle_then_sort():
     r = check_plan(samples=samples, builder="shuffle_then_sort", epochs=2, seed=1, max_pair_retention=0.99)
     assert not r.passed and r.failure_kinds == ["shuffle_then_sort"]
     assert r.failures[0].startswith("epochs 0-1 repeat ") and "(shuffle then sort)" in r.failures[0]
+
+
+def _bounded_buffer(samples: pd.DataFrame, epoch: int, seed: int) -> list[list[int]]:
+    """A bounded-buffer bucketing sampler, as lhotse's DynamicBucketingSampler is: the samples in their given order,
+    10,000 at a time, each window shuffled (per epoch), split into 10 length buckets and packed."""
+    lengths = capped_lengths(samples)
+    ids = samples["sample_id"].to_numpy()
+    rng = np.random.default_rng([seed, epoch])
+    out = []
+    for start in range(0, len(ids), 10_000):
+        window = start + rng.permutation(min(10_000, len(ids) - start))
+        edges = np.quantile(lengths[window], np.linspace(0, 1, 11)[1:-1])
+        bucket = np.searchsorted(edges, lengths[window])
+        for k in range(10):
+            out += [ids[b].tolist() for b in pack_greedy(window[bucket == k], lengths, 16_384, 64)]
+    return out
+
+
+def test_a_bounded_buffer_sampler_passes_on_the_floor_for_plans_not_sorted_as_a_whole():
+    samples = table.make_samples("lognormal", 200_000)  # 20 windows: 4.4% of pairs meet again, at any size
+    r = check_plan(samples=samples, builder=_bounded_buffer, epochs=2, seed=1)
+    assert r.length_sorted == [False, False]
+    assert r.pair_retention[0] > MULTIPLE * r.threshold.reference_pair_retention  # the size-aware limit alone fails it
+    assert r.threshold.floor == 0.1 and r.threshold.pair_retention == 0.1 and r.passed
+    assert "floor 0.1 as no epoch is sorted by length as a whole" in r.threshold.how

@@ -25,7 +25,8 @@ applied to the same samples: the reference is the pair retention between epochs 
 mega-batches, each sorted by length and packed; seed 0, the token budget and batch-size limit given or read off the
 plan: the largest padded size and the largest batch of any multi-sample batch), and
 
-    limit = min(CAP, max(FLOOR, MULTIPLE x reference)),  MULTIPLE = 5, FLOOR = 0.002, CAP = 0.5.
+    limit = min(CAP, max(floor, MULTIPLE x reference)),  MULTIPLE = 5, CAP = 0.5,
+    floor = FLOOR = 0.002 when an epoch is sorted by length as a whole, else UNSORTED_FLOOR = 0.1.
 
 Under a token budget a mega-batch holds 50 batches of the size a sample sits in when the samples are packed in
 length order (the mean over samples, sum(n_b^2) / n): short samples fill batches of the size limit, long ones batches
@@ -42,8 +43,18 @@ from 12K up, and a plan built once, a re-seeded builder, lhotse without ``set_ep
 seed keep 100%. 5 sits near the geometric middle of 2.5 and 7.8 (a margin of 2 above the finest grouping that
 passes, 1.6 below the closest failure, 3.4 from 12K up). At about 2K samples the reference itself keeps 10-16% (4
 mega-batches), the limit reaches the cap, and the cap decides: a plan that repeats over half of its pairs never
-passes (shuffle-then-sort keeps 81-86% there). The floor keeps the limit meaningful on millions of samples: below 0.2%
-(one pair in 500) repeats are negligible whatever built them.
+passes (shuffle-then-sort keeps 81-86% there).
+
+Two floors, because one failure's retention falls with size and the others' do not. A shuffle-then-sort keeps fewer
+pairs the more samples share each length (5.2% at 1M lognormal samples, still 49 x the reference), so a plan with an
+epoch sorted by length as a whole (below) is held to the size-aware limit down to FLOOR = 0.2% (one pair in 500:
+negligible whatever built it). Every other failure the gate exists for (built once, re-seeded, ``set_epoch`` never
+called, one fixed seed) repeats 100% of pairs at any size, while a sampler that shuffles in a bounded buffer keeps a
+retention that does not fall with size: lhotse's ``DynamicBucketingSampler`` iterates the cuts in their order and
+shuffles within its 20,000-cut buffer, so it keeps 2.6% of pairs at 200K samples and again at 1M, where 5 x the
+reference is 0.53%. For plans not sorted as a whole the limit is therefore at least UNSORTED_FLOOR = 0.1, the fixed
+limit used without samples: it passes bounded-buffer samplers (at 4 x their retention) and still fails everything
+that repeats its batches, and a plan of a few huge sorted mega-batches (4 of 50K samples keep 14%).
 
 Length-sorted plans. :func:`~forensics.plan.composition.length_sorted` tells whether an epoch's batches are the
 length order cut into runs, which is what a shuffle-then-sort makes, and also a length-grouped sampler whose one
@@ -111,6 +122,7 @@ from forensics.schema import (
 
 MULTIPLE = 5.0
 FLOOR = 0.002
+UNSORTED_FLOOR = 0.1
 CAP = 0.5
 IDENTICAL_MULTIPLE = 3.0
 IDENTICAL_FLOOR = 0.1
@@ -135,6 +147,7 @@ class Limits:
     reference_megabatch_size: int | None = None
     allow_drop_last: int = 0
     min_padding_efficiency: float | None = None
+    floor: float = FLOOR
 
     def to_json(self) -> dict:
         return {
@@ -147,7 +160,7 @@ class Limits:
             "reference_max_batch_size": self.reference_max_batch_size,
             "reference_megabatch_size": self.reference_megabatch_size,
             "multiple": MULTIPLE,
-            "floor": FLOOR,
+            "floor": self.floor,
             "cap": CAP,
             "allow_drop_last": self.allow_drop_last,
             "min_padding_efficiency": self.min_padding_efficiency,
@@ -230,8 +243,10 @@ def derive_limits(
     max_identical_batches: float | None = None,
     allow_drop_last: int = 0,
     min_padding_efficiency: float | None = None,
+    length_sorted: bool = False,
 ) -> Limits:
     """The limits for a plan over ``samples`` (see the module docstring); deterministic in its arguments.
+    ``length_sorted``: the plan has an epoch sorted by length as a whole, which takes the low floor.
 
     ``boundaries`` is accepted for callers of the earlier bucketed reference; the reference no longer depends on
     bucket boundaries (it is :func:`~forensics.plan.builders.length_grouped`, which has none)."""
@@ -248,9 +263,16 @@ def derive_limits(
         ref_plan = rebuild_plan(samples, lambda s, e, seed: length_grouped(s, e, seed, **kw), 2, REFERENCE_SEED)
         ref = compare_epochs(*index_plan(ref_plan, samples).epochs)
         ref_pr, ref_id = ref.pair_retention, ref.identical_batches
-        pr = min(CAP, max(FLOOR, MULTIPLE * ref_pr))
+        floor = FLOOR if length_sorted else UNSORTED_FLOOR
+        pr = min(CAP, max(floor, MULTIPLE * ref_pr))
         ib = min(CAP, max(IDENTICAL_FLOOR, IDENTICAL_MULTIPLE * ref_id))
-        how = (f"pair retention: min({CAP:g}, max({FLOOR:g}, {MULTIPLE:g} x {ref_pr:.5f})) = {pr:.5f}, where {ref_pr:.5f} "
+        why_floor = (f"floor {FLOOR:g} as the plan has an epoch sorted by length as a whole (a sort is the failure "
+                     "whose retention falls with size)" if length_sorted else
+                     f"floor {UNSORTED_FLOOR:g} as no epoch is sorted by length as a whole (the other failures repeat "
+                     "100% of pairs; a sampler that shuffles in a bounded buffer, as lhotse's does, keeps a retention "
+                     "that does not fall with size)")
+        how = (f"pair retention: min({CAP:g}, max({floor:g}, {MULTIPLE:g} x {ref_pr:.5f})) = {pr:.5f} ({why_floor}), "
+               f"where {ref_pr:.5f} "
                f"is the pair retention between epochs 0 and 1 of length_grouped (sorted mega-batches of {mega} "
                f"samples, about {MEGABATCH_WORDS}: the finest length grouping in common use that rebuilds every epoch) of these "
                f"{len(samples)} samples (seed {REFERENCE_SEED}, token budget {budget}, max batch size {bs or 'default'}, "
@@ -267,7 +289,8 @@ def derive_limits(
         ib = float(max_identical_batches)
         how = f"identical batches {ib:g} given by --max-identical-batches; " + how
     return Limits(pr, ib, how, ref_pr, ref_id, budget if ref_pr is not None else None, bs, mega,
-                  int(allow_drop_last), min_padding_efficiency)
+                  int(allow_drop_last), min_padding_efficiency,
+                  (FLOOR if length_sorted else UNSORTED_FLOOR) if ref_pr is not None else FIXED_PAIR_RETENTION)
 
 
 def plan_batch_shape(m: PlanMembership, lengths: np.ndarray) -> tuple[int | None, int | None]:
@@ -335,18 +358,19 @@ def check_plan(
 
     lengths = capped_lengths(samples, max_len) if samples is not None else None
     budget, batch_size = (token_budget, None)
+    sorted_epochs = None
     if lengths is not None:
         seen_budget, batch_size = plan_batch_shape(m, lengths)
         budget = token_budget or seen_budget
+        sorted_epochs = [length_sorted(e, lengths) for e in m.epochs]
     limits = derive_limits(samples, token_budget=budget, max_batch_size=batch_size, max_len=max_len,
                            boundaries=boundaries, max_pair_retention=max_pair_retention,
                            max_identical_batches=max_identical_batches, allow_drop_last=allow_drop_last,
-                           min_padding_efficiency=min_padding_efficiency)
+                           min_padding_efficiency=min_padding_efficiency, length_sorted=any(sorted_epochs or []))
     pairs = consecutive_pairs(m)
     first_last = compare_epochs(m.epochs[0], m.epochs[-1])
     cov = coverage(m)
     padding = padding_efficiency(m, lengths) if lengths is not None else None
-    sorted_epochs = [length_sorted(e, lengths) for e in m.epochs] if lengths is not None else None
     mix = cluster_mix(plan, samples, grad_accum, world_size, rank_split) if samples is not None else None
     result = GateResult(passed=True, static=False, epochs=[e.epoch for e in m.epochs], pairs=pairs,
                         first_last=first_last, coverage=cov, threshold=limits, padding_efficiency=padding,
@@ -426,9 +450,10 @@ def _composition_cause(kind: str, pairs: list[PairComposition], lim: Limits) -> 
         return (f"{head}: regrouped from the same samples (shuffle then sort): every batch is a run of the length "
                 "order, so only samples of equal length can change batch (a shuffle that a later sort undoes; a "
                 "length-grouped sampler whose one mega-batch covers the whole dataset is the same thing)")
-    return (f"{head}: the batches are mostly regrouped from the same samples: they group by length much more finely "
-            "than sorted mega-batches of 50 batches (HF's group_by_length, the limit's reference), e.g. length buckets "
-            "that hold only a batch or two each")
+    return (f"{head}: the batches are mostly regrouped from the same samples, though not sorted as a whole: they "
+            "group by length far more tightly than sorted mega-batches of 50 batches (HF's group_by_length, the "
+            "limit's reference), e.g. length buckets that hold only a batch or two each, or a few huge sorted "
+            "mega-batches")
 
 
 def _sorted_note(pairs: list[PairComposition], lim: Limits) -> str:

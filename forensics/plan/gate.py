@@ -37,13 +37,14 @@ ecosystem's most common length-grouped sampler does, and a gate that fails it ge
 Measured with ``python bench/bench_gate_classification.py --ratios`` (2K, 12K, 200K and 1M samples with batch sizes
 8, 16, 64 and 64; lognormal, bimodal QA/code and lengths in multiples of 64), as multiples of the reference: HF's
 ``LengthGroupedSampler`` seeded per epoch keeps 0.97-1.02 x, bucketed shuffles with 6 to 64 quantile buckets
-0.16-2.5 x (64 buckets, the finest), lhotse's ``DynamicBucketingSampler`` with ``set_epoch`` 0.1-0.4 x, a random
-shuffle 0.02-0.04 x; shuffle-then-sort where ties are few (lognormal, bimodal) keeps at least 7.8 x at 2K and 17 x
-from 12K up, and a plan built once, a re-seeded builder, lhotse without ``set_epoch`` and HF's sampler with one fixed
-seed keep 100%. 5 sits near the geometric middle of 2.5 and 7.8 (a margin of 2 above the finest grouping that
-passes, 1.6 below the closest failure, 3.4 from 12K up). At about 2K samples the reference itself keeps 10-16% (4
-mega-batches), the limit reaches the cap, and the cap decides: a plan that repeats over half of its pairs never
-passes (shuffle-then-sort keeps 81-86% there).
+0.16-3.1 x (64 buckets, the finest, reach 3.07 x on the bimodal mix at 1M), a random shuffle 0.01-0.04 x, lhotse's
+``DynamicBucketingSampler`` with ``set_epoch`` 0.1-0.4 x up to 12K (and more from 200K up: see the floors below);
+shuffle-then-sort where ties are few (lognormal, bimodal) keeps 7.8-8.8 x at 2K, 17-22 x at 12K, 36-41 x at 200K and
+44-49 x at 1M, and a plan built once, a re-seeded builder, lhotse without ``set_epoch`` and HF's sampler with one
+fixed seed keep 100%. 5 sits near the geometric middle of 3.1 and 7.8: a margin of 1.6 above the finest grouping that
+passes and 1.6 below the closest failure (at 2K, where the cap decides anyway), 3.4 or more from 12K up. At about 2K
+samples the reference itself keeps 10-16% (4 mega-batches), the limit reaches the cap, and the cap decides: a plan
+that repeats over half of its pairs never passes (shuffle-then-sort keeps 81-86% there).
 
 Two floors, because one failure's retention falls with size and the others' do not. A shuffle-then-sort keeps fewer
 pairs the more samples share each length (5.2% at 1M lognormal samples, still 49 x the reference), so a plan with an

@@ -38,7 +38,7 @@ Measured with ``python bench/bench_gate_classification.py --ratios`` (2K, 12K, 2
 8, 16, 64 and 64; lognormal, bimodal QA/code and lengths in multiples of 64), as multiples of the reference: HF's
 ``LengthGroupedSampler`` seeded per epoch keeps 0.97-1.02 x, bucketed shuffles with 6 to 64 quantile buckets
 0.16-3.1 x (64 buckets, the finest, reach 3.07 x on the bimodal mix at 1M), a random shuffle 0.01-0.04 x, lhotse's
-``DynamicBucketingSampler`` with ``set_epoch`` 0.1-0.4 x up to 12K (and more from 200K up: see the floors below);
+``DynamicBucketingSampler`` with ``set_epoch`` 0.1-0.4 x up to 12K (4.9 x at 200K, 65 x at 1M: see the floors);
 shuffle-then-sort where ties are few (lognormal, bimodal) keeps 7.8-8.8 x at 2K, 17-22 x at 12K, 36-41 x at 200K and
 44-49 x at 1M, and a plan built once, a re-seeded builder, lhotse without ``set_epoch`` and HF's sampler with one
 fixed seed keep 100%. 5 sits near the geometric middle of 3.1 and 7.8: a margin of 1.6 above the finest grouping that
@@ -52,10 +52,12 @@ epoch sorted by length as a whole (below) is held to the size-aware limit down t
 negligible whatever built it). Every other failure the gate exists for (built once, re-seeded, ``set_epoch`` never
 called, one fixed seed) repeats 100% of pairs at any size, while a sampler that shuffles in a bounded buffer keeps a
 retention that does not fall with size: lhotse's ``DynamicBucketingSampler`` iterates the cuts in their order and
-shuffles within its 20,000-cut buffer, so it keeps 2.6% of pairs at 200K samples and again at 1M, where 5 x the
-reference is 0.53%. For plans not sorted as a whole the limit is therefore at least UNSORTED_FLOOR = 0.1, the fixed
-limit used without samples: it passes bounded-buffer samplers (at 4 x their retention) and still fails everything
-that repeats its batches, and a plan of a few huge sorted mega-batches (4 of 50K samples keep 14%).
+shuffles within its 20,000-cut buffer, so on an in-memory ``CutSet`` it keeps 2.6% of pairs at 200K samples and 7.1%
+at 1M (4.9 x and 65 x the reference; 5 x the reference is 0.55% at 1M). For plans not sorted as a whole the limit is
+therefore at least UNSORTED_FLOOR = 0.1, the fixed limit used without samples: it passes such a sampler up to 1M
+samples (a margin of 1.4 there) and still fails everything that repeats its batches, and a plan of a few huge sorted
+mega-batches (4 of 50K samples keep 14%). A bounded-buffer sampler on far larger datasets may exceed it: shuffle the
+cuts themselves each epoch (``CutSet.shuffle``, or shuffled shards) and its retention falls like the others'.
 
 Length-sorted plans. :func:`~forensics.plan.composition.length_sorted` tells whether an epoch's batches are the
 length order cut into runs, which is what a shuffle-then-sort makes, and also a length-grouped sampler whose one

@@ -9,7 +9,7 @@ after imports (the kernel's peak mark ``VmHWM``, reset after the imports; DuckDB
 tracemalloc, so RSS is the common yardstick). DuckDB uses every core it finds; forensics runs on one. The numbers must agree to 1e-12.
 
 ``--calibrate`` prints instead the table behind the gate's default limit (see :mod:`forensics.plan.gate`): for
-several dataset sizes and length distributions, the reference retention (bucketed shuffle, seed 0, epochs 0-1), the
+several dataset sizes and length distributions, the reference retention (length_grouped, seed 0, epochs 0-1), the
 derived limit, and the largest retention each builder reaches over ``--seeds`` seeds, with the verdict.
 
     python3 bench/bench_pair_retention.py                 # 1.7M samples x 6 epochs (10.2M rows)
@@ -241,7 +241,7 @@ def calibrate(args: argparse.Namespace) -> None:
             lim = f"{min(limits):.4f}" + (f"-{max(limits):.4f}" if max(limits) > min(limits) * 1.001 else "")
             table.add_row(kind, f"{n:,}", f"{ref:.5f}", lim, *cells)
     console.print(table)
-    console.print("reference: bucketed_shuffle of the samples, seed 0, epochs 0-1 (batch-size limit 64); the limit "
+    console.print("reference: length_grouped of the samples, seed 0, epochs 0-1 (batch-size limit 64); the limit "
                   "uses the plan's own largest batch and padded size, hence a range")
 
 

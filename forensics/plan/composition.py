@@ -257,6 +257,32 @@ def padding_efficiency(m: PlanMembership, lengths: np.ndarray) -> list[float]:
     return out
 
 
+SORTED_TOLERANCE = 0.01
+"""The share of neighbouring batches (in length order) that may overlap in a plan still called sorted as a whole."""
+
+
+def length_sorted(e: EpochBatches, lengths: np.ndarray) -> bool:
+    """Whether an epoch's batches are the length order cut into runs, as a sort of the whole dataset makes them
+    (shuffle-then-sort, or a length-grouped sampler whose one mega-batch covers the dataset): taken in order of their
+    shortest sample, each batch's longest sample is at most the next batch's shortest (equal lengths may straddle).
+    Such a plan can only move samples between batches among equal lengths, which is why the gate names it. Up to 1%
+    of neighbouring batches may overlap (a sort with a sample or two moved, e.g. the longest put first, is still a
+    sort); any length grouping that rebuilds overlaps almost everywhere. False for fewer than two batches."""
+    n_codes = len(e.sizes)
+    lens = lengths[e.row_sample].astype(np.int64)
+    lo = np.full(n_codes, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(n_codes, -1, dtype=np.int64)
+    np.minimum.at(lo, e.row_batch, lens)
+    np.maximum.at(hi, e.row_batch, lens)
+    used = hi >= 0
+    lo, hi = lo[used], hi[used]
+    if len(lo) < 2:
+        return False
+    order = np.lexsort((hi, lo))
+    overlaps = int(np.count_nonzero(hi[order][:-1] > lo[order][1:]))
+    return overlaps <= SORTED_TOLERANCE * (len(lo) - 1)
+
+
 def cluster_labels(samples: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
     """Per sample (table order) a dense label code and the label values: ``cluster`` when present, else
     ``source``; None when the samples carry neither."""

@@ -15,36 +15,72 @@ Checks (all must hold):
 
 How the pair-retention limit is derived (``threshold.how`` says which rule applied and with which numbers):
 
-An absolute limit cannot hold across dataset sizes. The retention a good plan reaches falls with the number of
-samples that can share a batch (about (batch size - 1) / (bucket size - 1)), and the retention of a shuffle followed
-by a sort falls too, because the sort only keeps the shuffle's effect among samples of equal length and large
-datasets have many of them: on a realistic length mix a shuffle-then-sort keeps 97% of pairs at 2K samples but 22%
-at 200K; with lengths in multiples of 64 it keeps about 30% at 2K and 0.44% at 200K, still 22 times what the story's
-fix keeps.
-So the default limit is relative to the fix applied to the same samples: the reference is the pair retention between
-epochs 0 and 1 of :func:`~forensics.plan.builders.bucketed_shuffle` of these samples (seed 0, the given boundaries,
-``max_len``, and the token budget and batch-size limit given or read off the plan: the largest padded size and the
-largest batch of any multi-sample batch), and
+An absolute limit cannot hold across dataset sizes. The retention of a plan that rebuilds falls with the size of the
+groups it regroups within (about batch size / group size), and the retention of a shuffle followed by a sort falls
+too, because the sort only keeps the shuffle's effect among samples of equal length and large datasets have many of
+them. So the limit is relative to the *finest length grouping in common use that rebuilds its batches every epoch*,
+applied to the same samples: the reference is the pair retention between epochs 0 and 1 of
+:func:`~forensics.plan.builders.length_grouped` of these samples, the ``group_by_length`` sampler of HF's Trainer
+(a fresh permutation each epoch, cut into mega-batches of 50 batches, fewer when the dataset would hold under 4
+mega-batches, each sorted by length and packed; seed 0, the token budget and batch-size limit given or read off the
+plan: the largest padded size and the largest batch of any multi-sample batch), and
 
-    limit = min(CAP, max(FLOOR, MULTIPLE x reference)),  MULTIPLE = 4, FLOOR = 0.002, CAP = 0.5.
+    limit = min(CAP, max(floor, MULTIPLE x reference)),  MULTIPLE = 5, CAP = 0.5,
+    floor = FLOOR = 0.002 when an epoch is sorted by length as a whole, else UNSORTED_FLOOR = 0.1.
 
-Measured with ``python bench/bench_pair_retention.py --calibrate`` (2K-200K samples; lognormal, bimodal QA/code,
-short lengths with many ties, lengths in multiples of 64): other seeds of the bucketed shuffle reach at most 1.26 x
-the reference and a random shuffle at most 1.2 x (usually 0.2 x), while shuffle-then-sort reaches at least 14 x
-from 2K samples up (4 x on 200-sample toys, where the cap catches it: it keeps over 90%) and static_sorted and a
-re-seeded builder keep 100%. 4 sits near the geometric middle of 1.26 and 14, a margin of 3 either way. The floor
-keeps the limit meaningful on millions of samples, where the reference falls to ~0.00003: below 0.2% (one pair in
-500) repeats are negligible whatever built them; it stays below what shuffle-then-sort keeps at 200K samples even
-with 64-token ties (0.44%). The cap says a plan that repeats over half of its pairs never passes, however small.
-Consequences worth knowing: a builder that groups by length more finely than the reference (many narrow buckets, or
-sorted mega-batches as in ``group_by_length`` samplers) keeps 15-70 x the reference at these sizes and fails unless
-its boundaries are given (``--boundaries``) or ``--max-pair-retention`` overrides the limit. With far more samples
-than distinct lengths a shuffle-then-sort really does regroup its ties, and passes once under 0.2% of pairs repeat:
-at 1M samples with 64-token ties it keeps 0.087% and passes; on the lognormal mix it still keeps 5.2% and fails.
+Under a token budget a mega-batch holds 50 batches of the size a sample sits in when the samples are packed in
+length order (the mean over samples, sum(n_b^2) / n): short samples fill batches of the size limit, long ones batches
+of a few, and pair retention is counted over pairs, which the big batches dominate; with a fixed batch size (HF)
+this is HF's own mega-batch. Sorted mega-batches are the reference, not a bucketed shuffle, because they are what the
+ecosystem's most common length-grouped sampler does, and a gate that fails it gets switched off.
+
+Measured with ``python bench/bench_gate_classification.py --ratios`` (2K, 12K, 200K and 1M samples with batch sizes
+8, 16, 64 and 64; lognormal, bimodal QA/code and lengths in multiples of 64), as multiples of the reference: HF's
+``LengthGroupedSampler`` seeded per epoch keeps 0.97-1.02 x, bucketed shuffles with 6 to 64 quantile buckets
+0.16-3.1 x (64 buckets, the finest, reach 3.07 x on the bimodal mix at 1M), a random shuffle 0.01-0.04 x, lhotse's
+``DynamicBucketingSampler`` with ``set_epoch`` 0.1-0.4 x up to 12K (4.9 x at 200K, 65 x at 1M: see the floors);
+shuffle-then-sort where ties are few (lognormal, bimodal) keeps 7.8-8.8 x at 2K, 17-22 x at 12K, 36-41 x at 200K and
+44-49 x at 1M, and a plan built once, a re-seeded builder, lhotse without ``set_epoch`` and HF's sampler with one
+fixed seed keep 100%. 5 sits near the geometric middle of 3.1 and 7.8: a margin of 1.6 above the finest grouping that
+passes and 1.6 below the closest failure (at 2K, where the cap decides anyway), 3.4 or more from 12K up. At about 2K
+samples the reference itself keeps 10-16% (4 mega-batches), the limit reaches the cap, and the cap decides: a plan
+that repeats over half of its pairs never passes (shuffle-then-sort keeps 81-86% there).
+
+Two floors, because one failure's retention falls with size and the others' do not. A shuffle-then-sort keeps fewer
+pairs the more samples share each length (5.2% at 1M lognormal samples, still 49 x the reference), so a plan with an
+epoch sorted by length as a whole (below) is held to the size-aware limit down to FLOOR = 0.2% (one pair in 500:
+negligible whatever built it). Every other failure the gate exists for (built once, re-seeded, ``set_epoch`` never
+called, one fixed seed) repeats 100% of pairs at any size, while a sampler that shuffles in a bounded buffer keeps a
+retention that does not fall with size: lhotse's ``DynamicBucketingSampler`` iterates the cuts in their order and
+shuffles within its 20,000-cut buffer, so on an in-memory ``CutSet`` it keeps 2.6% of pairs at 200K samples and 7.1%
+at 1M (4.9 x and 65 x the reference; 5 x the reference is 0.55% at 1M). For plans not sorted as a whole the limit is
+therefore at least UNSORTED_FLOOR = 0.1, the fixed limit used without samples: it passes such a sampler up to 1M
+samples (a margin of 1.4 there) and still fails everything that repeats its batches, and a plan of a few huge sorted
+mega-batches (4 of 50K samples keep 14%). A bounded-buffer sampler on far larger datasets may exceed it: shuffle the
+cuts themselves each epoch (``CutSet.shuffle``, or shuffled shards) and its retention falls like the others'.
+
+Length-sorted plans. :func:`~forensics.plan.composition.length_sorted` tells whether an epoch's batches are the
+length order cut into runs, which is what a shuffle-then-sort makes, and also a length-grouped sampler whose one
+mega-batch covers the whole dataset (``mega_batch_mult`` large, or a dataset smaller than one mega-batch): such a
+sampler *is* shuffle-then-sort, and the gate says so in those words instead of calling it built once. It is judged
+by the same limit, for a reason it states: such a plan can only move samples between batches among equal lengths,
+so where ties are few it keeps most pairs and fails ("regrouped from the same samples (shuffle then sort)"); where
+each length is shared by many samples (lengths in multiples of 64 from about 12K samples up) the sort regroups those
+ties like a bucketed shuffle with one bucket per length, keeps fewer pairs than the limit, and passes with a note
+saying it is sorted as a whole. HF's own rule (at least 4 mega-batches) gives batches whose length ranges overlap,
+never a sorted plan.
+
+Failures are worded by kind (``failure_kinds`` in the JSON): ``built_once`` "the batches are built once and only
+reordered" (every batch of one epoch is a batch of the other); ``reseeded`` "the same batches in the same order:
+re-seeded identically every epoch" (a generator given the same seed, lhotse or a DistributedSampler without
+``set_epoch``); ``shuffle_then_sort`` "regrouped from the same samples (shuffle then sort)"; ``regrouped`` (over the
+limit without being sorted as a whole: groups finer than the reference, e.g. length buckets holding a batch or two);
+``identical_batches``.
 
 ``identical_batches`` limit: min(CAP, max(0.1, 3 x the reference's identical share)): small buckets of long samples
-give a good plan some identical pairs of samples by chance (up to 25% on 200-sample toys, where the reference shows it
-too); on realistic sizes a good plan has almost none and a built-once plan has 100%.
+give a good plan some identical pairs of samples by chance (on 200-sample toys the reference shows it too); on
+realistic sizes a good plan has almost none and a built-once plan has 100%. The reference is the same length_grouped
+plan.
 
 Without samples there are no lengths to build a reference from, and fixed limits apply: pair retention 0.1 and
 identical batches 0.1. They catch a plan built once and a re-seeded builder at any size, and shuffle-then-sort where
@@ -62,7 +98,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.plan.builders import bucketed_shuffle, capped_lengths
+from forensics.plan.builders import capped_lengths, length_grouped, megabatch_size
 from forensics.plan.composition import (
     EpochCoverage,
     EpochMix,
@@ -73,6 +109,7 @@ from forensics.plan.composition import (
     consecutive_pairs,
     coverage,
     index_plan,
+    length_sorted,
     padding_efficiency,
 )
 from forensics.plan.optimal_boundaries import resolve_boundaries
@@ -88,8 +125,9 @@ from forensics.schema import (
     validate_samples,
 )
 
-MULTIPLE = 4.0
+MULTIPLE = 5.0
 FLOOR = 0.002
+UNSORTED_FLOOR = 0.1
 CAP = 0.5
 IDENTICAL_MULTIPLE = 3.0
 IDENTICAL_FLOOR = 0.1
@@ -97,6 +135,7 @@ FIXED_PAIR_RETENTION = 0.1
 FIXED_IDENTICAL_BATCHES = 0.1
 REFERENCE_SEED = 0
 BUILDER_EPOCHS = 3
+MEGABATCH_WORDS = "50 batches each, or a quarter of the dataset when that is smaller, as HF's LengthGroupedSampler"
 
 
 @dataclass(frozen=True)
@@ -110,8 +149,10 @@ class Limits:
     reference_identical_batches: float | None = None
     reference_token_budget: int | None = None
     reference_max_batch_size: int | None = None
+    reference_megabatch_size: int | None = None
     allow_drop_last: int = 0
     min_padding_efficiency: float | None = None
+    floor: float = FLOOR
 
     def to_json(self) -> dict:
         return {
@@ -122,8 +163,9 @@ class Limits:
             "reference_identical_batches": self.reference_identical_batches,
             "reference_token_budget": self.reference_token_budget,
             "reference_max_batch_size": self.reference_max_batch_size,
+            "reference_megabatch_size": self.reference_megabatch_size,
             "multiple": MULTIPLE,
-            "floor": FLOOR,
+            "floor": self.floor,
             "cap": CAP,
             "allow_drop_last": self.allow_drop_last,
             "min_padding_efficiency": self.min_padding_efficiency,
@@ -147,6 +189,9 @@ class GateResult:
     composition_failures: list[str] = field(default_factory=list)
     coverage_failures: list[str] = field(default_factory=list)
     padding_failures: list[str] = field(default_factory=list)
+    failure_kinds: list[str] = field(default_factory=list)
+    length_sorted: list[bool] | None = None
+    notes: list[str] = field(default_factory=list)
     source: str = ""
 
     @property
@@ -184,6 +229,9 @@ class GateResult:
                 {"epoch": m.epoch, "steps": m.longest_dominant_run, "cluster": m.dominant_cluster} for m in mix
             ] if mix else None,
             "failures": self.failures,
+            "failure_kinds": self.failure_kinds,
+            "length_sorted": self.length_sorted,
+            "notes": self.notes,
             "source": self.source,
         }
 
@@ -200,24 +248,40 @@ def derive_limits(
     max_identical_batches: float | None = None,
     allow_drop_last: int = 0,
     min_padding_efficiency: float | None = None,
+    length_sorted: bool = False,
 ) -> Limits:
-    """The limits for a plan over ``samples`` (see the module docstring); deterministic in its arguments."""
-    ref_pr = ref_id = None
+    """The limits for a plan over ``samples`` (see the module docstring); deterministic in its arguments.
+    ``length_sorted``: the plan has an epoch sorted by length as a whole, which takes the low floor.
+
+    ``boundaries`` is accepted for callers of the earlier bucketed reference; the reference no longer depends on
+    bucket boundaries (it is :func:`~forensics.plan.builders.length_grouped`, which has none)."""
+    del boundaries
+    ref_pr = ref_id = mega = None
     budget = int(token_budget or TOKEN_BUDGET)
     bs = int(max_batch_size) if max_batch_size else None
     if samples is not None and len(samples) >= 2:
-        kw: dict = {"boundaries": list(boundaries), "token_budget": budget, "max_len": int(max_len)}
+        kw: dict = {"token_budget": budget, "max_len": int(max_len)}
         if bs:
             kw["max_batch_size"] = bs
-        ref_plan = rebuild_plan(samples, lambda s, e, seed: bucketed_shuffle(s, e, seed, **kw), 2, REFERENCE_SEED)
+        mega = megabatch_size(capped_lengths(samples, int(max_len)), token_budget=budget,
+                              **({"max_batch_size": bs} if bs else {}))
+        ref_plan = rebuild_plan(samples, lambda s, e, seed: length_grouped(s, e, seed, **kw), 2, REFERENCE_SEED)
         ref = compare_epochs(*index_plan(ref_plan, samples).epochs)
         ref_pr, ref_id = ref.pair_retention, ref.identical_batches
-        pr = min(CAP, max(FLOOR, MULTIPLE * ref_pr))
+        floor = FLOOR if length_sorted else UNSORTED_FLOOR
+        pr = min(CAP, max(floor, MULTIPLE * ref_pr))
         ib = min(CAP, max(IDENTICAL_FLOOR, IDENTICAL_MULTIPLE * ref_id))
-        how = (f"pair retention: min({CAP:g}, max({FLOOR:g}, {MULTIPLE:g} x {ref_pr:.5f})) = {pr:.5f}, where {ref_pr:.5f} "
-               f"is the pair retention between epochs 0 and 1 of bucketed_shuffle of these {len(samples)} samples "
-               f"(seed {REFERENCE_SEED}, boundaries {list(map(int, boundaries))}, token budget {budget}, "
-               f"max batch size {bs or 'default'}, max_len {int(max_len)}); identical batches: "
+        why_floor = (f"floor {FLOOR:g} as the plan has an epoch sorted by length as a whole (a sort is the failure "
+                     "whose retention falls with size)" if length_sorted else
+                     f"floor {UNSORTED_FLOOR:g} as no epoch is sorted by length as a whole (the other failures repeat "
+                     "100% of pairs; a sampler that shuffles in a bounded buffer, as lhotse's does, keeps a retention "
+                     "that does not fall with size)")
+        how = (f"pair retention: min({CAP:g}, max({floor:g}, {MULTIPLE:g} x {ref_pr:.5f})) = {pr:.5f} ({why_floor}), "
+               f"where {ref_pr:.5f} "
+               f"is the pair retention between epochs 0 and 1 of length_grouped (sorted mega-batches of {mega} "
+               f"samples, about {MEGABATCH_WORDS}: the finest length grouping in common use that rebuilds every epoch) of these "
+               f"{len(samples)} samples (seed {REFERENCE_SEED}, token budget {budget}, max batch size {bs or 'default'}, "
+               f"max_len {int(max_len)}); identical batches: "
                f"min({CAP:g}, max({IDENTICAL_FLOOR:g}, {IDENTICAL_MULTIPLE:g} x {ref_id:.4f})) = {ib:.4f}")
     else:
         pr, ib = FIXED_PAIR_RETENTION, FIXED_IDENTICAL_BATCHES
@@ -229,8 +293,9 @@ def derive_limits(
     if max_identical_batches is not None:
         ib = float(max_identical_batches)
         how = f"identical batches {ib:g} given by --max-identical-batches; " + how
-    return Limits(pr, ib, how, ref_pr, ref_id, budget if ref_pr is not None else None, bs,
-                  int(allow_drop_last), min_padding_efficiency)
+    return Limits(pr, ib, how, ref_pr, ref_id, budget if ref_pr is not None else None, bs, mega,
+                  int(allow_drop_last), min_padding_efficiency,
+                  (FLOOR if length_sorted else UNSORTED_FLOOR) if ref_pr is not None else FIXED_PAIR_RETENTION)
 
 
 def plan_batch_shape(m: PlanMembership, lengths: np.ndarray) -> tuple[int | None, int | None]:
@@ -298,13 +363,15 @@ def check_plan(
 
     lengths = capped_lengths(samples, max_len) if samples is not None else None
     budget, batch_size = (token_budget, None)
+    sorted_epochs = None
     if lengths is not None:
         seen_budget, batch_size = plan_batch_shape(m, lengths)
         budget = token_budget or seen_budget
+        sorted_epochs = [length_sorted(e, lengths) for e in m.epochs]
     limits = derive_limits(samples, token_budget=budget, max_batch_size=batch_size, max_len=max_len,
                            boundaries=boundaries, max_pair_retention=max_pair_retention,
                            max_identical_batches=max_identical_batches, allow_drop_last=allow_drop_last,
-                           min_padding_efficiency=min_padding_efficiency)
+                           min_padding_efficiency=min_padding_efficiency, length_sorted=any(sorted_epochs or []))
     pairs = consecutive_pairs(m)
     first_last = compare_epochs(m.epochs[0], m.epochs[-1])
     cov = coverage(m)
@@ -312,7 +379,7 @@ def check_plan(
     mix = cluster_mix(plan, samples, grad_accum, world_size, rank_split) if samples is not None else None
     result = GateResult(passed=True, static=False, epochs=[e.epoch for e in m.epochs], pairs=pairs,
                         first_last=first_last, coverage=cov, threshold=limits, padding_efficiency=padding,
-                        cluster_mix=mix, source=source or "plan")
+                        cluster_mix=mix, length_sorted=sorted_epochs, source=source or "plan")
     _judge(result)
     return result
 
@@ -332,9 +399,26 @@ def _span(values: list[float]) -> str:
     return lo if lo == hi else f"{lo.rstrip('%')}-{hi}"
 
 
-def _composition_kind(p: PairComposition, lim: Limits) -> str | None:
+FAILURE_KINDS = {
+    "same_order": "reseeded",
+    "order_only": "built_once",
+    "sorted": "shuffle_then_sort",
+    "sorted+identical": "shuffle_then_sort",
+    "sorted_identical": "shuffle_then_sort",
+    "retention": "regrouped",
+    "retention+identical": "regrouped",
+    "identical": "identical_batches",
+}
+"""Composition failure -> the name ``failure_kinds`` gives it in the JSON: ``built_once`` (built once and only
+reordered), ``reseeded`` (re-seeded identically, or set_epoch never called), ``shuffle_then_sort`` (regrouped from
+the same samples by a sort of the whole dataset), ``regrouped`` (mostly regrouped from the same samples otherwise),
+``identical_batches``. The audit's words can follow these names rather than the one ``static`` flag."""
+
+
+def _composition_kind(p: PairComposition, lim: Limits, later_sorted: bool = False) -> str | None:
     """Which composition failure a pair of epochs shows (None when it passes). Single-sample batches have no
-    composition to repeat: a plan of only those (batch size 1) passes whatever its order."""
+    composition to repeat: a plan of only those (batch size 1) passes whatever its order. ``later_sorted``: the later
+    epoch's batches are the length order cut into runs (:func:`~forensics.plan.composition.length_sorted`)."""
     if p.pairs == 0:
         return None
     if p.same_order:
@@ -344,8 +428,11 @@ def _composition_kind(p: PairComposition, lim: Limits) -> str | None:
     over_pr = p.pair_retention > lim.pair_retention
     over_id = p.identical_batches > lim.identical_batches
     if over_pr:
-        return "retention+identical" if over_id else "retention"
-    return "identical" if over_id else None
+        kind = "sorted" if later_sorted else "retention"
+        return kind + "+identical" if over_id else kind
+    if over_id:
+        return "sorted_identical" if later_sorted else "identical"
+    return None
 
 
 def _composition_cause(kind: str, pairs: list[PairComposition], lim: Limits) -> str:
@@ -353,33 +440,59 @@ def _composition_cause(kind: str, pairs: list[PairComposition], lim: Limits) -> 
     retention = [p.pair_retention for p in pairs]
     identical = [p.identical_batches for p in pairs]
     if kind == "same_order":
-        return ("are the same batches in the same order: the builder repeats itself every epoch "
-                "(a sampler re-seeded identically, or set_epoch never called)")
+        return ("are the same batches in the same order: re-seeded identically every epoch (a generator given the "
+                "same seed each epoch, or set_epoch never called)")
     if kind == "order_only":
         return "share 100% of batch-mate pairs: the batches are built once and only reordered"
     if kind == "identical":
         return f"repeat {_span(identical)} of their batches exactly (limit {_pct(lim.identical_batches)})"
     also = (f" and repeat {_span(identical)} of their batches exactly (limit {_pct(lim.identical_batches)})"
-            if kind == "retention+identical" else "")
-    return (f"share {_span(retention)} of batch-mate pairs (limit {_pct(lim.pair_retention)}){also}: the batches "
-            "are mostly regrouped from the same samples, e.g. a shuffle that a later sort undoes")
+            if kind.endswith("+identical") else "")
+    head = f"share {_span(retention)} of batch-mate pairs (limit {_pct(lim.pair_retention)}){also}"
+    if kind == "sorted_identical":
+        head = f"repeat {_span(identical)} of their batches exactly (limit {_pct(lim.identical_batches)})"
+    if kind.startswith("sorted"):
+        return (f"{head}: regrouped from the same samples (shuffle then sort): every batch is a run of the length "
+                "order, so only samples of equal length can change batch (a shuffle that a later sort undoes; a "
+                "length-grouped sampler whose one mega-batch covers the whole dataset is the same thing)")
+    return (f"{head}: the batches are mostly regrouped from the same samples, though not sorted as a whole: they "
+            "group by length far more tightly than sorted mega-batches of 50 batches (HF's group_by_length, the "
+            "limit's reference), e.g. length buckets that hold only a batch or two each, or a few huge sorted "
+            "mega-batches")
+
+
+def _sorted_note(pairs: list[PairComposition], lim: Limits) -> str:
+    """Why a plan sorted as a whole passes: its ties are many enough that the sort regroups most pairs."""
+    return (f"epochs {_join([f'{p.earlier}-{p.later}' for p in pairs])} are sorted by length as a whole (shuffle then "
+            "sort, or a length-grouped sampler whose one mega-batch covers the whole dataset): only samples of equal "
+            f"length change batch, and enough samples share each length that they keep "
+            f"{_span([p.pair_retention for p in pairs])} of batch-mate pairs, within the limit "
+            f"{_pct(lim.pair_retention)}: they regroup like a bucketed shuffle with one bucket per length")
 
 
 def _judge(r: GateResult) -> None:
-    """Fill ``failures`` (causes in words, one line per kind of failure), ``static`` and ``passed``."""
+    """Fill ``failures`` (causes in words, one line per kind of failure), ``failure_kinds``, ``notes``, ``static``
+    and ``passed``."""
     lim = r.threshold
+    sorted_by_epoch = dict(zip(r.epochs, r.length_sorted or [False] * len(r.epochs)))
     by_kind: dict[str, list[PairComposition]] = {}
+    sorted_passing: list[PairComposition] = []
     for p in r.pairs:
-        kind = _composition_kind(p, lim)
+        kind = _composition_kind(p, lim, sorted_by_epoch.get(p.later, False))
         if kind:
             by_kind.setdefault(kind, []).append(p)
+        elif p.pairs and sorted_by_epoch.get(p.later, False):
+            sorted_passing.append(p)
     composition = [f"epochs {_join([f'{p.earlier}-{p.later}' for p in ps])} {_composition_cause(k, ps, lim)}"
                    for k, ps in by_kind.items()]
+    kinds = list(by_kind)
     if len(r.epochs) > 2 and not composition:  # e.g. a builder alternating between two plans
-        kind = _composition_kind(r.first_last, lim)
+        kind = _composition_kind(r.first_last, lim, sorted_by_epoch.get(r.first_last.later, False))
         if kind:
+            kinds.append(kind)
             composition.append(f"the first and last epochs ({r.first_last.earlier} and {r.first_last.later}) "
                                f"{_composition_cause(kind, [r.first_last], lim)}")
+    r.notes = [_sorted_note(sorted_passing, lim)] if sorted_passing and not composition else []
     cov_fail = []
     for c in r.coverage:
         if c.duplicated:
@@ -398,6 +511,7 @@ def _judge(r: GateResult) -> None:
                 if eff < lim.min_padding_efficiency:
                     pad_fail.append(f"epoch {ep} padding efficiency {eff:.1%} is below {lim.min_padding_efficiency:.1%}")
     r.static = bool(composition)
+    r.failure_kinds = list(dict.fromkeys(FAILURE_KINDS[k] for k in kinds))
     r.composition_failures = composition
     r.coverage_failures = cov_fail
     r.padding_failures = pad_fail
@@ -437,6 +551,7 @@ def summary(result: GateResult) -> str:
                  f"{_pct(result.threshold.identical_batches)} ({result.threshold.how})")
     lines.append("PASS: batch composition varies across epochs" if result.passed else "FAIL")
     lines += [f"- {f}" for f in result.failures]
+    lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ from scipy import stats
 
 from forensics.detect._tags import BUCKET, BUCKET_RANGE, CLUSTER_NAME, attach_tags
 from forensics.detect.base import Rule, RunTables, check_positive
+from forensics.detect.composition import plan_fix_words, plan_words
 from forensics.detect.findings import Finding
 from forensics.detect.precedence import precedence
 from forensics.detect.recurrence import MIN_JACCARD, batch_recurrence, sample_enrichment, spike_span
@@ -337,11 +338,14 @@ def _next_step(f: Finding, p: dict[str, Any], r: dict[str, Any] | None, sample_r
     static = _is_static(gate)
     if static or (static is None and recurring):
         again = [x for x in (r or {}).get("recurrences", []) if x["ratio"] is not None and x["ratio"] >= RECUR_RATIO]
-        why = (f"the batch recurs in {len(r['epochs'])} other epochs" if recurring else "the plan is static") + (
+        words = plan_words(gate) or "static across epochs"
+        why = (f"the batch recurs in {len(r['epochs'])} other epochs" if recurring else f"the plan is {words}") + (
             f" and {f.metric or 'the loss'} jumped there too (step {again[0]['step']}: {again[0]['ratio']:.2g}x its "
             "baseline)"
             if again else "")
-        parts.append(f"{why}: {plan_fix(whatif)}")
+        kinds = (gate or {}).get("failure_kinds") or []
+        fix = plan_fix_words(gate) if any(k in ("reseeded", "shuffle_then_sort") for k in kinds) else plan_fix(whatif)
+        parts.append(f"{why}: {fix}")
     return "; ".join(parts) + "."
 
 

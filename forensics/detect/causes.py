@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from forensics.detect.base import Rule, RunTables
+from forensics.detect.composition import plan_fix_words, plan_words
 from forensics.detect.findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding
 
 #: Events whose suspect samples overlap this much (Jaccard) are the same batch.
@@ -102,10 +103,9 @@ class CauseRule(Rule):
             if f.kind == "static_plan" and not explained_by_plan:
                 causes.append({"kind": "plan", "steps": [], "metrics": [], "suspect_samples": [], "_members": [f],
                                "severity": WARNING if not batch_causes else CRITICAL, "confidence": 1.0,
-                               "summary": "The batch composition is static across epochs: " + (
+                               "summary": f"The batch plan is {plan_words(gate)}: " + (
                                    f.evidence[0] if f.evidence else "the same samples meet in every epoch") + ".",
-                               "next_step": "Rebuild batches every epoch (e.g. bucketed_shuffle: shuffle inside "
-                                            "length buckets, then pack)."})
+                               "next_step": plan_fix_words(gate)[:1].upper() + plan_fix_words(gate)[1:] + "."})
         causes.sort(key=lambda c: (-SEVERITIES.index(c["severity"]), -round(c["confidence"], 3), c["steps"][:1] or [0]))
         for i, c in enumerate(causes, 1):
             c["id"] = f"C{i}"
@@ -161,6 +161,7 @@ class CauseRule(Rule):
     # --- one cause ----------------------------------------------------------------------------------------------
     @staticmethod
     def _event_cause(group: list[list[Finding]], run: RunTables, static: bool) -> dict[str, Any]:
+        gate = run.sections.get("plan") if isinstance(run.sections.get("plan"), dict) else None
         members = [f for e in group for f in e]
         steps = sorted({s for f in members for s in range(_span(f)[0], _span(f)[1] + 1)})
         firsts = [int(e[0].peak_step if e[0].peak_step is not None else e[0].step) for e in group]
@@ -199,10 +200,10 @@ class CauseRule(Rule):
             if recurs:
                 summary = (f"{lead.metric} spiked at steps {_steps_text(firsts)}{size}{also}: each time the batch "
                            f"held {who}{where}; it is one batch coming back"
-                           + (" because the plan is built once and only reordered." if static else "."))
+                           + (f" because the plan is {plan_words(gate)}." if static else "."))
             else:
                 summary = f"{lead.metric} spiked at step {firsts[0]}{size}{also}; its batch held {who}{where}."
-            fix = " and rebuild batches every epoch (bucketed_shuffle)" if static else ""
+            fix = f" and {plan_fix_words(gate)}" if static else ""
             next_step = (f"Replay step {firsts[0]} from the checkpoint before it (forensics replay CASE --steps "
                          f"{firsts[0]}) against same-bucket controls; inspect samples "
                          f"{', '.join(map(str, suspects[:6]))}{fix}.")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from forensics.detect.composition import plan_words
+
 
 def _share(value: Any) -> str:
     return f"{100 * float(value):.1f}%" if isinstance(value, (int, float)) else str(value)
@@ -34,7 +36,8 @@ def verdict(findings: dict, loss_key: str | None = None) -> str:
         returns = sorted(s for c in batch for s in c["events"][1:])
         d = [c.get("details") or {} for c in batch]
         who = "near-duplicate samples" if all(x.get("near_duplicates") for x in d) else "the same samples"
-        how = " by a plan built once and only reordered" if all(x.get("static_plan") for x in d) else ""
+        words = plan_words(findings.get("plan"))
+        how = f" by a plan {words}" if words and all(x.get("static_plan") for x in d) else ""
         text = (f"{len(batch)} batches of {who}, packed together{how}, caused the {loss} spikes at steps "
                 f"{_list(firsts)} and spiked again when they came back at steps {_list(returns)}")
         rest = len(causes) - len(batch)
@@ -53,7 +56,7 @@ def facts(findings: dict) -> list[str]:
                    "batch's length bucket (expected jumpiness of bucketed batches, not spikes).")
     pf = findings.get("plan")
     if isinstance(pf, dict) and pf.get("static") is not None:
-        out.append("The batch composition is static across epochs." if pf["static"] else
+        out.append(f"The batch plan is {plan_words(pf)}." if pf["static"] else
                    "The batch composition varies across epochs.")
     return out
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from forensics.detect.composition import plan_words
 from forensics.report.inputs import sample_lookup
 from forensics.report.text import esc, fmt_num, fmt_share, snippet
 from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, SOURCE, STEP, TEXT
@@ -324,7 +325,8 @@ def oscillation_card(osc: dict) -> str:
 def plan_card(pf: dict) -> str:
     """The batch plan's composition test: static or not, pair retention and identical batches per epoch pair."""
     static = pf.get("static")
-    title = ("Static batches: the same samples meet in every epoch" if static else
+    words = plan_words(pf)
+    title = (f"Batch plan {words}" if words else
              "Batch composition varies across epochs" if static is not None else "Batch plan")
     retention = [fmt_share(v) for v in pf.get("pair_retention") or []]
     identical = [fmt_share(v) for v in pf.get("identical_batches") or []]
@@ -347,7 +349,7 @@ def plan_card(pf: dict) -> str:
         '<article class="card finding plan" data-kind="plan">',
         f'<header><span class="badge {"alert" if static else "ok"}">batch plan</span><h3>{esc(title)}</h3></header>',
         numbers,
-        _list("Evidence", pf.get("evidence") or []),
+        _list("Evidence", (pf.get("evidence") or []) + list(pf.get("notes") or [])),
         _next_step(pf),
         "</article>",
     ] if p)

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from forensics.detect.composition import plan_words
 from forensics.detect.kinds import kind_of
 from forensics.report.text import fmt_num, fmt_share
 from forensics.schema.keys import key_line
@@ -152,10 +153,13 @@ def _plan(out: Console, plan: Any) -> None:
         out.print(f"\n[bold]batch composition[/]  not checked ({escape(str(plan.get('note', '')))})")
         return
     retention = ", ".join(f"{x:.0%}" for x in plan.get("pair_retention") or [])
-    verdict = "[red]static across epochs[/]" if plan["static"] else "varies across epochs"
+    words = plan_words(plan)
+    verdict = f"[red]{escape(words)}[/]" if words else "varies across epochs"
     out.print(f"\n[bold]batch composition[/]  {verdict}; pair retention per epoch pair: {retention}")
     for failure in plan.get("failures") or []:
         out.print(f"  - {escape(str(failure))}")
+    for note in plan.get("notes") or []:
+        out.print(f"  note: {escape(str(note))}")
 
 
 def _forgetting(out: Console, forgetting: Any) -> None:

@@ -33,3 +33,12 @@ def demo_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo-small")
     build_demo(out, scale="small", seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def runs():
+    """Real Hugging Face Trainer runs (tiny random GPT-2 on CPU, fixtures/hf_runs.py), built once per session."""
+    pytest.importorskip("transformers")
+    from fixtures.hf_runs import hf_runs
+
+    return hf_runs()

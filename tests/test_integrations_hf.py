@@ -26,13 +26,6 @@ pytest.importorskip("wandb")
 pytest.importorskip("tensorboard")
 
 
-@pytest.fixture(scope="session")
-def runs():
-    from fixtures.hf_runs import hf_runs
-
-    return hf_runs()
-
-
 def _plan(run) -> pd.DataFrame:
     samples = load_samples(run.out / "samples.parquet")
     return load_plan(run.out / "plan", samples)

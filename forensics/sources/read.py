@@ -123,6 +123,7 @@ def open_readers(
         reader = open_reader(spec.path, keys=keys, step_key=spec.step_key or step_key, pattern=pattern,
                              strict=strict, run_id=run_id)
         reader.given_offset = spec.step_offset
+        reader.given_step_key = spec.step_key or step_key
         readers.append(reader)
     return readers
 
@@ -136,7 +137,7 @@ def alignment_of(reader: MetricsReader, step_offset: int | None) -> SourceAlignm
     damaged = list(getattr(reader.report, "damaged", []))
     own = getattr(reader, "given_offset", None)
     step_offset = own if own is not None else step_offset
-    if step_offset is not None or reader.step_key is not None:
+    if step_offset is not None or getattr(reader, "given_step_key", None):
         how = "given"
         return SourceAlignment(reader.source, reader.format_name, reader.step_key_used, int(step_offset or 0), how,
                                damaged)

@@ -18,7 +18,7 @@ def test_long_run_keeps_each_buckets_min_and_max() -> None:
     tags = pd.DataFrame({"step": steps, "bucket": bucket})
     fig = loss_figure(metrics, {"spikes": []}, tags, loss_key="train/loss")
     drawn = np.concatenate([np.asarray(t.x) for t in fig.data if t.name and t.name.startswith("bucket")])
-    assert len(drawn) < 12_000  # still a few thousand points, not 200,000
+    assert len(drawn) <= 12_000  # a few thousand points per bucket, not 200,000
     for k in range(6):
         sel = np.flatnonzero(bucket == k)
         assert sel[np.argmin(loss[sel])] in drawn and sel[np.argmax(loss[sel])] in drawn, k

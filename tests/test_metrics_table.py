@@ -64,7 +64,7 @@ def _text_log(tmp_path):
 
 def _json_document(tmp_path):
     p = tmp_path / "trainer_state.json"
-    p.write_text(json.dumps({"global_step": 5, "log_history": _records()}))
+    p.write_text(json.dumps({"log_history": _records()}))  # no global_step: not HF's, steps as logged
     return p
 
 

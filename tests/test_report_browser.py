@@ -59,8 +59,8 @@ def test_report_renders_offline_in_chromium_with_hostile_text_shown_as_text(brow
     for plot in per_plot:
         assert plot["svgs"] >= 1 and plot["traces"] >= 1 and plot["height"] > 200, plot
     assert page.locator(".main-svg").count() >= n_figures
-    # the short run is drawn step by step, with both spikes marked where the findings put them
-    assert page.locator("#fig-curves .scatterlayer .trace .point").count() > 3000
+    # the short run is drawn step by step (line and bucket markers), with both spikes marked where the findings put them
+    assert page.locator("#fig-curves .scatterlayer .trace .point").count() > 2000
     spike_x = page.evaluate("document.getElementById('fig-curves').data.filter(t => t.name === 'spike')"
                             ".flatMap(t => Array.from(t.x))")
     assert spike_x == [254, 258]
@@ -71,7 +71,7 @@ def test_report_renders_offline_in_chromium_with_hostile_text_shown_as_text(brow
     text = page.inner_text("body")
     assert SCRIPT_TEXT in text
     assert "code def </script> return" in text
-    assert "2 train/loss spikes (254, 258)" in text
+    assert "2 train/loss spikes (254, 258)" in text  # findings written without causes: the listed facts
 
     artifacts = repo_root / "test-artifacts"
     artifacts.mkdir(exist_ok=True)
@@ -87,5 +87,42 @@ def test_report_renders_offline_in_chromium_with_hostile_text_shown_as_text(brow
     x0, x1 = page.evaluate("document.getElementById('fig-curves').layout.xaxis.range")
     assert x0 < 254 < x1 and x1 - x0 < 200
 
+    assert errors == [], errors
+    page.close()
+
+
+def test_bucketed_demo_report_draws_every_bucket_in_chromium(browser, demo_small, tmp_path, repo_root, capsys):
+    """Downsampled per bucket, after the split: every bucket in the data has its own trace and its own extremes."""
+    import json
+
+    import pandas as pd
+
+    from forensics.cli import main
+
+    out = tmp_path / "report.html"
+    assert main(["audit", str(demo_small / "bucketed"), "--json", str(tmp_path / "f.json"), "--html", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["tag", str(demo_small / "bucketed"), "-o", str(tmp_path / "tags.parquet")]) == 0
+    capsys.readouterr()
+    buckets = sorted(pd.read_parquet(tmp_path / "tags.parquet")["bucket"].unique().tolist())
+    assert len(buckets) == 6 and json.loads((tmp_path / "f.json").read_text())["spikes"] == []
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    page.goto(out.as_uri(), wait_until="load")
+    page.wait_for_function("document.getElementById('fig-curves') && document.getElementById('fig-curves').data")
+    traces = page.evaluate("""() => document.getElementById('fig-curves')._fullData
+        .filter(t => t.mode === 'markers' && t.legendgroup && t.legendgroup.startsWith('b'))
+        .map(t => { const y = Array.from(t.y); return {group: t.legendgroup, n: y.length,
+                    lo: y.reduce((a, b) => Math.min(a, b)), hi: y.reduce((a, b) => Math.max(a, b))}; })""")
+    assert sorted(int(t["group"][1:]) for t in traces) == buckets
+    assert all(t["n"] > 100 and t["hi"] > t["lo"] for t in traces), traces
+    drawn = page.evaluate("document.querySelectorAll('#fig-curves .scatterlayer .trace').length")
+    assert drawn >= len(buckets)
+    artifacts = repo_root / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    page.screenshot(path=str(artifacts / "report-bucketed.png"), full_page=False)
+    assert (artifacts / "report-bucketed.png").stat().st_size > 20_000
     assert errors == [], errors
     page.close()

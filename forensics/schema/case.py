@@ -64,7 +64,7 @@ def _is_remote(path: str) -> bool:
     return path.startswith(("wandb://", "http://", "https://"))
 
 
-def _is_metrics_folder(root: Path) -> bool:
+def is_metrics_folder(root: Path) -> bool:
     """A folder that is itself one metrics source: a W&B run (or wandb/) folder or a TensorBoard log folder."""
     if root.name == "wandb" or root.name.startswith(("offline-run-", "run-")) or any(root.glob("*.wandb")):
         return True
@@ -103,7 +103,7 @@ def open_case(
         raise ForensicsError(f"case folder {root} does not exist")
     if not root.is_dir():
         raise ForensicsError(f"case folder {root} is not a folder")
-    if _is_metrics_folder(root):
+    if is_metrics_folder(root):
         cfg, warnings = resolve_config(None, sets=sets, overrides={"metrics": [str(root)], **(overrides or {})})
         return Case(root=None, config=cfg, warnings=warnings)
     cfg, warnings = resolve_config(root, sets=sets, overrides=overrides)

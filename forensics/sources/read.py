@@ -282,13 +282,14 @@ def ingest(
     """``forensics ingest``: read and merge the sources (a case folder stands for its metrics sources) and write
     the canonical metrics table to ``out`` (Parquet; never over an input)."""
     from forensics.schema import check_output, open_case, write_metrics
+    from forensics.schema.case import is_metrics_folder
 
     out = Path(out)
     check_output(out, (".parquet", ".pq"), "output")
     expanded: list[str] = []
     for s in sources:
         p = Path(s)
-        if p.is_dir() and any((p / n).exists() for n in ("run.toml", "plan.parquet", "samples.parquet")):
+        if p.is_dir() and not is_metrics_folder(p):
             expanded += [m.path for m in open_case(p).metrics_sources]
         else:
             expanded.append(str(s))

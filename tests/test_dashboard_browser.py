@@ -112,7 +112,7 @@ def test_dashboard_renders_live_in_chromium_with_hostile_text_shown_as_text(brow
     assert appeared_s < REFRESH_S + 10
 
     # the causes card shows the hostile sample's text as text; no script ran
-    page.get_by_text("Causes", exact=True).click()
+    page.get_by_test_id("stRadioGroup").get_by_text("Causes", exact=True).click()
     page.get_by_text("The batch of step 254").wait_for()
     table = page.locator("[data-testid=stTable]").first
     table.scroll_into_view_if_needed()  # streamlit draws elements below the fold when they come into view

@@ -106,7 +106,8 @@ class CauseRule(Rule):
                                "summary": f"The batch plan is {plan_words(gate)}: " + (
                                    f.evidence[0] if f.evidence else "the same samples meet in every epoch") + ".",
                                "next_step": plan_fix_words(gate)[:1].upper() + plan_fix_words(gate)[1:] + "."})
-        causes.sort(key=lambda c: (-SEVERITIES.index(c["severity"]), -round(c["confidence"], 3), c["steps"][:1] or [0]))
+        causes.sort(key=lambda c: (-SEVERITIES.index(c["severity"]), -round(c["confidence"], 3), not c["steps"],
+                                   c["steps"][:1]))
         for i, c in enumerate(causes, 1):
             c["id"] = f"C{i}"
             for f in c.pop("_members", []):

@@ -76,6 +76,9 @@ class RunConfig:
     token_budget: int = TOKEN_BUDGET
     max_len: int = MAX_LEN
     max_batch_size: int = MAX_BATCH_SIZE
+    #: Documents packed into fixed-length sequences without padding (nanoGPT, Megatron): padding is 0, and the
+    #: steps' tags speak of sources and clusters.
+    packed: bool = False
     clusters: int | None = None
     cluster_by: str | None = None
     model: str | None = None
@@ -168,6 +171,10 @@ def _check(key: str, value: Any, origin: str) -> Any:
     if key == "step_offset":
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ConfigError(key, f"must be an integer; got {value!r}", origin)
+        return value
+    if key == "packed":
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false; got {value!r}", origin)
         return value
     if key == "pad_id":
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

@@ -153,7 +153,7 @@ def tag_run(
         warnings.append(f"{no_text_reason}: every step's cluster is {NO_CLUSTER}; pass --cluster-by "
                         f"COLUMN{hint} for content clusters")
     clustered[BUCKET] = bucket_index(capped_lengths(clustered, cfg.max_len), bounds)
-    tags = tag_steps(step_plan, clustered, bounds, cfg.max_len)
+    tags = tag_steps(step_plan, clustered, bounds, cfg.max_len, packed=cfg.packed)
     return TagResult(tags=tags, samples=clustered, plan=step_plan, boundaries=bounds, clusters=info,
                      warnings=warnings)
 

@@ -77,8 +77,12 @@ def tag_steps(
     samples: pd.DataFrame,
     boundaries: Sequence[int],
     max_len: int = MAX_LEN,
+    packed: bool = False,
 ) -> pd.DataFrame:
     """The tags table, one row per step of ``plan`` (which must have ``step``; see ``assign_steps``).
+
+    ``packed``: the plan holds documents packed into fixed-length sequences without padding (nanoGPT, Megatron):
+    each sample's ``n_tokens`` is its share of the step and nothing is padded (DESIGN.md Conventions).
 
     ``samples`` needs ``sample_id`` and ``n_tokens``; its ``cluster`` (and ``cluster_name``) columns are used when
     present, else every sample is cluster -1. Every plan sample must be in ``samples``.
@@ -110,7 +114,8 @@ def tag_steps(
     np.maximum.at(longest, bk, lens)
     batch_step = np.zeros(n_batch, dtype=np.int64)
     batch_step[bk] = step_idx
-    padded = np.bincount(batch_step, weights=size * longest, minlength=n_steps).astype(np.int64)
+    padded = real.copy() if packed else \
+        np.bincount(batch_step, weights=size * longest, minlength=n_steps).astype(np.int64)
     n_batches = np.bincount(batch_step, minlength=n_steps)
     del lens, bk, longest, size, batch_step
     # --- composition ----------------------------------------------------------------------------------------------

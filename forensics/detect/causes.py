@@ -208,6 +208,10 @@ class CauseRule(Rule):
             next_step = (f"Replay step {firsts[0]} from the checkpoint before it (forensics replay CASE --steps "
                          f"{firsts[0]}) against same-bucket controls; inspect samples "
                          f"{', '.join(map(str, suspects[:6]))}{fix}.")
+        lead_words = [e for e in lead.evidence if " steps before the loss" in e]
+        if lead.details.get("joint") == "led" or lead_words:
+            summary = summary.rstrip(".") + (f"; {lead_words[0].split(':')[0]}" if lead_words else
+                                             "; the grad norm rose before it") + " (an optimizer-led event)."
         return {"kind": kind, "steps": steps, "metrics": metrics, "suspect_samples": suspects,
                 "severity": severity if severity != INFO else WARNING, "confidence": confidence,
                 "summary": summary, "next_step": next_step, "recurs": recurs, "_members": members,

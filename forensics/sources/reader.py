@@ -112,6 +112,21 @@ class MetricsReader:
             raise ForensicsError(f"{self.source}: {self._where_word} {where}: {reason} (strict mode)")
         self.report.add_malformed(where, reason)
 
+    def _publish_damage(self) -> None:
+        """Report the damaged regions found so far (``self._damages``): ``report.damaged`` and one warning line that
+        replaces the previous one; with ``strict`` damage is bad input."""
+        from forensics.sources.damage import damage_line
+
+        self.report.damaged = list(self._damages)
+        old = getattr(self, "_damage_warning", None)
+        if old in self.report.warnings:
+            self.report.warnings.remove(old)
+        self._damage_warning = damage_line(self._damages)
+        if self._damage_warning is not None:
+            if self.strict:
+                raise ForensicsError(f"{self.source}: {self._damage_warning} (strict mode)")
+            self.report.warn(self._damage_warning)
+
     # --- state --------------------------------------------------------------------------------------------------
     def _reset(self) -> None:
         self.report = ReaderReport(source=self.source, format=self.format_name)

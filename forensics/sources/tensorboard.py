@@ -27,7 +27,7 @@ import pyarrow as pa
 from forensics.errors import ForensicsError, require
 from forensics.schema import TIMESTAMP
 from forensics.sources import tfrecord
-from forensics.sources.damage import Damage, damage_line
+from forensics.sources.damage import Damage
 from forensics.sources.reader import MetricsReader
 from forensics.sources.records import Records, sparse_columns
 
@@ -124,16 +124,6 @@ class TensorBoardReader(MetricsReader):
             self._damages.append(Damage(start + offset, length, reason, (before, after), name))
             if after is None:
                 self._open.setdefault(path, []).append(len(self._damages) - 1)
-
-    def _publish_damage(self) -> None:
-        self.report.damaged = list(self._damages)
-        if self._damage_warning in self.report.warnings:
-            self.report.warnings.remove(self._damage_warning)
-        self._damage_warning = damage_line(self._damages)
-        if self._damage_warning is not None:
-            if self.strict:
-                raise ForensicsError(f"{self.source}: {self._damage_warning} (strict mode)")
-            self.report.warn(self._damage_warning)
 
 
 def _step_at(data: bytes, frames: tfrecord.Frames, k: int, event_pb2) -> int | None:

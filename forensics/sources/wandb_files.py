@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from forensics.errors import ForensicsError
-from forensics.sources.damage import Damage, damage_line
+from forensics.sources.damage import Damage
 from forensics.sources.reader import MetricsReader
 from forensics.sources.records import Records
 from forensics.sources.wandb_records import (
@@ -242,16 +242,6 @@ class WandbRunReader(MetricsReader):
         for i in self._open.pop(path, ()):
             self._damages[i] = replace(self._damages[i], steps=(self._damages[i].steps[0], step))
         return True
-
-    def _publish_damage(self) -> None:
-        self.report.damaged = list(self._damages)
-        if self._damage_warning in self.report.warnings:
-            self.report.warnings.remove(self._damage_warning)
-        self._damage_warning = damage_line(self._damages)
-        if self._damage_warning is not None:
-            if self.strict:
-                raise ForensicsError(f"{self.source}: {self._damage_warning} (strict mode)")
-            self.report.warn(self._damage_warning)
 
     def _history_row(self, history) -> dict[str, float] | None:
         keys: list[str] = []

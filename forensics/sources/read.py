@@ -267,20 +267,10 @@ class _progress:
             self._bar.stop()
 
 
-def ingest(
-    sources: Sequence[str | Path],
-    out: str | Path,
-    *,
-    keys: Sequence[str] | None = None,
-    step_key: str | None = None,
-    step_offset: int | None = None,
-    pattern: str | None = None,
-    strict: bool = False,
-    run_id: str | None = None,
-    progress: bool = False,
-) -> tuple[pd.DataFrame, IngestReport]:
+def ingest(sources: Sequence[str | Path], out: str | Path, **read_options: Any) -> tuple[pd.DataFrame, IngestReport]:
     """``forensics ingest``: read and merge the sources (a case folder stands for its metrics sources) and write
-    the canonical metrics table to ``out`` (Parquet; never over an input)."""
+    the canonical metrics table to ``out`` (Parquet; never over an input). ``read_options`` are
+    :func:`read_metrics`'s."""
     from forensics.schema import check_output, open_case, write_metrics
     from forensics.schema.case import is_metrics_folder
 
@@ -295,7 +285,6 @@ def ingest(
             expanded.append(str(s))
     if out.resolve() in {Path(s).resolve() for s in expanded if not str(s).startswith("wandb://")}:
         raise ForensicsError(f"output {out} is one of the sources; inputs are never overwritten")
-    table, report = read_metrics(expanded, keys=keys, step_key=step_key, step_offset=step_offset, pattern=pattern,
-                                 strict=strict, run_id=run_id, progress=progress)
+    table, report = read_metrics(expanded, **read_options)
     write_metrics(table, out)
     return table, report

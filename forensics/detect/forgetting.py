@@ -32,11 +32,10 @@ such as ``source``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from scipy import sparse, stats
 
 from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
 from forensics.detect.findings import Finding
@@ -44,6 +43,9 @@ from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
 from forensics.stats import rolling_median, steps_since_seen
+
+if TYPE_CHECKING:
+    from scipy import sparse
 
 CLUSTER_NAME = "cluster_name"
 BUCKET = "bucket"
@@ -101,6 +103,7 @@ class _Design:
     def matrices(self, rows: np.ndarray, tau: float, per_cluster: bool) -> tuple[sparse.csr_matrix, list[str]]:
         """The design for the steps at positions ``rows`` (into ``step_values``): composition columns, then the
         forgetting column(s); names say what each column is."""
+        from scipy import sparse  # lazily: only an audit with a plan needs scipy
         n = len(self.step_values)
         k, kb = len(self.labels), len(self.buckets)
         x = np.log1p(np.where(np.isfinite(self.gap), self.gap, 0.0) / tau)
@@ -137,6 +140,7 @@ def _names(smp: pd.DataFrame, column: str, labels: np.ndarray) -> list[str]:
 
 def _ols(X: sparse.csr_matrix, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """Least squares with HC1 (heteroscedasticity-robust) covariance; min-norm where columns are collinear."""
+    from scipy import sparse  # lazily: only an audit with a plan needs scipy
     xtx = (X.T @ X).toarray()
     inv = np.linalg.pinv(xtx)
     beta = inv @ (X.T @ y)
@@ -184,6 +188,7 @@ def forgetting_signature(
     ``bucket`` column is used when present, else lengths are bucketed with ``boundaries``). ``spikes``: findings or
     ``{"step", "end_step"}`` dicts whose spans (plus ``exclude_after`` steps) are left out.
     """
+    from scipy import stats  # lazily: only an audit with a plan needs scipy
     metric = metric or find_loss_key(metrics.columns)
     if metric not in metrics.columns:
         raise ForensicsError(f"metrics: missing column '{metric}'")
@@ -249,6 +254,7 @@ def forgetting_signature(
 
 def _cluster_rows(design: _Design, used: np.ndarray, beta: np.ndarray, cov: np.ndarray, dof: int,
                   names: list[str]) -> list[dict[str, Any]]:
+    from scipy import stats  # lazily: only an audit with a plan needs scipy
     t_crit = float(stats.t.ppf(0.975, dof))
     present = used[design.c_step] & np.isfinite(design.gap)
     df = pd.DataFrame({"c": design.c_lab[present], "share": design.c_share[present], "gap": design.gap[present]})

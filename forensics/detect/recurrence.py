@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from forensics.detect._tags import BUCKET, StepLookup
 from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
@@ -228,6 +227,8 @@ def sample_enrichment(
     kk = df["n_spike_batches"].to_numpy(np.int64)
     big_k = df["n_steps"].to_numpy(np.int64)
     df["expected"] = n_draw * big_k / max(n_total, 1)
+    from scipy import stats  # here, not at import: only runs with a plan
+
     df["p_value"] = stats.hypergeom.sf(kk - 1, n_total, big_k, n_draw)
     df["p_bonferroni"] = np.minimum(1.0, df["p_value"] * m)
     df["q_value"] = _bh(df["p_value"].to_numpy(), m)

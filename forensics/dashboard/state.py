@@ -243,6 +243,9 @@ class LiveRun:
         from forensics.schema import open_case
         from forensics.sources.live import LiveMetrics
 
+        from forensics.detect.warmup import warm_kernel
+
+        warm_kernel()  # numba's first use overlaps with reading the log
         t = self.target
         self.inputs = Inputs.of(open_case(t.case, overrides={"metrics": list(t.sources)} if t.sources else None))
         self.config = self.inputs.config

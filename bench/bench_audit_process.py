@@ -1,0 +1,178 @@
+"""Bench: whole-process audits, against ``losslint check`` and under a loaded machine (issue 24).
+
+Each measurement is a fresh process (imports, reading, detection, writing), as a user runs it; both sides of a ratio run
+in the same bench run, alternated, best of ``--repeat``. ``.pyc`` files are written first (``compileall``) so neither
+side pays for compiling its sources, whatever ``PYTHONDONTWRITEBYTECODE`` says.
+
+1. ``losslint``: a metrics-only audit of a ``--steps``-step JSONL (default 120,000: a decaying loss, grad norm and
+   learning rate, Student-t noise, three spikes), JSON out, no report: ``forensics audit --metrics F --json J
+   --no-html`` against ``losslint check F --format json`` (``losslint==0.4.1``, a bench-only dependency). Target:
+   at most 1.0x.
+2. ``load``: the small demo's audit (``forensics audit CASE --json J --no-html``, plan, samples, text clustering) and
+   ``forensics tag CASE``, each 5 times, first on an idle machine and then with one CPU-bound competitor per usable core
+   (busy-loop processes this bench starts and stops). Targets: under load, max/min - 1 under 30% over the 5 runs, and
+   the audit under 4 s.
+3. ``demo``: the full demo's audit with its report (52K steps, 112K samples); target under 6 s.
+
+    python3 bench/bench_audit_process.py                  # all three
+    python3 bench/bench_audit_process.py --only losslint  # one part
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out"
+
+
+def write_metrics_jsonl(path: Path, steps: int, seed: int = 0) -> None:
+    """An HF-Trainer-like JSONL: step, loss, grad_norm, learning_rate; heavy-tailed noise and three spikes."""
+    rng = np.random.default_rng(seed)
+    s = np.arange(1, steps + 1)
+    loss = 0.9 + 2.0 * np.exp(-s / (steps / 3)) + 0.03 * rng.standard_t(5, steps)
+    for at in (steps // 4, steps // 2, 5 * steps // 6):
+        loss[at:at + 3] += (3.0, 1.5, 0.5)
+    gn = 1.0 + 0.1 * np.abs(rng.standard_normal(steps))
+    lr = 3e-4 * np.minimum(1.0, s / 2000) * (0.5 + 0.5 * np.cos(np.pi * s / steps))
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(f'{{"step": {a}, "loss": {b!r}, "grad_norm": {c!r}, "learning_rate": {d!r}}}\n'
+                      for a, b, c, d in zip(s.tolist(), loss.tolist(), gn.tolist(), lr.tolist()))
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    """Wall seconds of one whole process; its failure stops the bench with its stderr."""
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    seconds = time.perf_counter() - t0
+    if done.returncode not in (0, 1):
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return seconds
+
+
+def forensics_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "forensics", *args]
+
+
+def _busy(stop) -> None:
+    x = 0
+    while not stop.is_set():
+        for _ in range(100_000):
+            x += 1
+
+
+class Competitors:
+    """One busy-loop process per usable core, for the 'loaded machine' of the issue."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.stop, self.procs = n, mp.Event(), []
+
+    def __enter__(self) -> Competitors:
+        self.procs = [mp.Process(target=_busy, args=(self.stop,), daemon=True) for _ in range(self.n)]
+        for p in self.procs:
+            p.start()
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for p in self.procs:
+            p.join(5)
+
+
+def bench_losslint(steps: int, repeat: int) -> None:
+    if shutil.which("losslint") is None:
+        print("losslint: not installed (pip install losslint==0.4.1); skipped")
+        return
+    path = OUT / f"metrics-{steps}.jsonl"
+    if not path.exists():
+        write_metrics_jsonl(path, steps)
+    ours = forensics_cmd("audit", "--metrics", str(path), "--json", str(OUT / "audit-metrics-only.json"), "--no-html")
+    theirs = ["losslint", "check", str(path), "--format", "json", "--json-out", str(OUT / "losslint.json")]
+    timed(ours), timed(theirs)  # warm: numba's cache, the page cache
+    a, b = [], []
+    for _ in range(repeat):
+        a.append(timed(ours))
+        b.append(timed(theirs))
+    print(f"metrics-only audit of {steps:,} JSONL steps, whole process, best of {repeat}:")
+    print(f"  forensics audit  {min(a):6.2f} s   (median {statistics.median(a):.2f})")
+    print(f"  losslint check   {min(b):6.2f} s   (median {statistics.median(b):.2f})")
+    print(f"  ratio            {min(a) / min(b):6.2f}x   (target <= 1.0x)")
+
+
+def ensure_demo(scale: str) -> Path:
+    out = OUT / f"demo-{scale}"
+    if not (out / "static" / "run.toml").exists():
+        subprocess.run(forensics_cmd("demo", "--out", str(out), "--scale", scale, "--no-wandb"), check=True, cwd=ROOT,
+                       capture_output=True)
+    return out
+
+
+def _spread(xs: list[float]) -> str:
+    return (f"min {min(xs):5.2f}  median {statistics.median(xs):5.2f}  max {max(xs):5.2f} s  "
+            f"spread {max(xs) / min(xs) - 1:5.1%}")
+
+
+def bench_load(runs: int) -> None:
+    from forensics._threads import usable_cores
+
+    demo = ensure_demo("small")
+    case = demo / "static"
+    audit = forensics_cmd("audit", str(case), "--json", str(OUT / "audit-small.json"), "--no-html")
+    tag = forensics_cmd("tag", str(case), "-o", str(OUT / "tags-small.parquet"))
+    n = usable_cores()
+    timed(audit), timed(tag)
+    results = {}
+    for label, loaded in (("idle", False), (f"loaded ({n} competitors)", True)):
+        for name, cmd in (("audit", audit), ("tag", tag)):
+            if loaded:
+                with Competitors(n):
+                    xs = [timed(cmd) for _ in range(runs)]
+            else:
+                xs = [timed(cmd) for _ in range(runs)]
+            results[(label, name)] = xs
+            print(f"small demo {name:5s} {label:24s} {_spread(xs)}")
+    loaded_audit = results[(f"loaded ({n} competitors)", "audit")]
+    print(f"  targets under load: spread < 30% (audit {max(loaded_audit) / min(loaded_audit) - 1:.1%}, tag "
+          f"{max(results[(f'loaded ({n} competitors)', 'tag')]) / min(results[(f'loaded ({n} competitors)', 'tag')]) - 1:.1%}); "
+          f"audit < 4 s (max {max(loaded_audit):.2f} s)")
+
+
+def bench_demo(repeat: int) -> None:
+    demo = ensure_demo("full")
+    case = demo / "static"
+    cmd = forensics_cmd("audit", str(case), "--json", str(OUT / "audit-full.json"), "--html", str(OUT / "report.html"))
+    timed(cmd)
+    xs = [timed(cmd) for _ in range(repeat)]
+    print(f"full demo audit with its report: {_spread(xs)}  (target < 6 s)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", choices=("losslint", "load", "demo"), default=None)
+    ap.add_argument("--steps", type=int, default=120_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "forensics")], check=False,
+                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
+    if args.only in (None, "losslint"):
+        bench_losslint(args.steps, args.repeat)
+    if args.only in (None, "load"):
+        bench_load(args.repeat)
+    if args.only in (None, "demo"):
+        bench_demo(args.repeat)
+
+
+if __name__ == "__main__":
+    main()

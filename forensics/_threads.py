@@ -27,17 +27,19 @@ def usable_cores() -> int:
     return max(1, n)
 
 
-def _cgroup_quota() -> float | None:
+def _cgroup_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs the cgroup's quota allows (``cpu.max`` of v2, else ``cpu.cfs_quota_us / cpu.cfs_period_us`` of v1); None
+    when unlimited or unknown."""
     try:
-        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as fh:
+        with open(f"{root}/cpu.max", encoding="ascii") as fh:
             limit, period = fh.read().split()[:2]
         return None if limit == "max" else int(limit) / int(period)
     except (OSError, ValueError):
         pass
     try:
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", encoding="ascii") as fh:
+        with open(f"{root}/cpu/cpu.cfs_quota_us", encoding="ascii") as fh:
             limit = int(fh.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us", encoding="ascii") as fh:
+        with open(f"{root}/cpu/cpu.cfs_period_us", encoding="ascii") as fh:
             period = int(fh.read())
         return None if limit <= 0 else limit / period
     except (OSError, ValueError):

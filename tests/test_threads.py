@@ -1,0 +1,77 @@
+"""Thread pools sized to the cores the process may use (issue 24): affinity, cgroup quota, the user's own setting.
+
+Each check runs in a fresh interpreter, since the pools are sized once, when ``forensics`` is first imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from forensics._threads import POOLS, _cgroup_quota, usable_cores
+
+PROBE = """
+import json, os, sys
+if {cores!r} is not None:
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:{cores!r}]))
+import forensics  # sizes the pools
+import numba, threadpoolctl
+from sklearn.cluster import KMeans  # noqa: F401  (loads OpenMP and BLAS as the clustering does)
+import numpy as np
+np.ones((4, 4)) @ np.ones((4, 4))
+pools = {{p["internal_api"]: p["num_threads"] for p in threadpoolctl.threadpool_info()}}
+print(json.dumps({{"env": {{k: os.environ.get(k) for k in {pools!r}}}, "numba": numba.get_num_threads(),
+                  "pools": pools}}))
+"""
+
+
+def _probe(cores: int | None = None, **env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k not in POOLS and k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", PROBE.format(cores=cores, pools=list(POOLS))], capture_output=True,
+                         text=True, env={**clean, **env}, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
+def test_pools_follow_the_cpu_affinity_not_the_machine():
+    got = _probe(cores=1)
+    assert set(got["env"].values()) == {"1"}  # what forensics set: OpenMP, BLAS, numba, numexpr
+    assert got["numba"] == 1
+    assert got["pools"] and set(got["pools"].values()) == {1}, got["pools"]  # OpenMP and BLAS alike
+
+
+def test_the_users_own_setting_wins():
+    got = _probe(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    assert got["env"]["OMP_NUM_THREADS"] == "1" and got["numba"] == 1
+    assert got["env"]["MKL_NUM_THREADS"] == str(usable_cores())  # the ones not set are still sized
+
+
+def test_a_cgroup_quota_caps_the_cores(tmp_path):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert _cgroup_quota(str(tmp_path)) == 1.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert _cgroup_quota(str(tmp_path)) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("200000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert _cgroup_quota(str(v1)) == 2.0
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert _cgroup_quota(str(v1)) is None
+    assert _cgroup_quota(str(tmp_path / "absent")) is None
+
+
+def test_usable_cores_is_the_affinity_capped_by_the_quota(monkeypatch):
+    import forensics._threads as threads
+
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    monkeypatch.setattr(threads, "_cgroup_quota", lambda: None)
+    assert threads.usable_cores() == affinity
+    monkeypatch.setattr(threads, "_cgroup_quota", lambda: 1.5)  # a container given one and a half CPUs
+    assert threads.usable_cores() == 1
+    monkeypatch.setattr(threads, "_cgroup_quota", lambda: 0.25)  # never fewer than one
+    assert threads.usable_cores() == 1

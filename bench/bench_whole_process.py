@@ -70,16 +70,19 @@ def duckdb_script() -> str:
     return DUCKDB_RETENTION.replace("{setup!r}", repr(SQL_SETUP)).replace("{pairs!r}", repr(SQL_PAIRS))
 
 
-def env() -> dict[str, str]:
+def env(root: Path = ROOT) -> dict[str, str]:
     e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    e["PYTHONPATH"] = str(root) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
     e.pop("PYTHONDONTWRITEBYTECODE", None)
     return e
 
 
 def timed(cmd: list[str], ok=(0,)) -> float:
+    root = ROOT
+    if cmd[0] == "BEFORE":
+        root, cmd = Path(cmd[1]), cmd[2:]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, cwd=ROOT / "bench")
+    proc = subprocess.run(cmd, env=env(root), capture_output=True, text=True, cwd=ROOT / "bench")
     seconds = time.perf_counter() - t0
     if proc.returncode not in ok:
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -121,6 +124,9 @@ def bench_ingest(args: argparse.Namespace, tmp: Path) -> None:
         "pyarrow.json.read_json + pq.write_table": [sys.executable, "-c", PYARROW_INGEST, str(path), str(base_out)],
         "forensics ingest": [sys.executable, "-m", "forensics", "ingest", str(path), "-o", str(ours_out)],
     }
+    if args.before:
+        sides["forensics ingest, before"] = ["BEFORE", str(args.before)] + sides["forensics ingest"][:-2] + [
+            "-o", str(tmp / "before.parquet")]
     runs = best_of(sides, args.repeat)
     import pyarrow.parquet as pq
 
@@ -130,6 +136,14 @@ def bench_ingest(args: argparse.Namespace, tmp: Path) -> None:
     report(f"ingest: {rows:,} rows x {args.metrics} metrics JSONL ({size:.0f} MiB), whole process, best of "
            f"{args.repeat}, {os.cpu_count()} CPUs", runs, "forensics ingest", "pyarrow.json.read_json + pq.write_table",
            1.3, "<=")
+    if args.before:
+        report_before(runs, "forensics ingest", "forensics ingest, before", "pyarrow.json.read_json + pq.write_table")
+
+
+def report_before(runs: dict[str, list[float]], ours: str, before: str, base: str) -> None:
+    """The same command from another checkout (``--before``), measured in the same run."""
+    b, o, t = min(runs[before]), min(runs[ours]), min(runs[base])
+    print(f"  before ({before}): best {b:.2f} s, {b / t:.2f} x the baseline; now {o:.2f} s: {b / o:.2f} x faster")
 
 
 def bench_check_plan(args: argparse.Namespace, tmp: Path) -> None:
@@ -150,6 +164,9 @@ def bench_check_plan(args: argparse.Namespace, tmp: Path) -> None:
         "forensics check-plan CASE --json": [sys.executable, "-m", "forensics", "check-plan", str(case), "--json",
                                              str(ours_json)],
     }
+    if args.before:
+        sides["forensics check-plan, before"] = ["BEFORE", str(args.before)] + sides[
+            "forensics check-plan CASE --json"][:-1] + [str(tmp / "before.json")]
     runs = best_of(sides, args.repeat, ok=(0, 1))
     ours = json.loads(ours_json.read_text())
     duck = json.loads(duck_json.read_text())
@@ -163,6 +180,9 @@ def bench_check_plan(args: argparse.Namespace, tmp: Path) -> None:
     report(f"check-plan: {n_rows:,} plan rows ({n:,} samples x {args.epochs} epochs), whole process, best of "
            f"{args.repeat}, {os.cpu_count()} CPUs", runs, "forensics check-plan CASE --json",
            "DuckDB SQL script (read + retention, JSON)", 1.0, "<=")
+    if args.before:
+        report_before(runs, "forensics check-plan CASE --json", "forensics check-plan, before",
+                      "DuckDB SQL script (read + retention, JSON)")
     print(f"  numbers agree with DuckDB: {'yes' if same else 'NO'}")
     if not same:
         print(f"  forensics {mine}\n  duckdb {duck}")
@@ -179,9 +199,12 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=6, help="epochs in the plan (default 6)")
     ap.add_argument("--quick", action="store_true", help="100K JSONL rows and a 200K-sample plan")
     ap.add_argument("--no-compile", action="store_true", help="do not byte-compile forensics/ first")
+    ap.add_argument("--before", type=Path, default=None, metavar="CHECKOUT",
+                    help="also time the same command from another checkout (e.g. the base commit), same run")
     args = ap.parse_args()
     if not args.no_compile:
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "forensics")], check=True, env=env())
+        for root in [ROOT] + ([args.before] if args.before else []):
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "forensics")], check=True, env=env())
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "ingest"):
             bench_ingest(args, Path(tmp))

@@ -6,6 +6,11 @@ type changes) is split into small blocks, and only the small blocks that still f
 Python's ``json``, so a bad line costs little and is reported with its line number. Nested objects become ``a/b``
 keys (in the base reader). A last line without a newline is consumed only when it is a complete JSON object: no
 proper prefix of a JSON object is itself one, so a half-written line is never mistaken for a whole one.
+
+A finished file (up to :data:`WHOLE_READ_MAX_BYTES`) is first given to pyarrow whole, by path: pyarrow then reads it
+itself, with no copy of its bytes through Python and no line count, which made the block path 1.7x slower than
+``read_json`` plus a Parquet write for ``forensics ingest``. Only if pyarrow refuses the file does it take the
+block path above; line numbers for messages are counted only when a message needs one.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from forensics.sources.tail import LazyLineNumbers, TailedFile, line_numbers
 
 #: Lines per small block when a big block fails and is retried in pieces.
 _RETRY_LINES = 1024
+#: A finished file up to this size is parsed by pyarrow in one call (as fast as ``pyarrow.json.read_json``, with
+#: about its peak memory: 1.2x the file's size); a larger one block by block, so that memory stays bounded.
+WHOLE_READ_MAX_BYTES = 1 << 30
 
 
 class JsonlReader(MetricsReader):
@@ -58,7 +66,7 @@ class JsonlReader(MetricsReader):
         path = Path(self.source)
         try:
             before = path.stat()
-            if before.st_size == 0:
+            if before.st_size == 0 or before.st_size > WHOLE_READ_MAX_BYTES:
                 return None
             table = pa_json.read_json(str(path))
             after = path.stat()

@@ -379,3 +379,30 @@ def test_assert_batches_vary_takes_a_callable_and_limits(samples):
         assert_batches_vary(sort_after_shuffle, samples, epochs=2)
     assert assert_batches_vary(sort_after_shuffle, samples, epochs=2, max_pair_retention=1.0,
                                max_identical_batches=1.0).passed
+
+
+def test_measures_do_not_depend_on_how_sample_ids_are_spread_or_rows_ordered(samples):
+    """Dense ids are ranked by a lookup table, sparse ones hashed, epochs in order sliced, shuffled rows gathered:
+    the same plan gives the same numbers every way."""
+    plan = rebuild_plan(samples, bucketed_shuffle, 3, 0)
+    base = check_plan(plan).to_json()
+    sparse = plan.assign(sample_id=plan["sample_id"] * 1_000_003 + 7)
+    shuffled = plan.sample(frac=1.0, random_state=0).sort_values(["epoch", "batch_id"], kind="stable")
+    for variant in (sparse, shuffled, plan.iloc[::-1].reset_index(drop=True)):
+        got = check_plan(variant).to_json()
+        assert got["pair_retention"] == base["pair_retention"]
+        assert got["identical_batches"] == base["identical_batches"] and got["coverage"] == base["coverage"]
+    assert 0 < base["pair_retention"][0] < 0.1
+
+
+def test_check_plan_case_rejects_an_unmappable_plan_without_mapping_it(tmp_path, samples):
+    """The gate compares epochs by batch_id, but a plan no command could map to steps is still bad input."""
+    plan = rebuild_plan(samples, bucketed_shuffle, 2, 0)
+    plan.to_parquet(tmp_path / "plan.parquet", index=False)
+    assert main(["check-plan", str(tmp_path), "--set", "rank_split=per_rank"]) == 2
+    two_ranks = plan.assign(rank=np.arange(len(plan)) % 2)
+    two_ranks.to_parquet(tmp_path / "plan.parquet", index=False)
+    assert main(["check-plan", str(tmp_path)]) == 2
+    two_ranks.assign(rank=two_ranks["batch_id"] % 2, extra="x").to_parquet(tmp_path / "plan.parquet", index=False)
+    assert main(["check-plan", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["pair_retention"] == check_plan(plan).pair_retention

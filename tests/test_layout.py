@@ -112,3 +112,23 @@ def test_the_cli_only_parses_calls_and_renders():
         assert "pyarrow" not in text and "to_parquet" not in text, f.name
         assert not re.search(r'\["(compared|settings|pair_retention|spikes)"\]\s*=', text), f.name
         assert not re.search(r"if [^\n]*(< 1|<= 0|> 1\b|< 0\b)[^\n]*:\n\s*raise", text), f.name
+
+
+def test_a_command_imports_only_its_own_module():
+    """``forensics ingest`` pays for no other command's imports (the plan stage, tagging, the demo simulator);
+    ``--help`` still lists every command."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from forensics.cli import build_parser; p = build_parser('ingest'); "
+            "print(sorted(m for m in sys.modules if m.startswith(('forensics.', 'sklearn', 'scipy', 'plotly'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout
+    assert "forensics.cli.ingest" in out
+    for other in ("forensics.plan", "forensics.tagging", "forensics.datasets", "forensics.cli.audit", "sklearn",
+                  "scipy", "plotly"):
+        assert f"'{other}" not in out, other
+    from forensics.cli import build_parser
+
+    help_text = build_parser().format_help()
+    assert all(name in help_text for name in ("audit", "ingest", "check-plan", "demo", "validate"))

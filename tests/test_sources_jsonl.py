@@ -186,3 +186,54 @@ def test_hf_trainer_state_json_log_history(tmp_path):
     assert table["eval_loss"].isna().tolist() == [True, False, True]
     assert report.metrics["loss"]["nan"] == 1 and report.metrics["eval_loss"]["missing"] == 2
     assert table["grad_norm"].tolist() == [1.2, 1.1, 1.0]
+
+
+def _blockwise(path) -> JsonlReader:
+    """A finished reader made to take the block-by-block path (as a live reader does) instead of one pyarrow call."""
+    reader = JsonlReader(path)
+    reader.finished = True
+    reader._read_whole = lambda: None
+    return reader
+
+
+def test_a_finished_file_read_whole_gives_the_blockwise_table_and_line_numbers(tmp_path):
+    path = tmp_path / "m.jsonl"
+    _write(path, [{"step": 0, "loss": 1.0, "lr": 1}, "", "   ", {"step": 1, "loss": float("nan")},
+                  {"step": 2, "loss": 2.5, "lr": 0.5, "eval": {"acc": 0.25}}, {"step": 1, "loss": 9.0}],
+           tail='{"step": 3, "loss": Infinity}')
+    reader = JsonlReader(path)
+    reader.finished = True
+    whole = reader.read_all()
+    assert reader._file.offset == path.stat().st_size and reader._file.lines == 7
+    blocks = _blockwise(path).read_all()
+    assert whole.columns.tolist() == blocks.columns.tolist() == ["step", "loss", "lr", "eval/acc"]
+    assert (whole.dtypes == blocks.dtypes).all() and (whole.dtypes.iloc[1:] == METRIC_DTYPE).all()
+    for col in whole.columns:
+        a = whole[col].to_numpy(dtype=np.float64, na_value=-1.0)
+        assert np.array_equal(a, blocks[col].to_numpy(dtype=np.float64, na_value=-1.0), equal_nan=True), col
+    assert whole["loss"].tolist()[1] == 9.0 and math.isinf(whole["loss"].tolist()[3])
+    assert [(r.from_step, r.rows_replaced) for r in reader.report.rewinds] == [(1, 1)]
+
+
+def test_a_bad_cell_in_a_file_read_whole_names_its_line(tmp_path):
+    """pyarrow reads a column with text in it as text; the cell is then missing and reported at its line, which
+    is counted only then (blank lines make rows and lines differ)."""
+    path = tmp_path / "m.jsonl"
+    _write(path, ["", {"step": 0, "loss": "1.5"}, "", {"step": 1, "loss": "oops"}, {"step": 2, "loss": "nan"}])
+    df, report = read_metrics([path])
+    assert df["loss"].to_numpy(dtype=np.float64, na_value=-1.0)[:2].tolist() == [1.5, -1.0]
+    assert "line 4: 'oops'" in " ".join(report.warnings)
+    with pytest.raises(ForensicsError, match="line 4"):
+        read_metrics([path], strict=True)
+
+
+def test_a_file_read_whole_then_grown_is_read_on_from_its_end(tmp_path):
+    path = tmp_path / "m.jsonl"
+    _write(path, [{"step": 0, "loss": 1.0}, "", {"step": 1, "loss": 2.0}])
+    reader = JsonlReader(path)
+    reader.finished = True
+    assert reader.read_new()["step"].tolist() == [0, 1]
+    with open(path, "a") as fh:
+        fh.write('{"step": 2, "loss": 3.0}\nnot json\n')
+    assert reader.read_new()["step"].tolist() == [2]
+    assert reader.report.malformed_examples == [(5, "not valid JSON (Expecting value)")]

@@ -22,7 +22,10 @@ ORDER = ["demo", "audit", "replay", "dashboard", "ingest", "tag", "buckets", "wh
 _HELPERS = {"common"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``command`` (a command's name as typed, e.g. ``check-plan``) only that command's
+    module is imported and registered, so that a command never pays for the imports of the others (``--help`` and
+    an unknown name still get every command)."""
     parser = argparse.ArgumentParser(
         prog="forensics",
         description="Why did the training loss spike? Joins step metrics to the batch plan, finds spikes and "
@@ -33,14 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     names = [m.name for m in pkgutil.iter_modules(__path__) if m.name not in _HELPERS and not m.name.startswith("_")]
     names.sort(key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+    if command is not None and "_" not in command and command.replace("-", "_") in names:
+        names = [command.replace("-", "_")]
     for name in names:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(args_list[0] if args_list and not args_list[0].startswith("-") else None)
+    args = parser.parse_args(args_list)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from forensics.schema import RANK_SPLITS, Case, open_case
 
@@ -115,6 +114,8 @@ def stage_progress(name: str, total: int | None = None) -> Iterator[Callable[...
         if not err.is_terminal:
             return
         if state["bar"] is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             state["bar"] = Progress(TextColumn(name), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                     console=err, transient=True)
             state["bar"].start()

@@ -159,10 +159,24 @@ def index_plan(plan: pd.DataFrame, samples: pd.DataFrame | None = None) -> PlanM
                                  f"e.g. {', '.join(map(str, unknown[:5].tolist()))}")
         n_samples = len(samples)
     else:
-        codes, uniques = pd.factorize(ids)
-        sample_idx = codes.astype(np.int64, copy=False)
-        n_samples = len(uniques)
+        sample_idx, n_samples = dense_ids(ids)
     return membership_from_arrays(epoch, _batch_codes(plan), sample_idx, n_samples)
+
+
+def dense_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each id's dense index (0 .. distinct - 1) and the number of distinct ids. Every measure here is the same
+    whatever order the indices follow, so ids spanning a range not much wider than their count (the usual case:
+    row numbers, offsets) are ranked by a lookup table, which is faster than hashing; others are factorized."""
+    if len(ids):
+        lo, hi = int(ids.min()), int(ids.max())
+        if hi - lo < 2 * len(ids) + 1024:
+            present = np.zeros(hi - lo + 1, dtype=bool)
+            shifted = ids - lo
+            present[shifted] = True
+            rank = np.cumsum(present, dtype=np.int64) - 1
+            return rank[shifted], int(rank[-1]) + 1
+    codes, uniques = pd.factorize(ids)
+    return codes.astype(np.int64, copy=False), len(uniques)
 
 
 def membership_from_arrays(
@@ -171,11 +185,17 @@ def membership_from_arrays(
     """Index rows given as arrays (epoch label, batch code increasing in plan order, dense sample index)."""
     labels = pd.unique(epoch)
     labels.sort()
+    ordered = len(epoch) < 2 or bool((epoch[1:] >= epoch[:-1]).all())
+    bounds = np.searchsorted(epoch, labels, side="left").tolist() + [len(epoch)] if ordered else None
     out = []
-    for label in labels.tolist():
-        rows = np.flatnonzero(epoch == label)  # one pass per epoch: no 10M-row sort or index array
-        s = sample_idx[rows]
-        b = batch[rows]
+    for i, label in enumerate(labels.tolist()):
+        if bounds is not None:  # epochs in order, as plans are written: each epoch is a slice, nothing is gathered
+            s = sample_idx[bounds[i]:bounds[i + 1]]
+            b = batch[bounds[i]:bounds[i + 1]]
+        else:
+            rows = np.flatnonzero(epoch == label)  # one pass per epoch: no 10M-row sort or index array
+            s = sample_idx[rows]
+            b = batch[rows]
         b = b - b.min()
         if b.max() > 4 * len(b) + 1024:  # sparse codes: make them dense so per-batch arrays stay small
             b = np.unique(b, return_inverse=True)[1].astype(np.int64)

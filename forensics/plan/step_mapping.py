@@ -51,28 +51,16 @@ def assign_steps(
     """
     if STEP in plan.columns:
         return plan
-    if grad_accum < 1 or world_size < 1:
-        raise ForensicsError(f"grad_accum and world_size must be >= 1; got {grad_accum} and {world_size}")
-    if rank_split not in RANK_SPLITS:
-        raise ForensicsError(f"rank_split must be one of {', '.join(RANK_SPLITS)}; got {rank_split!r}")
-    if not {EPOCH, BATCH_ID} <= set(plan.columns):
-        raise ForensicsError("plan: needs 'step', or 'epoch' and 'batch_id' to map batches to steps")
+    check_mapping(plan, grad_accum, world_size, rank_split)
     out = plan.copy()
     epoch = out[EPOCH].to_numpy(np.int64)
     if rank_split == "per_rank":
-        if RANK not in out.columns:
-            raise ForensicsError("plan: rank_split 'per_rank' needs a 'rank' column (each rank's own batch stream)")
         stream = [EPOCH, RANK]
         j = _dense_order(out, stream)  # batch index within (epoch, rank)
         local_step = j // grad_accum
         micro = j % grad_accum
         rank = out[RANK].to_numpy(np.int64)
     else:
-        if RANK in out.columns and out[RANK].nunique() > 1 and \
-                out.groupby([EPOCH, BATCH_ID], sort=False)[RANK].nunique().max() > 1:
-            raise ForensicsError(
-                "plan: the same (epoch, batch_id) appears on several ranks, so each rank has its own batch stream; "
-                "use rank_split 'per_rank' (--rank-split per_rank, or rank_split in run.toml)")
         k = _dense_order(out, [EPOCH])  # batch index within the epoch
         local_step = k // (grad_accum * world_size)
         rank = k % world_size
@@ -86,6 +74,29 @@ def assign_steps(
     if RANK not in out.columns:
         out[RANK] = rank.astype(np.int64)
     return out
+
+
+def check_mapping(plan: pd.DataFrame, grad_accum: int = 1, world_size: int = 1,
+                  rank_split: str = "round_robin") -> None:
+    """Raise the errors :func:`assign_steps` raises for a plan it cannot map, without mapping it (the gate compares
+    epochs by ``batch_id`` and needs no steps, but the same plan must be bad input for it as for every command).
+    A plan with ``step`` is always mappable: the explicit column wins."""
+    if STEP in plan.columns:
+        return
+    if grad_accum < 1 or world_size < 1:
+        raise ForensicsError(f"grad_accum and world_size must be >= 1; got {grad_accum} and {world_size}")
+    if rank_split not in RANK_SPLITS:
+        raise ForensicsError(f"rank_split must be one of {', '.join(RANK_SPLITS)}; got {rank_split!r}")
+    if not {EPOCH, BATCH_ID} <= set(plan.columns):
+        raise ForensicsError("plan: needs 'step', or 'epoch' and 'batch_id' to map batches to steps")
+    if rank_split == "per_rank":
+        if RANK not in plan.columns:
+            raise ForensicsError("plan: rank_split 'per_rank' needs a 'rank' column (each rank's own batch stream)")
+    elif RANK in plan.columns and plan[RANK].nunique() > 1 and \
+            plan.groupby([EPOCH, BATCH_ID], sort=False)[RANK].nunique().max() > 1:
+        raise ForensicsError(
+            "plan: the same (epoch, batch_id) appears on several ranks, so each rank has its own batch stream; "
+            "use rank_split 'per_rank' (--rank-split per_rank, or rank_split in run.toml)")
 
 
 def _dense_order(plan: pd.DataFrame, group: list[str]) -> np.ndarray:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from forensics.errors import ForensicsError
 from forensics.schema.config import RunConfig, SourceSpec, resolve_config
-from forensics.schema.tables import read_table, validate_plan, validate_samples
+from forensics.schema.tables import BATCH_ID, EPOCH, SAMPLE_ID, STEP, read_table, validate_plan, validate_samples
 
 #: Metrics files a folder may hold, in merge order (later wins), looked for when run.toml names none.
 KNOWN_METRICS = ("metrics.parquet", "metrics.jsonl", "metrics.csv", "trainer_state.json", "runs", "lightning_logs",
@@ -126,6 +126,16 @@ def load_samples(path: str | Path) -> pd.DataFrame:
     return validate_samples(read_table(path, "samples"), str(path))
 
 
-def load_plan(path: str | Path, samples: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Read and validate a plan table (a file, or a folder of Parquet parts written by the recorder)."""
-    return validate_plan(read_table(path, "plan"), str(path), samples)
+def load_plan(path: str | Path, samples: pd.DataFrame | None = None,
+              columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """Read and validate a plan table (a file, or a folder of Parquet parts written by the recorder).
+
+    ``columns``: the columns the caller uses; a Parquet file then reads only those (a recorded plan may carry more),
+    as long as it has what a plan needs (else all of it is read, so that the error names every column it has)."""
+    return validate_plan(read_table(path, "plan", columns=columns, required=_plan_has_its_columns), str(path),
+                         samples)
+
+
+def _plan_has_its_columns(names: Sequence[str]) -> bool:
+    have = set(names)
+    return SAMPLE_ID in have and (STEP in have or {EPOCH, BATCH_ID} <= have)

@@ -16,7 +16,7 @@ Tables (see DESIGN.md):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,8 +59,12 @@ _FEW = 5  # offending values quoted in an error message
 
 
 # --- reading files ------------------------------------------------------------------------------------------------
-def read_table(path: str | Path, what: str) -> pd.DataFrame:
-    """Read a Parquet, CSV or JSONL table; a missing or unreadable file is bad input."""
+def read_table(path: str | Path, what: str, columns: Sequence[str] | None = None,
+               required: Callable[[Sequence[str]], bool] | None = None) -> pd.DataFrame:
+    """Read a Parquet, CSV or JSONL table; a missing or unreadable file is bad input.
+
+    ``columns``: of a Parquet file read only those that it has, provided ``required(its column names)`` holds (else
+    all, so that a validation error can name what the file has); other formats are read whole."""
     path = Path(path)
     if not path.exists():
         raise ForensicsError(f"{what} file {path} does not exist")
@@ -68,11 +72,11 @@ def read_table(path: str | Path, what: str) -> pd.DataFrame:
         parts = sorted(path.glob("*.parquet"))
         if not parts:
             raise ForensicsError(f"{what} folder {path} holds no .parquet parts")
-        return pd.concat([read_table(p, what) for p in parts], ignore_index=True)
+        return pd.concat([read_table(p, what, columns, required) for p in parts], ignore_index=True)
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     try:
         if suffix in (".parquet", ".pq"):
-            return pd.read_parquet(path)
+            return pd.read_parquet(path) if columns is None else _read_parquet(path, columns, required)
         if suffix in (".csv", ".csv.gz"):
             return pd.read_csv(path)
         if suffix in (".jsonl", ".json", ".jsonl.gz", ".ndjson"):
@@ -80,6 +84,17 @@ def read_table(path: str | Path, what: str) -> pd.DataFrame:
     except Exception as exc:  # OSError, ValueError, and pyarrow's own types for corrupt files
         raise ForensicsError(f"{what} file {path} could not be read: {_first_line(exc)}") from exc
     raise ForensicsError(f"{what} file {path} has an unknown format {suffix!r}; expected .parquet, .csv or .jsonl")
+
+
+def _read_parquet(path: Path, columns: Sequence[str],
+                  required: Callable[[Sequence[str]], bool] | None) -> pd.DataFrame:
+    """The wanted columns of a Parquet file (all of them when it lacks what is required), through pyarrow with one
+    block per column: pandas' own reader consolidates the columns into one block, a copy of the whole table."""
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    wanted = [c for c in names if c in set(columns)] if required is None or required(names) else None
+    return pq.read_table(path, columns=wanted).to_pandas(split_blocks=True, self_destruct=True)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -97,6 +112,8 @@ def _few(values: Iterable) -> str:
 def cast_int(df: pd.DataFrame, column: str, dtype: str, what: str, origin: str) -> None:
     """Cast ``df[column]`` in place to an integer dtype, or raise if that would lose or invent a value."""
     s = df[column]
+    if s.dtype == np.dtype(dtype):  # already the dtype: nothing to check, and no copy of a 10M-row column
+        return
     if pd.api.types.is_integer_dtype(s) and not s.isna().any():
         info = np.iinfo(dtype)
         if len(s) and (s.min() < info.min or s.max() > info.max):
@@ -231,6 +248,8 @@ def as_metrics(df: pd.DataFrame, origin: str = "(table)") -> pd.DataFrame:
     a plain float column is a logged NaN, since numpy has no null.
     """
     _require_columns(df, [STEP], "metrics", origin)
+    if _canonical(df):  # what the readers hand out: nothing to cast or sort, and no copy of every column
+        return df.copy(deep=False)
     out = df.copy()
     cast_int(out, STEP, "int64", "metrics", origin)
     dup = out[STEP][out[STEP].duplicated()]
@@ -249,6 +268,22 @@ def as_metrics(df: pd.DataFrame, origin: str = "(table)") -> pd.DataFrame:
         cast_float(frame, col, "metrics", origin)
         out[col] = metric_array(frame[col].to_numpy(dtype=np.float64, na_value=np.nan), ~missing)
     return out
+
+
+def _canonical(df: pd.DataFrame) -> bool:
+    """Already canonical: ``step`` int64 strictly increasing (so unique and sorted), every other column
+    :data:`METRIC_DTYPE`, a default index."""
+    if df.columns.duplicated().any():
+        return False
+    steps = df[STEP]
+    if steps.dtype != np.int64 or not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 \
+            or df.index.step != 1:
+        return False
+    if not all(c == STEP or (isinstance(df[c].dtype, pd.ArrowDtype) and df[c].dtype == METRIC_DTYPE)
+               for c in df.columns):
+        return False
+    values = steps.to_numpy()
+    return len(values) < 2 or bool((values[1:] > values[:-1]).all())
 
 
 def write_metrics(metrics: pd.DataFrame, path: str | Path) -> Path:
@@ -306,7 +341,7 @@ def validate_plan(df: pd.DataFrame, origin: str = "(table)", samples: pd.DataFra
             f"{what} {origin}: needs a 'step' column or both 'epoch' and 'batch_id'; "
             f"it has {', '.join(map(str, df.columns[:12]))}"
         )
-    df = df.copy()
+    df = df.copy(deep=False)  # copy-on-write: the caller's frame is never modified, and no column is copied
     for col in PLAN_INT_COLUMNS:
         if col in df.columns:
             cast_int(df, col, "int64", what, origin)

@@ -262,8 +262,13 @@ class MetricsAccumulator:
         self._cache = None
         old = self.steps
         n_old = len(old)
-        if not n_old or steps[0] > old[-1]:  # the common case: new steps past the end
-            self.steps = np.concatenate([old, steps]) if n_old else steps.copy()
+        if not n_old:  # the first batch: its arrays become the table's (a finished file is one batch)
+            self.steps = steps.copy()
+            for c in values:
+                self.values[c], self.written[c] = values[c], present[c]
+            return
+        if steps[0] > old[-1]:  # the common case: new steps past the end
+            self.steps = np.concatenate([old, steps])
             for c in list(self.values) + [c for c in values if c not in self.values]:
                 v_old = self.values.get(c, np.full(n_old, np.nan))
                 w_old = self.written.get(c, np.zeros(n_old, bool))

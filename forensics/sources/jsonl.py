@@ -6,6 +6,11 @@ type changes) is split into small blocks, and only the small blocks that still f
 Python's ``json``, so a bad line costs little and is reported with its line number. Nested objects become ``a/b``
 keys (in the base reader). A last line without a newline is consumed only when it is a complete JSON object: no
 proper prefix of a JSON object is itself one, so a half-written line is never mistaken for a whole one.
+
+A finished file (up to :data:`WHOLE_READ_MAX_BYTES`) is first given to pyarrow whole, by path: pyarrow then reads it
+itself, with no copy of its bytes through Python and no line count, which made the block path 1.7x slower than
+``read_json`` plus a Parquet write for ``forensics ingest``. Only if pyarrow refuses the file does it take the
+block path above; line numbers for messages are counted only when a message needs one.
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ import pyarrow.json as pa_json
 
 from forensics.sources.reader import MetricsReader
 from forensics.sources.records import Records
-from forensics.sources.tail import TailedFile, line_numbers
+from forensics.sources.tail import LazyLineNumbers, TailedFile, line_numbers
 
 #: Lines per small block when a big block fails and is retried in pieces.
 _RETRY_LINES = 1024
+#: A finished file up to this size is parsed by pyarrow in one call (as fast as ``pyarrow.json.read_json``, with
+#: about its peak memory: 1.2x the file's size); a larger one block by block, so that memory stays bounded.
+WHOLE_READ_MAX_BYTES = 1 << 30
 
 
 class JsonlReader(MetricsReader):
@@ -37,6 +45,10 @@ class JsonlReader(MetricsReader):
     def _read_records(self) -> list[Records]:
         if self._file.check_restarted():
             self.report.warn("the file was truncated or replaced; read again from the start")
+        if self.finished and self._file.offset == 0:
+            whole = self._read_whole()
+            if whole is not None:
+                return whole
         out: list[Records] = []
         for block, first, n_lines in self._file.chunks():
             out += self._parse_block(block, first, n_lines)
@@ -46,6 +58,24 @@ class JsonlReader(MetricsReader):
             if rec is not None:
                 out.append(rec)
         return _concat(out)
+
+    def _read_whole(self) -> list[Records] | None:
+        """A finished file read by pyarrow in one call, as ``pyarrow.json.read_json(path)`` reads it: no copy of its
+        bytes in Python, no line count. None (read it block by block instead, which finds and reports every bad
+        line) when pyarrow refuses any of it, or the file changed while it was read."""
+        path = Path(self.source)
+        try:
+            before = path.stat()
+            if before.st_size == 0 or before.st_size > WHOLE_READ_MAX_BYTES:
+                return None
+            table = pa_json.read_json(str(path))
+            after = path.stat()
+        except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if (after.st_size, after.st_mtime_ns, after.st_ino) != (before.st_size, before.st_mtime_ns, before.st_ino):
+            return None
+        self._file.consume_to(after.st_size)
+        return [Records(table, LazyLineNumbers(path, after.st_size, table.num_rows))]
 
     def _parse_last_line(self, rest: bytes) -> Records | None:
         """An unterminated last line: consumed when complete (a whole object), or when the file is finished."""

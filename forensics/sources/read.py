@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from forensics.errors import ForensicsError
-from forensics.schema import STEP, SourceSpec, metric_columns, written
+from forensics.schema import METRIC_DTYPE, STEP, SourceSpec, metric_columns, written
 from forensics.sources.merge import apply_step_offset, merge_on_step
 from forensics.sources.reader import MetricsReader
 from forensics.sources.records import ReaderReport
@@ -97,11 +99,24 @@ def summarize(table: pd.DataFrame) -> dict[str, dict[str, int]]:
     """Per metric of a metrics table: finite values, logged NaN, inf and missing (never written) cells."""
     out = {}
     for col in metric_columns(table):
+        if isinstance(table[col].dtype, pd.ArrowDtype) and table[col].dtype == METRIC_DTYPE:
+            out[col] = _arrow_counts(table[col].array.__arrow_array__())
+            continue
         v = table[col].to_numpy(dtype=np.float64, na_value=np.nan)
         w = written(table, col)
         out[col] = {"values": int(np.isfinite(v).sum()), "nan": int((np.isnan(v) & w).sum()),
                     "inf": int(np.isinf(v).sum()), "missing": int((~w).sum())}
     return out
+
+
+def _arrow_counts(arr: pa.ChunkedArray | pa.Array) -> dict[str, int]:
+    """:func:`summarize`'s counts of one Arrow float64 column, by Arrow's kernels (null = never written; a null
+    is neither finite, NaN nor inf)."""
+    def count(mask: pa.ChunkedArray | pa.Array) -> int:
+        return int(pc.sum(mask).as_py() or 0)
+
+    return {"values": count(pc.is_finite(arr)), "nan": count(pc.is_nan(arr)), "inf": count(pc.is_inf(arr)),
+            "missing": int(arr.null_count)}
 
 
 def open_readers(

@@ -25,8 +25,25 @@ class TailedFile:
         self.path = Path(path)
         self.chunk_size = chunk_size
         self.offset = 0
-        self.lines = 0
+        self._lines: int | None = 0
         self._inode: int | None = None
+
+    @property
+    def lines(self) -> int:
+        """Lines before the offset (counted on first use after :meth:`consume_to`, which does not count them)."""
+        if self._lines is None:
+            self._lines = count_lines(self.path, self.offset)
+        return self._lines
+
+    @lines.setter
+    def lines(self, value: int) -> None:
+        self._lines = value
+
+    def consume_to(self, offset: int) -> None:
+        """Move the offset to ``offset`` (the end of a last line, terminated or not) after the bytes before it were
+        read by other means; their lines are counted only if someone asks."""
+        self.offset = offset
+        self._lines = None
 
     def check_restarted(self) -> bool:
         """True (and the position reset) when the file was truncated or replaced since the last read."""
@@ -84,3 +101,42 @@ def line_numbers(block: bytes, first_line: int) -> np.ndarray:
     """Line numbers of the non-blank lines of ``block`` (pyarrow skips blank lines, so rows and lines differ)."""
     nums = [first_line + i for i, line in enumerate(block.split(b"\n")) if line.strip()]
     return np.asarray(nums, dtype=np.int64)
+
+
+def count_lines(path: Path, end: int) -> int:
+    """Lines in the first ``end`` bytes of a file: its newlines, plus one for an unterminated last line."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as fh:
+        left = end
+        while left > 0:
+            data = fh.read(min(left, 32 << 20))
+            if not data:
+                break
+            n += data.count(b"\n")
+            last = data[-1:]
+            left -= len(data)
+    return n + (last != b"\n")
+
+
+class LazyLineNumbers:
+    """The line numbers of the non-blank lines in the first ``end`` bytes of a file (what ``line_numbers`` gives
+    for a block), found only when a message needs one: a clean file read whole never pays for them."""
+
+    def __init__(self, path: Path, end: int, n_rows: int) -> None:
+        self.path, self.end, self.n_rows = path, end, n_rows
+        self._numbers: np.ndarray | None = None
+
+    def _get(self) -> np.ndarray:
+        if self._numbers is None:
+            with open(self.path, "rb") as fh:
+                self._numbers = line_numbers(fh.read(self.end), 1)
+        return self._numbers
+
+    def __len__(self) -> int:
+        return self.n_rows
+
+    def __getitem__(self, index):
+        return self._get()[index]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self._get() if dtype is None else self._get().astype(dtype)

@@ -1,4 +1,4 @@
-"""Content clusters per sample: from the text (TF-IDF, LSA, k-means) or from a label column.
+r"""Content clusters per sample: from the text (TF-IDF, LSA, k-means) or from a label column.
 
 Why this recipe: TF-IDF with sublinear term frequency and English stop words removed, reduced by LSA (truncated SVD)
 and normalised, is the standard scikit-learn recipe for k-means on documents (cosine geometry, dense and small
@@ -6,6 +6,12 @@ vectors). The vocabulary, the SVD and k-means are fitted on at most ``max_fit`` 
 applied to every text in chunks, so that clustering a million samples costs one pass of tokenisation. Cluster ids
 are renumbered by size (0 = the largest in the fitted sample), and each is named by the top terms of its centroid.
 The same inputs and seed always give the same clusters.
+
+Applying the vocabulary is the cost at scale (scikit-learn tokenises and counts one document at a time in Python), so
+:func:`term_counts` counts ASCII texts with array operations on their bytes instead (pyarrow, numpy): for ASCII,
+lowercasing and the token pattern ``\b\w\w+\b`` are byte rules, and the counts are the very matrix scikit-learn
+builds, entry for entry. Texts with other characters go through scikit-learn's own analyser, whose Unicode rules
+(lowercasing, what a word character is) a byte rule would only approximate.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
 
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, TEXT
@@ -173,17 +180,93 @@ class TextClusterer:
         return dict(sorted(names.items()))
 
     # --- predict ------------------------------------------------------------------------------------------------------
+    def _tfidf(self, texts: np.ndarray) -> sp.csr_matrix:
+        """``vectorizer_.transform(texts)``, the same matrix, with the counting done by :func:`term_counts`."""
+        from sklearn.preprocessing import normalize
+
+        if not hasattr(self, "vocabulary_array_"):
+            import pyarrow as pa
+
+            self.vocabulary_array_ = pa.array(self.vectorizer_.get_feature_names_out().tolist(), pa.large_string())
+        x = term_counts(texts, self.vocabulary_array_, self.vectorizer_)
+        # TfidfTransformer.transform, step for step (sublinear tf, idf, l2), so the values are the same floats
+        np.log(x.data, out=x.data)
+        x.data += 1.0
+        x.data *= self.vectorizer_.idf_[x.indices]
+        return normalize(x, copy=False)
+
     def predict(self, texts: Sequence[str] | np.ndarray, progress: Callable[[int], None] | None = None) -> np.ndarray:
         """The cluster of each text, transformed ``chunk`` texts at a time; ``progress(n_done)`` after each chunk."""
         texts = np.asarray(texts, dtype=object)
         out = np.empty(len(texts), dtype=np.int64)
         for start in range(0, len(texts), self.chunk):
             part = texts[start:start + self.chunk]
-            feats = self._reduce(self.vectorizer_.transform(part))
+            feats = self._reduce(self._tfidf(part))
             out[start:start + len(part)] = self.relabel_[self.kmeans_.predict(feats)]
             if progress is not None:
                 progress(start + len(part))
         return out
+
+
+_LOWER = np.arange(256, dtype=np.uint8)
+_LOWER[ord("A"):ord("Z") + 1] += 32
+_WORD = np.zeros(256, dtype=bool)  # the ASCII bytes of \w: letters, digits, underscore
+for _lo, _hi in (("0", "9"), ("A", "Z"), ("a", "z"), ("_", "_")):
+    _WORD[ord(_lo):ord(_hi) + 1] = True
+
+
+def term_counts(texts: Sequence[str] | np.ndarray, vocabulary, vectorizer) -> sp.csr_matrix:
+    """Counts of each ``vocabulary`` term (a pyarrow string array, index = column) in each text, as float32 CSR with
+    sorted indices: what ``CountVectorizer.transform`` of ``vectorizer`` returns, for the default token pattern and
+    lowercasing (TextClusterer's vectoriser).
+
+    ASCII texts are tokenised on their bytes: a token is a maximal run of word bytes (within one text), runs of one
+    byte never match a vocabulary term (all have two or more characters) and stop words are not in the vocabulary, so
+    looking every run up in the vocabulary (``pyarrow.compute.index_in``, a hash lookup in C++) counts exactly the
+    tokens scikit-learn keeps. Other texts are analysed by ``vectorizer.build_analyzer()``.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = pa.array(texts, pa.large_string())
+    n = len(arr)
+    ascii_rows = pc.string_is_ascii(arr).fill_null(True).to_numpy(zero_copy_only=False)
+    other = np.flatnonzero(~ascii_rows)
+    if len(other):
+        arr = pc.if_else(pa.array(ascii_rows), arr, "")  # counted below, by the analyser
+    arr = arr.fill_null("") if arr.null_count else arr
+    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset:arr.offset + n + 1]
+    data = np.frombuffer(arr.buffers()[2], np.uint8)[offsets[0]:offsets[-1]] if arr.buffers()[2] is not None \
+        else np.empty(0, np.uint8)
+    offsets = offsets - offsets[0]
+    word = _WORD[data]
+    # a run starts at a word byte whose predecessor is not one (or at a text's first byte), and ends likewise
+    before = np.zeros_like(word)
+    before[1:] = word[:-1]
+    before[offsets[:-1][offsets[:-1] < len(word)]] = False
+    after = np.zeros_like(word)
+    after[:-1] = word[1:]
+    after[offsets[1:][offsets[1:] > 0] - 1] = False
+    starts = np.flatnonzero(word & ~before)
+    ends = np.flatnonzero(word & ~after)
+    # the runs, lowercased, side by side in one buffer (the word bytes only): a string array without a copy per token
+    token_offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(ends - starts + 1, out=token_offsets[1:])
+    tokens = pa.LargeStringArray.from_buffers(len(starts), pa.py_buffer(token_offsets),
+                                              pa.py_buffer(_LOWER[data[word]]))
+    cols = pc.index_in(tokens, value_set=vocabulary).fill_null(-1).to_numpy()
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(np.searchsorted(starts, offsets)))
+    known = cols >= 0
+    rows, cols = rows[known], cols[known]
+    if len(other):
+        analyze, index = vectorizer.build_analyzer(), vectorizer.vocabulary_
+        pairs = [(r, index[t]) for r in other.tolist() for t in analyze(texts[r]) if t in index]
+        extra = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        rows, cols = np.concatenate([rows, extra[:, 0]]), np.concatenate([cols, extra[:, 1]])
+    # duplicates (a term several times in a text) are summed, indices sorted: the canonical CSR scikit-learn builds
+    x = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(n, len(vocabulary)))
+    x.sum_duplicates()
+    return x
 
 
 def cluster_samples(

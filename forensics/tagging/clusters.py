@@ -18,13 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, TEXT
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import scipy.sparse as sp
+    from sklearn.feature_extraction.text import TfidfVectorizer
 
 CLUSTER_NAME = "cluster_name"
 NO_CLUSTER = -1  # samples without text (or a table without text at all) carry this id
@@ -98,6 +103,7 @@ class TextClusterer:
             return self._fit(texts)
 
     def _fit(self, texts: Sequence[str] | np.ndarray) -> TextClusterer:
+        import pyarrow as pa
         from sklearn.cluster import KMeans
         from sklearn.decomposition import TruncatedSVD
         from sklearn.feature_extraction.text import TfidfVectorizer
@@ -117,6 +123,8 @@ class TextClusterer:
             x = self.vectorizer_.fit_transform(fit_texts)
         except ValueError as exc:  # an empty vocabulary: no words at all
             raise ForensicsError(f"the sample texts hold no words to cluster ({exc})") from exc
+        # the terms by column, for term_counts' lookup
+        self.vocabulary_array_ = pa.array(self.vectorizer_.get_feature_names_out().tolist(), pa.large_string())
         n_comp = min(self.n_components, x.shape[1] - 1, n_fit - 1)
         self.svd_ = TruncatedSVD(n_comp, random_state=self.seed) if n_comp >= 2 else None
         feats = self._reduce(x, fit=True)
@@ -184,10 +192,6 @@ class TextClusterer:
         """``vectorizer_.transform(texts)``, the same matrix, with the counting done by :func:`term_counts`."""
         from sklearn.preprocessing import normalize
 
-        if not hasattr(self, "vocabulary_array_"):
-            import pyarrow as pa
-
-            self.vocabulary_array_ = pa.array(self.vectorizer_.get_feature_names_out().tolist(), pa.large_string())
         x = term_counts(texts, self.vocabulary_array_, self.vectorizer_)
         # TfidfTransformer.transform, step for step (sublinear tf, idf, l2), so the values are the same floats
         np.log(x.data, out=x.data)
@@ -216,7 +220,7 @@ def _word_bytes(data: np.ndarray) -> np.ndarray:
     return word
 
 
-def term_counts(texts: Sequence[str] | np.ndarray, vocabulary, vectorizer) -> sp.csr_matrix:
+def term_counts(texts: Sequence[str] | np.ndarray, vocabulary: pa.Array, vectorizer: TfidfVectorizer) -> sp.csr_matrix:
     """Counts of each ``vocabulary`` term (a pyarrow string array, index = column) in each text, as float32 CSR with
     sorted indices: what ``CountVectorizer.transform`` of ``vectorizer`` returns, for the default token pattern and
     lowercasing (TextClusterer's vectoriser).
@@ -228,14 +232,15 @@ def term_counts(texts: Sequence[str] | np.ndarray, vocabulary, vectorizer) -> sp
     """
     import pyarrow as pa
     import pyarrow.compute as pc
+    import scipy.sparse as sp
 
     arr = pa.array(texts, pa.large_string())
     n = len(arr)
     ascii_rows = pc.string_is_ascii(arr).fill_null(True).to_numpy(zero_copy_only=False)
     other = np.flatnonzero(~ascii_rows)
     if len(other):
-        arr = pc.if_else(pa.array(ascii_rows), arr, "")  # counted below, by the analyser
-    arr = arr.fill_null("") if arr.null_count else arr
+        arr = pc.if_else(pa.array(ascii_rows), arr, pa.scalar("", pa.large_string()))  # counted by the analyser
+    arr = (arr.fill_null("") if arr.null_count else arr).cast(pa.large_string())  # 64-bit offsets, read below
     offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset:arr.offset + n + 1]
     data = np.frombuffer(arr.buffers()[2], np.uint8)[offsets[0]:offsets[-1]] if arr.buffers()[2] is not None \
         else np.empty(0, np.uint8)

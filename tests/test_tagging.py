@@ -196,6 +196,35 @@ def test_clusters_from_text_alone_recover_the_demo_sources_with_k_chosen(demo_ta
     assert again["cluster"].tolist() == clustered["cluster"].tolist()  # seeded: same inputs, same clusters
 
 
+def test_fast_term_counts_and_tfidf_are_scikit_learns_matrices_entry_for_entry():
+    """ASCII texts are counted on their bytes, others by scikit-learn's analyser: the same CSR either way, on texts
+    full of what tokenisers disagree on (punctuation, digits, underscores, case, one-letter runs, accents, the Turkish
+    dotted I, Greek final sigma, replacement characters, empty texts), in any chunk and slice."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    from forensics.tagging.clusters import TextClusterer
+
+    rng = np.random.default_rng(0)
+    chars = list("abcABC01_ ,.!\t\n-'") + ["\u00e9", "\u03a3", "\u0130", "\u00df", "\ufffd"]
+    weights = np.array([8] * 6 + [3, 3, 2, 15, 3, 3, 2, 2, 2, 2, 2] + [0.3] * 5)
+    texts = np.array(["".join(rng.choice(chars, size=int(rng.integers(0, 40)), p=weights / weights.sum()))
+                      for _ in range(3000)] + ["", "a", "ab", "Question: the capital?", "\u03a3\u039f\u03a6\u039f\u03a3"],
+                     dtype=object)
+    model = TextClusterer(3, max_fit=3000, seed=0, chunk=700)
+    model.fit(texts)
+    assert 0.1 < np.mean([not t.isascii() for t in texts]) < 0.9 and len(model.vectorizer_.vocabulary_) > 100
+    assert model._tfidf(texts).nnz > 3000
+    for part in (texts, texts[17:1234], texts[-3:]):
+        fast, reference = model._tfidf(part), model.vectorizer_.transform(part)
+        assert fast.dtype == reference.dtype == np.float32
+        assert np.array_equal(fast.indptr, reference.indptr) and np.array_equal(fast.indices, reference.indices)
+        assert np.array_equal(fast.data, reference.data)  # the same floats, not merely close ones
+        assert CountVectorizer.transform(model.vectorizer_, part).nnz == fast.nnz
+    # predict (chunked, fast counts) labels every text as the reference features would
+    reference_labels = model.relabel_[model.kmeans_.predict(model._reduce(model.vectorizer_.transform(texts)))]
+    assert np.array_equal(model.predict(texts), reference_labels)
+
+
 def test_cluster_by_a_label_column_names_clusters_by_label(demo_tables):
     _, _, samples = demo_tables["static"]
     clustered, info = cluster_samples(samples, cluster_by="source")

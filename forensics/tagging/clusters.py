@@ -1,4 +1,4 @@
-"""Content clusters per sample: from the text (TF-IDF, LSA, k-means) or from a label column.
+r"""Content clusters per sample: from the text (TF-IDF, LSA, k-means) or from a label column.
 
 Why this recipe: TF-IDF with sublinear term frequency and English stop words removed, reduced by LSA (truncated SVD)
 and normalised, is the standard scikit-learn recipe for k-means on documents (cosine geometry, dense and small
@@ -6,18 +6,30 @@ vectors). The vocabulary, the SVD and k-means are fitted on at most ``max_fit`` 
 applied to every text in chunks, so that clustering a million samples costs one pass of tokenisation. Cluster ids
 are renumbered by size (0 = the largest in the fitted sample), and each is named by the top terms of its centroid.
 The same inputs and seed always give the same clusters.
+
+Applying the vocabulary is the cost at scale (scikit-learn tokenises and counts one document at a time in Python), so
+:func:`term_counts` counts ASCII texts with array operations on their bytes instead (pyarrow, numpy): for ASCII,
+lowercasing and the token pattern ``\b\w\w+\b`` are byte rules, and the counts are the very matrix scikit-learn
+builds, entry for entry. Texts with other characters go through scikit-learn's own analyser, whose Unicode rules
+(lowercasing, what a word character is) a byte rule would only approximate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, TEXT
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import scipy.sparse as sp
+    from sklearn.feature_extraction.text import TfidfVectorizer
 
 CLUSTER_NAME = "cluster_name"
 NO_CLUSTER = -1  # samples without text (or a table without text at all) carry this id
@@ -91,6 +103,7 @@ class TextClusterer:
             return self._fit(texts)
 
     def _fit(self, texts: Sequence[str] | np.ndarray) -> TextClusterer:
+        import pyarrow as pa
         from sklearn.cluster import KMeans
         from sklearn.decomposition import TruncatedSVD
         from sklearn.feature_extraction.text import TfidfVectorizer
@@ -110,6 +123,8 @@ class TextClusterer:
             x = self.vectorizer_.fit_transform(fit_texts)
         except ValueError as exc:  # an empty vocabulary: no words at all
             raise ForensicsError(f"the sample texts hold no words to cluster ({exc})") from exc
+        # the terms by column, for term_counts' lookup
+        self.vocabulary_array_ = pa.array(self.vectorizer_.get_feature_names_out().tolist(), pa.large_string())
         n_comp = min(self.n_components, x.shape[1] - 1, n_fit - 1)
         self.svd_ = TruncatedSVD(n_comp, random_state=self.seed) if n_comp >= 2 else None
         feats = self._reduce(x, fit=True)
@@ -173,17 +188,99 @@ class TextClusterer:
         return dict(sorted(names.items()))
 
     # --- predict ------------------------------------------------------------------------------------------------------
+    def _tfidf(self, texts: np.ndarray) -> sp.csr_matrix:
+        """``vectorizer_.transform(texts)``, the same matrix, with the counting done by :func:`term_counts`."""
+        from sklearn.preprocessing import normalize
+
+        x = term_counts(texts, self.vocabulary_array_, self.vectorizer_)
+        # TfidfTransformer.transform, step for step (sublinear tf, idf, l2), so the values are the same floats
+        np.log(x.data, out=x.data)
+        x.data += 1.0
+        x.data *= self.vectorizer_.idf_[x.indices]
+        return normalize(x, copy=False)
+
     def predict(self, texts: Sequence[str] | np.ndarray, progress: Callable[[int], None] | None = None) -> np.ndarray:
         """The cluster of each text, transformed ``chunk`` texts at a time; ``progress(n_done)`` after each chunk."""
         texts = np.asarray(texts, dtype=object)
         out = np.empty(len(texts), dtype=np.int64)
         for start in range(0, len(texts), self.chunk):
             part = texts[start:start + self.chunk]
-            feats = self._reduce(self.vectorizer_.transform(part))
+            feats = self._reduce(self._tfidf(part))
             out[start:start + len(part)] = self.relabel_[self.kmeans_.predict(feats)]
             if progress is not None:
                 progress(start + len(part))
         return out
+
+
+def _word_bytes(data: np.ndarray) -> np.ndarray:
+    """Which ASCII bytes are ``\\w`` (letters, digits, underscore); uint8 comparisons, faster than a lookup table."""
+    word = (data | 32) - 97 < 26  # a-z, A-Z (the wrap-around makes every other byte large)
+    word |= data - 48 < 10
+    word |= data == 95
+    return word
+
+
+def term_counts(texts: Sequence[str] | np.ndarray, vocabulary: pa.Array, vectorizer: TfidfVectorizer) -> sp.csr_matrix:
+    """Counts of each ``vocabulary`` term (a pyarrow string array, index = column) in each text, as float32 CSR with
+    sorted indices: what ``CountVectorizer.transform`` of ``vectorizer`` returns, for the default token pattern and
+    lowercasing (TextClusterer's vectoriser).
+
+    ASCII texts are tokenised on their bytes: a token is a maximal run of word bytes (within one text), runs of one
+    byte never match a vocabulary term (all have two or more characters) and stop words are not in the vocabulary, so
+    looking every run up in the vocabulary (``pyarrow.compute.index_in``, a hash lookup in C++) counts exactly the
+    tokens scikit-learn keeps. Other texts are analysed by ``vectorizer.build_analyzer()``.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import scipy.sparse as sp
+
+    arr = pa.array(texts, pa.large_string())
+    n = len(arr)
+    ascii_rows = pc.string_is_ascii(arr).fill_null(True).to_numpy(zero_copy_only=False)
+    other = np.flatnonzero(~ascii_rows)
+    if len(other):
+        arr = pc.if_else(pa.array(ascii_rows), arr, pa.scalar("", pa.large_string()))  # counted by the analyser
+    arr = (arr.fill_null("") if arr.null_count else arr).cast(pa.large_string())  # 64-bit offsets, read below
+    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset:arr.offset + n + 1]
+    data = np.frombuffer(arr.buffers()[2], np.uint8)[offsets[0]:offsets[-1]] if arr.buffers()[2] is not None \
+        else np.empty(0, np.uint8)
+    offsets = offsets - offsets[0]
+    word = _word_bytes(data)
+    # a run starts at a word byte whose predecessor is not one (or at a text's first byte), and ends likewise
+    before = np.zeros_like(word)
+    before[1:] = word[:-1]
+    before[offsets[:-1][offsets[:-1] < len(word)]] = False
+    starts = np.flatnonzero(word > before)
+    after = before  # reused: one buffer fewer
+    after[:-1] = word[1:]
+    after[-1:] = False
+    after[offsets[1:][offsets[1:] > 0] - 1] = False
+    ends = np.flatnonzero(word > after)
+    del before, after
+    # the runs, lowercased, side by side in one buffer (the word bytes only): a string array without a copy per token
+    token_offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(ends - starts + 1, out=token_offsets[1:])
+    del ends
+    kept = data[word]
+    kept += ((kept - 65) < 26).view(np.uint8) << 5  # A-Z -> a-z (uint8 arithmetic wraps: other bytes stay)
+    tokens = pa.LargeStringArray.from_buffers(len(starts), pa.py_buffer(token_offsets), pa.py_buffer(kept))
+    cols = pc.index_in(tokens, value_set=vocabulary).fill_null(-1).to_numpy()
+    known = cols >= 0
+    # tokens come in text order, so a text's entries are the known tokens between its first token and the next text's
+    known_before = np.zeros(len(known) + 1, dtype=np.int64)
+    np.cumsum(known, out=known_before[1:])
+    index_dtype = np.int32 if known_before[-1] < np.iinfo(np.int32).max else np.int64
+    indptr = known_before[np.searchsorted(starts, offsets)].astype(index_dtype)
+    x = sp.csr_matrix((np.ones(int(known_before[-1]), dtype=np.float32), cols[known].astype(index_dtype), indptr),
+                      shape=(n, len(vocabulary)))
+    # duplicates (a term several times in a text) are summed, indices sorted: the canonical CSR scikit-learn builds
+    x.sum_duplicates()
+    if len(other):
+        analyze, index = vectorizer.build_analyzer(), vectorizer.vocabulary_
+        pairs = np.array([(r, index[t]) for r in other.tolist() for t in analyze(texts[r]) if t in index],
+                         dtype=np.int64).reshape(-1, 2)
+        x = x + sp.csr_matrix((np.ones(len(pairs), dtype=np.float32), (pairs[:, 0], pairs[:, 1])), shape=x.shape)
+    return x
 
 
 def cluster_samples(

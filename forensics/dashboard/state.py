@@ -240,10 +240,9 @@ class LiveRun:
     # --- opening --------------------------------------------------------------------------------------------------
     def start(self) -> LiveRun:
         """Read what exists, get the findings and tags, warm the detectors. A run with no rows yet waits."""
+        from forensics.detect.warmup import warm_kernel
         from forensics.schema import open_case
         from forensics.sources.live import LiveMetrics
-
-        from forensics.detect.warmup import warm_kernel
 
         warm_kernel()  # numba's first use overlaps with reading the log
         t = self.target

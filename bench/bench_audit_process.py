@@ -6,7 +6,7 @@ side pays for compiling its sources, whatever ``PYTHONDONTWRITEBYTECODE`` says.
 
 1. ``losslint``: a metrics-only audit of a ``--steps``-step JSONL (default 120,000: a decaying loss, grad norm and
    learning rate, Student-t noise, three spikes), JSON out, no report: ``forensics audit --metrics F --json J
-   --no-html`` against ``losslint check F --format json`` (``losslint==0.4.1``, a bench-only dependency). Target:
+   --no-html`` against ``losslint check F --format json`` (``losslint==0.4.1``, the ``[bench]`` extra). Target:
    at most 1.0x.
 2. ``load``: the small demo's audit (``forensics audit CASE --json J --no-html``, plan, samples, text clustering) and
    ``forensics tag CASE``, each 5 times, first on an idle machine and then with one CPU-bound competitor per usable core

@@ -142,10 +142,10 @@ def bench_load(runs: int) -> None:
                 xs = [timed(cmd) for _ in range(runs)]
             results[(label, name)] = xs
             print(f"small demo {name:5s} {label:24s} {_spread(xs)}")
-    loaded_audit = results[(f"loaded ({n} competitors)", "audit")]
-    print(f"  targets under load: spread < 30% (audit {max(loaded_audit) / min(loaded_audit) - 1:.1%}, tag "
-          f"{max(results[(f'loaded ({n} competitors)', 'tag')]) / min(results[(f'loaded ({n} competitors)', 'tag')]) - 1:.1%}); "
-          f"audit < 4 s (max {max(loaded_audit):.2f} s)")
+    loaded = f"loaded ({n} competitors)"
+    spread = {name: max(results[(loaded, name)]) / min(results[(loaded, name)]) - 1 for name in ("audit", "tag")}
+    print(f"  targets under load: spread < 30% (audit {spread['audit']:.1%}, tag {spread['tag']:.1%}); "
+          f"audit < 4 s (max {max(results[(loaded, 'audit')]):.2f} s)")
 
 
 def bench_demo(repeat: int) -> None:

@@ -97,10 +97,8 @@ def run_audit(
         raise ForensicsError("audit: a plan needs its samples table too (--samples, or samples.parquet in the case)")
 
     from forensics.detect.rules import build_rules
-    from forensics.detect.warmup import warm_kernel
     from forensics.sources import read_metrics
 
-    warm_kernel()  # numba's first use overlaps with reading the metrics
     rules = build_rules(cfg.detect, has_plan=bool(cfg.plan))  # first: a typo in [detect] costs no reading
     sources = case.metrics_sources
     with stage("reading metrics"):

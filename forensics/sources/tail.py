@@ -109,7 +109,7 @@ def count_lines(path: Path, end: int) -> int:
     with open(path, "rb") as fh:
         left = end
         while left > 0:
-            data = fh.read(min(left, 32 << 20))
+            data = fh.read(min(left, TailedFile.CHUNK_SIZE))
             if not data:
                 break
             n += data.count(b"\n")

@@ -37,6 +37,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,7 @@ from forensics.datasets.corpus import (
     make_long_run,
     make_run,
 )
-from forensics.datasets.loss_model import LOSS
+from forensics.datasets.loss_model import GRAD_NORM, LOSS
 from forensics.detect import attach_suspects, detect_spikes
 from forensics.detect.attribution import attribute
 from forensics.detect.findings import Finding
@@ -71,9 +72,15 @@ BLOOM_SPIKE = 31219
 
 
 # --- detectors -------------------------------------------------------------------------------------------------------
+def judged(metrics: pd.DataFrame, metric: str) -> str | list[str]:
+    """What the audit analyses: the loss and, when logged, the grad norm (whose spikes are the loss's joint
+    evidence); findings are scored on ``metric`` alone."""
+    return [metric, GRAD_NORM] if GRAD_NORM in metrics.columns and metric != GRAD_NORM else metric
+
+
 def ours_with_tags(metrics: pd.DataFrame, metric: str, run: Run | None = None) -> list[Finding]:
     """The audit's path with a plan: spikes judged per bucket, then suspects and attribution."""
-    found = detect_spikes(metrics, metric, tags=run.tags if run is not None else None)
+    found = detect_spikes(metrics, judged(metrics, metric), tags=run.tags if run is not None else None)
     spikes = [f for f in found if f.kind == "spike"]
     if run is None or not spikes:
         return spikes
@@ -82,13 +89,13 @@ def ours_with_tags(metrics: pd.DataFrame, metric: str, run: Run | None = None) -
 
 
 def ours_plain(metrics: pd.DataFrame, metric: str, run: Run | None = None) -> list[Finding]:
-    return detect_spikes(metrics, metric)
+    return detect_spikes(metrics, judged(metrics, metric))
 
 
 def _calibrated(false_rate: float) -> Callable[[pd.DataFrame, str, Run | None], list[Finding]]:
-    """Ours, metrics only, with thresholds from the run's own tail (``SpikeDetector(false_rate=...)``)."""
+    """Ours, metrics only, at another false-alarm rate (``SpikeDetector(false_rate=...)``)."""
     def detect(metrics: pd.DataFrame, metric: str, run: Run | None = None) -> list[Finding]:
-        return detect_spikes(metrics, metric, false_rate=false_rate)
+        return detect_spikes(metrics, judged(metrics, metric), false_rate=false_rate)
     return detect
 
 
@@ -274,6 +281,46 @@ def run_long_bench(size: str, seed: int, extra: dict[str, Callable] | None = Non
     return out
 
 
+# --- calibration: clean runs, the rate asked against the rate measured ----------------------------------------------
+CALIBRATION_RATES = (0.1, 1.0, 10.0)
+
+
+def run_calibration(size: str, seed: int) -> list[str]:
+    """Issue 23's check that ``false_rate`` does what it says: the long corpus's runs with no spike and no level
+    shift (pure noise of each family), judged as the audit judges them (loss and grad norm) with the tail alone
+    (``ratio=1``: no effect-size condition); measured false events per 10K judged loss steps against the rate
+    asked."""
+    specs = [replace(sp, spikes=(), level_shifts=0) for sp in long_corpus_specs(size, seed)]
+    counts = {(f, r): 0 for f in LONG_FAMILIES for r in CALIBRATION_RATES}
+    judged_steps = dict.fromkeys(LONG_FAMILIES, 0)
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("clean runs", total=len(specs))
+        for spec in specs:
+            progress.update(task, description=f"{spec.name:12s}")
+            metrics = make_long_run(spec).metrics
+            judged_steps[spec.family] += int(metrics[LOSS].notna().sum())
+            for r in CALIBRATION_RATES:
+                found = detect_spikes(metrics, [LOSS, GRAD_NORM], false_rate=r, ratio=1.0)
+                counts[(spec.family, r)] += sum(f.kind == "spike" and f.metric == LOSS for f in found)
+            progress.advance(task)
+    header = ["family", "clean loss steps", *[f"asked {r:g} / 10K: measured (ratio)" for r in CALIBRATION_RATES]]
+    rows, worst = [], 1.0
+    for fam in LONG_FAMILIES:
+        cells = []
+        for r in CALIBRATION_RATES:
+            measured = counts[(fam, r)] / judged_steps[fam] * 1e4
+            ratio = measured / r
+            worst = max(worst, ratio, 1.0 / ratio if ratio > 0 else math.inf)
+            cells.append(f"{measured:.3f} ({ratio:.2f}x, {counts[(fam, r)]} events)")
+        rows.append([fam, f"{judged_steps[fam]:,}", *cells])
+    out = [f"# Calibration ({size}, seed {seed}): clean runs, false events per 10K judged steps, asked vs measured",
+           ""] + md_table(header, rows)
+    out += ["", f"Worst ratio either way: {worst:.2f}x (issue 23's target: within 2x at every rate and family)."]
+    return out
+
+
 # --- main ------------------------------------------------------------------------------------------------------------
 def run_bench(size: str, seed: int, real: Path | None) -> list[str]:
     specs = corpus_specs(size, seed)
@@ -332,6 +379,8 @@ def run_bench(size: str, seed: int, real: Path | None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calibration", action="store_true",
+                   help="clean runs of the --size long* corpus: the false-alarm rate asked against the rate measured")
     p.add_argument("--size", choices=("full", "quick", "test", "long", "long-quick", "long-test"), default="full",
                    help="corpus size (default full); long*: the long metrics-only corpus, per noise family")
     p.add_argument("--quick", action="store_true", help="same as --size quick")
@@ -344,13 +393,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     size = "quick" if args.quick else args.size
     t = time.perf_counter()
-    if size.startswith("long"):
+    if args.calibration:
+        if not size.startswith("long"):
+            p.error("--calibration runs on the long corpus: give --size long, long-quick or long-test")
+        lines = run_calibration(size, args.seed)
+    elif size.startswith("long"):
         extra = {f"forensics, false_rate={r:g}": _calibrated(r) for r in args.false_rate}
         lines = run_long_bench(size, args.seed, extra)
     else:
         lines = run_bench(size, args.seed, None if args.no_real_logs else args.real_logs)
     lines += ["", f"Total {time.perf_counter() - t:.1f} s. Command: `python3 bench/bench_detection_quality.py"
-              f"{' --size ' + size if size != 'full' else ''}{' --seed ' + str(args.seed) if args.seed else ''}`"]
+              f"{' --calibration' if args.calibration else ''}{' --size ' + size if size != 'full' else ''}{' --seed ' + str(args.seed) if args.seed else ''}`"]
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,16 +34,18 @@ def n_spikes(found) -> int:
 @pytest.mark.parametrize("noise", ["gauss", "t3"])
 @pytest.mark.parametrize("false_rate", [1.0, 10.0])
 def test_measured_false_rate_is_within_2x_of_the_rate_asked(noise, false_rate):
-    """On 200K clean steps: 20 (at 1 per 10K) or 200 (at 10) expected; the score alone judges (ratio=1)."""
+    """On 200K clean steps: 20 (at 1 per 10K) or 200 (at 10) expected; the tail alone judges (no effect size:
+    ratio=1, and z=inf, which a loss judged without a grad norm would otherwise keep as its score cap)."""
     expected = false_rate * N / 1e4
-    found = n_spikes(SpikeDetector(LOSS, false_rate=false_rate, ratio=1.0).detect(frame(clean_run(noise))))
+    det = SpikeDetector(LOSS, false_rate=false_rate, ratio=1.0, z=np.inf)
+    found = n_spikes(det.detect(frame(clean_run(noise))))
     assert expected / 2 <= found <= expected * 2, (noise, false_rate, found, expected)
 
 
 def test_fixed_score_misjudges_heavy_tails_where_the_fitted_one_does_not():
     """The same z for both tails: on t3 noise z=6 alone fires far more often than on Gaussian noise."""
-    gauss = n_spikes(SpikeDetector(LOSS, ratio=1.0).detect(frame(clean_run("gauss"))))
-    heavy = n_spikes(SpikeDetector(LOSS, ratio=1.0).detect(frame(clean_run("t3"))))
+    gauss = n_spikes(SpikeDetector(LOSS, ratio=1.0, false_rate=None).detect(frame(clean_run("gauss"))))
+    heavy = n_spikes(SpikeDetector(LOSS, ratio=1.0, false_rate=None).detect(frame(clean_run("t3"))))
     assert gauss <= 5 and heavy > 200
 
 
@@ -66,7 +68,7 @@ def test_too_few_peaks_fall_back_to_the_fixed_rule():
     """Before min_peaks peaks the fitted tail is not used: the fixed z and the 1.5x jump decide."""
     x = clean_run("t3")[:3_000]
     x[[1_000, 2_000]] *= 3.0
-    fixed = SpikeDetector(LOSS).trace(frame(x))
+    fixed = SpikeDetector(LOSS, false_rate=None).trace(frame(x))
     fallback = SpikeDetector(LOSS, false_rate=0.1, min_peaks=1_000, tail_window=1_000).trace(frame(x))
     pd.testing.assert_frame_equal(fixed, fallback)
     found = SpikeDetector(LOSS, false_rate=0.1, min_peaks=1_000, tail_window=1_000).detect(frame(x))

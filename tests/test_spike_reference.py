@@ -43,16 +43,19 @@ def random_run(seed: int, n: int, with_buckets: bool, heavy: bool) -> tuple[pd.D
     return pd.DataFrame({"step": steps, LOSS: x}), tags
 
 
-def _reference_findings(det: SpikeDetector, metrics: pd.DataFrame, tags: pd.DataFrame | None):
+def _reference_findings(det: SpikeDetector, metrics: pd.DataFrame, tags: pd.DataFrame | None, support=None):
     det.reset()
     det.metric_ = LOSS
     p = {name: det.params_[0][name].item() for name in det.params_.dtype.names}
     grouped = tags is not None
     p["use_raw"] = int(grouped)
     p["z_large"] = det.z_large if grouped else np.inf
+    p["has_support"] = int(support is not None)
     buckets = det._groups(metrics, metrics["step"].to_numpy(), tags)
+    det._add_support(support)
+    supported = det._supported(metrics["step"].to_numpy())
     events, status, base, score = reference_events(metrics["step"].to_numpy(), metrics[LOSS].to_numpy(), buckets, p,
-                                                   det.tail_window)
+                                                   det.tail_window, supported)
     return [det._event_finding(e) for e in events], status, base, score
 
 
@@ -68,11 +71,15 @@ def _events(found) -> list[dict]:
        window=st.sampled_from([8, 16, 32, 64]), confirm=st.integers(1, 6), max_duration=st.integers(2, 30),
        trend=st.booleans(), min_periods=st.integers(2, 40),
        false_rate=st.sampled_from([None, 0.1, 10.0, 300.0]), tail_window=st.sampled_from([5, 40]),
-       cuts=st.lists(st.integers(min_value=1, max_value=699), max_size=8, unique=True))
+       cuts=st.lists(st.integers(min_value=1, max_value=699), max_size=8, unique=True),
+       n_support=st.sampled_from([None, 0, 5, 60]))
 def test_kernel_gives_the_reference_findings_under_any_chunking(seed, n, with_buckets, heavy, window, confirm,
                                                                max_duration, trend, min_periods, false_rate,
-                                                               tail_window, cuts):
+                                                               tail_window, cuts, n_support):
+    """``n_support``: steps where a supporting metric (the grad norm) was flagged; None: the run has none."""
     metrics, tags = random_run(seed, n, with_buckets, heavy)
+    support = None if n_support is None else np.sort(np.random.default_rng(seed).choice(
+        metrics["step"].to_numpy(), min(n_support, n), replace=False))
     params = dict(window=window, confirm=confirm, max_duration=max_duration, trend=trend, min_periods=min_periods,
                   bucket_window=16, min_bucket_periods=3, false_rate=false_rate, tail_window=tail_window,
                   min_peaks=min(5, tail_window), tail_start=1.0)
@@ -81,13 +88,16 @@ def test_kernel_gives_the_reference_findings_under_any_chunking(seed, n, with_bu
     online = []
     bounds = [0, *sorted(c for c in cuts if c < n), n]
     for a, b in zip(bounds, bounds[1:]):
-        online += det.update(metrics.iloc[a:b], tags)
+        part = metrics.iloc[a:b]
+        steps = part["step"].to_numpy()
+        chunk_support = None if support is None else support[(support >= steps[0]) & (support <= steps[-1])]
+        online += det.update(part, tags, chunk_support)  # as the grad norm's detector gives them, chunk by chunk
     online += det.finish()
 
-    ref_found, status, base, score = _reference_findings(SpikeDetector(LOSS, **params), metrics, tags)
+    ref_found, status, base, score = _reference_findings(SpikeDetector(LOSS, **params), metrics, tags, support)
     assert _events(online) == _events(ref_found)
 
-    trace = SpikeDetector(LOSS, **params).trace(metrics, tags)
+    trace = SpikeDetector(LOSS, **params).trace(metrics, tags, support)
     assert list(trace["status"]) == [STATUS_NAMES[s] for s in status]
     np.testing.assert_array_equal(trace["baseline"].to_numpy(), base)
     np.testing.assert_array_equal(trace["score"].to_numpy(), score)

@@ -370,6 +370,7 @@ class LiveRun:
         """Feed the existing rows (the last :data:`WARM_ROWS` when the audit judged them); findings past the audit's
         last step are new (found now)."""
         from forensics.detect import SpikeDetector
+        from forensics.detect.spikes import joint_order
 
         params = {}
         params = self.config.rule_params("spikes")
@@ -379,10 +380,13 @@ class LiveRun:
         rows = self.metrics
         if last is not None and len(rows) > WARM_ROWS and int(rows[STEP].iloc[-WARM_ROWS]) <= int(last):
             rows = rows.iloc[-WARM_ROWS:]
-        for col in self.analysed_metrics():
+        cols = self.analysed_metrics()
+        self._support_metric = grad_norm_column(cols) if len(cols) > 1 else None
+        for col in joint_order(cols, self._support_metric):  # the grad norm first: it supports the others
             det = SpikeDetector(col, **params)
             self._detectors[col] = det
-            found = det.update(self._written(rows, col), self._tags_of(rows[STEP].to_numpy(np.int64)))
+            found = det.update(self._written(rows, col), self._tags_of(rows[STEP].to_numpy(np.int64)),
+                               self._support_for(col))
             if last is None:
                 continue
             self._record([f for f in found if f.step > int(last) and (f.metric, f.step) not in known], now)
@@ -411,8 +415,20 @@ class LiveRun:
         now = self.clock()
         for col, det in self._detectors.items():
             if col in new.columns:
-                self._record(det.update(self._written(new, col), tags), now)
+                self._record(det.update(self._written(new, col), tags, self._support_for(col)), now)
+        # the grad norm is judged first (its spikes support the loss's); list in the order the metrics are named
+        order = {c: i for i, c in enumerate(self.analysed_metrics())}
+        self.new_findings[before:] = sorted(self.new_findings[before:],
+                                            key=lambda n: order.get(n.finding.get("metric"), len(order)))
         return self.new_findings[before:]
+
+    def _support_for(self, col: str) -> np.ndarray | None:
+        """The grad norm's steps flagged in this update (it runs first), the joint evidence of the other metrics."""
+        grad = getattr(self, "_support_metric", None)
+        if grad is None or col == grad:
+            return None
+        det = self._detectors.get(grad)
+        return det.flagged_steps_ if det is not None else np.empty(0, np.int64)
 
     def _tags_of(self, steps: np.ndarray) -> pd.DataFrame | None:
         if self.tags is None or not len(steps):

@@ -50,6 +50,8 @@ PARAMS = np.dtype([
     ("alpha", np.float64),  # false alarms asked per judged row (false_rate / 10,000); 0: the fixed score z
     ("tail_start", np.float64),  # scores above it are the tail's peaks
     ("min_peaks", np.int64),  # peaks needed before the fitted tail replaces z
+    ("joint_factor", np.float64),  # a supported row is flagged at the tail's score for alpha times this (0: off)
+    ("has_support", np.int64),  # 1: another metric (the grad norm) supports or not: see "Joint evidence"
 ])
 
 #: Counters carried between rows (one record).
@@ -60,8 +62,10 @@ COUNTS = np.dtype([
     ("n_known_buckets", np.int64),  # buckets with at least min_bucket_periods residuals
     ("offset_sum", np.float64),  # sum of the known buckets' median residuals (their mean centres the offsets)
     ("z_tail", np.float64),  # the score threshold the fitted tail gives (NaN until min_peaks peaks)
-    ("z_exclude", np.float64),  # scores from it up are kept out of the tail (the fit's threshold at alpha / 100)
+    ("z_censor", np.float64),  # scores from it up enter the tail as censored peaks (value unknown, counted)
     ("tail_xi", np.float64), ("tail_sigma", np.float64),  # the fitted generalized Pareto shape and scale
+    ("last_censored", np.int64),  # n_judged of the last censored peak (a run of them is one peak)
+    ("z_joint", np.float64),  # the fitted tail's score for a row another metric supports (NaN until fitted)
 ])
 
 #: One event: the open one, a pending one, or an emitted one (fields a stage does not use stay 0).
@@ -96,7 +100,7 @@ KernelState = namedtuple("KernelState", [
     "tail_at",  # Window (ring only) of n_judged at each peak, aligned with tail's ring
 ])
 #: A chunk of rows, and the per-row verdicts written for it.
-Rows = namedtuple("Rows", "step value bucket")
+Rows = namedtuple("Rows", "step value bucket support")
 Verdicts = namedtuple("Verdicts", "status baseline score")
 
 
@@ -140,7 +144,9 @@ def with_buckets(state: KernelState, n: int) -> KernelState:
 def empty_counts() -> np.ndarray:
     c = np.zeros(1, COUNTS)
     c["z_tail"] = np.nan
-    c["z_exclude"] = np.nan
+    c["z_censor"] = np.nan
+    c["last_censored"] = -2
+    c["z_joint"] = np.nan
     return c
 
 
@@ -447,19 +453,24 @@ def _bucket_push(p, state, b, resid):
         c.n_known_buckets += 1
 
 
-#: Scores the fitted tail says are rarer than ``alpha / EXCLUDE_FACTOR`` (rates of ``EXCLUDE_P`` per step and up) or
-#: than ``EXCLUDE_P`` (rarer rates) stay out of it. At rare rates the limit sits below the threshold: a spike of
-#: 1.6x and more scores above the noise's once-in-10,000, and letting spikes in below a high threshold feeds the fit
-#: that raised it. At high rates alpha is a sizeable share of the peaks and censoring the tail at or below the
-#: threshold would drag the fit down with it, so there the limit sits ten times rarer than alpha.
-EXCLUDE_FACTOR = 10.0
-EXCLUDE_P = 1e-4
+#: Scores at or above the censoring limit enter the tail as censored peaks: counted, their size unknown (this value
+#: sorts them last). For rates of ``CENSOR_P`` per step and below the limit is the threshold itself, so no flagged
+#: score (a spike) ever lends its size to the tail it is judged against; for higher rates it is the fit's score at
+#: ``CENSOR_P``, so that censoring stays a small share of the peaks. Before the first fit the limit is ``z``.
+CENSORED = 1e300
+CENSOR_P = 1e-4
+#: The fit reads the sorted peaks up to this share of them (or up to the first censored one, if lower): what lies
+#: above, the far tail, censored noise and any spike alike, weighs only by its count.
+TRIM = 0.99
+#: Bounds of the fitted shape: from a clearly bounded tail to a very heavy one (infinite variance from 0.5 up).
+XI_LO = -0.5
+XI_HI = 0.95
+#: A supported row (another metric spiked at it or just before) is flagged when its score is rarer than
+#: ``alpha * joint_factor`` per step, never commoner than this: two metrics agreeing make a weaker loss move real.
+JOINT_MAX_P = 1e-3
 #: With a false_rate but fewer than min_peaks peaks, the jump condition is at least this (the fixed rule's default):
 #: the fixed score z alone flags heavy-tailed noise every few hundred steps.
 FALLBACK_RATIO = 1.5
-#: The fitted tail shape is kept at or above this: Gaussian noise judged by a rolling MAD fits about -0.13 above 2
-#: noise units, while a fit that sees a few thousand peaks can wander far lower and under-state the far tail.
-XI_MIN = -0.15
 
 
 @nb.njit(cache=True)
@@ -473,39 +484,68 @@ def _gpd_quantile(t0, xi, sigma, q):
 
 
 @nb.njit(cache=True)
+def _partial_moments(xi, c):
+    """``int_0^c Q(p) dp`` and ``int_0^c p Q(p) dp`` of the generalized Pareto of shape ``xi`` and scale 1 (``Q``
+    its quantile function): the two trimmed probability-weighted moments the fit matches."""
+    if abs(xi) < 1e-6:
+        xi = 1e-6
+    u = 1.0 - c
+    m0 = ((1.0 - u ** (1.0 - xi)) / (1.0 - xi) - c) / xi
+    i1 = 1.0 / (1.0 - xi) - 1.0 / (2.0 - xi) - u ** (1.0 - xi) / (1.0 - xi) + u ** (2.0 - xi) / (2.0 - xi)
+    return m0, (i1 - 0.5 * c * c) / xi
+
+
+@nb.njit(cache=True)
 def _fit_tail(p, state):
-    """Refit the tail after a new peak: a generalized Pareto by probability-weighted moments on the sorted
-    excesses, and the score it says is exceeded with probability ``alpha`` (module docstring of spikes.py)."""
+    """Refit the tail after a new peak: a generalized Pareto by trimmed probability-weighted moments on the lower
+    ``TRIM`` of the sorted excesses (censored peaks count, their sizes do not), and the score it says is exceeded
+    with probability ``alpha`` (module docstring of spikes.py)."""
     c = state.counts[0]
     k = state.tail.meta[1]
     if k < p.min_peaks:
         return
     y = state.tail.sorted
-    a0 = 0.0
-    b1 = 0.0
-    for j in range(k):
-        a0 += y[j]
-        b1 += y[j] * j / (k - 1)
-    a0 /= k
-    b1 /= k
-    a1 = a0 - b1
-    d = a0 - 2.0 * a1
-    if d <= 0.0 or a0 <= 0.0:
+    m = int(TRIM * k)
+    while m > 0 and y[m - 1] >= CENSORED:
+        m -= 1
+    if m < p.min_peaks // 2:  # mostly censored: too little known to fit, keep the last fit
         return
-    xi = 2.0 - a0 / d
-    sigma = 2.0 * a0 * a1 / d
-    if xi < XI_MIN:  # a bounded tail fitted near tail_start under-states the far one: at most slightly bounded
-        xi = XI_MIN
-        sigma = a0 * (1.0 - xi)  # the generalized Pareto's mean excess is sigma / (1 - xi)
-    elif xi > 0.9:
-        xi = 0.9
+    a0 = 0.0
+    a1 = 0.0
+    for j in range(m):
+        a0 += y[j]
+        a1 += y[j] * (j + 0.5) / k
+    if a0 <= 0.0:
+        return
+    share = m / k
+    target = a1 / a0
+    lo, hi = XI_LO, XI_HI  # the moments' ratio rises with xi: bisect
+    m0, m1 = _partial_moments(lo, share)
+    if m1 / m0 >= target:
+        xi = lo
+    else:
+        m0, m1 = _partial_moments(hi, share)
+        if m1 / m0 <= target:
+            xi = hi
+        else:
+            for _ in range(40):
+                mid = 0.5 * (lo + hi)
+                m0, m1 = _partial_moments(mid, share)
+                if m1 / m0 < target:
+                    lo = mid
+                else:
+                    hi = mid
+            xi = 0.5 * (lo + hi)
+    m0, _ = _partial_moments(xi, share)
+    sigma = a0 / k / m0
     cap = state.tail.ring.shape[0]
     oldest = state.tail_at.ring[state.tail_at.meta[0] % cap] if k == cap else 1.0
     span = c.n_judged - oldest + 1.0
     q = p.alpha * span / k  # the exceedance probability asked, relative to that of tail_start
     c.z_tail = _gpd_quantile(p.tail_start, xi, sigma, q)
-    q_exclude = p.alpha / EXCLUDE_FACTOR if p.alpha >= EXCLUDE_P else EXCLUDE_P
-    c.z_exclude = _gpd_quantile(p.tail_start, xi, sigma, q_exclude * span / k)
+    c.z_censor = c.z_tail if p.alpha <= CENSOR_P else _gpd_quantile(p.tail_start, xi, sigma, CENSOR_P * span / k)
+    if p.joint_factor > 0.0:
+        c.z_joint = _gpd_quantile(p.tail_start, xi, sigma, min(p.alpha * p.joint_factor, JOINT_MAX_P) * span / k)
     c.tail_xi = xi
     c.tail_sigma = sigma
 
@@ -518,6 +558,18 @@ def _over(p, r, sc, base, z_thr, z_large, ratio_floor):
     if r / sc >= z_thr and r >= max((max(p.ratio, ratio_floor) - 1.0) * abs(base), p.min_jump):
         return True
     return r / sc >= z_large and r >= max((p.ratio_large - 1.0) * abs(base), p.min_jump)
+
+
+@nb.njit(cache=True)
+def _calibrated(p, c, r, sc, base, supported):
+    """The fitted tail's verdict ("Calibrated thresholds" in spikes.py's docstring): the jump condition always; the
+    score rarer than alpha by the tail, or than ``alpha * joint_factor`` where the grad norm supports the row, and
+    never more than ``z`` where no other metric can support or contradict it."""
+    if p.has_support == 0:
+        return _over(p, r, sc, base, min(p.z, c.z_tail), p.z_large, 1.0)
+    if supported:
+        return _over(p, r, sc, base, min(p.z, c.z_joint), p.z_large, 1.0)
+    return _over(p, r, sc, base, c.z_tail, np.inf, 1.0)  # the grad norm ignored it: the tail must call it rare
 
 
 @nb.njit(cache=True)
@@ -576,12 +628,23 @@ def run_rows(params, state, rows, out, events):
                     z_thr = c.z_tail
                 else:  # too few peaks yet: the fixed rule, its jump condition at least the default 1.5x
                     ratio_floor = FALLBACK_RATIO
-                z_excl = p.z if np.isnan(c.z_exclude) else c.z_exclude
-                if p.tail_start < zz < z_excl:  # a peak of the tail (judged before the fit moves)
-                    _win_push(state.tail, zz - p.tail_start)
-                    _ring_push(state.tail_at, c.n_judged)
-                    _fit_tail(p, state)
-            flag = _over(p, r, sc, base, z_thr, p.z_large, ratio_floor)
+                if zz > p.tail_start:  # a peak of the tail (judged before the fit moves)
+                    z_cens = p.z if np.isnan(c.z_censor) else c.z_censor
+                    # censored: above the limit, or what the fixed rule calls a spike (a fit that drifted high then
+                    # never lets the clear spikes it failed to flag feed it higher); a run of censored rows is one
+                    # peak (noise this rare comes alone; a spike's or a new level's rows are one event)
+                    clear = zz >= p.z and r >= (FALLBACK_RATIO - 1.0) * abs(base)
+                    cens = clear or zz >= z_cens
+                    if not clear and (not cens or c.last_censored != c.n_judged - 1):
+                        _win_push(state.tail, CENSORED if cens else zz - p.tail_start)
+                        _ring_push(state.tail_at, c.n_judged)
+                        _fit_tail(p, state)
+                    if cens:
+                        c.last_censored = c.n_judged
+            if p.alpha > 0.0 and not np.isnan(c.z_tail):
+                flag = _calibrated(p, c, r, sc, base, rows.support[i] != 0)
+            else:
+                flag = _over(p, r, sc, base, z_thr, p.z_large, ratio_floor)
             below_only = False
             if flag and known and off < 0.0:
                 below_only = not _over(p, v - t, sc, t, z_thr, p.z_large, ratio_floor)

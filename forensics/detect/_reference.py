@@ -19,18 +19,21 @@ import numpy as np
 
 from forensics.detect._kernel import (
     ACCEPTED,
+    CENSOR_P,
+    CENSORED,
     EV_SHIFT,
     EV_SPIKE,
-    EXCLUDE_FACTOR,
-    EXCLUDE_P,
     EXPECTED,
     FALLBACK_RATIO,
     FLAGGED,
+    JOINT_MAX_P,
     MAD_TO_SD,
     NEW_BUCKET,
     NONFINITE,
+    TRIM,
     WARMUP,
-    XI_MIN,
+    XI_HI,
+    XI_LO,
 )
 
 EVENT_FIELDS = ("kind", "start", "end", "peak", "recovery", "n_rows", "bucket", "is_open", "n_post",
@@ -42,6 +45,16 @@ def median(values: Sequence[float]) -> float:
     s = sorted(values)
     n = len(s)
     return s[n // 2] if n % 2 == 1 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def partial_moments(xi: float, c: float) -> tuple[float, float]:
+    """``int_0^c Q(p) dp`` and ``int_0^c p Q(p) dp`` of the unit-scale generalized Pareto of shape ``xi``."""
+    if abs(xi) < 1e-6:
+        xi = 1e-6
+    u = 1.0 - c
+    m0 = ((1.0 - u ** (1.0 - xi)) / (1.0 - xi) - c) / xi
+    i1 = 1.0 / (1.0 - xi) - 1.0 / (2.0 - xi) - u ** (1.0 - xi) / (1.0 - xi) + u ** (2.0 - xi) / (2.0 - xi)
+    return m0, (i1 - 0.5 * c * c) / xi
 
 
 def gpd_quantile(t0: float, xi: float, sigma: float, q: float) -> float:
@@ -73,10 +86,12 @@ class ReferenceSpikeRule:
         self.n_judged = 0
         self.open: dict | None = None  # the event being extended
         self.pending: list[dict] = []  # closed events awaiting confirmation, oldest first
-        self.peaks: deque[float] = deque(maxlen=tail_window)  # excesses over tail_start of accepted scores
+        self.peaks: deque[float] = deque(maxlen=tail_window)  # excesses over tail_start (CENSORED: unknown)
         self.peaks_at: deque[int] = deque(maxlen=tail_window)  # n_judged at each peak
         self.z_tail = float("nan")  # the fitted tail's threshold (NaN until min_peaks peaks)
-        self.z_exclude = float("nan")  # scores from it up stay out of the tail
+        self.z_censor = float("nan")  # scores from it up are censored peaks
+        self.z_joint = float("nan")  # the threshold of a supported row
+        self.last_censored = -2  # n_judged of the last censored row (a run of them is one peak)
 
     # --- the baseline ---------------------------------------------------------------------------------------------
     def trend(self) -> float:
@@ -119,35 +134,66 @@ class ReferenceSpikeRule:
         return r / scale >= p["z_large"] and r >= max((p["ratio_large"] - 1.0) * abs(base), p["min_jump"])
 
     def fit_tail(self) -> None:
-        """A generalized Pareto by probability-weighted moments on the peaks; the score exceeded with
-        probability alpha."""
+        """A generalized Pareto by trimmed probability-weighted moments on the lower TRIM of the sorted peaks
+        (censored ones count, their sizes do not); the score exceeded with probability alpha."""
         p = self.p
         k = len(self.peaks)
         if k < p["min_peaks"]:
             return
         y = sorted(self.peaks)
-        a0 = 0.0
-        b1 = 0.0
-        for j in range(k):  # sequential sums, as the kernel adds them
-            a0 += y[j]
-            b1 += y[j] * j / (k - 1)
-        a0 /= k
-        b1 /= k
-        a1 = a0 - b1
-        d = a0 - 2.0 * a1
-        if d <= 0.0 or a0 <= 0.0:
+        m = int(TRIM * k)
+        while m > 0 and y[m - 1] >= CENSORED:
+            m -= 1
+        if m < p["min_peaks"] // 2:
             return
-        xi = 2.0 - a0 / d
-        sigma = 2.0 * a0 * a1 / d
-        if xi < XI_MIN:  # at most slightly bounded (the kernel's reason)
-            xi, sigma = XI_MIN, a0 * (1.0 - XI_MIN)
-        elif xi > 0.9:
-            xi = 0.9
+        a0 = 0.0
+        a1 = 0.0
+        for j in range(m):  # sequential sums, as the kernel adds them
+            a0 += y[j]
+            a1 += y[j] * (j + 0.5) / k
+        if a0 <= 0.0:
+            return
+        share, target = m / k, a1 / a0
+        lo, hi = XI_LO, XI_HI
+        m0, m1 = partial_moments(lo, share)
+        if m1 / m0 >= target:
+            xi = lo
+        else:
+            m0, m1 = partial_moments(hi, share)
+            if m1 / m0 <= target:
+                xi = hi
+            else:
+                for _ in range(40):
+                    mid = 0.5 * (lo + hi)
+                    m0, m1 = partial_moments(mid, share)
+                    if m1 / m0 < target:
+                        lo = mid
+                    else:
+                        hi = mid
+                xi = 0.5 * (lo + hi)
+        m0, _ = partial_moments(xi, share)
+        sigma = a0 / k / m0
         oldest = float(self.peaks_at[0]) if k == self.peaks.maxlen else 1.0
-        q = p["alpha"] * (self.n_judged - oldest + 1.0) / k
-        self.z_tail = gpd_quantile(p["tail_start"], xi, sigma, q)
-        q_exclude = p["alpha"] / EXCLUDE_FACTOR if p["alpha"] >= EXCLUDE_P else EXCLUDE_P  # the kernel's reason
-        self.z_exclude = gpd_quantile(p["tail_start"], xi, sigma, q_exclude * (self.n_judged - oldest + 1.0) / k)
+        span = self.n_judged - oldest + 1.0
+        self.z_tail = gpd_quantile(p["tail_start"], xi, sigma, p["alpha"] * span / k)
+        self.z_censor = (self.z_tail if p["alpha"] <= CENSOR_P
+                         else gpd_quantile(p["tail_start"], xi, sigma, CENSOR_P * span / k))
+        if p["joint_factor"] > 0.0:
+            self.z_joint = gpd_quantile(p["tail_start"], xi, sigma,
+                                        min(p["alpha"] * p["joint_factor"], JOINT_MAX_P) * span / k)
+
+    def calibrated(self, r: float, scale: float, base: float, supported: bool) -> bool:
+        """The fitted tail's verdict (the kernel's ``_calibrated``)."""
+        p = self.p
+        if p["has_support"] == 0:
+            return self.over(r, scale, base, min(p["z"], self.z_tail))
+        if supported:
+            return self.over(r, scale, base, min(p["z"], self.z_joint))
+        z_large, p["z_large"] = p["z_large"], math.inf  # the grad norm ignored it: the tail alone, no looser rule
+        try:
+            return self.over(r, scale, base, self.z_tail)
+        finally:
+            p["z_large"] = z_large
 
     # --- events ---------------------------------------------------------------------------------------------------
     def shift(self, step_now: int) -> dict:
@@ -193,7 +239,7 @@ class ReferenceSpikeRule:
         return out
 
     # --- one row --------------------------------------------------------------------------------------------------
-    def row(self, step: int, x: float, b: int) -> tuple[int, float, float, list[dict]]:
+    def row(self, step: int, x: float, b: int, supported: bool = False) -> tuple[int, float, float, list[dict]]:
         """Judge one row: ``(status, baseline, score, events that became final)``."""
         p = self.p
         if not np.isfinite(x):
@@ -224,12 +270,20 @@ class ReferenceSpikeRule:
                     z = self.z_tail
                 else:
                     floor = FALLBACK_RATIO  # too few peaks: the fixed rule, with at least its 1.5x jump
-                z_excl = p["z"] if math.isnan(self.z_exclude) else self.z_exclude
-                if p["tail_start"] < score < z_excl:  # a peak of the tail (judged before the fit moves)
-                    self.peaks.append(score - p["tail_start"])
-                    self.peaks_at.append(self.n_judged)
-                    self.fit_tail()
-            flag = self.over(r, scale, base, z, floor)
+                if score > p["tail_start"]:  # a peak of the tail (judged before the fit moves)
+                    z_cens = p["z"] if math.isnan(self.z_censor) else self.z_censor
+                    clear = score >= p["z"] and r >= (FALLBACK_RATIO - 1.0) * abs(base)  # the fixed rule's spike
+                    cens = clear or score >= z_cens
+                    if not clear and (not cens or self.last_censored != self.n_judged - 1):
+                        self.peaks.append(CENSORED if cens else score - p["tail_start"])
+                        self.peaks_at.append(self.n_judged)
+                        self.fit_tail()
+                    if cens:
+                        self.last_censored = self.n_judged
+            if p["alpha"] > 0.0 and not math.isnan(self.z_tail):
+                flag = self.calibrated(r, scale, base, supported)
+            else:
+                flag = self.over(r, scale, base, z, floor)
             below_only = False
             if flag and known and offset < 0.0:
                 below_only = not self.over(x - t, scale, t, z, floor)
@@ -289,14 +343,16 @@ class ReferenceSpikeRule:
 
 
 def reference_events(steps: np.ndarray, values: np.ndarray, buckets: np.ndarray, params: dict,
-                     tail_window: int = 1) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
+                     tail_window: int = 1, supported: np.ndarray | None = None
+                     ) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
     """Run the rule over a whole series (steps increasing); events in the order they became final, then flushed."""
     rule = ReferenceSpikeRule(params, tail_window)
     n = len(values)
     status, baseline, score = np.empty(n, np.int8), np.empty(n), np.empty(n)
     events: list[dict] = []
     for i in range(n):
-        status[i], baseline[i], score[i], ev = rule.row(int(steps[i]), float(values[i]), int(buckets[i]))
+        sup = bool(supported[i]) if supported is not None else False
+        status[i], baseline[i], score[i], ev = rule.row(int(steps[i]), float(values[i]), int(buckets[i]), sup)
         events += ev
     if n:
         events += rule.flush(int(steps[-1]))

@@ -11,7 +11,7 @@ from typing import Any
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
-from forensics.detect.spikes import SpikeDetector, add_confidence, detect_spikes
+from forensics.detect.spikes import SpikeDetector, add_confidence, detect_spikes, joint_order
 from forensics.errors import ForensicsError
 
 #: Below this many written values a metric's first ``min_periods`` (history, not judged) weigh heavily: say so.
@@ -44,9 +44,16 @@ class SpikeRule(Rule):
         self.warnings_: list[str] = []
         out: list[Finding] = []
         history = SpikeDetector(**self.params).min_periods
-        for col in run.analysed:
+        grad = run.grad_norm_key if run.grad_norm_key in run.analysed and len(run.analysed) > 1 else None
+        support = None  # the grad norm's flagged steps: joint evidence for the other metrics
+        for col in joint_order(list(run.analysed), grad):
             rows = run.written_rows(col)
-            out += detect_spikes(rows, col, tags=run.tags, boundaries=run.boundaries, **self.params)
+            det_support = None if col == grad or grad is None else support
+            flagged: dict = {}
+            out += detect_spikes(rows, col, tags=run.tags, boundaries=run.boundaries, support_metric=None,
+                                 support=det_support, flagged=flagged, **self.params)
+            if col == grad:
+                support = flagged[col]
             if len(rows) < SHORT_RUN:
                 self.warnings_.append(f"'{col}' has only {len(rows)} values: the first {min(history, len(rows))} "
                                       "(the causal detector's history) were judged two-sided, against the span "

@@ -112,6 +112,12 @@ DETECTORS: dict[str, Callable[[pd.DataFrame, str, Run | None], list[Finding]]] =
 METASEQ_RATIOS = (2.0, 3.0)
 
 
+def progress_bar() -> Progress:
+    """The bench's progress bar on stderr (the tables go to stdout)."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=Console(stderr=True), transient=True)
+
+
 # --- formatting ------------------------------------------------------------------------------------------------------
 def pct(x: float) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
@@ -252,9 +258,7 @@ def run_long_bench(size: str, seed: int, extra: dict[str, Callable] | None = Non
     by_family: dict[str, dict[str, Score]] = {f: {name: Score() for name in detectors} for f in LONG_FAMILIES}
     seconds = dict.fromkeys(detectors, 0.0)
     n_steps = 0
-    console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("long corpus", total=len(specs))
         for spec in specs:
             progress.update(task, description=f"{spec.name:12s}")
@@ -293,9 +297,7 @@ def run_calibration(size: str, seed: int) -> list[str]:
     specs = [replace(sp, spikes=(), level_shifts=0) for sp in long_corpus_specs(size, seed)]
     counts = {(f, r): 0 for f in LONG_FAMILIES for r in CALIBRATION_RATES}
     judged_steps = dict.fromkeys(LONG_FAMILIES, 0)
-    console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("clean runs", total=len(specs))
         for spec in specs:
             progress.update(task, description=f"{spec.name:12s}")
@@ -330,9 +332,7 @@ def run_bench(size: str, seed: int, real: Path | None) -> list[str]:
     sensitivity = {r: Score() for r in METASEQ_RATIOS}
     build_s = 0.0
     n_steps = 0
-    console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("corpus runs", total=len(specs))
         for spec in specs:
             progress.update(task, description=f"{spec.name:16s}")

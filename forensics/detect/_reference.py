@@ -282,6 +282,8 @@ class ReferenceSpikeRule:
                         self.last_censored = self.n_judged
             if p["alpha"] > 0.0 and not math.isnan(self.z_tail):
                 flag = self.calibrated(r, scale, base, supported)
+            elif supported:  # no fit yet: the Gaussian's score for the joint rate
+                flag = self.over(r, scale, base, min(z, p["z_joint0"]), floor)
             else:
                 flag = self.over(r, scale, base, z, floor)
             below_only = False

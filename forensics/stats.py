@@ -123,3 +123,53 @@ def variance_share(values: np.ndarray, groups: np.ndarray, window: int = 101, ou
     r = detrend(values, window)
     keep = _inliers(r, groups, outlier_mads)
     return eta_squared(np.where(keep, r, np.nan), groups)
+
+
+# --- tail probabilities ------------------------------------------------------------------------------------------------
+# From scipy.special, not scipy.stats: importing scipy.stats costs ~0.45 s (its distributions are built at import),
+# more than all the tests here together, and a cached case audit pays nothing else of scipy's.
+def binom_sf(k: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
+    """P(X >= k) for X ~ Binomial(n, p), elementwise (``scipy.stats.binom.sf(k - 1, n, p)``)."""
+    from scipy.special import betainc
+
+    k = np.asarray(k, dtype=np.float64)
+    p = np.asarray(p, dtype=np.float64)
+    inside = (k >= 1) & (k <= n)
+    safe_k = np.where(inside, k, 1.0)
+    out = betainc(safe_k, n - safe_k + 1.0, p) if n > 0 else np.zeros(np.broadcast(k, p).shape)
+    return np.where(k <= 0, 1.0, np.where(k > n, 0.0, out))
+
+
+def hypergeom_sf(k: np.ndarray, total: int, successes: np.ndarray, draws: int) -> np.ndarray:
+    """P(X >= k) for X the successes among ``draws`` taken without replacement from ``total`` items of which
+    ``successes`` are successes, elementwise over ``k`` and ``successes`` (``scipy.stats.hypergeom.sf(k - 1, total,
+    successes, draws)``): the pmf summed over the upper tail in log space (draws are few: the spikes of a run)."""
+    from scipy.special import gammaln
+
+    k = np.atleast_1d(np.asarray(k, dtype=np.float64))
+    succ = np.atleast_1d(np.asarray(successes, dtype=np.float64))
+    j = np.arange(draws + 1, dtype=np.float64)[None, :]
+    s = succ[:, None]
+
+    def log_choose(a, b):
+        return gammaln(a + 1.0) - gammaln(b + 1.0) - gammaln(a - b + 1.0)
+
+    valid = (j <= s) & (draws - j <= total - s)
+    with np.errstate(invalid="ignore"):
+        logp = log_choose(s, j) + log_choose(total - s, draws - j) - log_choose(float(total), float(draws))
+    pmf = np.where(valid & (j >= k[:, None]), np.exp(np.where(valid, logp, -np.inf)), 0.0)
+    return np.minimum(1.0, pmf.sum(axis=1))
+
+
+def t_sf(x: float, dof: float) -> float:
+    """P(T > x) for Student's t with ``dof`` degrees of freedom (``scipy.stats.t.sf``)."""
+    from scipy.special import stdtr
+
+    return float(stdtr(dof, -x))
+
+
+def t_ppf(q: float, dof: float) -> float:
+    """The ``q`` quantile of Student's t with ``dof`` degrees of freedom (``scipy.stats.t.ppf``)."""
+    from scipy.special import stdtrit
+
+    return float(stdtrit(dof, q))

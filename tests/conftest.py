@@ -7,6 +7,22 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The user cache (fitted clusters, the dashboard's demo) in a folder of this session, never the user's own."""
+    import os
+
+    from forensics.cache import CACHE_ENV
+
+    old = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("user-cache"))
+    yield Path(os.environ[CACHE_ENV])
+    if old is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = old
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The repository root (the folder holding ``pyproject.toml``)."""

@@ -17,8 +17,9 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from forensics.cache import CACHE_ENV  # noqa: E402
 from forensics.dashboard.session import TARGET  # noqa: E402
-from forensics.dashboard.state import CACHE_ENV, LiveRun, resolve_target  # noqa: E402
+from forensics.dashboard.state import LiveRun, resolve_target  # noqa: E402
 
 SCRIPT_TEXT = "<script>alert(1)</script>"
 HOSTILE_SAMPLE = 6567  # a suspect of the static demo's spike at step 254

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from forensics.cache import cache_dir
 from forensics.errors import ForensicsError
 from forensics.schema import (
     CLUSTER,
@@ -48,24 +49,6 @@ WARM_ROWS = 20_000
 #: Audits kept in memory per process, keyed by their inputs' paths, sizes and mtimes (every session shares them).
 AUDIT_CACHE_SIZE = 4
 _AUDITS: dict[tuple, Any] = {}
-#: Environment variable naming the cache folder (default: the user cache folder, ``~/.cache/forensics``).
-CACHE_ENV = "FORENSICS_CACHE_DIR"
-
-
-def cache_dir() -> Path:
-    """Where the dashboard keeps what it fitted (sample clusters) and the demo it builds: ``$FORENSICS_CACHE_DIR``,
-    else platformdirs' user cache folder, else ``~/.cache/forensics``."""
-    import os
-
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    try:
-        import platformdirs
-    except ImportError:
-        return Path.home() / ".cache" / "forensics"
-    return Path(platformdirs.user_cache_dir("forensics", appauthor=False))
-
-
 def clustered_samples_path(samples_path: str | Path, fit: Callable[[], pd.DataFrame]) -> Path:
     """A copy of the samples with their fitted ``cluster`` / ``cluster_name``, keyed by the file's content.
 

@@ -42,7 +42,7 @@ from forensics.detect.findings import Finding
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
-from forensics.stats import rolling_median, steps_since_seen
+from forensics.stats import rolling_median, steps_since_seen, t_ppf, t_sf
 
 if TYPE_CHECKING:
     from scipy import sparse
@@ -188,7 +188,6 @@ def forgetting_signature(
     ``bucket`` column is used when present, else lengths are bucketed with ``boundaries``). ``spikes``: findings or
     ``{"step", "end_step"}`` dicts whose spans (plus ``exclude_after`` steps) are left out.
     """
-    from scipy import stats  # lazily: only an audit with a plan needs scipy
     metric = metric or find_loss_key(metrics.columns)
     if metric not in metrics.columns:
         raise ForensicsError(f"metrics: missing column '{metric}'")
@@ -234,9 +233,9 @@ def forgetting_signature(
     X_common, cnames = design.matrices(all_rows, tau, per_cluster=False)
     rows = np.flatnonzero(used)
     b_c, cov_c, dof_c = _ols(X_common[rows], r[rows])
-    t_crit = float(stats.t.ppf(0.975, dof_c))
+    t_crit = float(t_ppf(0.975, dof_c))
     slope, se = float(b_c[-1]), float(np.sqrt(max(cov_c[-1, -1], 0.0)))
-    p = float(2 * stats.t.sf(abs(slope / se), dof_c)) if se > 0 else float("nan")
+    p = float(2 * t_sf(abs(slope / se), dof_c)) if se > 0 else float("nan")
     max_gap = float(np.nanmax(design.gap)) if np.isfinite(design.gap).any() else 1.0
     out.update({
         "slope": slope, "se": se, "ci95": [slope - t_crit * se, slope + t_crit * se], "p_value": p,
@@ -254,8 +253,7 @@ def forgetting_signature(
 
 def _cluster_rows(design: _Design, used: np.ndarray, beta: np.ndarray, cov: np.ndarray, dof: int,
                   names: list[str]) -> list[dict[str, Any]]:
-    from scipy import stats  # lazily: only an audit with a plan needs scipy
-    t_crit = float(stats.t.ppf(0.975, dof))
+    t_crit = float(t_ppf(0.975, dof))
     present = used[design.c_step] & np.isfinite(design.gap)
     df = pd.DataFrame({"c": design.c_lab[present], "share": design.c_share[present], "gap": design.gap[present]})
     g = df.groupby("c")
@@ -277,7 +275,7 @@ def _cluster_rows(design: _Design, used: np.ndarray, beta: np.ndarray, cov: np.n
             "slope": b if ok else None,
             "se": se if ok else None,
             "ci95": [b - t_crit * se, b + t_crit * se] if ok else None,
-            "p_value": float(2 * stats.t.sf(abs(b / se), dof)) if ok else None,
+            "p_value": float(2 * t_sf(abs(b / se), dof)) if ok else None,
             "detected": bool(ok and b - t_crit * se > 0),
         })
     return out

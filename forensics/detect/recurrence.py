@@ -34,7 +34,7 @@ from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
 from forensics.detect.findings import Finding
 from forensics.errors import ForensicsError
 from forensics.schema import EPOCH, SAMPLE_ID, STEP, find_loss_key
-from forensics.stats import detrend
+from forensics.stats import detrend, hypergeom_sf
 
 MIN_JACCARD = 0.8
 
@@ -227,9 +227,7 @@ def sample_enrichment(
     kk = df["n_spike_batches"].to_numpy(np.int64)
     big_k = df["n_steps"].to_numpy(np.int64)
     df["expected"] = n_draw * big_k / max(n_total, 1)
-    from scipy import stats  # here, not at import: only runs with a plan
-
-    df["p_value"] = stats.hypergeom.sf(kk - 1, n_total, big_k, n_draw)
+    df["p_value"] = hypergeom_sf(kk, n_total, big_k, n_draw)
     df["p_bonferroni"] = np.minimum(1.0, df["p_value"] * m)
     df["q_value"] = _bh(df["p_value"].to_numpy(), m)
     df = df.sort_values(["p_value", "n_spike_batches", SAMPLE_ID], ascending=[True, False, True], kind="stable")

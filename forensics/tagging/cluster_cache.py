@@ -1,0 +1,79 @@
+"""Fitted text clusters kept in the user cache, keyed by the texts themselves and the clustering's settings.
+
+Clustering the texts is most of a case audit's time (importing scikit-learn alone is ~0.8 s; fitting and applying
+the vocabulary, choosing k), and it gives the same clusters for the same texts every time (seeded). So the result,
+each text's cluster with the names and silhouettes, is stored under a hash of the texts (in order), ``k``,
+``max_fit``, ``seed``, this module's :data:`VERSION`, the package's version and scikit-learn's; an audit or ``tag``
+run again on the same samples reads it back without importing scikit-learn. A changed text, setting or version is a
+new key: a stale entry is never read. ``FORENSICS_NO_CACHE=1`` turns it off (:mod:`forensics.cache`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from importlib import metadata
+
+import numpy as np
+
+from forensics.cache import cache_dir, cache_enabled
+
+#: Bump when what a key stands for changes (the recipe in clusters.py, the stored fields).
+VERSION = 1
+
+
+def _versions() -> str:
+    import forensics
+
+    try:
+        sklearn = metadata.version("scikit-learn")
+    except metadata.PackageNotFoundError:
+        sklearn = "none"
+    return f"forensics {forensics.__version__}, scikit-learn {sklearn}, cache v{VERSION}"
+
+
+def cluster_key(texts: np.ndarray, k: int | None, max_fit: int, seed: int) -> str:
+    """The hash of what decides the clusters: every text in order (its UTF-8 bytes and length), and the settings."""
+    import pyarrow as pa
+
+    arr = pa.array(texts, pa.large_string())
+    h = hashlib.blake2b(digest_size=20)
+    h.update(json.dumps([_versions(), k, max_fit, seed, len(arr)]).encode())
+    for buf in arr.buffers()[1:]:  # offsets, then data (no validity buffer: the texts are filled)
+        if buf is not None:
+            h.update(memoryview(buf))
+    return h.hexdigest()
+
+
+def _path(key: str):
+    return cache_dir() / "clusters" / f"text-{key}.npz"
+
+
+def load_clusters(key: str, n: int) -> tuple[np.ndarray, dict] | None:
+    """The stored codes (one per text) and cluster info for ``key``, or None (absent, off, unreadable, wrong size)."""
+    if not cache_enabled():
+        return None
+    try:
+        with np.load(_path(key), allow_pickle=False) as z:
+            codes = z["codes"].astype(np.int64)
+            info = json.loads(str(z["info"]))
+    except (OSError, ValueError, KeyError):
+        return None
+    return (codes, info) if len(codes) == n else None
+
+
+def store_clusters(key: str, codes: np.ndarray, info: dict) -> None:
+    """Write an entry whole (a temporary file renamed into place); a cache that cannot be written is skipped."""
+    if not cache_enabled():
+        return
+    path = _path(key)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(tmp, codes=np.asarray(codes, np.int64), info=np.array(json.dumps(info)))
+        tmp.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

@@ -43,6 +43,28 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def run() -> None:
+    """The console script and ``python -m forensics``: :func:`main`, then a quick exit.
+
+    A process that loaded the compiled spike kernel spends ~0.3 s after its work tearing down numba's and LLVM's
+    modules (measured: 0.31 s against 0.11 s for numpy and pandas alone), a fifth of a metrics-only audit. The exit
+    handlers still run (logging, temporary folders) and the standard streams are flushed; only the interpreter's
+    module teardown is skipped. ``main()`` itself returns normally, for callers in Python.
+    """
+    import atexit
+    import os
+
+    code = main()
+    try:
+        run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+        if run_exit_handlers is not None:
+            run_exit_handlers()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(args_list[0] if args_list and not args_list[0].startswith("-") else None)

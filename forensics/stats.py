@@ -143,22 +143,28 @@ def binom_sf(k: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
 def hypergeom_sf(k: np.ndarray, total: int, successes: np.ndarray, draws: int) -> np.ndarray:
     """P(X >= k) for X the successes among ``draws`` taken without replacement from ``total`` items of which
     ``successes`` are successes, elementwise over ``k`` and ``successes`` (``scipy.stats.hypergeom.sf(k - 1, total,
-    successes, draws)``): the pmf summed over the upper tail in log space (draws are few: the spikes of a run)."""
+    successes, draws)``): the pmf summed over the upper tail in log space, one term at a time (draws are few: the
+    spikes of a run), so memory stays one array of the inputs' size."""
     from scipy.special import gammaln
 
     k = np.atleast_1d(np.asarray(k, dtype=np.float64))
-    succ = np.atleast_1d(np.asarray(successes, dtype=np.float64))
-    j = np.arange(draws + 1, dtype=np.float64)[None, :]
-    s = succ[:, None]
-
-    def log_choose(a, b):
-        return gammaln(a + 1.0) - gammaln(b + 1.0) - gammaln(a - b + 1.0)
-
-    valid = (j <= s) & (draws - j <= total - s)
+    s = np.atleast_1d(np.asarray(successes, dtype=np.float64))
+    k, s = np.broadcast_arrays(k, s)
+    out = np.zeros(k.shape)
+    base = gammaln(total + 1.0) - gammaln(draws + 1.0) - gammaln(total - draws + 1.0)
+    log_s = gammaln(s + 1.0)
+    log_rest = gammaln(total - s + 1.0)
     with np.errstate(invalid="ignore"):
-        logp = log_choose(s, j) + log_choose(total - s, draws - j) - log_choose(float(total), float(draws))
-    pmf = np.where(valid & (j >= k[:, None]), np.exp(np.where(valid, logp, -np.inf)), 0.0)
-    return np.minimum(1.0, pmf.sum(axis=1))
+        lo = max(0, int(np.ceil(k.min()))) if k.size else 0
+        hi = min(int(draws), int(s.max())) if s.size else -1
+        for j in range(lo, hi + 1):
+            ok = (j <= s) & (draws - j <= total - s) & (j >= k)
+            if not ok.any():
+                continue
+            logp = (log_s - gammaln(j + 1.0) - gammaln(s - j + 1.0) + log_rest - gammaln(draws - j + 1.0)
+                    - gammaln(total - s - draws + j + 1.0) - base)
+            out += np.where(ok, np.exp(np.where(ok, logp, -np.inf)), 0.0)
+    return np.minimum(1.0, out)
 
 
 def t_sf(x: float, dof: float) -> float:

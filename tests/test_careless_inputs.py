@@ -167,3 +167,17 @@ def test_ci_logs_show_a_line_per_stage_on_stderr(demo_small, tmp_path):
                  "rule spikes", "writing the report"):
         assert any(line.startswith(name) for line in stages), (name, proc.stderr)
     assert "\x1b[" not in proc.stderr and proc.stderr.strip().count("\n\n") == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_full_disk_under_the_report_is_one_line_exit_2_not_a_clean_exit(demo_small, tmp_path):
+    """The console script exits fast (os._exit after the exit handlers): an output the OS refused must still fail."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "forensics", "audit", str(demo_small / "static"), "--json",
+                               str(tmp_path / "f.json"), "--no-html"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("forensics: error")]
+    assert proc.returncode == 2, proc.stderr
+    assert errors == ["forensics: error: No space left on device (output)"], proc.stderr
+    assert "Traceback" not in proc.stderr

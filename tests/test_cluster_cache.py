@@ -78,10 +78,15 @@ def test_another_text_or_setting_is_a_new_fit(cache, samples, monkeypatch):
 def test_a_damaged_entry_is_fitted_again(cache, samples, monkeypatch):
     first, _ = cluster_samples(samples, k=None, seed=0)
     (entry,) = (cache / "clusters").glob("text-*.npz")
-    entry.write_bytes(b"half a file")
+    good = entry.read_bytes()
     calls = _fits(monkeypatch)
-    again, _ = cluster_samples(samples, k=None, seed=0)
-    assert calls == [600] and again["cluster"].tolist() == first["cluster"].tolist()
+    for damaged in (b"", b"half a file", good[: len(good) // 2], good[:len(good) // 3] + bytes([good[len(good) // 3] ^ 1]) + good[len(good) // 3 + 1:]):
+        entry.write_bytes(damaged)  # empty, not an archive, cut short, one bit flipped
+        again, _ = cluster_samples(samples, k=None, seed=0)
+        assert again["cluster"].tolist() == first["cluster"].tolist()
+    assert calls == [600] * 4
+    calls.clear()
+    calls.append(600)
     bad = dict(np.load(entry, allow_pickle=False))
     np.savez(entry, codes=bad["codes"] + 7, info=bad["info"])  # codes naming no cluster
     third, _ = cluster_samples(samples, k=None, seed=0)

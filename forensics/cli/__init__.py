@@ -8,6 +8,7 @@ on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import pkgutil
 import sys
@@ -59,9 +60,12 @@ def run() -> None:
         run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
         if run_exit_handlers is not None:
             run_exit_handlers()
-        sys.stdout.flush()
-        sys.stderr.flush()
     finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a full disk, a closed pipe: what Python's own exit reports as 120
+                code = code or 120
         os._exit(code)
 
 
@@ -84,3 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("forensics: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # what the machine refused: a full disk, a closed pipe, a folder not writable
+        with contextlib.suppress(OSError):
+            print(f"forensics: error: {exc.strerror or exc} ({exc.filename or 'output'})", file=sys.stderr)
+        return 2

@@ -17,7 +17,6 @@ windows of tens of values beats a heap or skip list); the median of a sorted win
 from __future__ import annotations
 
 import sys
-import threading
 from collections import namedtuple
 
 import numba as nb
@@ -25,25 +24,31 @@ import numpy as np
 
 
 def _numba_array_library_without_scipy() -> None:
-    """Import numba's array library once with scipy hidden, so that its BLAS probe does not import ``scipy.linalg``.
+    """Import numba's array library once with its BLAS probe answered "no", so that it does not import scipy.linalg.
 
-    numba's first compile or cache load in a process imports ``numba.np.arraymath``, whose import-time probe imports
-    ``scipy.linalg`` (0.23 s of a metrics-only audit's 1.9 s, measured with cProfile) only to choose how it compiles
-    an inner product; this kernel has none, and numba's linear algebra still imports scipy itself when compiled.
-    Only on the main thread with ``scipy.linalg`` not yet imported: hiding a module from another thread's import
-    would break it.
+    numba's first compile or cache load in a process imports ``numba.np.arraymath``, whose import-time probe
+    (``ensure_blas``) imports ``scipy.linalg`` (0.23 s of a metrics-only audit's 1.9 s, measured with cProfile) only
+    to decide how np.correlate-like inner products compile; this kernel has none. The probe alone is replaced while
+    that module is imported (no other import is touched, so other threads are unaffected), then the answer is set
+    back to what the probe would have said, so users' own numba code compiles as it always does (numba's linear
+    algebra imports scipy itself when it is compiled).
     """
-    hidden = "scipy.linalg"
-    if hidden in sys.modules or "numba.np.arraymath" in sys.modules:
+    import importlib.util
+
+    if "numba.np.arraymath" in sys.modules:
         return
-    if threading.current_thread() is not threading.main_thread():
-        return
-    sys.modules[hidden] = None  # type: ignore[assignment]  # its import raises ImportError: the probe says no BLAS
+    import numba.np.linalg as nb_linalg
+
+    def no_blas() -> None:
+        raise ImportError("not probed")
+
+    probe = nb_linalg.ensure_blas
+    nb_linalg.ensure_blas = no_blas
     try:
-        import numba.np.arraymath  # noqa: F401
+        import numba.np.arraymath as arraymath
     finally:
-        if hidden in sys.modules and sys.modules[hidden] is None:
-            del sys.modules[hidden]
+        nb_linalg.ensure_blas = probe
+    arraymath._HAVE_BLAS = importlib.util.find_spec("scipy") is not None
 
 
 _numba_array_library_without_scipy()

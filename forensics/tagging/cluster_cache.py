@@ -3,9 +3,10 @@
 Clustering the texts is most of a case audit's time (importing scikit-learn alone is ~0.8 s; fitting and applying
 the vocabulary, choosing k), and it gives the same clusters for the same texts every time (seeded). So the result,
 each text's cluster with the names and silhouettes, is stored under a hash of the texts (in order), ``k``,
-``max_fit``, ``seed``, this module's :data:`VERSION`, the package's version and scikit-learn's; an audit or ``tag``
+``max_fit``, ``seed``, this module's :data:`VERSION`, the recipe's source and scikit-learn's version; an audit or ``tag``
 run again on the same samples reads it back without importing scikit-learn. A changed text, setting or version is a
-new key: a stale entry is never read. ``FORENSICS_NO_CACHE=1`` turns it off (:mod:`forensics.cache`).
+new key (the recipe is keyed by the hash of clusters.py's source): a stale entry is never read, and a damaged
+one is fitted again and replaced. ``FORENSICS_NO_CACHE=1`` turns it off (:mod:`forensics.cache`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
+import tempfile
+import zipfile
+import zlib
 from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 
@@ -25,13 +29,14 @@ VERSION = 1
 
 
 def _versions() -> str:
-    import forensics
-
+    """What else decides the clusters: the recipe's own source (any edit to it is a new key), scikit-learn's version,
+    this module's :data:`VERSION`."""
     try:
         sklearn = metadata.version("scikit-learn")
     except metadata.PackageNotFoundError:
         sklearn = "none"
-    return f"forensics {forensics.__version__}, scikit-learn {sklearn}, cache v{VERSION}"
+    recipe = hashlib.blake2b((Path(__file__).parent / "clusters.py").read_bytes(), digest_size=12).hexdigest()
+    return f"recipe {recipe}, scikit-learn {sklearn}, cache v{VERSION}"
 
 
 def cluster_key(texts: np.ndarray, k: int | None, max_fit: int, seed: int) -> str:
@@ -40,7 +45,7 @@ def cluster_key(texts: np.ndarray, k: int | None, max_fit: int, seed: int) -> st
 
     arr = pa.array(texts, pa.large_string())
     h = hashlib.blake2b(digest_size=20)
-    h.update(json.dumps([_versions(), k, max_fit, seed, len(arr)]).encode())
+    h.update(json.dumps([_versions(), None if k is None else int(k), int(max_fit), int(seed), len(arr)]).encode())
     for buf in arr.buffers()[1:]:  # offsets, then data (no validity buffer: the texts are filled)
         if buf is not None:
             h.update(memoryview(buf))
@@ -59,7 +64,7 @@ def load_clusters(key: str, n: int) -> tuple[np.ndarray, dict] | None:
         with np.load(_path(key), allow_pickle=False) as z:
             codes = z["codes"].astype(np.int64)
             info = json.loads(str(z["info"]))
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):  # absent or damaged
         return None
     return (codes, info) if len(codes) == n else None
 
@@ -69,11 +74,15 @@ def store_clusters(key: str, codes: np.ndarray, info: dict) -> None:
     if not cache_enabled():
         return
     path = _path(key)
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(tmp, codes=np.asarray(codes, np.int64), info=np.array(json.dumps(info)))
+        fd, name = tempfile.mkstemp(prefix=path.stem, suffix=".tmp.npz", dir=path.parent)  # one per writer
+        tmp = Path(name)
+        with open(fd, "wb") as fh:
+            np.savez(fh, codes=np.asarray(codes, np.int64), info=np.array(json.dumps(info)))
         tmp.replace(path)
     except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from forensics._threads import POOLS, _cgroup_quota, usable_cores
+from forensics._threads import POOLS, _cgroup_quota, free_cores, usable_cores
 
 PROBE = """
 import json, os, sys
@@ -25,7 +25,7 @@ import numpy as np
 np.ones((4, 4)) @ np.ones((4, 4))
 pools = {{p["internal_api"]: p["num_threads"] for p in threadpoolctl.threadpool_info()}}
 print(json.dumps({{"env": {{k: os.environ.get(k) for k in {pools!r}}}, "numba": numba.get_num_threads(),
-                  "pools": pools}}))
+                  "pools": pools, "sized": forensics._threads.SIZED_TO}}))
 """
 
 
@@ -47,7 +47,8 @@ def test_pools_follow_the_cpu_affinity_not_the_machine():
 def test_the_users_own_setting_wins():
     got = _probe(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     assert got["env"]["OMP_NUM_THREADS"] == "1" and got["numba"] == 1
-    assert got["env"]["MKL_NUM_THREADS"] == str(usable_cores())  # the ones not set are still sized
+    assert got["env"]["MKL_NUM_THREADS"] == str(got["sized"])  # the ones not set are still sized
+    assert 1 <= got["sized"] <= usable_cores()
 
 
 def test_a_cgroup_quota_caps_the_cores(tmp_path):
@@ -75,3 +76,20 @@ def test_usable_cores_is_the_affinity_capped_by_the_quota(monkeypatch):
     assert threads.usable_cores() == 1
     monkeypatch.setattr(threads, "_cgroup_quota", lambda: 0.25)  # never fewer than one
     assert threads.usable_cores() == 1
+
+
+def test_cores_other_processes_run_on_are_not_counted(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    load = tmp_path / "loadavg"
+    load.write_text("0.50 0.40 0.30 1/82 12345\n")  # only this process runs
+    assert free_cores(2, str(load)) == 2
+    load.write_text("2.10 1.20 0.90 3/82 12345\n")  # this one and two busy neighbours on 2 CPUs
+    assert free_cores(2, str(load)) == 1
+    load.write_text("9.00 9.00 9.00 12/300 12345\n")  # never fewer than one
+    assert free_cores(2, str(load)) == 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # a container with a 4-CPU quota on a busy 64-CPU host
+    load.write_text("40.0 40.0 40.0 41/900 12345\n")
+    assert free_cores(4, str(load)) == 4
+    assert free_cores(3, str(tmp_path / "absent")) == 3
+    load.write_text("garbage\n")
+    assert free_cores(3, str(load)) == 3

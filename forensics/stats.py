@@ -125,7 +125,7 @@ def variance_share(values: np.ndarray, groups: np.ndarray, window: int = 101, ou
     return eta_squared(np.where(keep, r, np.nan), groups)
 
 
-# --- tail probabilities ------------------------------------------------------------------------------------------------
+# --- tail probabilities ----------------------------------------------------------------------------------------------
 # From scipy.special, not scipy.stats: importing scipy.stats costs ~0.45 s (its distributions are built at import),
 # more than all the tests here together, and a cached case audit pays nothing else of scipy's.
 def binom_sf(k: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:

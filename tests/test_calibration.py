@@ -79,3 +79,25 @@ def test_too_few_peaks_fall_back_to_the_fixed_rule():
 def test_false_rate_out_of_range_is_bad_input(bad):
     with pytest.raises(ForensicsError, match="false_rate"):
         SpikeDetector(LOSS, false_rate=bad).detect(frame(np.ones(100)))
+
+
+def test_before_the_tail_is_fitted_a_supported_jump_needs_the_gaussian_score_of_the_joint_rate():
+    """A short run (no fit yet: the fixed rule) with three jumps of ~4 noise units and 1.8x: alone, score 6 is not
+    reached and none is flagged; with the grad norm flagged at two of them (or a few steps before one), those two
+    are, and only those (``z_joint0``: 3.09 at the 1e-3 cap); the 1.5x jump condition still holds for all."""
+    rng = np.random.default_rng(3)
+    n = 3000
+    x = 1.0 + 0.2 * rng.standard_normal(n).clip(-2.5, 2.5)
+    jumps = [1000, 1800, 2600]
+    x[jumps] = 1.8 + 0.05 * rng.standard_normal(3)
+    small = 2200  # supported, but only 1.2x: the jump condition still refuses it
+    x[small] = 1.2
+    table = frame(x)
+    det = SpikeDetector(LOSS)
+    alone = det.detect(table)
+    assert det.params_["z_joint0"][0] == pytest.approx(3.0902, abs=1e-3)
+    assert not [f.step for f in alone if f.kind == "spike"]
+    supported = SpikeDetector(LOSS).detect(table, support=[1000, 1796, small])  # 1796: 4 steps ahead of 1800
+    assert sorted(f.step for f in supported if f.kind == "spike") == [1000, 1800]
+    fixed = SpikeDetector(LOSS, false_rate=None).detect(table, support=[1000, 1796, small])
+    assert not [f.step for f in fixed if f.kind == "spike"]  # the fixed rule takes no joint evidence

@@ -546,6 +546,27 @@ def _partial_moments(xi, c):
 
 
 @_jit
+def _fitted_shape(share, target):
+    """The shape whose trimmed moments (the lowest ``share`` of the peaks) have the ratio ``target``, within
+    [XI_LO, XI_HI]: the ratio rises with the shape, so bisect."""
+    lo, hi = XI_LO, XI_HI
+    m0, m1 = _partial_moments(lo, share)
+    if m1 / m0 >= target:
+        return lo
+    m0, m1 = _partial_moments(hi, share)
+    if m1 / m0 <= target:
+        return hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        m0, m1 = _partial_moments(mid, share)
+        if m1 / m0 < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+@_jit
 def _fit_tail(p, state):
     """Refit the tail after a new peak: a generalized Pareto by trimmed probability-weighted moments on the lower
     ``TRIM`` of the sorted excesses (censored peaks count, their sizes do not), and the score it says is exceeded
@@ -568,24 +589,7 @@ def _fit_tail(p, state):
     if a0 <= 0.0:
         return
     share = m / k
-    target = a1 / a0
-    lo, hi = XI_LO, XI_HI  # the moments' ratio rises with xi: bisect
-    m0, m1 = _partial_moments(lo, share)
-    if m1 / m0 >= target:
-        xi = lo
-    else:
-        m0, m1 = _partial_moments(hi, share)
-        if m1 / m0 <= target:
-            xi = hi
-        else:
-            for _ in range(40):
-                mid = 0.5 * (lo + hi)
-                m0, m1 = _partial_moments(mid, share)
-                if m1 / m0 < target:
-                    lo = mid
-                else:
-                    hi = mid
-            xi = 0.5 * (lo + hi)
+    xi = _fitted_shape(share, a1 / a0)
     m0, _ = _partial_moments(xi, share)
     sigma = a0 / k / m0
     cap = state.tail.ring.shape[0]

@@ -4,6 +4,8 @@ The rule is documented once, in :mod:`forensics.detect.spikes`; this module stat
 slow (a Python loop with sorted copies of every window) and exists for one purpose: a property test checks that
 :mod:`forensics.detect._kernel` gives the same verdict on every row and the same events on random series, with
 and without buckets, under any chunking. Change the rule here first, then in the kernel, and let the test agree.
+The tail fit's numerics (the generalized Pareto's trimmed moments, its quantile, the bisection for its shape) are
+the kernel's own functions, called from here: they are formulas, not the rule, and one copy of them is enough.
 
 ``reference_events(steps, values, buckets, params)`` returns ``(events, statuses, baselines, scores)``; each event
 is a dict with the fields of :data:`forensics.detect._kernel.EVENT` that the detector reads.
@@ -32,9 +34,10 @@ from forensics.detect._kernel import (
     NONFINITE,
     TRIM,
     WARMUP,
-    XI_HI,
-    XI_LO,
 )
+from forensics.detect._kernel import _fitted_shape as fitted_shape
+from forensics.detect._kernel import _gpd_quantile as gpd_quantile
+from forensics.detect._kernel import _partial_moments as partial_moments
 
 EVENT_FIELDS = ("kind", "start", "end", "peak", "recovery", "n_rows", "bucket", "is_open", "n_post",
                 "x", "base", "z", "scale", "offset", "post", "new_level")
@@ -45,25 +48,6 @@ def median(values: Sequence[float]) -> float:
     s = sorted(values)
     n = len(s)
     return s[n // 2] if n % 2 == 1 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
-def partial_moments(xi: float, c: float) -> tuple[float, float]:
-    """``int_0^c Q(p) dp`` and ``int_0^c p Q(p) dp`` of the unit-scale generalized Pareto of shape ``xi``."""
-    if abs(xi) < 1e-6:
-        xi = 1e-6
-    u = 1.0 - c
-    m0 = ((1.0 - u ** (1.0 - xi)) / (1.0 - xi) - c) / xi
-    i1 = 1.0 / (1.0 - xi) - 1.0 / (2.0 - xi) - u ** (1.0 - xi) / (1.0 - xi) + u ** (2.0 - xi) / (2.0 - xi)
-    return m0, (i1 - 0.5 * c * c) / xi
-
-
-def gpd_quantile(t0: float, xi: float, sigma: float, q: float) -> float:
-    """The score a generalized Pareto above ``t0`` exceeds with probability ``q`` (relative to ``t0``'s)."""
-    if q >= 1.0:
-        return t0
-    if abs(xi) < 1e-6:
-        return t0 - sigma * math.log(q)
-    return t0 + sigma / xi * (q ** (-xi) - 1.0)
 
 
 class ReferenceSpikeRule:
@@ -153,24 +137,8 @@ class ReferenceSpikeRule:
             a1 += y[j] * (j + 0.5) / k
         if a0 <= 0.0:
             return
-        share, target = m / k, a1 / a0
-        lo, hi = XI_LO, XI_HI
-        m0, m1 = partial_moments(lo, share)
-        if m1 / m0 >= target:
-            xi = lo
-        else:
-            m0, m1 = partial_moments(hi, share)
-            if m1 / m0 <= target:
-                xi = hi
-            else:
-                for _ in range(40):
-                    mid = 0.5 * (lo + hi)
-                    m0, m1 = partial_moments(mid, share)
-                    if m1 / m0 < target:
-                        lo = mid
-                    else:
-                        hi = mid
-                xi = 0.5 * (lo + hi)
+        share = m / k
+        xi = fitted_shape(share, a1 / a0)  # the numerics are the kernel's own; the rule around them is restated
         m0, _ = partial_moments(xi, share)
         sigma = a0 / k / m0
         oldest = float(self.peaks_at[0]) if k == self.peaks.maxlen else 1.0

@@ -1,12 +1,12 @@
 """Loading the spike rule's compiled kernel on a thread, while the dashboard reads the log it opens.
 
-numba's first use in a process costs about half a second before any row is judged (its import, its CPU target and
-LLVM, the BLAS check that imports ``scipy.linalg``, then the cached kernel itself): as much as reading a 1M-row log.
-Much of it is spent in C (LLVM, the dynamic loader, reading the cache) and pyarrow parses with the GIL released, so
-started before the log is read, the two overlap (opening a 1M-step case: 1.85 -> 1.72 s, mean of 4 alternated runs).
-The audit does not use it: its rule set imports the kernel right away, and on a 120K-step log no gain was measured. The thread changes no result: the detector loads the kernel
-itself when the thread has not finished (Python's import lock and numba's compiler lock make the two wait for each
-other), and a failure on the thread is left for the detector to raise where it can be reported.
+numba's first use in a process costs a few tenths of a second before any row is judged (its import, its CPU target
+and LLVM, then the cached kernel itself). Much of it is spent in C (LLVM, the dynamic loader, reading the cache) and
+pyarrow parses with the GIL released, so started before the log is read, the two overlap (opening a 1M-step case:
+1.85 -> 1.72 s, mean of 4 alternated runs). The audit does not use it: its rule set imports the kernel right away,
+and on a 120K-step log no gain was measured. The thread changes no result: the detector loads the kernel itself
+when the thread has not finished (Python's import lock and numba's compiler lock make the two wait for each other),
+and a failure on the thread is left for the detector to raise where it can be reported.
 """
 
 from __future__ import annotations

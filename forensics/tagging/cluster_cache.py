@@ -3,10 +3,10 @@
 Clustering the texts is most of a case audit's time (importing scikit-learn alone is ~0.8 s; fitting and applying
 the vocabulary, choosing k), and it gives the same clusters for the same texts every time (seeded). So the result,
 each text's cluster with the names and silhouettes, is stored under a hash of the texts (in order), ``k``,
-``max_fit``, ``seed``, this module's :data:`VERSION`, the recipe's source and scikit-learn's version; an audit or ``tag``
-run again on the same samples reads it back without importing scikit-learn. A changed text, setting or version is a
-new key (the recipe is keyed by the hash of clusters.py's source): a stale entry is never read, and a damaged
-one is fitted again and replaced. ``FORENSICS_NO_CACHE=1`` turns it off (:mod:`forensics.cache`).
+``max_fit``, ``seed``, this module's :data:`VERSION`, the recipe's source and scikit-learn's version; an audit or
+``tag`` run again on the same samples reads it back without importing scikit-learn. A changed text, setting or
+version is a new key (the recipe is keyed by the hash of clusters.py's source): a stale entry is never read, and a
+damaged one is fitted again and replaced. ``FORENSICS_NO_CACHE=1`` turns it off (:mod:`forensics.cache`).
 """
 
 from __future__ import annotations

@@ -58,3 +58,21 @@ def runs():
     from fixtures.hf_runs import hf_runs
 
     return hf_runs()
+
+
+@pytest.fixture(scope="session")
+def wandb_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real W&B offline runs written once per session by ``tests/wandb_writers.py``'s ``WRITER``: ``nested/``,
+    ``multi/`` (other1, resumed1 twice) and ``logged.json`` (what was logged)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("wandb")
+    from tests.wandb_writers import WRITER, isolated_env
+
+    out = tmp_path_factory.mktemp("wandb-runs")
+    script = out / "writer.py"
+    script.write_text(WRITER)
+    subprocess.run([sys.executable, str(script), str(out)], env=isolated_env(out), check=True, timeout=120,
+                   capture_output=True)
+    return out

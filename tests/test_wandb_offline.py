@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -27,61 +26,7 @@ from forensics.errors import ForensicsError  # noqa: E402
 from forensics.sources import open_reader  # noqa: E402
 from forensics.sources.wandb_files import WandbRunReader  # noqa: E402
 from forensics.sources.wandb_records import FILE_HEADER, RecordLog  # noqa: E402
-
-WRITER = textwrap.dedent('''
-    import json, math, os, sys, time
-    import wandb
-
-    out = sys.argv[1]
-    SETTINGS = dict(console="off", x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True,
-                    disable_git=True, save_code=False, x_save_requirements=False, disable_job_creation=True)
-    logged = {}
-
-    def next_second():
-        # W&B names run folders by the second; a resume must land in a later folder name.
-        time.sleep(1.02 - (time.time() % 1.0))
-
-    # 1. nested keys, NaN/inf, text and a histogram (non-numeric), config and summary.
-    run = wandb.init(dir=out + "/nested", project="p", id="nested1", config={"lr": 0.1, "model": {"layers": 2}},
-                     settings=wandb.Settings(**SETTINGS))
-    rows = []
-    for i in range(150):
-        loss = {7: float("nan"), 8: float("inf"), 9: float("-inf")}.get(i, 1.0 / (i + 1))
-        row = {"train/loss": loss, "opt": {"lr": 1e-3 * (i % 10), "grad": {"norm": 0.5 * i}}, "caption": f"row {i}"}
-        if i % 3 == 0:
-            row["eval/acc"] = i / 150
-        if i == 20:
-            row["weights"] = wandb.Histogram([1.0, 2.0, 2.0, 3.0])
-        run.log(row)
-        rows.append({"step": i, "train/loss": loss, "opt/lr": 1e-3 * (i % 10), "opt/grad/norm": 0.5 * i,
-                     **({"eval/acc": i / 150} if i % 3 == 0 else {})})
-    run.summary["best_loss"] = 0.125
-    run.finish()
-    logged["nested"] = rows
-
-    # 2. another run, then a run resumed with the same id whose step restarts at 0.
-    run = wandb.init(dir=out + "/multi", project="p", id="other1", settings=wandb.Settings(**SETTINGS))
-    for i in range(10):
-        run.log({"loss": 50.0 + i, "global_step": 100 + 2 * i})
-    run.finish()
-    logged["other"] = [{"step": i, "loss": 50.0 + i, "global_step": 100 + 2 * i} for i in range(10)]
-    next_second()
-    run = wandb.init(dir=out + "/multi", project="p", id="resumed1", config={"phase": 1},
-                     settings=wandb.Settings(**SETTINGS))
-    for i in range(60):
-        run.log({"loss": float(i)})
-    run.finish()
-    next_second()
-    run = wandb.init(dir=out + "/multi", project="p", id="resumed1", resume="allow", config={"phase": 2},
-                     settings=wandb.Settings(**SETTINGS))
-    for i in range(25):
-        run.log({"loss": 1000.0 + i, "resumed": 1.0})
-    run.finish()
-    logged["resumed_first"] = [{"step": i, "loss": float(i)} for i in range(60)]
-    logged["resumed_second"] = [{"step": i, "loss": 1000.0 + i, "resumed": 1.0} for i in range(25)]
-    with open(out + "/logged.json", "w") as fh:
-        json.dump(logged, fh)
-''')
+from tests.wandb_writers import isolated_env  # noqa: E402
 
 LIVE_WRITER = textwrap.dedent('''
     import os, sys, time
@@ -104,26 +49,10 @@ LIVE_WRITER = textwrap.dedent('''
 ''')
 
 
-def isolated_env(tmp: Path) -> dict[str, str]:
-    """The environment for a writer: offline, silent, W&B's own folders under ``tmp``, no key, no server."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update({
-        "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HOME": str(tmp / "home"),
-        "WANDB_CONFIG_DIR": str(tmp / "config"), "WANDB_CACHE_DIR": str(tmp / "cache"),
-        "WANDB_DATA_DIR": str(tmp / "data"), "WANDB_DISABLE_CODE": "true", "WANDB_DISABLE_GIT": "true",
-    })
-    return env
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Runs written once for this module: ``nested/``, ``multi/`` (other1, resumed1 twice), ``logged.json``."""
-    out = tmp_path_factory.mktemp("wandb-runs")
-    script = out / "writer.py"
-    script.write_text(WRITER)
-    subprocess.run([sys.executable, str(script), str(out)], env=isolated_env(out), check=True, timeout=120,
-                   capture_output=True)
-    return out
+def runs(wandb_runs: Path) -> Path:
+    """The W&B runs of the session (``nested/``, ``multi/``, ``logged.json``: ``tests/wandb_writers.py``)."""
+    return wandb_runs
 
 
 def logged(runs: Path, name: str) -> pd.DataFrame:

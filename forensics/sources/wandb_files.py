@@ -14,7 +14,6 @@ next record that verifies) and listed in ``report.damaged`` with the steps eithe
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import re
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from forensics.errors import ForensicsError
 from forensics.sources.damage import Damage
@@ -36,8 +36,9 @@ from forensics.sources.wandb_records import (
     is_internal,
     item_key,
     item_value,
-    rows_table,
+    summary_item_class,
 )
+from forensics.sources.wandb_scan import S_UPDATE, ScanBatch, handed_record, read_run_file, rows_table_of
 
 #: The step W&B counts itself; a logged metric named ``step`` is a metric unless ``step_key`` says otherwise.
 WANDB_STEP = "_step"
@@ -181,42 +182,73 @@ class WandbRunReader(MetricsReader):
         return chosen
 
     def _read_file(self, log: RecordLog) -> Records | None:
-        rows: list[dict[str, float]] = []
-        where: list[int] = []
-        meta = self._meta
+        """The records of one file since the last read: the compiled path's batches, and the records it hands over
+        or stops on (read as protobufs here), in file order."""
         path = log.path
-        for offset, rec in log.records(self.finished):
-            kind = rec.WhichOneof("record_type")
-            if kind == "history":
-                row = self._history_row(rec.history)
-                if row is not None:
-                    rows.append(row)
-                    where.append(offset)
-            elif kind == "summary":
-                _apply(meta["summary"], rec.summary)
-            elif kind == "config":
-                _apply(meta["config"], rec.config)
-            elif kind == "run":
-                self._run_record(rec.run)
-            elif kind == "exit":
-                self._exited.add(path)
-                meta["exit_code"] = rec.exit.exit_code
-        if rows and path in self._open:
-            self._close_damage(path, rows[0])  # regions found before: this read's first row follows them
+        batches: list[ScanBatch] = []
+        slow: list[tuple[int, dict[str, float]]] = []
+        for part in read_run_file(log, self.finished):
+            if isinstance(part, ScanBatch):
+                if len(part.row_offset):
+                    batches.append(part)
+                self._apply_summary(part.summary)  # before its handed records: only the last of them can touch it
+                for start, end, payload in part.handed:
+                    rec = handed_record(log, start, end, payload)
+                    if rec is not None:
+                        self._record(path, start, rec, slow)
+            else:
+                self._record(path, *part, slow)
+        fill = WANDB_STEP if self.step_key == WANDB_STEP else None
+        table, where = rows_table_of(batches, slow, self._kept, fill)
+        steps = _column(table, self.step_key)
+        if len(where) and path in self._open:
+            self._close_damage(path, _step_at(steps, 0))  # regions found before: this read's first row follows them
         if len(log.damaged) > self._damages_seen.get(path, 0):
-            self._take_damage(log, rows, where)
-        if not rows:
+            self._take_damage(log, where, steps)
+        if not len(where):
             return None
-        last = self._row_step(rows[-1])
+        last = _step_at(steps, len(where) - 1)
         if last is not None:
             self._file_last_step[path] = last
-        return Records(rows_table(rows), np.asarray(where, dtype=np.int64))
+        return Records(table, where)
 
-    def _row_step(self, row: dict[str, float]) -> int | None:
-        step = row.get(self.step_key)
-        return int(step) if step is not None and math.isfinite(step) else None
+    def _record(self, path: Path, offset: int, rec, slow: list[tuple[int, dict[str, float]]]) -> None:
+        """One record read as a protobuf (the Python path)."""
+        meta = self._meta
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            slow.append((offset, self._history_row(rec.history)))
+        elif kind == "summary":
+            _apply(meta["summary"], rec.summary)
+        elif kind == "config":
+            _apply(meta["config"], rec.config)
+        elif kind == "run":
+            self._run_record(rec.run)
+        elif kind == "exit":
+            self._exited.add(path)
+            meta["exit_code"] = rec.exit.exit_code
 
-    def _take_damage(self, log: RecordLog, rows: list[dict[str, float]], where: list[int]) -> None:
+    def _apply_summary(self, last_ops: list[tuple[int, bytes]]) -> None:
+        """The compiled path's summary: per key its last update or removal in the stretch it read."""
+        if not last_ops:
+            return
+        item_type = summary_item_class()
+        summary = self._meta["summary"]
+        for op, raw in last_ops:
+            item = item_type.FromString(raw)
+            if op == S_UPDATE:
+                summary[item_key(item)] = item
+            else:
+                summary.pop(item_key(item), None)
+
+    def _kept(self, key: str) -> bool:
+        """Whether a history key is a column: W&B's internal keys are not (but the step and the time are), nor
+        ``_step`` when another key is the step."""
+        if key[:1] == "_":
+            return key in KEPT_INTERNAL and (key != WANDB_STEP or self.step_key == WANDB_STEP)
+        return True
+
+    def _take_damage(self, log: RecordLog, where: np.ndarray, steps: np.ndarray) -> None:
         """New damaged regions of ``log``, with the steps of the history rows either side (found by byte offset:
         nothing is tracked per record); a region after this read's last row waits for the next read's first."""
         seen = self._damages_seen.get(log.path, 0)
@@ -226,17 +258,16 @@ class WandbRunReader(MetricsReader):
         except ValueError:
             name = str(log.path)
         for d in log.damaged[seen:]:
-            k = bisect.bisect_left(where, d.offset)
-            before = self._row_step(rows[k - 1]) if k > 0 else self._file_last_step.get(log.path)
-            after = self._row_step(rows[k]) if k < len(rows) else None
+            k = int(np.searchsorted(where, d.offset))
+            before = _step_at(steps, k - 1) if k > 0 else self._file_last_step.get(log.path)
+            after = _step_at(steps, k) if k < len(where) else None
             self._damages.append(replace(d, steps=(before, after), file=name))
             if after is None:
                 self._open.setdefault(log.path, []).append(len(self._damages) - 1)
         self._damages_seen[log.path] = len(log.damaged)
 
-    def _close_damage(self, path: Path, row: dict[str, float]) -> bool:
-        """Give the waiting regions of ``path`` the step of ``row`` (the first read after them); False if it has none."""
-        step = self._row_step(row)
+    def _close_damage(self, path: Path, step: int | None) -> bool:
+        """Give the waiting regions of ``path`` ``step`` (of the first row read after them); False if it is None."""
         if step is None:
             return False
         for i in self._open.pop(path, ()):
@@ -272,10 +303,9 @@ class WandbRunReader(MetricsReader):
         if media:
             keys, values = _without_media(keys, values, dropped)
         for key, value in zip(keys, values):
-            kind = type(value)
-            if kind is float or kind is int:  # the common case, without a call
-                row[key] = float(value)
-            elif flatten_numeric(key, value, row):
+            if type(value) is float:  # the common case, without a call
+                row[key] = value
+            elif flatten_numeric(key, value, row):  # ints (one beyond float range is inf), bools, dicts
                 dropped[key] += 1
         if self.step_key != WANDB_STEP:
             row.pop(WANDB_STEP, None)  # another key is the step: W&B's own counter is not a metric
@@ -356,3 +386,15 @@ def _loads_or_text(text: str) -> Any:
     except ValueError:
         return text
 
+
+
+def _column(table: pa.Table, name: str | None) -> np.ndarray:
+    """A float64 column as numpy (NaN where null), all NaN when absent."""
+    if name is None or name not in table.column_names:
+        return np.full(table.num_rows, np.nan)
+    return table.column(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+
+
+def _step_at(steps: np.ndarray, i: int) -> int | None:
+    step = float(steps[i])
+    return int(step) if math.isfinite(step) else None

@@ -74,7 +74,7 @@ class RecordLog:
         """Yield ``(start byte, payload)`` of every complete record after ``offset``, advancing ``offset`` past each."""
         try:
             with self.path.open("rb") as fh:
-                if self.offset == 0 and not self._read_header(fh):
+                if self.offset == 0 and not self.read_header(fh):
                     return
                 yield from self._chunks(fh, finished)
         except FileNotFoundError as exc:
@@ -94,7 +94,8 @@ class RecordLog:
                 continue
             yield start, rec
 
-    def _read_header(self, fh) -> bool:
+    def read_header(self, fh) -> bool:
+        """Check the file header at the start of ``fh``; False (and ``tail_bytes`` set) while it is not all written."""
         head = fh.read(len(FILE_HEADER))
         if len(head) < len(FILE_HEADER) and FILE_HEADER.startswith(head):
             self.tail_bytes = len(head)  # the writer has not finished the header yet
@@ -270,6 +271,12 @@ def record_class():
     """``wandb_internal_pb2.Record`` (the wandb extra): imported on first use so the core does not need wandb."""
     pb = require("wandb.proto.wandb_internal_pb2", "wandb", "Reading W&B run files")
     return pb.Record
+
+
+def summary_item_class():
+    """``wandb_internal_pb2.SummaryItem``, as :func:`record_class`."""
+    pb = require("wandb.proto.wandb_internal_pb2", "wandb", "Reading W&B run files")
+    return pb.SummaryItem
 
 
 # --- decoding the payloads that matter ------------------------------------------------------------------------------

@@ -200,7 +200,7 @@ class WandbRunReader(MetricsReader):
                 self._record(path, *part, slow)
         fill = WANDB_STEP if self.step_key == WANDB_STEP else None
         table, where = rows_table_of(batches, slow, self._kept, fill)
-        steps = _column(table, self.step_key)
+        steps = _column(table, self.step_key, len(where))
         if len(where) and path in self._open:
             self._close_damage(path, _step_at(steps, 0))  # regions found before: this read's first row follows them
         if len(log.damaged) > self._damages_seen.get(path, 0):
@@ -228,18 +228,20 @@ class WandbRunReader(MetricsReader):
             self._exited.add(path)
             meta["exit_code"] = rec.exit.exit_code
 
-    def _apply_summary(self, last_ops: list[tuple[int, bytes]]) -> None:
-        """The compiled path's summary: per key its last update or removal in the stretch it read."""
+    def _apply_summary(self, last_ops: list[tuple[int, int, bool, bytes]]) -> None:
+        """The compiled path's summary: per key its last update or removal in the stretch it read, applied so that
+        the keys end in the order the records' own updates and removals would leave them (a key removed and updated
+        again moves to the end; one only updated keeps its place)."""
         if not last_ops:
             return
         item_type = summary_item_class()
         summary = self._meta["summary"]
-        for op, raw in last_ops:
-            item = item_type.FromString(raw)
-            if op == S_UPDATE:
-                summary[item_key(item)] = item
-            else:
+        items = [(op, rank, removed, item_type.FromString(raw)) for op, rank, removed, raw in last_ops]
+        for _, _, removed, item in items:
+            if removed:
                 summary.pop(item_key(item), None)
+        for _, _, _, item in sorted((x for x in items if x[0] == S_UPDATE), key=lambda x: x[1]):
+            summary[item_key(item)] = item
 
     def _kept(self, key: str) -> bool:
         """Whether a history key is a column: W&B's internal keys are not (but the step and the time are), nor
@@ -305,7 +307,7 @@ class WandbRunReader(MetricsReader):
         for key, value in zip(keys, values):
             if type(value) is float:  # the common case, without a call
                 row[key] = value
-            elif flatten_numeric(key, value, row):  # ints (one beyond float range is inf), bools, dicts
+            elif flatten_numeric(key, value, row):  # ints (one beyond float range is inf), bools, dicts, text
                 dropped[key] += 1
         if self.step_key != WANDB_STEP:
             row.pop(WANDB_STEP, None)  # another key is the step: W&B's own counter is not a metric
@@ -388,10 +390,11 @@ def _loads_or_text(text: str) -> Any:
 
 
 
-def _column(table: pa.Table, name: str | None) -> np.ndarray:
-    """A float64 column as numpy (NaN where null), all NaN when absent."""
+def _column(table: pa.Table, name: str | None, n: int) -> np.ndarray:
+    """A float64 column of ``n`` rows as numpy (NaN where null), all NaN when absent (a table of rows that wrote
+    nothing has no columns, and so no rows)."""
     if name is None or name not in table.column_names:
-        return np.full(table.num_rows, np.nan)
+        return np.full(n, np.nan)
     return table.column(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
 
 

@@ -17,10 +17,9 @@ from forensics._numba import nb
 #: and counting references on each array at each call was half of the loop's time (measured: 0.25 s -> 0.13 s per
 #: 8 MiB with the helpers inlined alone).
 _jit = nb.njit(cache=True, _nrt=False)
-#: The helpers of the inner loop; the three called per field and per value are inlined into it by numba (each
-#: passes several arrays, 7 words apiece: 5-10% of the loop, for 2 s more of its one-time compile).
-_inline = nb.njit(cache=True, _nrt=False)
-_always = nb.njit(cache=True, _nrt=False, inline="always")
+#: The three helpers called per field and per value are inlined into the loop by numba (each passes several arrays,
+#: 7 words apiece: 5-10% of the loop, for 2 s more of its one-time compile).
+_inline = nb.njit(cache=True, _nrt=False, inline="always")
 
 BLOCK = 32 * 1024
 HDR = 7
@@ -29,13 +28,12 @@ END, PROBLEM, HANDED, FULL_TABLE = 0, 1, 2, 3
 V_FLOAT, V_INT, V_TRUE, V_FALSE, V_NULL, V_OTHER = 0, 1, 2, 3, 4, -1
 S_UPDATE, S_REMOVE = 1, 2
 (F_HISTORY, F_SUMMARY, F_CONFIG, F_RUN, F_EXIT, F_ITEM, F_STEP, F_STEP_NUM, F_KEY, F_NESTED, F_VALUE_JSON, F_UPDATE,
- F_REMOVE) = range(13)
-_FNV_OFFSET = -3750763034362895579  # 0xcbf29ce484222325 as int64
+ F_REMOVE, F_INT_DIGITS) = range(14)
 _FNV_PRIME = 1099511628211
 
 
 # --- small helpers --------------------------------------------------------------------------------------------------
-@_inline
+@_jit
 def _copy(dst, d0, src, s0, n):
     for k in range(n):
         dst[d0 + k] = src[s0 + k]
@@ -60,7 +58,7 @@ def _crc32(buf, lo, hi, crc, T):
     return c ^ 0xFFFFFFFF
 
 
-@_inline
+@_jit
 def _varint(buf, p, hi):
     """(value, position after it); position -1 when it runs past ``hi`` or past 10 bytes."""
     v = 0
@@ -75,7 +73,7 @@ def _varint(buf, p, hi):
     return 0, -1
 
 
-@_inline
+@_jit
 def _skip(buf, p, hi, wire):
     """The position after a field's value of wire type ``wire`` (not length-delimited), -1 if malformed."""
     if wire == 0:
@@ -90,7 +88,7 @@ def _skip(buf, p, hi, wire):
     return p if p <= hi else -1
 
 
-@_always
+@_inline
 def _field(buf, p, hi):
     """One field header: (field number, wire type, start of its bytes, end of its bytes, position after it).
 
@@ -107,7 +105,7 @@ def _field(buf, p, hi):
             return 0, 0, 0, 0, -1
     f = tag >> 3
     wire = tag & 7
-    if f <= 0:
+    if f <= 0 or f >= 1 << 29:  # protobuf's field numbers are 1 .. 2**29 - 1
         return 0, 0, 0, 0, -1
     if wire == 2:
         if p >= hi:
@@ -126,7 +124,7 @@ def _field(buf, p, hi):
     return f, wire, p, q, q
 
 
-@_inline
+@_jit
 def _utf8(buf, lo, hi):
     """Whether buf[lo:hi] is valid UTF-8 (what protobuf requires of a string field); ASCII is one vectorised pass."""
     acc = 0
@@ -160,7 +158,7 @@ def _utf8(buf, lo, hi):
     return True
 
 
-@_inline
+@_jit
 def _same(buf, lo, pool, plo, n):
     for k in range(n):
         if buf[lo + k] != pool[plo + k]:
@@ -168,7 +166,7 @@ def _same(buf, lo, pool, plo, n):
     return True
 
 
-@_inline
+@_jit
 def _is(buf, lo, hi, word):
     if hi - lo != len(word):
         return False
@@ -187,7 +185,7 @@ _NULL = np.frombuffer(b"null", np.uint8).copy()
 _TYPE_MARK = np.frombuffer(b"/_type", np.uint8).copy()
 
 
-@_inline
+@_jit
 def _digits(buf, p, hi):
     """The position after the run of ASCII digits at ``p``: eight bytes at a time while they are all digits (the
     check of simdjson's ``is_made_of_eight_digits_fast``), then byte by byte."""
@@ -201,10 +199,11 @@ def _digits(buf, p, hi):
     return p
 
 
-@_inline
-def _classify(buf, lo, hi):
+@_jit
+def _classify(buf, lo, hi, int_digits):
     """What a value's JSON text is: V_FLOAT, V_INT, V_TRUE, V_FALSE, V_NULL, or V_OTHER (anything else, including
-    JSON whitespace: the Python path reads those)."""
+    JSON whitespace and integers longer than ``int_digits`` (> 0), which Python's json refuses: the Python path reads
+    those)."""
     if lo >= hi:
         return V_OTHER
     c = buf[lo]
@@ -248,18 +247,22 @@ def _classify(buf, lo, hi):
         if p == q:
             return V_OTHER
         kind = V_FLOAT
+    if kind == V_INT and int_digits > 0 and hi - lo - (buf[lo] == 45) > int_digits:
+        return V_OTHER
     return kind if p == hi else V_OTHER
 
 
-@_always
+@_inline
 def _item_key(buf, lo, hi, F, typed, kbuf):
     """Where the flat key of a history/summary item is (nested keys joined with ``/``, else ``key``) and its value.
 
     Returns (joined, key start, key length, value_json start, value_json end, plain). The key is ``buf``'s bytes
     when it has one part, else (``joined``) written to ``kbuf`` from 0 (``kbuf`` holds at least ``2 * (hi - lo)``
-    bytes: one ``/`` per part of at least two bytes). ``plain`` is False when the item has a typed value or a
-    malformed field (then Python reads the record). Nothing here checks UTF-8: a key is checked once, when it is
-    new to its table (:func:`_key_id`), and a history value is ASCII once classified."""
+    bytes: one ``/`` per part of at least two bytes). ``plain`` is False when the item has a typed value, a
+    malformed field or a ``key``/``value_json`` field that is not UTF-8 (then Python reads the record). In
+    wandb-core's layout nothing is checked here: the key is checked once, when it is new to its table
+    (:func:`_key_id`; parts joined by ``/`` are valid if and only if each part is), a history value is ASCII once
+    classified, and a summary value is checked by the loop."""
     # wandb-core's layout, nearly every item: one nested_key, then value_json, both lengths under 128
     ntag = (F[F_NESTED] << 3) | 2
     vtag = (F[F_VALUE_JSON] << 3) | 2
@@ -293,8 +296,12 @@ def _item_key(buf, lo, hi, F, typed, kbuf):
                 klen += 1 + b - a
             n_nested += 1
         elif f == F[F_KEY] and wire == 2:
+            if not _utf8(buf, a, b):  # protobuf checks every string, the ones it then overwrites too
+                return False, 0, 0, 0, 0, False
             key_lo, key_hi = a, b
         elif f == F[F_VALUE_JSON] and wire == 2:
+            if not _utf8(buf, a, b):
+                return False, 0, 0, 0, 0, False
             v_lo, v_hi = a, b
         elif f < typed.shape[0] and typed[f]:
             return False, 0, 0, 0, 0, False
@@ -305,7 +312,7 @@ def _item_key(buf, lo, hi, F, typed, kbuf):
     return False, k_lo, k_hi - k_lo, v_lo, v_hi, True
 
 
-@_inline
+@_jit
 def _word(ks, p, m):
     """The ``m`` (at most 8) bytes at ``ks[p]`` as a little-endian integer."""
     w = 0
@@ -314,13 +321,13 @@ def _word(ks, p, m):
     return w
 
 
-@_inline
+@_jit
 def _mix(h):
     h = (h ^ (h >> 31)) * _FNV_PRIME
     return h ^ (h >> 29)
 
 
-@_inline
+@_jit
 def _hash(ks, lo, n):
     """A 64-bit hash of ks[lo:lo + n]: its first and last eight bytes (and every eight between, for long keys) and
     its length, mixed; two keys that collide are still told apart by comparing their bytes."""
@@ -334,7 +341,7 @@ def _hash(ks, lo, n):
     return _mix(h ^ _word(ks, lo + n - 8, 8))
 
 
-@_always
+@_inline
 def _key_id(slots, hashes, koff, pool, counts, c, ks, lo, klen):
     """The id of the key ``ks[lo:lo + klen]`` in an open-addressing table (ids dense, in first-seen order), added if
     new; -1 when it is new and the table is half full or its pool is (the pass stops there; the next has a table
@@ -363,7 +370,7 @@ def _key_id(slots, hashes, koff, pool, counts, c, ks, lo, klen):
 
 # --- the pass -------------------------------------------------------------------------------------------------------
 #: Indexes into the ``counts`` array a pass fills.
-C_ROWS, C_ITEMS, C_HKEYS, C_SKEYS, C_SSTORE, C_HANDED = range(6)
+C_ROWS, C_ITEMS, C_HKEYS, C_SKEYS, C_HANDED = range(5)
 
 
 @nb.njit(cache=True, _nrt=False, nogil=True)
@@ -381,8 +388,9 @@ def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, vo
     - ``items[0..1]``: each value's row and key id, ``kinds`` its kind; ``vbuf[voff[m]:voff[m + 1]]`` its JSON text
       (true and false as 1 and 0);
     - ``htab`` (slots, hashes, key starts) and ``hpool``: the history keys; ``stab``/``spool`` the summary keys, and
-      ``sitems[0..3]`` per summary key its last operation (0 for none), where its item's bytes are (0: ``buf``, 1:
-      ``sstore``)
+      ``sitems[0..5]`` per summary key its last operation (0 for none), where its item's bytes are (0: ``buf``, 1:
+      ``sstore``), their start and end, the rank of its first update since its last removal (-1 for none) and
+      whether the pass removed it
       and their start and end;
     - ``handed[0..1]``: start and end offsets of each record handed to Python, ``hbuf[handed[2][i]:...]`` its payload.
 
@@ -395,6 +403,7 @@ def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, vo
     sslots, shash, skoff = stab[0], stab[1], stab[2]
     n_rows = 0
     n_items = 0
+    n_ops = 0
     n_sstore = 0
     n_handed = 0
     n_asm = 0
@@ -506,7 +515,7 @@ def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, vo
                 if f == F[F_ITEM] and wire == 2:
                     joined, k_lo, klen, v_lo, v_hi, good = _item_key(src, a, b, F, typed, kbuf)
                     ks = kbuf if joined else src
-                    vk = _classify(src, v_lo, v_hi) if good else V_OTHER
+                    vk = _classify(src, v_lo, v_hi, F[F_INT_DIGITS]) if good else V_OTHER
                     if vk == V_OTHER or (klen >= 6 and _same(ks, k_lo + klen - 6, _TYPE_MARK, 0, 6)):
                         plain = False
                         break
@@ -566,7 +575,7 @@ def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, vo
                     break
                 if (f == F[F_UPDATE] or f == F[F_REMOVE]) and wire == 2:
                     joined, k_lo, klen, v_lo, v_hi, good = _item_key(src, a, b, F, typed, kbuf)
-                    if not good:
+                    if not good or not _utf8(src, v_lo, v_hi):
                         hand = True
                         break
                     key = _key_id(sslots, shash, skoff, spool, counts, C_SKEYS, kbuf if joined else src, k_lo, klen)
@@ -594,6 +603,12 @@ def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, vo
                         a = pending[2, j]
                         b = pending[3, j]
                         sitems[0, key] = op
+                        if op == S_REMOVE:
+                            sitems[4, key] = -1
+                            sitems[5, key] = 1
+                        elif sitems[4, key] < 0:
+                            sitems[4, key] = n_ops  # where a dict would put it: its first update since a removal
+                        n_ops += 1
                         if from_buf:
                             sitems[1, key] = 0
                             sitems[2, key] = a
@@ -620,7 +635,6 @@ def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, vo
             break
     counts[C_ROWS] = n_rows
     counts[C_ITEMS] = n_items
-    counts[C_SSTORE] = n_sstore
     counts[C_HANDED] = n_handed
     return base + commit, why
 

@@ -310,8 +310,8 @@ def flatten_numeric(key: str, value: Any, out: dict[str, float]) -> int:
     if isinstance(value, (int, float)):
         try:
             out[key] = float(value)
-        except OverflowError:  # an int beyond float range
-            out[key] = math.copysign(math.inf, value)
+        except OverflowError:  # an int beyond float range (copysign would overflow on it too)
+            out[key] = math.inf if value > 0 else -math.inf
         return 0
     if value is None:
         return 0

@@ -21,6 +21,7 @@ strings of fields it ignores; their checksums verified, so only a broken writer 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,17 +44,13 @@ WINDOW = 8 << 20
 #: Slots of each key table in a pass (half may fill; a pass that fills one doubles it for the next).
 _TABLE_SLOTS = 4096
 
-# Indexes into the field-number table the loop gets (read from wandb's own descriptors: :func:`field_numbers`).
-(F_HISTORY, F_SUMMARY, F_CONFIG, F_RUN, F_EXIT, F_ITEM, F_STEP, F_STEP_NUM, F_KEY, F_NESTED, F_VALUE_JSON, F_UPDATE,
- F_REMOVE) = range(13)
-#: Handed-over record types after which a pass stops, so that what they change is applied in file order.
-_STOP_AFTER = (F_RUN,)
 
 
 @lru_cache(maxsize=1)
 def field_numbers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The protobuf field numbers the loop needs, the ``record_type`` oneof's members, and HistoryItem's typed
-    values, from the installed ``wandb_internal_pb2`` (so a wandb that renumbered would still be read right)."""
+    """The protobuf field numbers the loop needs (``wandb_kernel.F_*``), the ``record_type`` oneof's members, and
+    HistoryItem's typed values, from the installed ``wandb_internal_pb2`` (so a wandb that renumbered would still be
+    read right); last in the numbers, the longest integer text Python's json reads (``F_INT_DIGITS``)."""
     record = record_class()
     pb = __import__(record.__module__, fromlist=["_"])
     fields = record.DESCRIPTOR.fields_by_name
@@ -65,6 +62,7 @@ def field_numbers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         fields["exit"].number, history["item"].number, history["step"].number,
         pb.HistoryStep.DESCRIPTOR.fields_by_name["num"].number, item["key"].number, item["nested_key"].number,
         item["value_json"].number, summary["update"].number, summary["remove"].number,
+        sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0,
     ], dtype=np.int64)
     oneof = np.zeros(max(f.number for f in record.DESCRIPTOR.fields) + 1, dtype=np.bool_)
     for f in record.DESCRIPTOR.oneofs_by_name["record_type"].fields:
@@ -95,11 +93,12 @@ _TYPE_CRCS = np.array(_TYPE_CRC, dtype=np.int64)
 class ScanBatch:
     """What one compiled pass read: rows, their values, the last summary operations, and the records it handed over.
 
-    ``row_offset``/``row_step``: each fast row's byte offset and ``HistoryStep.num``. ``item_*``: one entry per
-    value, its row (index into the rows), its key (index into ``keys``), its kind (``wandb_kernel.V_*``) and
-    ``values`` (float64; a null's is a placeholder). ``summary``: ``(S_UPDATE or S_REMOVE, SummaryItem bytes)``, one per key the pass
-    touched, its last operation. ``handed``: ``(start, end, payload)`` of each record for the Python path, in file
-    order (at most the last of them changes the summary).
+    ``row_offset``/``row_step``: each row's byte offset and ``HistoryStep.num``. ``item_*``: one entry per value, its
+    row (index into the rows), its key (index into ``keys``) and its kind (``wandb_kernel.V_*``); ``values``: float64
+    (a null's is a placeholder). ``summary``: per key the pass touched, ``(last operation (S_UPDATE or S_REMOVE),
+    rank of its first update since its last removal (-1 for none), whether the pass removed it, SummaryItem
+    bytes)``. ``handed``: ``(start, end, payload)`` of each record for the Python path, in file order (only the last
+    of them can change the summary).
     """
 
     row_offset: np.ndarray
@@ -109,7 +108,7 @@ class ScanBatch:
     item_kind: np.ndarray
     values: np.ndarray
     keys: list[str]
-    summary: list[tuple[int, bytes]]
+    summary: list[tuple[int, int, bool, bytes]]
     handed: list[tuple[int, int, bytes]]
 
 
@@ -128,8 +127,8 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
     except OSError as exc:
         raise ForensicsError(f"W&B run file {log.path} could not be read: {exc}") from exc
     ahead = None
-    try:
-        with fh:
+    with fh:
+        try:
             if log.offset == 0 and not log.read_header(fh):
                 return
             passes = [_Pass(WINDOW), None]
@@ -179,11 +178,11 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
                     return  # nothing complete after ``stop`` yet: ``tail_bytes`` and any damage are set
                 yield record
                 scanned = current.read_and_scan(fh, log.offset)
-    except OSError as exc:
-        raise ForensicsError(f"W&B run file {log.path} could not be read: {exc}") from exc
-    finally:
-        if ahead is not None:
-            ahead.shutdown(wait=True)
+        except OSError as exc:
+            raise ForensicsError(f"W&B run file {log.path} could not be read: {exc}") from exc
+        finally:
+            if ahead is not None:  # before the file closes: a window may still be read on it
+                ahead.shutdown(wait=True)
 
 
 def warm() -> None:
@@ -194,8 +193,8 @@ def warm() -> None:
     from forensics.sources.wandb_kernel import pivot
 
     _Pass(1 << 12).read_and_scan(io.BytesIO(bytes(8)), 0)
-    pivot(np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_), np.zeros(1, dtype=np.int64),
-          np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int8))
+    pivot(np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_), np.zeros((2, 1), dtype=np.int64),
+          np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int8), 0)
 
 
 def _two_cores() -> bool:
@@ -240,7 +239,7 @@ class _Pass:
         self.htab, self.stab = _table(slots), _table(slots)
         self.hpool = np.empty(slots * 32, dtype=np.uint8)
         self.spool = np.empty(slots * 32, dtype=np.uint8)
-        self.sitems = np.zeros((4, slots // 2 + 1), dtype=np.int64)
+        self.sitems = np.zeros((6, slots // 2 + 1), dtype=np.int64)
 
     def grow(self) -> None:
         """After a pass that filled a key table or the value arrays."""
@@ -257,7 +256,7 @@ class _Pass:
         got = fh.readinto(memoryview(self.space)[: self.window])
         at_eof = got < self.window  # a short read of a regular file: its end, as of now
         self.data = np.frombuffer(self.space, dtype=np.uint8, count=got)  # writable: the loop's buffer type
-        self.counts = np.zeros(8, dtype=np.int64)
+        self.counts = np.zeros(5, dtype=np.int64)
         if not got:
             return start, END, 0, True
         self.voff[0] = 0
@@ -266,6 +265,8 @@ class _Pass:
             table[0] = -1
             table[2, 0] = 0
         self.sitems[0] = 0
+        self.sitems[4] = -1
+        self.sitems[5] = 0
         stop, why = K.scan(self.data, start, self.numbers, self.oneof, self.typed, _CRC, _TYPE_CRCS, self.counts,
                            self.rows, self.items, self.kinds, self.voff, self.vbuf, self.htab, self.hpool, self.stab,
                            self.spool, self.sitems, self.sstore, self.handed, self.hbuf, self.asm, self.kbuf,
@@ -274,12 +275,12 @@ class _Pass:
 
     def batch(self) -> ScanBatch:
         """What the last pass read, copied out of the buffers."""
-        r, m, hk, sk, _, nh = (int(c) for c in self.counts[:6])
+        r, m, hk, sk, nh = (int(c) for c in self.counts)
         koff, hpool = self.htab[2], self.hpool
         keys = [hpool[koff[i]:koff[i + 1]].tobytes().decode("utf-8") for i in range(hk)]
         values = _parse_values(self.vbuf[: self.voff[m]], self.voff[: m + 1])
-        summary = [(int(op), (self.data if where == 0 else self.sstore)[a:b].tobytes())
-                   for op, where, a, b in self.sitems[:, :sk].T if op]
+        summary = [(int(op), int(rank), bool(removed), (self.data if where == 0 else self.sstore)[a:b].tobytes())
+                   for op, where, a, b, rank, removed in self.sitems[:, :sk].T if op]
         handed, hoff = self.handed, self.handed[2]
         handed_records = [(int(handed[0, i]), int(handed[1, i]), self.hbuf[hoff[i]:hoff[i + 1]].tobytes())
                           for i in range(nh)]

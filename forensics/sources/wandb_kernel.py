@@ -24,7 +24,7 @@ _inline = nb.njit(cache=True, _nrt=False, inline="always")
 BLOCK = 32 * 1024
 HDR = 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
-END, PROBLEM, HANDED, FULL_TABLE = 0, 1, 2, 3
+END, PROBLEM, HANDED, FULL_TABLE, LIMIT = 0, 1, 2, 3, 4
 V_FLOAT, V_INT, V_TRUE, V_FALSE, V_NULL, V_OTHER = 0, 1, 2, 3, 4, -1
 S_UPDATE, S_REMOVE = 1, 2
 (F_HISTORY, F_SUMMARY, F_CONFIG, F_RUN, F_EXIT, F_ITEM, F_STEP, F_STEP_NUM, F_KEY, F_NESTED, F_VALUE_JSON, F_UPDATE,
@@ -374,15 +374,19 @@ C_ROWS, C_ITEMS, C_HKEYS, C_SKEYS, C_HANDED = range(5)
 
 
 @nb.njit(cache=True, _nrt=False, nogil=True)
-def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, voff, vbuf, htab, hpool, stab, spool, sitems,
-         sstore, handed, hbuf, asm, kbuf, pending):
+def scan(buf, base, limit, skip, F, oneof, typed, T, type_crc, counts, rows, items, kinds, voff, vbuf, htab, hpool,
+         stab, spool, sitems, sstore, handed, hbuf, asm, kbuf, pending):
     """Walk ``buf`` (the file's bytes from offset ``base``, a record boundary) record by record.
 
-    Returns ``(stop, why)``: ``stop`` is the file offset after the last record taken (where the next read starts),
-    ``why`` is END (the bytes ran out: no whole record after ``stop`` in ``buf``), PROBLEM (the chunk at ``stop``,
-    or the split record starting there, fails a check), HANDED (stopped after a record whose effect must be applied
-    in order) or FULL_TABLE (a key table or the value arrays are full: the next pass gets larger ones). Outputs, filled from 0 and counted
-    in ``counts`` (``C_*``), up to their capacity (a record that might not fit stops the pass, FULL):
+    Returns ``(stop, why, first)``: ``stop`` is the file offset after the last record taken (where the next read
+    starts), ``why`` is END (the bytes ran out: no whole record after ``stop`` in ``buf``), LIMIT (the next record
+    starts at ``limit`` or after: ``buf``'s bytes from ``limit`` on are only there to finish the record before it),
+    PROBLEM (the chunk at ``stop``, or the split record starting there, fails a check), HANDED (stopped after a
+    record whose effect must be applied in order) or FULL_TABLE (a key table or the value arrays are full: the next
+    pass gets larger ones). With ``skip``, ``base`` is a block boundary that may be inside a record: its chunks are
+    checked and passed over, and ``first`` is where the first record starts (-1 if none does in ``buf``).
+
+    Outputs, filled from 0 and counted in ``counts`` (``C_*``), up to their capacity:
 
     - ``rows[0]``/``rows[1]``: each row's record offset and ``HistoryStep.num``;
     - ``items[0..1]``: each value's row and key id, ``kinds`` its kind; ``vbuf[voff[m]:voff[m + 1]]`` its JSON text
@@ -390,13 +394,12 @@ def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, vo
     - ``htab`` (slots, hashes, key starts) and ``hpool``: the history keys; ``stab``/``spool`` the summary keys, and
       ``sitems[0..5]`` per summary key its last operation (0 for none), where its item's bytes are (0: ``buf``, 1:
       ``sstore``), their start and end, the rank of its first update since its last removal (-1 for none) and
-      whether the pass removed it
-      and their start and end;
+      whether the pass removed it;
     - ``handed[0..1]``: start and end offsets of each record handed to Python, ``hbuf[handed[2][i]:...]`` its payload.
 
     ``asm`` holds a split record while it is reassembled, ``kbuf`` one item's key, ``pending`` one summary record's
-    operations until all of it has read. Every buffer is sized by the
-    caller for the worst case of ``len(buf)`` bytes, except the key tables, ``items`` and ``pending``.
+    operations until all of it has read. Every buffer is sized by the caller for the worst case of ``len(buf)``
+    bytes, except the key tables, ``items`` and ``pending``.
     """
     n = buf.shape[0]
     hslots, hhash, hkoff = htab[0], htab[1], htab[2]
@@ -414,6 +417,7 @@ def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, vo
     hi = 0
     pos = 0
     commit = 0
+    first = -1 if skip else base
     why = END
     while True:
         block_left = BLOCK - (base + pos) % BLOCK
@@ -430,6 +434,24 @@ def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, vo
         kind = np.int64(buf[pos + 6])
         if kind < FULL or kind > LAST or length > block_left - HDR:
             why = PROBLEM
+            break
+        if skip:
+            if kind == MIDDLE or kind == LAST:  # the end of a record that began before ``base``
+                if pos + HDR + length > n:
+                    break
+                if (base + pos) % BLOCK != 0 or (kind == MIDDLE and length != block_left - HDR) or (
+                        _crc32(buf, pos + HDR, pos + HDR + length, type_crc[kind], T) != crc):
+                    why = PROBLEM
+                    break
+                pos += HDR + length
+                commit = pos
+                continue
+            skip = False
+            first = base + pos
+            commit = pos
+        if not in_split and pos >= limit:
+            why = LIMIT
+            commit = pos  # past any block padding: where the record after the limit starts
             break
         if pos + HDR + length > n:
             break
@@ -636,7 +658,7 @@ def scan(buf, base, F, oneof, typed, T, type_crc, counts, rows, items, kinds, vo
     counts[C_ROWS] = n_rows
     counts[C_ITEMS] = n_items
     counts[C_HANDED] = n_handed
-    return base + commit, why
+    return base + commit, why, first
 
 
 @_jit

@@ -21,11 +21,14 @@ strings of fields it ignores; their checksums verified, so only a broken writer 
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 import pyarrow as pa
@@ -36,11 +39,13 @@ from forensics.sources.damage import Damage
 from forensics.sources.wandb_records import _TYPE_CRC, RecordLog, record_class
 
 #: Why a compiled pass stopped.
-END, PROBLEM, HANDED, FULL_TABLE = 0, 1, 2, 3
+END, PROBLEM, HANDED, FULL_TABLE, LIMIT = 0, 1, 2, 3, 4
 #: Summary operations.
 S_UPDATE, S_REMOVE = 1, 2
 #: Bytes read per compiled pass (a record longer than this doubles it for the pass that needs it).
 WINDOW = 8 << 20
+#: Bytes a window reads past its boundary, to finish the record it is inside there.
+MARGIN = 1 << 20
 #: Slots of each key table in a pass (half may fill; a pass that fills one doubles it for the next).
 _TABLE_SLOTS = 4096
 
@@ -117,8 +122,12 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
     irregular, ``(start, Record)`` pairs from the exact reader, in file order; ``log.offset``, ``log.tail_bytes``
     and ``log.damaged`` end as :meth:`RecordLog.records` leaves them.
 
-    With two cores or more, the next window is read and walked in a second thread (the loop releases the GIL) while
-    this one turns the last into a batch: two passes, used in turn, so neither's buffers are written while read.
+    The file is walked in windows that end at a block boundary (a pass finishes the record it is inside, reading
+    into the next window's bytes). Every block starts with a chunk header, so with two free cores the next window
+    is walked at the same time, on a second pass, from its boundary: it passes over the end of the record the first
+    finishes and starts at the first record after it. It is used only if it starts exactly where the first stopped
+    (both walked the same chunks), which fails only at something irregular; then the file is walked in order from
+    there, as it is with one core.
     """
     try:
         fh = log.path.open("rb")
@@ -126,50 +135,70 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
         raise ForensicsError(f"W&B run file {log.path} does not exist") from exc
     except OSError as exc:
         raise ForensicsError(f"W&B run file {log.path} could not be read: {exc}") from exc
-    ahead = None
     with fh:
+        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="wandb-scan") if _two_cores() else None
+        queue: deque = deque()  # (pass, start, skip, future): windows being walked, in file order
+        spare: list[_Pass] = []
+
+        def launch(start: int, skip: bool, window: int | None = None) -> None:
+            p = spare.pop() if spare else _Pass(WINDOW)
+            work = partial(p.read_and_scan, fh, start, window, skip)
+            queue.append((p, start, skip, pool.submit(work) if pool is not None else _Done(work)))
+
+        def drain() -> None:
+            while queue:
+                p, _, _, future = queue.popleft()
+                try:
+                    future.result()
+                except Exception:  # noqa: BLE001 - a window read ahead and dropped: its error is not the caller's
+                    pass
+                spare.append(p)
+
+        def restart(start: int, window: int | None = None) -> None:
+            launch(start, False, window)
+            if pool is not None:
+                launch(queue[-1][0].boundary(start), True)
+
         try:
             if log.offset == 0 and not log.read_header(fh):
                 return
-            passes = [_Pass(WINDOW), None]
-            turn = 0
-            scanned = passes[0].read_and_scan(fh, log.offset)
+            restart(log.offset)
             while True:
-                current = passes[turn]
-                start = current.start
-                stop, why, got, at_eof = scanned
-                if not got:
-                    log.tail_bytes = 0
-                    return
-                follow = why == HANDED or (why == END and not at_eof and stop > start)
-                pending = None
-                if follow and _two_cores():
-                    if passes[1 - turn] is None:
-                        passes[1 - turn] = _Pass(current.window)
-                    if ahead is None:
-                        ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-scan")
-                    pending = ahead.submit(passes[1 - turn].read_and_scan, fh, stop)
-                batch = current.batch()
+                p, start, skip, future = queue.popleft()
+                stop, why, got, at_eof, first = future.result()
+                if skip and first != log.offset:  # does not join the window before it: walk in order from there
+                    spare.append(p)
+                    drain()
+                    restart(log.offset)
+                    continue
+                batch = p.batch()
                 log.offset = stop
+                spare.append(p)  # its batch is copied out: free for the next window
+                if why == LIMIT:
+                    if queue:  # the next window is being walked: walk the one after it too
+                        launch(queue[-1][0].boundary(queue[-1][1]), True)
+                    else:
+                        restart(stop)
+                    if len(batch.row_offset) or batch.summary or batch.handed:
+                        yield batch
+                    continue
+                drain()
                 if len(batch.row_offset) or batch.summary or batch.handed:
                     yield batch
-                if pending is not None:
-                    turn = 1 - turn
-                    scanned = pending.result()
-                    continue
-                if follow:
-                    scanned = current.read_and_scan(fh, stop)
+                if why == HANDED:
+                    restart(stop)
                     continue
                 if why == FULL_TABLE:
-                    current.grow()
-                    scanned = current.read_and_scan(fh, stop)
+                    for q in spare:
+                        q.grow()
+                    restart(stop)
                     continue
                 if why == END:
                     if at_eof and stop == start + got:
                         log.tail_bytes = 0
                         return
-                    if not at_eof:  # not one whole record in the window: one longer than it
-                        scanned = current.read_and_scan(fh, stop, 2 * current.window)
+                    if not at_eof:  # the window ended inside a record; none whole in it: one longer than it
+                        restart(stop, 2 * p.window if stop == start else None)
                         continue
                 # A chunk that fails a check, or bytes at the end that are not a whole record: the exact reader reads
                 # from here, up to its first record (past any damage), then the compiled path carries on.
@@ -177,24 +206,61 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
                 if record is None:
                     return  # nothing complete after ``stop`` yet: ``tail_bytes`` and any damage are set
                 yield record
-                scanned = current.read_and_scan(fh, log.offset)
+                restart(log.offset)
         except OSError as exc:
             raise ForensicsError(f"W&B run file {log.path} could not be read: {exc}") from exc
         finally:
-            if ahead is not None:  # before the file closes: a window may still be read on it
-                ahead.shutdown(wait=True)
+            drain()  # before the file closes: a window may still be read on it
+            if pool is not None:
+                pool.shutdown(wait=True)
+
+
+class _Done:
+    """A computation run at once, with a future's ``result()`` (one core: nothing is read ahead)."""
+
+    def __init__(self, work) -> None:
+        try:
+            self._value, self._error = work(), None
+        except Exception as exc:  # noqa: BLE001 - raised from result(), as a future's would be
+            self._value, self._error = None, exc
+
+    def result(self):
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def warm() -> None:
     """Load the compiled loop now (numba's import, its CPU target, the cached machine code: a few tenths of a second,
     once per process) rather than on the first read."""
-    import io
+    import tempfile
 
     from forensics.sources.wandb_kernel import pivot
 
-    _Pass(1 << 12).read_and_scan(io.BytesIO(bytes(8)), 0)
+    with tempfile.TemporaryFile() as fh:
+        fh.write(bytes(8))
+        fh.flush()
+        _Pass(MARGIN + (64 << 10)).read_and_scan(fh, 0)
     pivot(np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_), np.zeros((2, 1), dtype=np.int64),
           np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int8), 0)
+
+
+_READ_LOCK = threading.Lock()
+
+
+def _pread(fh, into: memoryview, offset: int) -> int:
+    """Read into ``into`` from ``offset`` without moving ``fh`` (two windows may be read at once)."""
+    if hasattr(os, "preadv"):
+        total = 0
+        while total < len(into):
+            n = os.preadv(fh.fileno(), [into[total:]], offset + total)
+            if n == 0:
+                break
+            total += n
+        return total
+    with _READ_LOCK:
+        fh.seek(offset)
+        return fh.readinto(into) or 0
 
 
 def _two_cores() -> bool:
@@ -245,20 +311,29 @@ class _Pass:
         """After a pass that filled a key table or the value arrays."""
         self._grown(2 * self.slots, 2 * self.capacity)
 
-    def read_and_scan(self, fh, start: int, window: int | None = None) -> tuple[int, int, int, bool]:
-        """Read up to a window of the file from ``start`` and walk it: (stop, why, bytes read, at the end)."""
+    def boundary(self, start: int) -> int:
+        """Where a window from ``start`` ends: the last block boundary at least ``MARGIN`` (a quarter of a small
+        window) before its bytes end, and at least the next one after ``start``."""
+        from forensics.sources import wandb_kernel as K
+
+        end = (start + self.window - min(MARGIN, self.window // 4)) // K.BLOCK * K.BLOCK
+        return max(end, (start // K.BLOCK + 1) * K.BLOCK)
+
+    def read_and_scan(self, fh, start: int, window: int | None = None, skip: bool = False
+                      ) -> tuple[int, int, int, bool, int]:
+        """Read a window of the file from ``start`` and walk it up to its boundary: (stop, why, bytes read, at the
+        end, where its first record starts). With ``skip``, ``start`` is a block boundary, maybe inside a record."""
         from forensics.sources import wandb_kernel as K
 
         if window is not None and window > self.window:
             self._sized(window)
         self.start = start
-        fh.seek(start)
-        got = fh.readinto(memoryview(self.space)[: self.window])
+        got = _pread(fh, memoryview(self.space)[: self.window], start)
         at_eof = got < self.window  # a short read of a regular file: its end, as of now
         self.data = np.frombuffer(self.space, dtype=np.uint8, count=got)  # writable: the loop's buffer type
         self.counts = np.zeros(5, dtype=np.int64)
         if not got:
-            return start, END, 0, True
+            return start, END, 0, True, -1 if skip else start
         self.voff[0] = 0
         self.handed[2, 0] = 0
         for table in (self.htab, self.stab):
@@ -267,11 +342,12 @@ class _Pass:
         self.sitems[0] = 0
         self.sitems[4] = -1
         self.sitems[5] = 0
-        stop, why = K.scan(self.data, start, self.numbers, self.oneof, self.typed, _CRC, _TYPE_CRCS, self.counts,
-                           self.rows, self.items, self.kinds, self.voff, self.vbuf, self.htab, self.hpool, self.stab,
-                           self.spool, self.sitems, self.sstore, self.handed, self.hbuf, self.asm, self.kbuf,
-                           self.pending)
-        return int(stop), int(why), got, at_eof
+        limit = self.boundary(start) - start
+        stop, why, first = K.scan(self.data, start, limit, skip, self.numbers, self.oneof, self.typed, _CRC,
+                                  _TYPE_CRCS, self.counts, self.rows, self.items, self.kinds, self.voff, self.vbuf,
+                                  self.htab, self.hpool, self.stab, self.spool, self.sitems, self.sstore,
+                                  self.handed, self.hbuf, self.asm, self.kbuf, self.pending)
+        return int(stop), int(why), got, at_eof, int(first)
 
     def batch(self) -> ScanBatch:
         """What the last pass read, copied out of the buffers."""

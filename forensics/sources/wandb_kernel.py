@@ -662,15 +662,16 @@ def scan(buf, base, limit, skip, F, oneof, typed, T, type_crc, counts, rows, ite
 
 
 @_jit
-def pivot(out, valid, first, item_col, item_row, values, kinds, rank0):
-    """``out[col, row] = value`` for each value in order (a key written twice in a row: the last wins; null writes
-    nothing), skipping columns < 0; ``first[:, col]`` keeps the (row, rank) of a column's first write, the rank of
-    value ``m`` being ``rank0 + m`` (items of a row are side by side, in the order they were logged)."""
-    for m in range(item_col.shape[0]):
-        c = item_col[m]
+def pivot(out, valid, first, item_key, item_row, values, kinds, colmap, rowmap, r0, rank0):
+    """One batch's values into ``out[col, row]``, in order (a key written twice in a row: the last wins; null
+    writes nothing): ``col = colmap[key]`` (< 0: not a column), ``row = rowmap[r0 + row in the batch]``.
+    ``first[:, col]`` keeps the (row, rank) of a column's first write, the rank of the batch's value ``m`` being
+    ``rank0 + m`` (items of a row are side by side, in the order they were logged)."""
+    for m in range(item_key.shape[0]):
+        c = colmap[item_key[m]]
         if c < 0 or kinds[m] == V_NULL:
             continue
-        r = item_row[m]
+        r = rowmap[r0 + item_row[m]]
         out[c, r] = values[m]
         valid[c, r] = True
         if r < first[0, c] or (r == first[0, c] and rank0 + m < first[1, c]):

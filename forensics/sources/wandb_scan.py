@@ -165,15 +165,14 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
             restart(log.offset)
             while True:
                 p, start, skip, future = queue.popleft()
-                stop, why, got, at_eof, first = future.result()
+                stop, why, got, at_eof, first, batch = future.result()
                 if skip and first != log.offset:  # does not join the window before it: walk in order from there
                     spare.append(p)
                     drain()
                     restart(log.offset)
                     continue
-                batch = p.batch()
                 log.offset = stop
-                spare.append(p)  # its batch is copied out: free for the next window
+                spare.append(p)  # its batch was copied out: free for the next window
                 if why == LIMIT:
                     if queue:  # the next window is being walked: walk the one after it too
                         launch(queue[-1][0].boundary(queue[-1][1]), True)
@@ -241,8 +240,9 @@ def warm() -> None:
         fh.write(bytes(8))
         fh.flush()
         _Pass(MARGIN + (64 << 10)).read_and_scan(fh, 0)
-    pivot(np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_), np.zeros((2, 1), dtype=np.int64),
-          np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int8), 0)
+    one = np.zeros(1, dtype=np.int64)
+    pivot(np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_), np.zeros((2, 1), dtype=np.int64), one, one,
+          np.zeros(1), np.zeros(1, dtype=np.int8), one, one, 0, 0)
 
 
 _READ_LOCK = threading.Lock()
@@ -320,9 +320,10 @@ class _Pass:
         return max(end, (start // K.BLOCK + 1) * K.BLOCK)
 
     def read_and_scan(self, fh, start: int, window: int | None = None, skip: bool = False
-                      ) -> tuple[int, int, int, bool, int]:
+                      ) -> tuple[int, int, int, bool, int, ScanBatch]:
         """Read a window of the file from ``start`` and walk it up to its boundary: (stop, why, bytes read, at the
-        end, where its first record starts). With ``skip``, ``start`` is a block boundary, maybe inside a record."""
+        end, where its first record starts, what it read). With ``skip``, ``start`` is a block boundary, maybe inside
+        a record. The pass's buffers are free again when it returns."""
         from forensics.sources import wandb_kernel as K
 
         if window is not None and window > self.window:
@@ -333,7 +334,7 @@ class _Pass:
         self.data = np.frombuffer(self.space, dtype=np.uint8, count=got)  # writable: the loop's buffer type
         self.counts = np.zeros(5, dtype=np.int64)
         if not got:
-            return start, END, 0, True, -1 if skip else start
+            return start, END, 0, True, -1 if skip else start, self.batch()
         self.voff[0] = 0
         self.handed[2, 0] = 0
         for table in (self.htab, self.stab):
@@ -347,7 +348,7 @@ class _Pass:
                                   _TYPE_CRCS, self.counts, self.rows, self.items, self.kinds, self.voff, self.vbuf,
                                   self.htab, self.hpool, self.stab, self.spool, self.sitems, self.sstore,
                                   self.handed, self.hbuf, self.asm, self.kbuf, self.pending)
-        return int(stop), int(why), got, at_eof, int(first)
+        return int(stop), int(why), got, at_eof, int(first), self.batch()
 
     def batch(self) -> ScanBatch:
         """What the last pass read, copied out of the buffers."""
@@ -412,16 +413,10 @@ def rows_table_of(batches: list[ScanBatch], slow: list[tuple[int, dict[str, floa
     final = np.empty(len(order), dtype=np.int64)
     final[order] = np.arange(len(order))
     columns: dict[str, int] = {}
-    cols, rows, values, kinds = [], [], [], []
-    r0 = 0
+    maps = []
     for b in batches:
-        local = np.array([columns.setdefault(k, len(columns)) if kept(k) else -1 for k in b.keys] + [-1],
-                         dtype=np.int64)
-        cols.append(local[b.item_key])
-        rows.append(final[r0 + b.item_row])
-        values.append(b.values)
-        kinds.append(b.item_kind)
-        r0 += len(b.row_offset)
+        maps.append(np.array([columns.setdefault(k, len(columns)) if kept(k) else -1 for k in b.keys] + [-1],
+                             dtype=np.int64))
     for _, row in slow:
         for key in row:
             columns.setdefault(key, len(columns))
@@ -434,9 +429,11 @@ def rows_table_of(batches: list[ScanBatch], slow: list[tuple[int, dict[str, floa
     # within the row) of its first write.
     never = np.iinfo(np.int64).max
     first = np.full((2, len(columns)), never, dtype=np.int64)
-    if batches:
-        pivot(out, valid, first, np.concatenate(cols), np.concatenate(rows), np.concatenate(values),
-              np.concatenate(kinds), 0)
+    r0 = rank0 = 0
+    for b, colmap in zip(batches, maps):
+        pivot(out, valid, first, b.item_key, b.item_row, b.values, b.item_kind, colmap, final, r0, rank0)
+        r0 += len(b.row_offset)
+        rank0 += len(b.item_key)
     for (_, row), i in zip(slow, final[len(fast):].tolist()):
         for rank, (key, value) in enumerate(row.items()):
             c = columns[key]

@@ -200,8 +200,9 @@ def test_a_value_the_loop_calls_plain_is_the_number_json_reads() -> None:
 
 
 # --- hand-made files: what wandb does not write, but a broken writer or a damaged disk could ----------------------
-def _framed(payloads: list[bytes]) -> bytes:
-    """A .wandb file holding ``payloads`` as records: the header, then LevelDB-log chunks over 32 KiB blocks."""
+def _framed(payloads: list[bytes], paddings: list[int] | None = None) -> bytes:
+    """A .wandb file holding ``payloads`` as records: the header, then LevelDB-log chunks over 32 KiB blocks
+    (``paddings`` gets the offset of each block tail too short for a chunk header)."""
     from forensics.sources.wandb_records import BLOCK_SIZE, FILE_HEADER, FIRST, FULL, LAST, MIDDLE
 
     out = bytearray(FILE_HEADER)
@@ -210,6 +211,8 @@ def _framed(payloads: list[bytes]) -> bytes:
         while True:
             left = BLOCK_SIZE - len(out) % BLOCK_SIZE
             if left < 7:
+                if paddings is not None:
+                    paddings.append(len(out))
                 out += bytes(left)
                 continue
             part, data = data[: left - 7], data[left - 7:]
@@ -299,3 +302,41 @@ def test_rows_that_write_nothing_kept_leave_an_empty_table(tmp_path: Path, monke
     reader = _both(tmp_path, monkeypatch, [_history(_item(b"_runtime", b"1")), _history(_item(b"_runtime", b"2"))],
                    step_key="global_step")
     assert reader.table.empty
+
+
+@pytest.mark.parametrize("window", [48 * 1024, 70 * 1024, 100 * 1024 + 3])
+def test_windows_read_ahead_join_up_at_padding_and_cuts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        window: int) -> None:
+    """Records sized so that block tails too short for a header (padding) fall where windows end; the file is cut
+    at a few places (a record still being written): offsets and warnings as the exact reader's."""
+
+    monkeypatch.setattr(wandb_scan, "WINDOW", window)
+    monkeypatch.setattr(wandb_scan, "MARGIN", 16 * 1024)
+    monkeypatch.setattr(wandb_scan, "_two_cores", lambda: True)
+    rng = np.random.default_rng(window)
+    records, at = [], 7  # ``at``: where the next record's first chunk goes (7: after the file header)
+    for i in range(1500):
+        left = 32 * 1024 - at % (32 * 1024)
+        if left < 7:  # the padding itself
+            at, left = at + left, 32 * 1024
+        if 60 < left < 200 and i % 3:  # end this record 3 bytes before the block does: padding follows
+            payload = next(r for n in range(1, 200)
+                           for r in [_history(_item(b"loss", str(i / 7).encode()), _item(b"note", b"1" * n), step=i)]
+                           if len(r) + 7 >= left - 3)
+        elif rng.random() < 0.03:
+            payload = _history(*(_item(f"k{j}".encode(), b"2") for j in range(int(rng.integers(100, 1500)))), step=i)
+        else:
+            payload = _history(_item(b"loss", str(i / 7).encode()), _item(b"note", b"1" * int(rng.integers(1, 400))),
+                               step=i)
+        records.append(payload)
+        at = len(_framed(records)) if len(payload) + 7 > left else at + len(payload) + 7
+    paddings: list[int] = []
+    whole = _framed(records, paddings)
+    assert len(paddings) >= 3  # block tails of padding, some where a window ends
+    path = tmp_path / "offline-run-20250101_000000-pad1" / "run-pad1.wandb"
+    path.parent.mkdir()
+    for cut in [len(whole)] + sorted(rng.choice(len(whole), size=4, replace=False).tolist()):
+        path.write_bytes(whole[:cut])
+        fast, exact = _read(path, False, monkeypatch), _read(path, True, monkeypatch)
+        assert_same_reads(fast, exact)
+    assert len(fast.table) > 0

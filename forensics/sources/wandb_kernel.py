@@ -450,8 +450,7 @@ def scan(buf, base, limit, skip, F, oneof, typed, T, type_crc, counts, rows, ite
             first = base + pos
             commit = pos
         if not in_split and pos >= limit:
-            why = LIMIT
-            commit = pos  # past any block padding: where the record after the limit starts
+            why = LIMIT  # ``commit`` stays after the last record, where the exact reader leaves its offset
             break
         if pos + HDR + length > n:
             break

@@ -166,11 +166,13 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
             while True:
                 p, start, skip, future = queue.popleft()
                 stop, why, got, at_eof, first, batch = future.result()
-                if skip and first != log.offset:  # does not join the window before it: walk in order from there
+                if skip and first != _past_padding(log.offset):  # does not join the window before it: in order
                     spare.append(p)
                     drain()
                     restart(log.offset)
                     continue
+                if skip and stop == first:  # it took nothing: the offset stays after the last record
+                    stop = log.offset
                 log.offset = stop
                 spare.append(p)  # its batch was copied out: free for the next window
                 if why == LIMIT:
@@ -212,6 +214,14 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
             drain()  # before the file closes: a window may still be read on it
             if pool is not None:
                 pool.shutdown(wait=True)
+
+
+def _past_padding(offset: int) -> int:
+    """Where the next chunk after ``offset`` starts: past a block tail too short for a chunk header."""
+    from forensics.sources import wandb_kernel as K
+
+    left = K.BLOCK - offset % K.BLOCK
+    return offset + left if left < K.HDR else offset
 
 
 class _Done:

@@ -340,3 +340,26 @@ def test_windows_read_ahead_join_up_at_padding_and_cuts(tmp_path: Path, monkeypa
         fast, exact = _read(path, False, monkeypatch), _read(path, True, monkeypatch)
         assert_same_reads(fast, exact)
     assert len(fast.table) > 0
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_small_window_that_starts_in_padding_still_moves_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               ahead: bool) -> None:
+    """Rows end 3 bytes before the first block does; with a window smaller than two blocks, the next window starts in
+    that padding (it looped forever, its boundary being the padding's end)."""
+    monkeypatch.setattr(wandb_scan, "WINDOW", 16 * 1024)
+    monkeypatch.setattr(wandb_scan, "_two_cores", lambda: ahead)
+    records, at = [], 7
+    while 32 * 1024 - at > 1200:
+        records.append(_history(_item(b"loss", b"1"), _item(b"note", b"1" * 900), step=len(records)))
+        at += len(records[-1]) + 7
+    left = 32 * 1024 - at
+    records.append(next(r for n in range(1, 1300)
+                        for r in [_history(_item(b"loss", b"2"), _item(b"note", b"1" * n), step=len(records))]
+                        if len(r) + 7 >= left - 3))
+    records.append(_history(_item(b"loss", b"3"), _item(b"note", b"1" * 500), step=len(records)))
+    paddings: list[int] = []
+    _framed(records, paddings)
+    assert paddings == [32 * 1024 - 3]
+    reader = _both(tmp_path, monkeypatch, records)
+    assert reader.table["step"].tolist() == list(range(len(records)))

@@ -142,6 +142,8 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
 
         def launch(start: int, skip: bool, window: int | None = None) -> None:
             p = spare.pop() if spare else _Pass(WINDOW)
+            if window is not None and window > p.window:
+                p._sized(window)  # here, not on the worker: the next window's boundary is read from it now
             work = partial(p.read_and_scan, fh, start, window, skip)
             queue.append((p, start, skip, pool.submit(work) if pool is not None else _Done(work)))
 
@@ -323,11 +325,12 @@ class _Pass:
 
     def boundary(self, start: int) -> int:
         """Where a window from ``start`` ends: the last block boundary at least ``MARGIN`` (a quarter of a small
-        window) before its bytes end, and at least the next one after ``start``."""
+        window) before its bytes end, and at least the next one after ``start`` and any padding there (a window
+        that starts in a block's padding must still reach a record)."""
         from forensics.sources import wandb_kernel as K
 
         end = (start + self.window - min(MARGIN, self.window // 4)) // K.BLOCK * K.BLOCK
-        return max(end, (start // K.BLOCK + 1) * K.BLOCK)
+        return max(end, ((start + K.HDR - 1) // K.BLOCK + 1) * K.BLOCK)  # past padding at ``start`` too
 
     def read_and_scan(self, fh, start: int, window: int | None = None, skip: bool = False
                       ) -> tuple[int, int, int, bool, int, ScanBatch]:

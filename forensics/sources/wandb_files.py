@@ -30,6 +30,7 @@ from forensics.errors import ForensicsError
 from forensics.sources.damage import Damage
 from forensics.sources.reader import MetricsReader
 from forensics.sources.records import Records
+from forensics.sources.wandb_kernel import S_UPDATE
 from forensics.sources.wandb_records import (
     RecordLog,
     flatten_numeric,
@@ -38,7 +39,7 @@ from forensics.sources.wandb_records import (
     item_value,
     summary_item_class,
 )
-from forensics.sources.wandb_scan import S_UPDATE, ScanBatch, handed_record, read_run_file, rows_table_of
+from forensics.sources.wandb_scan import ScanBatch, handed_record, read_run_file, rows_table_of
 
 #: The step W&B counts itself; a logged metric named ``step`` is a metric unless ``step_key`` says otherwise.
 WANDB_STEP = "_step"
@@ -289,7 +290,7 @@ class WandbRunReader(MetricsReader):
             else:
                 key = "/".join(nested) if nested else item.key
                 media = media or key.endswith(MEDIA_MARK)
-            if key[:1] == "_" and key not in KEPT_INTERNAL:
+            if key[:1] == "_" and not self._kept(key):
                 continue
             text = item.value_json
             if text:
@@ -309,9 +310,7 @@ class WandbRunReader(MetricsReader):
                 row[key] = value
             elif flatten_numeric(key, value, row):  # ints (one beyond float range is inf), bools, dicts, text
                 dropped[key] += 1
-        if self.step_key != WANDB_STEP:
-            row.pop(WANDB_STEP, None)  # another key is the step: W&B's own counter is not a metric
-        elif WANDB_STEP not in row:
+        if self.step_key == WANDB_STEP and WANDB_STEP not in row:
             row[WANDB_STEP] = float(history.step.num)
         return row
 

@@ -267,16 +267,19 @@ def _next_verified(fh, start: int, only_at: bool = False) -> int | None:
         q += count
 
 
+def wandb_protos():
+    """``wandb.proto.wandb_internal_pb2`` (the wandb extra): imported on first use so the core does not need wandb."""
+    return require("wandb.proto.wandb_internal_pb2", "wandb", "Reading W&B run files")
+
+
 def record_class():
-    """``wandb_internal_pb2.Record`` (the wandb extra): imported on first use so the core does not need wandb."""
-    pb = require("wandb.proto.wandb_internal_pb2", "wandb", "Reading W&B run files")
-    return pb.Record
+    """``wandb_internal_pb2.Record``."""
+    return wandb_protos().Record
 
 
 def summary_item_class():
-    """``wandb_internal_pb2.SummaryItem``, as :func:`record_class`."""
-    pb = require("wandb.proto.wandb_internal_pb2", "wandb", "Reading W&B run files")
-    return pb.SummaryItem
+    """``wandb_internal_pb2.SummaryItem``."""
+    return wandb_protos().SummaryItem
 
 
 # --- decoding the payloads that matter ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
@@ -35,13 +35,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from forensics.errors import ForensicsError
+from forensics.sources import wandb_kernel as K
 from forensics.sources.damage import Damage
-from forensics.sources.wandb_records import _TYPE_CRC, RecordLog, record_class
+from forensics.sources.wandb_kernel import END, FULL_TABLE, HANDED, LIMIT
+from forensics.sources.wandb_records import _TYPE_CRC, RecordLog, record_class, wandb_protos
 
-#: Why a compiled pass stopped.
-END, PROBLEM, HANDED, FULL_TABLE, LIMIT = 0, 1, 2, 3, 4
-#: Summary operations.
-S_UPDATE, S_REMOVE = 1, 2
 #: Bytes read per compiled pass (a record longer than this doubles it for the pass that needs it).
 WINDOW = 8 << 20
 #: Bytes a window reads past its boundary, to finish the record it is inside there.
@@ -56,8 +54,8 @@ def field_numbers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The protobuf field numbers the loop needs (``wandb_kernel.F_*``), the ``record_type`` oneof's members, and
     HistoryItem's typed values, from the installed ``wandb_internal_pb2`` (so a wandb that renumbered would still be
     read right); last in the numbers, the longest integer text Python's json reads (``F_INT_DIGITS``)."""
-    record = record_class()
-    pb = __import__(record.__module__, fromlist=["_"])
+    pb = wandb_protos()
+    record = pb.Record
     fields = record.DESCRIPTOR.fields_by_name
     history = pb.HistoryRecord.DESCRIPTOR.fields_by_name
     item = pb.HistoryItem.DESCRIPTOR.fields_by_name
@@ -145,7 +143,7 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
             if window is not None and window > p.window:
                 p._sized(window)  # here, not on the worker: the next window's boundary is read from it now
             work = partial(p.read_and_scan, fh, start, window, skip)
-            queue.append((p, start, skip, pool.submit(work) if pool is not None else _Done(work)))
+            queue.append((p, start, skip, pool.submit(work) if pool is not None else _done(work)))
 
         def drain() -> None:
             while queue:
@@ -220,25 +218,18 @@ def read_run_file(log: RecordLog, finished: bool) -> Iterator[ScanBatch | tuple[
 
 def _past_padding(offset: int) -> int:
     """Where the next chunk after ``offset`` starts: past a block tail too short for a chunk header."""
-    from forensics.sources import wandb_kernel as K
-
     left = K.BLOCK - offset % K.BLOCK
     return offset + left if left < K.HDR else offset
 
 
-class _Done:
-    """A computation run at once, with a future's ``result()`` (one core: nothing is read ahead)."""
-
-    def __init__(self, work) -> None:
-        try:
-            self._value, self._error = work(), None
-        except Exception as exc:  # noqa: BLE001 - raised from result(), as a future's would be
-            self._value, self._error = None, exc
-
-    def result(self):
-        if self._error is not None:
-            raise self._error
-        return self._value
+def _done(work) -> Future:
+    """``work`` run now, as a finished future (one core: nothing is read ahead)."""
+    future: Future = Future()
+    try:
+        future.set_result(work())
+    except Exception as exc:  # noqa: BLE001 - raised from result(), as a pool's future would
+        future.set_exception(exc)
+    return future
 
 
 def warm() -> None:
@@ -246,14 +237,12 @@ def warm() -> None:
     once per process) rather than on the first read."""
     import tempfile
 
-    from forensics.sources.wandb_kernel import pivot
-
     with tempfile.TemporaryFile() as fh:
         fh.write(bytes(8))
         fh.flush()
         _Pass(MARGIN + (64 << 10)).read_and_scan(fh, 0)
     one = np.zeros(1, dtype=np.int64)
-    pivot(np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_), np.zeros((2, 1), dtype=np.int64), one, one,
+    K.pivot(np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_), np.zeros((2, 1), dtype=np.int64), one, one,
           np.zeros(1), np.zeros(1, dtype=np.int8), one, one, 0, 0)
 
 
@@ -290,12 +279,9 @@ class _Pass:
         self.numbers, self.oneof, self.typed = field_numbers()
         self.slots = _TABLE_SLOTS
         self.capacity = max(1 << 16, window // 16)
-        self.start = 0
         self._sized(window)
 
     def _sized(self, window: int) -> None:
-        from forensics.sources import wandb_kernel as K
-
         self.window = window
         self.space = bytearray(window)
         records = window // K.HDR + 2
@@ -327,8 +313,6 @@ class _Pass:
         """Where a window from ``start`` ends: the last block boundary at least ``MARGIN`` (a quarter of a small
         window) before its bytes end, and at least the next one after ``start`` and any padding there (a window
         that starts in a block's padding must still reach a record)."""
-        from forensics.sources import wandb_kernel as K
-
         end = (start + self.window - min(MARGIN, self.window // 4)) // K.BLOCK * K.BLOCK
         return max(end, ((start + K.HDR - 1) // K.BLOCK + 1) * K.BLOCK)  # past padding at ``start`` too
 
@@ -337,11 +321,8 @@ class _Pass:
         """Read a window of the file from ``start`` and walk it up to its boundary: (stop, why, bytes read, at the
         end, where its first record starts, what it read). With ``skip``, ``start`` is a block boundary, maybe inside
         a record. The pass's buffers are free again when it returns."""
-        from forensics.sources import wandb_kernel as K
-
         if window is not None and window > self.window:
             self._sized(window)
-        self.start = start
         got = _pread(fh, memoryview(self.space)[: self.window], start)
         at_eof = got < self.window  # a short read of a regular file: its end, as of now
         self.data = np.frombuffer(self.space, dtype=np.uint8, count=got)  # writable: the loop's buffer type
@@ -416,8 +397,6 @@ def rows_table_of(batches: list[ScanBatch], slow: list[tuple[int, dict[str, floa
     ``kept(key)`` says which keys are columns; ``fill_step`` names the column that takes ``HistoryStep.num`` in a
     compiled-path row that did not log it (the Python path fills its own rows).
     """
-    from forensics.sources.wandb_kernel import pivot
-
     fast = np.concatenate([b.row_offset for b in batches]) if batches else np.empty(0, np.int64)
     offsets = np.concatenate([fast, np.array([o for o, _ in slow], dtype=np.int64)])
     if not len(offsets):
@@ -428,7 +407,7 @@ def rows_table_of(batches: list[ScanBatch], slow: list[tuple[int, dict[str, floa
     columns: dict[str, int] = {}
     maps = []
     for b in batches:
-        maps.append(np.array([columns.setdefault(k, len(columns)) if kept(k) else -1 for k in b.keys] + [-1],
+        maps.append(np.array([columns.setdefault(k, len(columns)) if kept(k) else -1 for k in b.keys],
                              dtype=np.int64))
     for _, row in slow:
         for key in row:
@@ -444,7 +423,7 @@ def rows_table_of(batches: list[ScanBatch], slow: list[tuple[int, dict[str, floa
     first = np.full((2, len(columns)), never, dtype=np.int64)
     r0 = rank0 = 0
     for b, colmap in zip(batches, maps):
-        pivot(out, valid, first, b.item_key, b.item_row, b.values, b.item_kind, colmap, final, r0, rank0)
+        K.pivot(out, valid, first, b.item_key, b.item_row, b.values, b.item_kind, colmap, final, r0, rank0)
         r0 += len(b.row_offset)
         rank0 += len(b.item_key)
     for (_, row), i in zip(slow, final[len(fast):].tolist()):

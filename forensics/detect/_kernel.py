@@ -20,7 +20,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from forensics._numba import nb
+from forensics._numba import compiled
 
 # --- per-row status codes ---------------------------------------------------------------------------------------------
 ACCEPTED = 0  # judged, within the thresholds, entered the baseline
@@ -40,7 +40,7 @@ MAD_TO_SD = 1.4826
 #: Every function of the loop is compiled without numba's reference counting: the state is a tuple of arrays, and
 #: counting each array on every access was ~2/3 of the loop's time (measured with perf: NRT_incref/NRT_decref).
 #: Nothing inside allocates; scratch space lives in the state (``scratch``).
-_jit = nb.njit(cache=True, _nrt=False)
+_jit = compiled()
 
 #: The rule's parameters, resolved once by the detector (one record).
 PARAMS = np.dtype([

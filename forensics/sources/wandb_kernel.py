@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from forensics._numba import nb
+from forensics._numba import compiled
 
 #: Compiled without numba's reference counting (as the detection kernel): nothing inside allocates, the caller
 #: passes every buffer sized for the worst case of the bytes it hands over (:func:`forensics.sources.wandb_scan`),
 #: and counting references on each array at each call was half of the loop's time (measured: 0.25 s -> 0.13 s per
 #: 8 MiB with the helpers inlined alone).
-_jit = nb.njit(cache=True, _nrt=False)
+_jit = compiled()
 #: The three helpers called per field and per value are inlined into the loop by numba (each passes several arrays,
 #: 7 words apiece: 5-10% of the loop, for 2 s more of its one-time compile).
-_inline = nb.njit(cache=True, _nrt=False, inline="always")
+_inline = compiled(inline="always")
 
 BLOCK = 32 * 1024
 HDR = 7
@@ -373,7 +373,7 @@ def _key_id(slots, hashes, koff, pool, counts, c, ks, lo, klen):
 C_ROWS, C_ITEMS, C_HKEYS, C_SKEYS, C_HANDED = range(5)
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@compiled(nogil=True)
 def scan(buf, base, limit, skip, F, oneof, typed, T, type_crc, counts, rows, items, kinds, voff, vbuf, htab, hpool,
          stab, spool, sitems, sstore, handed, hbuf, asm, kbuf, pending):
     """Walk ``buf`` (the file's bytes from offset ``base``, a record boundary) record by record.

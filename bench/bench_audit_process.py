@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -55,12 +56,22 @@ def write_metrics_jsonl(path: Path, steps: int, seed: int = 0) -> None:
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
     """Wall seconds of one whole process; its failure stops the bench with its stderr."""
+    return timed_with_cpu(cmd, env)[0]
+
+
+def timed_with_cpu(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system, its threads included) of one whole process.
+
+    Under load the two part ways: the CPU time is the command's own work, the wall time also the share of the cores
+    the scheduler gave it, which is what the spread target measures and what the command controls least."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 1):
         sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    return seconds
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 #: The environment of a cold run: the fitted-cluster cache off, so every run fits the text clusters (the first audit
@@ -143,13 +154,13 @@ def bench_load(runs: int) -> None:
     results = {}
     for label, loaded in (("idle", False), (f"loaded ({n} competitors)", True)):
         for name, cmd in (("audit", audit), ("tag", tag)):
-            if loaded:
-                with Competitors(n):
-                    xs = [timed(cmd) for _ in range(runs)]
-            else:
-                xs = [timed(cmd) for _ in range(runs)]
+            with Competitors(n if loaded else 0):
+                runs_ = [timed_with_cpu(cmd) for _ in range(runs)]
+            xs, cpu = [w for w, _ in runs_], [c for _, c in runs_]
             results[(label, name)] = xs
             print(f"small demo {name:5s} {label:24s} {_spread(xs)}")
+            print(f"  {'':34s} cpu {_spread(cpu)}; share of a core {min(c / w for w, c in runs_):.2f}-"
+                  f"{max(c / w for w, c in runs_):.2f}")
     with Competitors(n):
         cold = [timed(audit, COLD) for _ in range(runs)]
     print(f"small demo audit loaded, cold (FORENSICS_NO_CACHE=1: clusters fitted every run) {_spread(cold)}")

@@ -1,4 +1,4 @@
-"""Imported first by the ``forensics`` command, before pandas, numba and pyarrow: the cyclic garbage collector's
+"""Imported first by the ``forensics`` command, before pandas and numba: the cyclic garbage collector's
 young generation is made larger for the process.
 
 A command imports ~1,000 modules, and every module, class and function it creates counts towards the collector's

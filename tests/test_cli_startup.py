@@ -1,4 +1,4 @@
-"""The command's process collects garbage in larger batches (forensics.cli._startup); a caller's own choice wins."""
+"""The command's process collects garbage in larger batches (forensics.__main__); a caller's own choice wins."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _threshold(prelude: str) -> list[int]:
-    code = f"import gc; {prelude}; import forensics.cli; print(*gc.get_threshold())"
+    code = f"import gc; {prelude}; import forensics.__main__; print(*gc.get_threshold())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
                          timeout=120).stdout
     return [int(x) for x in out.split()]
@@ -26,11 +26,18 @@ def test_a_caller_that_switched_collection_off_or_raised_it_further_keeps_its_se
 
 
 def test_a_cyclic_garbage_of_the_command_is_still_collected():
-    code = ("import gc, weakref; import forensics.cli\n"
+    code = ("import gc, weakref; import forensics.__main__\n"
             "class Node: pass\n"
             "a = Node(); a.self = a; probe = weakref.ref(a); del a\n"
-            "junk = [[i] for i in range(120_000)]\n"  # allocations past the young generation's threshold
+            "junk = [[i] for i in range(700_000)]\n"  # allocations past the young generation's threshold
             "print(probe() is None)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
                          timeout=120).stdout
     assert out.strip() == "True"
+
+
+def test_a_library_caller_of_the_cli_keeps_its_collector():
+    code = "import gc; import forensics.cli; print(*gc.get_threshold())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         timeout=120).stdout
+    assert [int(x) for x in out.split()] == [700, 10, 10]

@@ -14,7 +14,6 @@ import pkgutil
 import sys
 
 from forensics import __version__
-from forensics.cli import _startup  # noqa: F401 - first: before pandas and numba are imported
 from forensics.cli.common import flag_for
 from forensics.errors import ForensicsError
 from forensics.schema import ConfigError

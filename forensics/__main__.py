@@ -6,9 +6,9 @@ towards the default threshold of 700 allocations: a metrics-only audit of 120K s
 of its ~1.0 s (measured with ``gc.callbacks``), each scanning objects that live as long as the process. With a young
 generation of 50,000 it runs ~3. Cycles are still collected, in larger batches: a cycle that survives one young
 collection waits ~500K allocations for the next older one instead of ~7K, which is what bounds the memory cost (peak
-RSS of the metrics-only audit 246-256 MiB against 252-262, of the full demo's audit with its report 522 MiB against 520). Only the command's
-process is affected: library callers (``import forensics``, ``forensics.cli.main``) keep their settings, and a
-threshold the caller set higher, or 0 (collection off), is kept.
+RSS of the metrics-only audit 246-256 MiB against 252-262; of the full demo's audit with its report 522 MiB against
+520). Only the command's process is affected: library callers (``import forensics``, ``forensics.cli.main``) keep
+their settings, and a threshold the caller set higher, or 0 (collection off), is kept.
 """
 
 import gc

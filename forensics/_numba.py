@@ -1,5 +1,5 @@
-"""numba, the way every compiled loop of the package needs it: ``from forensics._numba import compiled`` (or ``nb``)
-instead of ``import numba`` in any module that compiles.
+"""numba, the way every compiled loop of the package needs it: ``@compiled()`` from here
+instead of ``numba.njit`` in any module that compiles.
 
 A numba loop's first call in a process loads its machine code from the on-disk cache, and numba then first
 *refreshes* its CPU target: it imports and registers the lowering of everything it can compile (arrays, unicode,
@@ -22,7 +22,7 @@ from typing import Any
 
 import numba as nb
 
-__all__ = ["compiled", "nb"]
+__all__ = ["compiled"]
 
 
 def compiled(**options: Any) -> Callable[[Callable], Any]:

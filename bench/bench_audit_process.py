@@ -168,7 +168,8 @@ def bench_load(runs: int) -> None:
                     runs_.append(timed_with_cpu(cmd))
                     control.append(timed(CONTROL))
             xs, cpu = [w for w, _ in runs_], [c for _, c in runs_]
-            results[(label, name)], results[(label, "control")] = xs, results.get((label, "control"), []) + control
+            results[(label, name)] = xs
+            results.setdefault((label, "control"), []).extend(control)
             print(f"small demo {name:5s} {label:24s} {_spread(xs)}")
             print(f"  {'':34s} cpu {_spread(cpu)}; share of a core {min(c / w for w, c in runs_):.2f}-"
                   f"{max(c / w for w, c in runs_):.2f}")

@@ -123,7 +123,7 @@ def main() -> None:
     out = ROOT / "bench" / "out" / f"dashboard-{args.steps}"
     os.environ.setdefault("FORENSICS_CACHE_DIR", str(ROOT / "bench" / "out" / "dashboard-cache"))
     t = time.perf_counter()
-    from forensics.dashboard import state
+    from forensics.live import tables as state
 
     reuse = args.reuse and (out / "findings.json").exists()
     if reuse:

@@ -57,8 +57,8 @@ from forensics.datasets.corpus import (
 )
 from forensics.datasets.loss_model import GRAD_NORM, LOSS
 from forensics.detect import attach_suspects, detect_spikes
-from forensics.detect.attribution import attribute
 from forensics.detect.findings import Finding
+from forensics.detect.rules.attribution import attribute
 from forensics.evaluation.framework_rules import FRAMEWORK_RULES, MetaseqEwmRatio
 from forensics.evaluation.scoring import ATTRIBUTION_KEYS, MARGIN, Score, score_run
 from forensics.sources import read_metrics

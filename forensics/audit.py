@@ -140,22 +140,17 @@ def run_audit(
 
     from forensics.detect import Findings
     from forensics.detect.base import RunTables
+    from forensics.detect.rules import run_rules
+
     run = RunTables(metrics=metrics, loss_key=loss_key, analysed=analysed,
                     grad_norm_key=grad_key, tags=tags, plan=plan, samples=samples,
                     boundaries=boundaries, max_len=cfg.max_len, sections=sections,
                     steps_known=all(a.convention != "as logged" for a in report.alignments),
-                    logging_steps=_logging_steps(cfg, report, loss_key))
-    found: list = []
-    for rule in rules:
-        with stage(f"rule {rule.name}"):
-            out = rule.detect(run, found)
-        if rule.replaces:
-            found = [f for f in found if f.kind != rule.replaces] + out
-        else:
-            found += out
-        if rule.section_name and rule.section_ is not None:
-            sections[rule.section_name] = rule.section_
-        warnings += getattr(rule, "warnings_", [])
+                    logging_steps=logging_steps(cfg, report))
+    judged = run_rules(rules, run, stage=stage)
+    found = judged.found
+    sections.update(judged.sections)
+    warnings += judged.warnings
     if plan is None and any(f.kind == "spike" for f in found):
         warnings.append("no plan given: spikes are found from the metrics alone; a plan (--plan and --samples) "
                         "names each spike's bucket, cluster, batch and suspect samples")
@@ -163,7 +158,7 @@ def run_audit(
     sections["run"] = _run_section(case, metrics, loss_key, analysed, plan, tags, boundaries, report)
     sections["run"].update(key_choices_section(*keys))
     findings = Findings(items=found, sections=sections, warnings=warnings).to_dict()
-    from forensics.detect.verdict import facts, verdict
+    from forensics.detect.causes.verdict import facts, verdict
 
     findings["verdict"] = verdict(findings, loss_key)
     findings["verdict_facts"] = facts(findings)
@@ -171,7 +166,7 @@ def run_audit(
                  samples=samples, boundaries=boundaries)
 
 
-def _logging_steps(cfg: RunConfig, report: Any, loss_key: str) -> int:
+def logging_steps(cfg: RunConfig, report: Any) -> int:
     """Steps each logged loss value covers: run.toml's ``logging_steps``, else what the loss's source says (HF's
     trainer_state.json, W&B config), else 1."""
     if cfg.logging_steps:

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.detect.attribution import attribute, checkpoint_before, plan_fix
 from forensics.detect.findings import Finding, Findings
+from forensics.detect.rules.attribution import attribute, checkpoint_before, plan_fix
 from forensics.plan.buckets import bucket_index, bucket_range
 from forensics.plan.gate import check_plan
 from forensics.plan.whatif import whatif

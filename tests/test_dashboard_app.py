@@ -66,7 +66,8 @@ def live_case(src: Path, dst: Path, rows: int, source: str = "jsonl") -> Path:
     dst.mkdir(parents=True)
     shutil.copy(src / "plan.parquet", dst / "plan.parquet")
     samples = pd.read_parquet(src / "samples.parquet")
-    from forensics.dashboard.state import _fit_clusters, clustered_samples_path
+    from forensics.live.tables import clustered_samples_path
+    from forensics.live.tables import fit_clusters as _fit_clusters
 
     fitted = pd.read_parquet(clustered_samples_path(src / "samples.parquet", lambda: _fit_clusters(
         src / "samples.parquet")))

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from forensics.datasets import LossModelParams, simulate
-from forensics.detect.forgetting import forgetting_signature
+from forensics.detect.rules.forgetting import forgetting_signature
 from forensics.tagging import tag_case
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.detect.jumpiness import bucket_variance_share
-from forensics.detect.oscillation import detect_oscillation, fold_share
+from forensics.detect.evidence.jumpiness import bucket_variance_share
+from forensics.detect.rules.oscillation import detect_oscillation, fold_share
 from forensics.tagging import tag_case
 
 N = 4000

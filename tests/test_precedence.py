@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from forensics.detect.evidence.precedence import precedence
 from forensics.detect.findings import Finding
-from forensics.detect.precedence import precedence
 from forensics.schema import find_column
 
 SPIKE = 200

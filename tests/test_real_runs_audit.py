@@ -78,5 +78,5 @@ def test_values_logged_every_5_steps_cover_their_window(runs, tmp_path, capsys):
     assert {s["logging_steps"] for s in findings["run"]["sources"] if s["convention"] == "hf-trainer"} == {5}
     for s in findings["spikes"]:
         if s["metric"] == key:
-            lo, hi = s["details"]["window"]
+            lo, hi = s["details"]["window_steps"]
             assert hi - lo == 4 and s["step"] == lo and any("mean over 5 steps" in e for e in s["evidence"])

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from forensics.detect.findings import Finding
-from forensics.detect.recurrence import batch_recurrence, recurrence_report, sample_enrichment, spike_span
+from forensics.detect.rules.recurrence import batch_recurrence, recurrence_report, sample_enrichment, spike_span
 from forensics.tagging import tag_case
 
 

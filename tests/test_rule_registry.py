@@ -18,6 +18,7 @@ TOY_RULE = '''
 from forensics.detect.base import Rule
 from forensics.detect.findings import CRITICAL, Finding
 from forensics.detect.kinds import FindingKind, register_kind
+from forensics.detect.params import positive
 from forensics.detect.rules import register_rule
 from forensics.schema import metric_values
 
@@ -26,6 +27,7 @@ class LossAbove(Rule):
     """Parameter: ``ceiling`` 100 (a loss above it is reported)."""
 
     name = "loss_above"
+    parameter_constraints = {"ceiling": positive()}
 
     def __init__(self, ceiling: float = 100.0):
         self.ceiling = ceiling
@@ -39,8 +41,14 @@ class LossAbove(Rule):
                 for s, v in zip(steps, values) if v > self.ceiling]
 
 
+def loss_above_card(items, context):
+    """Its own card in the report: one line per step, in the rule's words."""
+    rows = "".join(f"<li>step {f['step']}: {f['value']:.1f}</li>" for f in items)
+    return f'<article class="card toy-card" data-kind="loss_above"><h3>Over the ceiling</h3><ul>{rows}</ul></article>'
+
+
 register_rule(LossAbove)
-register_kind(FindingKind("loss_above", "loss above the ceiling", fail_on="loss-above"))
+register_kind(FindingKind("loss_above", "loss above the ceiling", fail_on="loss-above", card=loss_above_card))
 '''
 
 
@@ -79,7 +87,7 @@ def test_a_rule_in_one_module_reaches_summary_findings_report_and_fail_on(tmp_pa
     (toy,) = [f for f in findings["findings"] if f["kind"] == "loss_above"]
     assert (toy["step"], toy["value"], toy["severity"]) == (60, 150.0, "critical") and 0 <= toy["confidence"] <= 1
     html = out_html.read_text()
-    assert 'data-kind="loss_above"' in html and "loss 150.0 is above the ceiling 100" in html
+    assert html.count('class="card toy-card"') == 1 and "<h3>Over the ceiling</h3><ul><li>step 60: 150.0</li>" in html
     # its parameter from --set: a higher ceiling, no finding, no failure
     code = main(["audit", "--metrics", str(log), "--json", str(out_json), "--no-html", "--fail-on", "loss-above",
                  "--set", "detect.loss_above.ceiling=200"])
@@ -90,7 +98,10 @@ def test_an_unknown_fail_on_kind_rule_or_parameter_is_one_line_exit_2(tmp_path, 
     log = _loss_log(tmp_path / "m.jsonl")
     for extra, message in ((["--fail-on", "loss-above"], "--fail-on: unknown kind loss-above"),
                            (["--set", "detect.nosuch.x=1"], "detect.nosuch: no such rule"),
-                           (["--set", "detect.spikes.zz=1"], "detect.spikes: unknown parameter 'zz'")):
+                           (["--set", "detect.spikes.zz=1"], "detect.spikes: unknown parameter 'zz'"),
+                           (["--set", "detect.spikes.window=2"], "detect.spikes: 'window' must be an integer >= 4"),
+                           (["--set", "detect.causes.same_samples=1.5"],
+                            "detect.causes: 'same_samples' must be a number > 0 and <= 1")):
         code = main(["audit", "--metrics", str(log), "--no-html", "--json", str(tmp_path / "f.json"), *extra])
         err = capsys.readouterr().err
         assert code == 2 and message in err and err.count("\n") == 1, (extra, err)

@@ -1,4 +1,4 @@
-"""The compiled spike kernel is held to the plain-Python reference of the same rule (forensics.detect._reference).
+"""The compiled spike kernel is held to the plain-Python reference of the same rule (tests/spike_reference.py).
 
 Random series (Gaussian or heavy-tailed noise on a decaying loss, spikes of every size, bursts, level shifts, NaN),
 with and without buckets, random parameters and random chunkings: every row's status, baseline and score, and every
@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from forensics.detect import SpikeDetector
-from forensics.detect._kernel import STATUS_NAMES
-from forensics.detect._reference import reference_events
+from forensics.detect.spikes.events import event_finding
+from forensics.detect.spikes.kernel import STATUS_NAMES
+from tests.spike_reference import reference_events
 
 LOSS = "loss"
 
@@ -56,11 +57,11 @@ def _reference_findings(det: SpikeDetector, metrics: pd.DataFrame, tags: pd.Data
     supported = det._supported(metrics["step"].to_numpy())
     events, status, base, score = reference_events(metrics["step"].to_numpy(), metrics[LOSS].to_numpy(), buckets, p,
                                                    det.tail_window, supported)
-    return [det._event_finding(e) for e in events], status, base, score
+    return [event_finding(det, e) for e in events], status, base, score
 
 
 def _events(found) -> list[dict]:
-    # the two-sided judgement of the warm-up is plain Python in spikes.py, outside the kernel: not compared here
+    # the two-sided judgement of the warm-up is plain Python in spikes/events.py, outside the kernel: not compared here
     return sorted((f.to_dict() for f in found if f.kind in ("spike", "level_shift")
                    and f.details.get("judged_by") != "two_sided"),
                   key=lambda d: (d["step"], d["kind"]))

@@ -217,7 +217,7 @@ def test_a_small_event_buffer_gives_the_same_findings(monkeypatch):
     loss = decaying(n) * (1 + 0.02 * rng.standard_normal(n))
     loss[np.arange(300, n, 37)] *= 3.0  # 128 spikes
     expected = _as_dicts(SpikeDetector(LOSS).detect(frame(loss)))
-    monkeypatch.setattr("forensics.detect.spikes.EVENT_BUFFER", 3)
+    monkeypatch.setattr("forensics.detect.spikes.detector.EVENT_BUFFER", 3)
     assert _as_dicts(SpikeDetector(LOSS).detect(frame(loss))) == expected
     assert [d["step"] for d in expected] == list(range(300, n, 37))
 

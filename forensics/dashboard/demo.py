@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forensics.dashboard.state import cache_dir
+from forensics.cache import cache_dir
 
 SCALE = "small"
 

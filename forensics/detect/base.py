@@ -1,66 +1,29 @@
-"""The protocol every detector follows (scikit-learn style), so that one object serves a finished and a live run.
+"""The one protocol of the detect stage: a :class:`Rule` reads :class:`RunTables` and returns findings.
 
-- The constructor only stores documented parameters (no work, no validation of data): ``get_params()`` returns
-  them and ``clone()`` makes a fresh detector with the same ones.
-- ``update(new_rows, tags=None) -> list[Finding]`` feeds the next rows of a live run and returns the findings that
-  became final with them. The detector keeps its state between calls.
-- ``finish() -> list[Finding]`` returns what is still open or pending as it would be reported if the run ended now
-  (it does not change the state, so a live view may call it at any time and keep updating afterwards).
-- ``detect(table, tags=None)`` = ``reset()`` + ``update(table)`` + ``finish()``: the whole run at once.
-
-Any split of a run into ``update`` calls followed by ``finish()`` gives the same findings as ``detect`` on the whole
-run (each call returns its findings in step order; compare the union).
+- The constructor only stores documented parameters; ``parameter_constraints`` declares what each may be
+  (:mod:`forensics.detect.params`) and :meth:`Rule.validate` checks them once, when an audit builds its rules.
+- ``required_columns`` declares the columns a rule reads from each table; :meth:`Rule.check_inputs` turns a missing
+  one into the error message, so no rule writes its own.
+- ``detect(run, found=None)`` judges a whole run; ``found`` holds the findings of the rules before it (attribution
+  reads the spikes, causes read everything).
+- A rule that also runs live returns an :class:`OnlineRule` from ``online(run)``: ``update(rows)`` takes the next
+  metrics rows and returns the findings that became final with them; ``finish()`` returns what is still open as if the
+  run ended now. Any chunking followed by ``finish()`` gives what ``detect`` gives on the whole run.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import pandas as pd
 
 from forensics.detect.findings import Finding
+from forensics.detect.params import Param, check_params
 from forensics.errors import ForensicsError
 from forensics.schema import MAX_LEN, STEP, written
-
-#: Scales a median absolute deviation to a standard deviation for normal noise (1 / Phi^-1(3/4)).
-MAD_TO_SD = 1.4826
-
-
-class Detector:
-    """Base class: parameters in ``__init__``, state in attributes ending with ``_`` (created by ``reset``)."""
-
-    def get_params(self) -> dict[str, Any]:
-        """The constructor's parameters and their current values."""
-        sig = inspect.signature(type(self).__init__)
-        return {name: getattr(self, name) for name in sig.parameters if name != "self"}
-
-    def clone(self) -> Detector:
-        """A fresh detector with the same parameters and no state."""
-        return type(self)(**self.get_params())
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
-        return f"{type(self).__name__}({args})"
-
-    def reset(self) -> None:
-        """Forget every row seen so far."""
-        raise NotImplementedError
-
-    def update(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
-        """Feed the next rows (in step order); return the findings that became final."""
-        raise NotImplementedError
-
-    def finish(self) -> list[Finding]:
-        """What is still open, as it would be reported if the run ended now (does not change the state)."""
-        return []
-
-    def detect(self, table: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
-        """The findings of a whole run: ``reset``, one ``update`` with every row, ``finish``."""
-        self.reset()
-        found = self.update(table, tags)
-        return found + self.finish()
 
 
 @dataclass
@@ -86,6 +49,8 @@ class RunTables:
     steps_known: bool = False
     #: Steps each logged value covers (HF's ``loss`` is the mean over ``logging_steps``); 1: one step each.
     logging_steps: int = 1
+    #: Logged step = canonical step + this (HF's ``global_step`` counts from 1); 0 when the logs count from 0.
+    logged_offset: int = 0
 
     @property
     def has_plan(self) -> bool:
@@ -96,33 +61,75 @@ class RunTables:
         return self.metrics.loc[written(self.metrics, metric), [STEP, metric]]
 
 
-class Rule(Detector):
-    """A rule of the audit: ``detect(run)`` reads :class:`RunTables` and the findings of the rules before it.
+class OnlineRule(Protocol):
+    """A rule's state on a live run."""
 
-    Class attributes: ``name`` (its ``[detect.<name>]`` table in run.toml, ``--set detect.<name>.<param>=v``),
-    ``needs_plan`` (skipped without a plan), ``replaces`` (a kind whose findings this rule returns anew, enriched:
-    attribution rewrites the spikes). After ``detect``, ``section_`` holds its findings.json section, if it has one
-    (``section_name``). Parameters are the constructor's, documented there, checked once in ``_check``.
+    def update(self, rows: pd.DataFrame) -> list[Finding]:
+        """Feed the next metrics rows (in step order); return the findings that became final with them."""
+
+    def finish(self) -> list[Finding]:
+        """What is still open, as it would be reported if the run ended now (the state is not changed)."""
+
+
+class Rule:
+    """A rule of the audit (module docstring). Class attributes:
+
+    ``name`` (its ``[detect.<name>]`` table), ``needs_plan`` (skipped without a plan), ``replaces`` (a kind whose
+    findings this rule returns anew, enriched: attribution rewrites the spikes), ``section_name`` (the findings.json
+    section it fills: after ``detect``, ``section_`` holds it), ``explains``, ``parameter_constraints``, ``required_columns``
+    (``{"metrics" | "tags" | "plan" | "samples": (column, ...)}``). After ``detect``, ``warnings_`` lists what the user
+    should know.
     """
 
     name: ClassVar[str] = ""
     needs_plan: ClassVar[bool] = False
     replaces: ClassVar[str | None] = None
     section_name: ClassVar[str | None] = None
+    #: Enriches or groups the findings of the rules before it (attribution, causes): the live loop runs it again
+    #: whenever new findings arrive, while whole-run rules keep the audit's answer until the run ends.
+    explains: ClassVar[bool] = False
+    parameter_constraints: ClassVar[Mapping[str, Param]] = {}
+    required_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
-    def _check(self) -> None:
-        """Raise :class:`~forensics.errors.ForensicsError` naming a parameter whose value is not allowed."""
+    @classmethod
+    def parameter_defaults(cls) -> dict[str, Any]:
+        """The parameters and their defaults (the constructor's keyword arguments)."""
+        sig = inspect.signature(cls.__init__)
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return {n: p.default for n, p in sig.parameters.items() if n != "self" and p.kind in kinds}
 
-    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
-        raise NotImplementedError
+    def get_params(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.parameter_defaults()}
+
+    def clone(self) -> Rule:
+        """A fresh rule with the same parameters."""
+        return type(self)(**self.get_params())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
+
+    def validate(self) -> None:
+        """Check every parameter against its declared constraint (errors name ``detect.<name>.<param>``)."""
+        check_params(f"detect.{self.name}", self.parameter_constraints, self.get_params())
+
+    def check_inputs(self, run: RunTables) -> None:
+        """Raise the declared message when a table this rule reads lacks a column it needs."""
+        for table, columns in self.required_columns.items():
+            frame = getattr(run, table)
+            if frame is None:
+                continue
+            missing = [c for c in columns if c not in frame.columns]
+            if missing:
+                raise ForensicsError(f"detect.{self.name}: the {table} table lacks column '{missing[0]}' (this rule "
+                                     f"reads {', '.join(columns)}); it has {', '.join(map(str, frame.columns[:12]))}")
 
     def reset(self) -> None:
-        self.section_: dict[str, Any] | None = None
+        self.section_: Any = None
+        self.warnings_: list[str] = []
 
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
+        raise NotImplementedError
 
-def check_positive(rule: Rule, *names: str) -> None:
-    """Each named parameter of ``rule`` must be a positive number."""
-    for n in names:
-        v = getattr(rule, n)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ForensicsError(f"detect.{rule.name}: '{n}' must be a positive number; got {v!r}")
+    def online(self, run: RunTables) -> OnlineRule | None:
+        """This rule's live state over ``run`` (whose ``tags`` may grow), or None when it judges whole runs only."""
+        return None

@@ -185,9 +185,9 @@ class Findings:
         for f in sorted(self.items, key=_order):
             d = f.to_dict()
             every.append(d)
-            section = kind_of(f.kind).section
-            if section:
-                out.setdefault(section, []).append(d)
+            kind = kind_of(f.kind)
+            if kind.section and not kind.object_section:
+                out.setdefault(kind.section, []).append(d)
         out["oscillation"] = {"detected": False, "bucket_variance_share": None}
         out["plan"] = None
         for key, value in self.sections.items():
@@ -218,7 +218,8 @@ class Findings:
         for key, value in data.items():
             if key in ("version", "warnings", "findings"):
                 continue
-            if isinstance(value, list) and value and all(isinstance(v, dict) and "kind" in v for v in value):
+            if isinstance(value, list) and value and all(isinstance(v, dict) and "kind" in v and "step" in v
+                                                         for v in value):
                 items.extend(Finding.from_dict(v) for v in value)
             elif key in REQUIRED_LISTS or (isinstance(value, list) and value == []):
                 continue
@@ -226,8 +227,9 @@ class Findings:
                 sections[key] = restore_nonfinite(value)
         from forensics.detect.kinds import kind_of
 
-        for value in data.get("findings") or []:  # kinds filed in no section of their own
-            if isinstance(value, dict) and kind_of(str(value.get("kind"))).section is None:
+        for value in data.get("findings") or []:  # kinds filed in no list of their own
+            kind = kind_of(str(value.get("kind"))) if isinstance(value, dict) else None
+            if kind is not None and (kind.section is None or kind.object_section):
                 items.append(Finding.from_dict(value))
         return cls(items=items, sections=sections, warnings=list(data.get("warnings", [])), version=version)
 
@@ -325,3 +327,21 @@ def restore_nonfinite(value: Any) -> Any:
     if isinstance(value, list):
         return [restore_nonfinite(v) for v in value]
     return value
+
+
+#: A spike as a finding, or as a findings.json / labels.json dict.
+SpikeLike = Finding | Mapping[str, Any]
+
+
+def spike_span(spike: SpikeLike) -> tuple[int, int, int]:
+    """``(start, end, peak)`` of a spike finding or of a ``{"step", "end_step", "peak_step"}`` dict (labels.json)."""
+    if isinstance(spike, Finding):
+        start, end, peak = spike.step, spike.end_step, spike.peak_step
+    else:
+        if "step" not in spike:
+            raise ForensicsError(f"spike: an item lacks 'step': {dict(list(spike.items())[:4])}")
+        start, end, peak = spike["step"], spike.get("end_step"), spike.get("peak_step")
+    start = int(start)
+    end = int(end) if end is not None else start
+    peak = int(peak) if peak is not None else start
+    return start, end, peak

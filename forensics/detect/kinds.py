@@ -1,11 +1,16 @@
 """The registry of finding kinds: what each kind of finding is called, where it goes and how it is told.
 
-Every finding has a ``kind``. The kind's entry says which findings.json section it fills (``spikes``, ``nonfinite``,
-... as DESIGN.md names them; a kind without one appears in ``findings`` only), its title, the ``--fail-on`` name that
-counts it, how one finding reads in a line (the terminal summary, the dashboard), how several read in the verdict, and
-optionally an HTML card of its own (the report draws a generic card otherwise). The summary, the report, ``--fail-on``
-and the verdict read this registry; none of them names a kind. Adding a rule is its module plus one
-:func:`register_kind` (and :func:`forensics.detect.rules.register_rule`).
+Every finding has a ``kind``, and every kind registers here: the findings.json section it fills (``spikes``,
+``nonfinite``, ... as DESIGN.md names them; a kind without one appears in ``findings`` only), its title, the
+``--fail-on`` name that counts it, its line in the terminal summary and the dashboard, and its card in the report. A
+run-level section (the batch plan's gate, the oscillation measure, the forgetting signature) registers the same way,
+as a kind whose ``object_section`` is the section. The summary, the report, ``--fail-on`` and the verdict read this
+registry and name no kind; adding a rule is its module plus one :func:`register_kind` (and
+:func:`forensics.detect.rules.register_rule`).
+
+Cards and summary lines are given as ``"module:function"`` paths (or callables), so this module imports no report
+code: ``card(items, context) -> str | list[str]`` with the kind's findings (or ``[section]`` for a run-level one) and
+a :class:`forensics.report.cards.CardContext`; ``summary(section) -> list[str]`` gives a run-level section's lines.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from typing import Any
 
 #: A finding as written to findings.json (a dict).
 FindingDict = dict[str, Any]
+#: The built-in kinds' cards and summary lines.
+_CARDS = "forensics.report.cards.builtin"
+_LINES = "forensics.report.summary_lines"
 
 
 @dataclass(frozen=True)
@@ -23,10 +31,12 @@ class FindingKind:
     """How one kind of finding is filed and told.
 
     - ``section``: the findings.json list it fills (None: only ``findings``); ``object_section``: a run-level kind
-      whose one finding's ``details`` are the section object (``oscillation``, ``plan``, ``forgetting``).
+      whose section is one object (``plan``, ``oscillation``, ``forgetting``), drawn even when no finding says so.
     - ``fail_on``: the ``--fail-on`` name (critical findings of this kind count); None: not a gate.
-    - ``line``: one finding in words (default: kind, step, metric and value); ``verdict``: the findings of this kind
-      in one phrase for the verdict (None: not mentioned there); ``card``: an HTML card for the report (None: generic).
+    - ``line``: one finding in words (default: kind, step, metric and value); ``card``: its report card
+      (``"module:function"`` or a callable; None: a table of the kind's findings); ``summary``: a run-level
+      section's lines in the terminal summary.
+    - ``told_by``: the run-level section whose card and lines tell this kind (its findings are not drawn again).
     """
 
     kind: str
@@ -35,9 +45,8 @@ class FindingKind:
     object_section: bool = False
     fail_on: str | None = None
     line: Callable[[FindingDict], str] | None = None
-    verdict: Callable[[list[FindingDict]], str | None] | None = None
-    card: Callable[[list[FindingDict]], str] | None = None
-    #: The findings.json section whose own block tells this kind (its findings are not listed again).
+    card: str | Callable[..., Any] | None = None
+    summary: str | Callable[[FindingDict], list[str]] | None = None
     told_by: str | None = None
 
     def describe(self, finding: FindingDict) -> str:
@@ -72,9 +81,9 @@ def fail_kinds() -> dict[str, str]:
     return {k.fail_on: k.kind for k in KINDS.values() if k.fail_on}
 
 
-def _steps(items: list[FindingDict], limit: int = 6) -> str:
-    steps = sorted({int(f["step"]) for f in items if f.get("step") is not None})
-    return ", ".join(map(str, steps[:limit])) + (" ..." if len(steps) > limit else "")
+def run_level_kinds() -> list[FindingKind]:
+    """The kinds whose section is one run-level object, in registration order."""
+    return [k for k in KINDS.values() if k.object_section]
 
 
 def _nonfinite_line(f: FindingDict) -> str:
@@ -82,27 +91,26 @@ def _nonfinite_line(f: FindingDict) -> str:
     return f"{f.get('metric')} is {value} at step {f.get('step')} ({f.get('severity')})"
 
 
-def _nonfinite_verdict(items: list[FindingDict]) -> str | None:
-    critical = [f for f in items if f.get("severity") == "critical"]
-    if critical:
-        metrics = sorted({str(f.get("metric")) for f in critical})
-        return f"{len(critical)} non-finite value{'s' if len(critical) != 1 else ''} in {', '.join(metrics)}"
-    return None
-
-
 def _level_shift_line(f: FindingDict) -> str:
     return f"level shift of {f.get('metric')} from step {f.get('step')} (new level {f.get('details', {}).get('new_level')})"
 
 
-register_kind(FindingKind("spike", "spike", section="spikes", fail_on="spike"))
+def _misaligned_line(f: FindingDict) -> str:
+    return f"metrics look {int(f.get('value') or 0):+d} step(s) off the plan: " + (f.get("evidence") or [""])[0]
+
+
+register_kind(FindingKind("spike", "spike", section="spikes", fail_on="spike", card=f"{_CARDS}:spike_cards"))
 register_kind(FindingKind("nonfinite", "non-finite value", section="nonfinite", fail_on="nonfinite",
-                          line=_nonfinite_line, verdict=_nonfinite_verdict))
+                          line=_nonfinite_line, card=f"{_CARDS}:nonfinite_cards"))
 register_kind(FindingKind("level_shift", "level shift", section="level_shifts", line=_level_shift_line))
 register_kind(FindingKind("expected_for_bucket", "expected for its bucket", section="expected_for_bucket"))
-register_kind(FindingKind("static_plan", "static batch composition", fail_on="static-plan", told_by="plan",
-                          verdict=lambda items: "batch composition is static across epochs"))
-register_kind(FindingKind("oscillation", "oscillation", fail_on="oscillation", told_by="oscillation",
-                          verdict=lambda items: f"the loss oscillates (steps {_steps(items)})"))
-register_kind(FindingKind("misaligned_steps", "metrics off the plan",
-                          line=lambda f: (f"metrics look {int(f.get('value') or 0):+d} step(s) off the plan: "
-                                          + (f.get('evidence') or [''])[0])))
+register_kind(FindingKind("misaligned_steps", "metrics off the plan", line=_misaligned_line))
+register_kind(FindingKind("recurrence", "batch recurrence", section="recurrence"))
+register_kind(FindingKind("plan", "batch composition", section="plan", object_section=True,
+                          card=f"{_CARDS}:plan_cards", summary=f"{_LINES}:plan_lines"))
+register_kind(FindingKind("static_plan", "static batch composition", fail_on="static-plan", told_by="plan"))
+register_kind(FindingKind("oscillation", "oscillation", section="oscillation", object_section=True,
+                          fail_on="oscillation", card=f"{_CARDS}:oscillation_cards",
+                          summary=f"{_LINES}:oscillation_lines"))
+register_kind(FindingKind("forgetting", "forgetting", section="forgetting", object_section=True,
+                          summary=f"{_LINES}:forgetting_lines"))

@@ -51,8 +51,8 @@ import numba as nb
 import numpy as np
 import pandas as pd
 
-from forensics.detect.base import Detector
 from forensics.detect.findings import WARNING, Finding
+from forensics.detect.metric_detector import MetricDetector
 from forensics.errors import ForensicsError
 from forensics.schema import STEP, find_loss_key
 
@@ -190,7 +190,7 @@ def _metaseq(values, pf, pi, sf, si, ring, cand, fired, ref, score):  # pragma: 
 
 
 # --- the shared protocol ---------------------------------------------------------------------------------------------
-class FrameworkRule(Detector):
+class FrameworkRule(MetricDetector):
     """A framework's rule replayed on one metric; subclasses name their kernel, state and words."""
 
     #: short name for tables

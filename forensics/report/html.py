@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from forensics.detect.verdict import verdict
+from forensics.detect.causes.verdict import verdict
 from forensics.report.cards import finding_cards
 from forensics.report.text import esc, fmt_share
 from forensics.schema import EPOCH, STEP, find_loss_key, metric_columns
@@ -49,13 +49,9 @@ def figures_json(figs: dict[str, go.Figure]) -> str:
 
 
 def _severity(findings: dict) -> str:
-    pf = findings.get("plan")
-    osc = findings.get("oscillation") or {}
-    if findings.get("spikes") or findings.get("nonfinite"):
-        return "alert"
-    if (isinstance(pf, dict) and pf.get("static")) or (isinstance(osc, dict) and osc.get("detected")):
-        return "warn"
-    return "ok"
+    """The verdict's colour: the most severe cause (red for critical, amber for a warning)."""
+    severities = {str(c.get("severity")) for c in findings.get("causes") or [] if isinstance(c, dict)}
+    return "alert" if "critical" in severities else "warn" if "warning" in severities else "ok"
 
 
 def _run_line(metrics: pd.DataFrame, loss_key: str, tags: pd.DataFrame | None, plan: pd.DataFrame | None,

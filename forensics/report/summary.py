@@ -11,9 +11,9 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from forensics.detect.composition import plan_words
-from forensics.detect.kinds import kind_of
-from forensics.report.text import fmt_num, fmt_share
+from forensics.detect.kinds import kind_of, run_level_kinds
+from forensics.report.cards import card_function
+from forensics.report.text import fmt_num
 from forensics.schema.keys import key_line
 
 MAX_SPIKES_SHOWN = 10
@@ -53,9 +53,8 @@ def render_summary(out: Console, findings: dict[str, Any], written: list[str] | 
                 out.print(f"  {escape(k.describe(f))}")
             if len(items) > MAX_SPIKES_SHOWN:
                 out.print(f"  ... and {len(items) - MAX_SPIKES_SHOWN} more {escape(k.title)} findings in findings.json")
-    _oscillation(out, findings.get("oscillation") or {})
-    _plan(out, findings.get("plan"))
-    _forgetting(out, findings.get("forgetting"))
+    for kind in run_level_kinds():
+        _section(out, kind, findings)
     warnings = findings.get("warnings") or []
     if warnings:
         out.print("\n[bold]data warnings[/] (kept, not fatal)")
@@ -87,7 +86,8 @@ def _other_findings(findings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]
     out: dict[str, list[dict[str, Any]]] = {}
     for f in findings.get("findings") or []:
         kind = str(f.get("kind"))
-        if f.get("cause") or kind_of(kind).told_by or (kind == "nonfinite" and f.get("severity") == "critical"):
+        k = kind_of(kind)
+        if f.get("cause") or k.told_by or k.object_section:
             continue
         out.setdefault(kind, []).append(f)
     return out
@@ -134,46 +134,22 @@ def _spike(out: Console, s: dict[str, Any], also: list[dict[str, Any]] = (), evi
         out.print(f"{indent}  - {escape(str(e))}")
 
 
-def _oscillation(out: Console, osc: dict[str, Any]) -> None:
-    if not osc:
+def _section(out: Console, kind: Any, findings: dict[str, Any]) -> None:
+    """A run-level section's lines, as its kind registered them (the plan's gate, oscillation, forgetting)."""
+    if kind.summary is None or kind.section not in findings:
         return
-    share = osc.get("bucket_variance_share")
-    text = "detected" + (f" (period {osc['period']} steps)" if osc.get("period") else "") if osc.get("detected") \
-        else "not detected"
-    extra = f"; {fmt_share(share)} of the detrended loss variance is explained by the bucket" if share is not None \
-        else ""
-    out.print(f"\n[bold]oscillation[/]  {text}{extra}")
-
-
-def _plan(out: Console, plan: Any) -> None:
-    if not isinstance(plan, dict):
-        out.print("\n[bold]batch composition[/]  no plan: give --plan and --samples to name batches and samples")
-        return
-    if plan.get("static") is None:
-        out.print(f"\n[bold]batch composition[/]  not checked ({escape(str(plan.get('note', '')))})")
-        return
-    retention = ", ".join(f"{x:.0%}" for x in plan.get("pair_retention") or [])
-    words = plan_words(plan)
-    verdict = f"[red]{escape(words)}[/]" if words else "varies across epochs"
-    out.print(f"\n[bold]batch composition[/]  {verdict}; pair retention per epoch pair: {retention}")
-    for failure in plan.get("failures") or []:
-        out.print(f"  - {escape(str(failure))}")
-    for note in plan.get("notes") or []:
-        out.print(f"  note: {escape(str(note))}")
-
-
-def _forgetting(out: Console, forgetting: Any) -> None:
-    if not isinstance(forgetting, dict):
-        return
-    sentence = forgetting.get("verdict") or (forgetting.get("evidence") or [None])[0]
-    if sentence:
-        out.print(f"\n[bold]forgetting[/]  {escape(str(sentence))}")
+    fn = card_function(kind.summary)
+    heading, lines = fn(findings.get(kind.section))
+    if lines:
+        out.print(f"\n[bold]{escape(heading)}[/]  {escape(lines[0])}")
+        for line in lines[1:]:
+            out.print(f"  {escape(line)}")
 
 
 def _next_steps(findings: dict[str, Any]) -> list[str]:
     steps: list[str] = [str(c["next_step"]) for c in findings.get("causes") or [] if c.get("next_step")]
-    for key in ("oscillation", "plan", "forgetting"):
-        section = findings.get(key)
+    for kind in run_level_kinds():
+        section = findings.get(kind.section)
         if isinstance(section, dict) and section.get("next_step"):
             steps.append(section["next_step"])
     return list(dict.fromkeys(steps))[:4]

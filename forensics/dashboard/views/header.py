@@ -68,6 +68,11 @@ def render(run: LiveRun, interval_s: float, paused: bool) -> None:
                     + "\n".join(f"- {md(x)}" for x in lines[:50]))
     elif run.started:
         st.markdown(f"**{label}:** no spike found ({md(run.findings_source)}).")
+    if run.new_causes:
+        new = [f"{clock(n.found_at)} · {n.cause.get('kind')} cause, steps {steps_text(n.cause.get('steps') or [], 6)}"
+               f" ({n.cause.get('severity')}): {n.cause.get('summary')}" for n in reversed(run.new_causes)]
+        st.markdown(f"**New causes** ({len(new)}, found while watching):\n\n"
+                    + "\n".join(f"- {md(x)}" for x in new[:50]))
     if run.new_findings:
         new = [f"{clock(n.found_at)} · {spike_line(n.finding)}" for n in reversed(run.new_findings)]
         st.markdown(f"**New findings** ({len(new)}, found while watching):\n\n"

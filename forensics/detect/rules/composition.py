@@ -54,7 +54,7 @@ class CompositionRule(Rule):
     def __init__(self) -> None:
         pass
 
-    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
         gate = run.sections.get("plan")
         if not isinstance(gate, dict) or not gate.get("static"):

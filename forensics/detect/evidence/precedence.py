@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forensics.detect.base import MAD_TO_SD
-from forensics.detect.recurrence import SpikeLike, spike_span
+from forensics.detect.findings import SpikeLike, spike_span
 from forensics.schema import STEP, grad_norm_column, lr_column, metric_columns, tokens_per_s_column
+from forensics.stats import MAD_TO_SD
 
 
 class _Series:

@@ -1,4 +1,5 @@
-"""Loading the spike rule's compiled kernel on a thread, while the dashboard reads the log it opens.
+"""Loading the spike rule's compiled kernel on a thread while the dashboard reads the log it opens (a preload of
+numba's machine code, not the learning-rate warm-up the findings speak of).
 
 numba's first use in a process costs a few tenths of a second before any row is judged (its import, its CPU target
 and LLVM, then the cached kernel itself). Much of it is spent in C (LLVM, the dynamic loader, reading the cache) and
@@ -22,7 +23,7 @@ def _load() -> None:
     try:
         import pandas as pd
 
-        from forensics.detect.spikes import SpikeDetector
+        from forensics.detect.spikes.detector import SpikeDetector
 
         steps = np.arange(64, dtype=np.int64)
         rows = pd.DataFrame({"step": steps, "loss": 1.0 + 0.01 * np.sin(steps)})
@@ -33,10 +34,10 @@ def _load() -> None:
         pass
 
 
-def warm_kernel() -> threading.Thread:
+def preload_kernel() -> threading.Thread:
     """Start loading the kernel on a daemon thread (once per process); returns that thread."""
     global _STARTED
     if _STARTED is None:
-        _STARTED = threading.Thread(target=_load, name="forensics-kernel-warmup", daemon=True)
+        _STARTED = threading.Thread(target=_load, name="forensics-kernel-preload", daemon=True)
         _STARTED.start()
     return _STARTED

@@ -7,7 +7,8 @@
   causes with ``steps: []``: a periodic swing (``oscillation``) and, when no batch cause already explains the
   spikes through it, a static batch composition (``plan``).
 
-Each cause is ``{id, kind, steps, metrics, suspect_samples, severity, confidence, summary, next_step}``; every spike
+Each cause is ``{id, key, kind, steps, metrics, suspect_samples, severity, confidence, summary, next_step}`` (``key``:
+:func:`cause_key`, stable across audits and the live loop); every spike
 carries the ``cause`` id it belongs to; causes are ranked by severity, then confidence.
 """
 
@@ -16,8 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from forensics.detect.base import Rule, RunTables
-from forensics.detect.composition import plan_fix_words, plan_words
 from forensics.detect.findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding
+from forensics.detect.params import fraction
+from forensics.detect.rules.composition import plan_fix_words, plan_words
 
 #: Events whose suspect samples overlap this much (Jaccard) are the same batch.
 SAME_SAMPLES = 0.5
@@ -31,6 +33,17 @@ def _steps_text(steps: list[int], limit: int = 6) -> str:
     shown = [str(s) for s in steps[:limit]]
     text = ", ".join(shown[:-1]) + (" and " if len(shown) > 1 else "") + shown[-1] if shown else ""
     return text + (f" (+{len(steps) - limit} more)" if len(steps) > limit else "")
+
+
+def cause_key(kind: str, steps: list[int], samples: list[int]) -> str:
+    """A cause's stable identity: its kind, its first step and its first event's suspect samples (sorted, so that
+    re-ranking them keeps the key; the first event's, so that the cause keeps its key as later events join it).
+    ``watch`` alerts once per key; a later audit or the live loop gives the same cause the same key."""
+    import hashlib
+
+    ids = sorted({int(s) for s in samples})
+    digest = hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:10] if ids else "-"
+    return f"{kind}:{steps[0] if steps else '-'}:{digest}"
 
 
 class _Union:
@@ -55,12 +68,14 @@ class CauseRule(Rule):
     """
 
     name = "causes"
+    explains = True
     section_name = "causes"
+    parameter_constraints = {"same_samples": fraction()}
 
     def __init__(self, same_samples: float = SAME_SAMPLES) -> None:
         self.same_samples = same_samples
 
-    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
         found = list(found or [])
         causes: list[dict[str, Any]] = []
@@ -110,6 +125,7 @@ class CauseRule(Rule):
                                    c["steps"][:1]))
         for i, c in enumerate(causes, 1):
             c["id"] = f"C{i}"
+            c["key"] = cause_key(c["kind"], c["steps"], c.pop("_key_samples", []))
             for f in c.pop("_members", []):
                 f.tags["cause"] = c["id"]
             c.pop("recurs", None)
@@ -213,6 +229,7 @@ class CauseRule(Rule):
             summary = summary.rstrip(".") + (f"; {lead_words[0].split(':')[0]}" if lead_words else
                                              "; the grad norm rose before it") + " (an optimizer-led event)."
         return {"kind": kind, "steps": steps, "metrics": metrics, "suspect_samples": suspects,
+                "_key_samples": list(group[0][0].suspect_samples),
                 "severity": severity if severity != INFO else WARNING, "confidence": confidence,
                 "summary": summary, "next_step": next_step, "recurs": recurs, "_members": members,
                 "events": firsts, "details": {"recurs": recurs, "near_duplicates": kind == "batch" and dup,

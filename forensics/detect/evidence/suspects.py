@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from forensics.detect.base import MAD_TO_SD
 from forensics.detect.findings import Finding
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, SOURCE, STEP, TEXT
+from forensics.stats import MAD_TO_SD
 
 #: Robust SDs from which a length is called unusual in a reason.
 LENGTH_REASON_Z = 2.0

@@ -37,12 +37,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
+from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
+from forensics.detect.params import at_least, positive
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
-from forensics.stats import rolling_median, steps_since_seen, t_ppf, t_sf
+from forensics.stats import MAD_TO_SD, rolling_median, steps_since_seen, t_ppf, t_sf
 
 if TYPE_CHECKING:
     from scipy import sparse
@@ -307,6 +308,8 @@ class ForgettingRule(Rule):
     """
 
     name = "forgetting"
+    parameter_constraints = {"tau": positive(), "window": positive("int"), "exclude_after": at_least(0, "int"),
+                             "outlier_sd": positive(), "min_steps": positive("int")}
     needs_plan = True
     section_name = "forgetting"
 
@@ -318,10 +321,7 @@ class ForgettingRule(Rule):
         self.outlier_sd = outlier_sd
         self.min_steps = min_steps
 
-    def _check(self) -> None:
-        check_positive(self, "tau", "window", "outlier_sd", "min_steps")
-
-    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
         self.warnings_: list[str] = []
         spikes = [f for f in found or [] if f.kind == "spike"]

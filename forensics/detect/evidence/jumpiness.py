@@ -22,12 +22,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from forensics.detect._tags import BUCKET, StepLookup
-from forensics.detect.base import MAD_TO_SD, Detector
 from forensics.detect.findings import INFO, Finding
+from forensics.detect.metric_detector import MetricDetector
+from forensics.detect.tags import BUCKET, StepLookup
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key
-from forensics.stats import detrend, variance_share
+from forensics.stats import MAD_TO_SD, detrend, variance_share
 
 
 def group_offsets(values: np.ndarray, groups: np.ndarray, window: int = 101) -> pd.DataFrame:
@@ -65,7 +65,7 @@ def bucket_variance_share(metrics: pd.DataFrame, tags: pd.DataFrame, metric: str
     return variance_share(values, StepLookup(tags).groups(steps, group), window)
 
 
-class JumpinessDetector(Detector):
+class JumpinessDetector(MetricDetector):
     """The run-level jumpiness summary: one ``jumpiness`` finding with ``bucket_variance_share`` (and
     ``cluster_variance_share``) and the per-bucket offsets.
 

@@ -8,7 +8,7 @@ wherever that batch returns; if it was bad luck of the step, it does not. Two me
 whose sample set has a Jaccard similarity of at least ``min_jaccard`` (default 0.8: the same batch, or most of it)
 with it is a recurrence, with its ``epoch``, ``jaccard``, ``overlap`` (share of the spike's samples present),
 ``value`` (the metric there), ``baseline`` and ``ratio`` = value / baseline. The baseline is the one
-:mod:`forensics.detect.jumpiness` defines: the centred rolling median (``window`` steps) plus the median residual of
+:mod:`forensics.detect.evidence.jumpiness` defines: the centred rolling median (``window`` steps) plus the median residual of
 the step's bucket when tags are given, so a long-sequence batch is compared with long-sequence steps.
 
 **Sample enrichment** (:func:`sample_enrichment`). If spike steps were ordinary steps drawn at random, the number of
@@ -18,42 +18,26 @@ N``. Multiple testing: every sample of the plan could have been enriched, so ``p
 number of samples in the plan (capped at 1) and ``q_value`` is the Benjamini-Hochberg value over the same family.
 A sample in one spike batch only is never significant on its own (``p >= n K_i / N``): enrichment needs spikes that
 share samples. In a static plan every batch-mate of a sample shares its exposures, so enrichment ranks batches, and
-the samples within a batch are told apart by other evidence (:mod:`forensics.detect.suspects`).
+the samples within a batch are told apart by other evidence (:mod:`forensics.detect.evidence.suspects`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from forensics.detect._tags import BUCKET, StepLookup
-from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
-from forensics.detect.findings import Finding
+from forensics.detect.base import Rule, RunTables
+from forensics.detect.findings import Finding, SpikeLike, spike_span
+from forensics.detect.params import fraction, positive
+from forensics.detect.tags import BUCKET, StepLookup
 from forensics.errors import ForensicsError
 from forensics.schema import EPOCH, SAMPLE_ID, STEP, find_loss_key
-from forensics.stats import detrend, hypergeom_sf
+from forensics.stats import MAD_TO_SD, detrend, hypergeom_sf
 
 MIN_JACCARD = 0.8
-
-SpikeLike = Finding | Mapping[str, Any]
-
-
-def spike_span(spike: SpikeLike) -> tuple[int, int, int]:
-    """``(start, end, peak)`` of a spike finding or of a ``{"step", "end_step", "peak_step"}`` dict (labels.json)."""
-    if isinstance(spike, Finding):
-        start, end, peak = spike.step, spike.end_step, spike.peak_step
-    else:
-        if "step" not in spike:
-            raise ForensicsError(f"spike: an item lacks 'step': {dict(list(spike.items())[:4])}")
-        start, end, peak = spike["step"], spike.get("end_step"), spike.get("peak_step")
-    start = int(start)
-    end = int(end) if end is not None else start
-    peak = int(peak) if peak is not None else start
-    return start, end, peak
-
 
 def _check_plan(plan: pd.DataFrame) -> None:
     for col in (STEP, SAMPLE_ID):
@@ -296,6 +280,7 @@ class RecurrenceRule(Rule):
     enriched in spike batches. Parameters: ``min_jaccard`` 0.8 (see :func:`batch_recurrence`), ``top`` 20."""
 
     name = "recurrence"
+    parameter_constraints = {"min_jaccard": fraction(), "top": positive("int")}
     needs_plan = True
     section_name = "recurrence"
 
@@ -303,10 +288,7 @@ class RecurrenceRule(Rule):
         self.min_jaccard = min_jaccard
         self.top = top
 
-    def _check(self) -> None:
-        check_positive(self, "min_jaccard", "top")
-
-    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
         loss_spikes = [f for f in found or [] if f.kind == "spike" and f.metric == run.loss_key]
         if loss_spikes:

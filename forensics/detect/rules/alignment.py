@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from forensics.detect._tags import BUCKET, StepLookup
-from forensics.detect.base import Rule, RunTables, check_positive
+from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import WARNING, Finding
+from forensics.detect.params import fraction, positive
+from forensics.detect.tags import BUCKET, StepLookup
 from forensics.stats import variance_share
 
 
@@ -27,6 +28,7 @@ class AlignmentRule(Rule):
     """
 
     name = "alignment"
+    parameter_constraints = {"max_offset": positive("int"), "min_gain": positive(), "min_share": fraction()}
     needs_plan = True
 
     def __init__(self, max_offset: int = 3, min_gain: float = 1.5, min_share: float = 0.05) -> None:
@@ -34,10 +36,7 @@ class AlignmentRule(Rule):
         self.min_gain = min_gain
         self.min_share = min_share
 
-    def _check(self) -> None:
-        check_positive(self, "max_offset", "min_gain", "min_share")
-
-    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
         self.warnings_: list[str] = []
         if run.tags is None or BUCKET not in run.tags.columns or run.steps_known:

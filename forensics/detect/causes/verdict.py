@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forensics.detect.composition import plan_words
+from forensics.detect.rules.composition import plan_words
 
 
 def _share(value: Any) -> str:

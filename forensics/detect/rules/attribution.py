@@ -9,13 +9,13 @@ writes it onto a copy of the finding:
    tail ``P(X >= k | n, q)``; the buckets (clusters) present in the spike's batch are ranked by that p-value, then
    by their share of the batch. Evidence reads "bucket 5 (3296, 8192]: 8% of steps but 4 of 4 spikes (p = 4e-05);
    all 3 samples of this batch".
-2. **Samples**, most suspect first: samples over-represented in spike batches (:func:`~forensics.detect.recurrence.
+2. **Samples**, most suspect first: samples over-represented in spike batches (:func:`~forensics.detect.rules.recurrence.
    sample_enrichment`, in two spike batches or more, lowest p-value first), then the first-cut ranking of
-   :mod:`forensics.detect.suspects` (recurrence, then length/cluster outlyingness and near-duplicates).
-3. **Recurrence**: where the same batch came back and what the loss did there (:func:`~forensics.detect.recurrence.
+   :mod:`forensics.detect.evidence.suspects` (recurrence, then length/cluster outlyingness and near-duplicates).
+3. **Recurrence**: where the same batch came back and what the loss did there (:func:`~forensics.detect.rules.recurrence.
    batch_recurrence`), written to the finding's flat ``recurrence`` list (``epoch``, ``step``, ``value``,
    ``baseline``, ``ratio``, ``overlap``, ``jaccard``, ``is_spike``) that the report draws.
-4. **Precedence**: grad norm before/with/after the loss, lr and tokens/s (:mod:`forensics.detect.precedence`).
+4. **Precedence**: grad norm before/with/after the loss, lr and tokens/s (:mod:`forensics.detect.evidence.precedence`).
 5. **Next step** in words: which step to replay from which checkpoint (grad-norm-led events: the steps from where
    the grad norm started to grow), which samples to inspect, and the plan fix when the batches are static (the gate
    says so, or the spike batch recurs in several epochs), with the what-if throughput when given.
@@ -34,13 +34,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forensics.detect._tags import BUCKET, BUCKET_RANGE, CLUSTER_NAME, attach_tags
-from forensics.detect.base import Rule, RunTables, check_positive
-from forensics.detect.composition import plan_fix_words, plan_words
-from forensics.detect.findings import Finding
-from forensics.detect.precedence import precedence
-from forensics.detect.recurrence import MIN_JACCARD, batch_recurrence, sample_enrichment, spike_span
-from forensics.detect.suspects import rank_all
+from forensics.detect.base import Rule, RunTables
+from forensics.detect.evidence.precedence import precedence
+from forensics.detect.evidence.suspects import rank_all
+from forensics.detect.findings import Finding, spike_span
+from forensics.detect.params import fraction, positive
+from forensics.detect.rules.composition import plan_fix_words, plan_words
+from forensics.detect.rules.recurrence import MIN_JACCARD, batch_recurrence, sample_enrichment
+from forensics.detect.tags import BUCKET, BUCKET_RANGE, CLUSTER_NAME, attach_tags
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
 from forensics.stats import binom_sf
@@ -361,6 +362,10 @@ class AttributionRule(Rule):
     """
 
     name = "attribution"
+    explains = True
+    parameter_constraints = {"top": positive("int"), "min_jaccard": fraction(),
+                             "checkpoint_every": positive("int", none=True), "precedence_factor": positive(),
+                             "precedence_z": positive()}
     replaces = "spike"
 
     def __init__(self, top: int = 20, min_jaccard: float = MIN_JACCARD, checkpoint_every: int | None = None,
@@ -371,10 +376,7 @@ class AttributionRule(Rule):
         self.precedence_factor = precedence_factor
         self.precedence_z = precedence_z
 
-    def _check(self) -> None:
-        check_positive(self, "top", "min_jaccard", "precedence_factor", "precedence_z")
-
-    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
         spikes = [f for f in found or [] if f.kind == "spike"]
         if not spikes:

@@ -2,7 +2,7 @@
 
 A plan whose batches each come from one length bucket makes the loss jump between bucket levels. When the batch
 order is random that jumpiness is white noise around the trend: harmless, measured by ``bucket_variance_share``
-(:mod:`forensics.detect.jumpiness`) and not an oscillation. When a sampler cycles through the buckets (or content
+(:mod:`forensics.detect.evidence.jumpiness`) and not an oscillation. When a sampler cycles through the buckets (or content
 clusters) in a fixed order the same levels come back every ``P`` steps and the loss *swings* with period ``P``: that
 is an oscillation, and so is a periodic swing with any other cause (a data-loader shard cycle, an lr schedule with
 restarts).
@@ -39,7 +39,7 @@ How it is measured:
    least one half): the buckets come in a cycle and their levels are the swing. The cluster is tested the same way
    (when both pass, the one that explains more wins); else null (a periodic cause that is not the batch mix).
 
-``bucket_variance_share`` and ``cluster_variance_share`` come from :func:`forensics.detect.jumpiness.
+``bucket_variance_share`` and ``cluster_variance_share`` come from :func:`forensics.detect.evidence.jumpiness.
 bucket_variance_share` (null without tags, or with fewer than two groups).
 """
 
@@ -51,13 +51,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forensics.detect._tags import BUCKET, StepLookup
-from forensics.detect.base import MAD_TO_SD, Rule, RunTables, check_positive
+from forensics.detect.base import Rule, RunTables
+from forensics.detect.evidence.jumpiness import bucket_variance_share
 from forensics.detect.findings import CRITICAL, Finding
-from forensics.detect.jumpiness import bucket_variance_share
+from forensics.detect.params import Param, fraction, positive
+from forensics.detect.tags import BUCKET, StepLookup
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key
-from forensics.stats import rolling_median
+from forensics.stats import MAD_TO_SD, rolling_median
 
 #: Share of the period-P profile that removing a group's offsets must remove to call the swing that group's.
 ALIGN_EXPLAINED = 0.5
@@ -458,6 +459,9 @@ class OscillationRule(Rule):
     """
 
     name = "oscillation"
+    parameter_constraints = {"window": positive("int", none=True), "min_period": positive("int"),
+                             "max_period": positive("int", none=True), "alpha": Param(low=0, low_open=True, high=1),
+                             "min_strength": fraction(), "min_cycles": positive()}
     section_name = "oscillation"
 
     def __init__(self, window: int | None = None, min_period: int = 2, max_period: int | None = None,
@@ -469,10 +473,7 @@ class OscillationRule(Rule):
         self.min_strength = min_strength
         self.min_cycles = min_cycles
 
-    def _check(self) -> None:
-        check_positive(self, "min_period", "alpha", "min_strength", "min_cycles")
-
-    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
         osc = detect_oscillation(run.metrics, run.tags, run.loss_key, window=self.window, min_period=self.min_period,
                                  max_period=self.max_period, alpha=self.alpha, min_strength=self.min_strength,

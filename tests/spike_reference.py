@@ -2,13 +2,13 @@
 
 The rule is documented once, in :mod:`forensics.detect.spikes`; this module states it again only as code. It is
 slow (a Python loop with sorted copies of every window) and exists for one purpose: a property test checks that
-:mod:`forensics.detect._kernel` gives the same verdict on every row and the same events on random series, with
+:mod:`forensics.detect.spikes.kernel` gives the same verdict on every row and the same events on random series, with
 and without buckets, under any chunking. Change the rule here first, then in the kernel, and let the test agree.
 The tail fit's numerics (the generalized Pareto's trimmed moments, its quantile, the bisection for its shape) are
 the kernel's own functions, called from here: they are formulas, not the rule, and one copy of them is enough.
 
 ``reference_events(steps, values, buckets, params)`` returns ``(events, statuses, baselines, scores)``; each event
-is a dict with the fields of :data:`forensics.detect._kernel.EVENT` that the detector reads.
+is a dict with the fields of :data:`forensics.detect.spikes.kernel.EVENT` that the detector reads.
 """
 
 from __future__ import annotations
@@ -19,25 +19,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from forensics.detect._kernel import (
+from forensics.detect.spikes.kernel_state import (
     ACCEPTED,
-    CENSOR_P,
-    CENSORED,
     EV_SHIFT,
     EV_SPIKE,
     EXPECTED,
-    FALLBACK_RATIO,
     FLAGGED,
-    JOINT_MAX_P,
-    MAD_TO_SD,
     NEW_BUCKET,
     NONFINITE,
-    TRIM,
     WARMUP,
 )
-from forensics.detect._kernel import _fitted_shape as fitted_shape
-from forensics.detect._kernel import _gpd_quantile as gpd_quantile
-from forensics.detect._kernel import _partial_moments as partial_moments
+from forensics.detect.spikes.kernel_tail import CENSOR_P, CENSORED, FALLBACK_RATIO, JOINT_MAX_P, TRIM
+from forensics.detect.spikes.kernel_tail import _fitted_shape as fitted_shape
+from forensics.detect.spikes.kernel_tail import _gpd_quantile as gpd_quantile
+from forensics.detect.spikes.kernel_tail import _partial_moments as partial_moments
+from forensics.stats import MAD_TO_SD
 
 EVENT_FIELDS = ("kind", "start", "end", "peak", "recovery", "n_rows", "bucket", "is_open", "n_post",
                 "x", "base", "z", "scale", "offset", "post", "new_level")
@@ -51,7 +47,7 @@ def median(values: Sequence[float]) -> float:
 
 
 class ReferenceSpikeRule:
-    """One metric's rule state; ``params`` is a dict with the fields of :data:`forensics.detect._kernel.PARAMS`."""
+    """One metric's rule state; ``params`` is a dict with the fields of :data:`forensics.detect.spikes.kernel.PARAMS`."""
 
     def __init__(self, params: dict, tail_window: int = 1):
         self.p = params

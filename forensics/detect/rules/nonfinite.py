@@ -14,10 +14,11 @@ import math
 import numpy as np
 import pandas as pd
 
-from forensics.detect.base import Detector, Rule, RunTables
+from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import CRITICAL, INFO, Finding
+from forensics.detect.metric_detector import MetricDetector
 from forensics.errors import ForensicsError
-from forensics.schema import STEP, find_loss_key, is_training_quantity, metric_columns
+from forensics.schema import STEP, find_loss_key, is_training_quantity, metric_columns, written
 
 
 def nonfinite_findings(steps: np.ndarray, values: np.ndarray, metric: str) -> list[Finding]:
@@ -37,7 +38,7 @@ def nonfinite_findings(steps: np.ndarray, values: np.ndarray, metric: str) -> li
     return out
 
 
-class NonfiniteDetector(Detector):
+class NonfiniteDetector(MetricDetector):
     """Reports every NaN/inf value of one metric.
 
     Parameters
@@ -82,17 +83,37 @@ class NonfiniteRule(Rule):
     def __init__(self) -> None:
         pass
 
-    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:  # type: ignore[override]
+    def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
+        state = self.online(run)
+        return state.update(run.metrics) + state.finish()
+
+    def online(self, run: RunTables) -> LiveNonfinite:
+        return LiveNonfinite(run)
+
+
+class LiveNonfinite:
+    """NaN/inf of the context metrics as rows arrive (a metric first logged later is watched from then on)."""
+
+    def __init__(self, run: RunTables) -> None:
+        self.run = run
+        self.detectors: dict[str, NonfiniteDetector] = {}
+
+    def update(self, rows: pd.DataFrame) -> list[Finding]:
         out: list[Finding] = []
-        for col in metric_columns(run.metrics):
+        run = self.run
+        for col in metric_columns(rows):
             if col in run.analysed:
                 continue
-            items = NonfiniteDetector(col).detect(run.written_rows(col))
+            det = self.detectors.setdefault(col, NonfiniteDetector(col))
+            items = det.update(rows.loc[written(rows, col), [STEP, col]])
             if not is_training_quantity(col, run.loss_key, run.grad_norm_key):
                 for f in items:
                     f.severity = INFO
                     f.next_step = None
                     f.evidence.append(f"'{col}' is a context metric (not a loss or a norm): recorded, not a fault.")
             out += items
-        return out
+        return sorted(out, key=lambda f: (f.step, f.metric or ""))
+
+    def finish(self) -> list[Finding]:
+        return []

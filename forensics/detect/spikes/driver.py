@@ -1,0 +1,259 @@
+"""The spike rule over a run's analysed metrics: the one loop the audit, the live loop and ``watch`` share.
+
+What it adds to one :class:`~forensics.detect.spikes.detector.SpikeDetector` per metric:
+
+- **grad norm first**: the grad norm is judged before the other metrics of each chunk, and the steps it flagged
+  are their joint evidence ("Joint evidence" in :mod:`forensics.detect.spikes`);
+- **confidence** (``details.confidence``, 0-1, and ``details.joint``): a spike's margin past its thresholds, raised
+  when the loss and the grad norm moved together (:func:`joint_confidence`);
+- **logging windows**: a value logged every ``logging_steps`` steps is the mean over them (HF's ``loss``), so its
+  spike covers the steps of its window (``details.window_steps``);
+- the tags of each finding's step (bucket, cluster, epoch) and the bucket range of each ``expected_for_bucket``.
+
+Online and offline agree finding by finding: a spike's confidence depends on the other metric's spikes near it, so
+:meth:`SpikeDriver.update` holds a spike back until every event that could change it is final
+(:meth:`SpikeDetector.unsettled_from`), and :meth:`SpikeDriver.finish` releases what is still held as if the run
+ended now. This module is the only place that builds detectors for a run.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from forensics.detect.findings import Finding
+from forensics.detect.spikes.detector import JOINT_LEAD, SpikeDetector
+from forensics.detect.tags import BUCKET, BUCKET_RANGE, attach_tags
+from forensics.plan.buckets import bucket_range
+from forensics.schema import DEFAULT_BOUNDARIES, STEP, grad_norm_column, written
+
+#: Below this many written values a metric's first ``min_periods`` (history, not judged) weigh heavily: say so.
+SHORT_RUN = 100
+
+
+def joint_order(names: Sequence[str | None], support_metric: str | None) -> list[str | None]:
+    """The supporting metric first (its flagged steps support the others' rows), the rest in the order given."""
+    return sorted(names, key=lambda n: n != support_metric) if support_metric in names else list(names)
+
+
+class SpikeDriver:
+    """Spikes, level shifts and NaN/inf of several metrics of one run, judged together (module docstring).
+
+    Parameters
+    ----------
+    metrics:
+        The analysed metrics (the loss key first, then the grad norm and any other).
+    grad_norm_key:
+        The grad-norm metric among them (judged first; its spikes and the others' agree or not); ignored when it
+        is not among ``metrics`` or is the only one.
+    params:
+        :class:`SpikeDetector` parameters (run.toml ``[detect.spikes]``).
+    logging_steps:
+        Steps each logged value covers (1: one step each).
+    boundaries:
+        The bucket boundaries, for the ``bucket_range`` of the findings.
+    """
+
+    def __init__(self, metrics: Sequence[str], grad_norm_key: str | None = None,
+                 params: Mapping[str, Any] | None = None, logging_steps: int = 1,
+                 boundaries: Sequence[int] | None = None) -> None:
+        self.metrics = list(dict.fromkeys(metrics))
+        self.grad_norm_key = grad_norm_key if grad_norm_key in self.metrics and len(self.metrics) > 1 else None
+        self.params = dict(params or {})
+        self.logging_steps = max(1, int(logging_steps or 1))
+        self.boundaries = list(boundaries) if boundaries is not None else list(DEFAULT_BOUNDARIES)
+        self.reset()
+
+    def reset(self) -> None:
+        self.detectors_ = {m: SpikeDetector(m, **self.params) for m in joint_order(self.metrics, self.grad_norm_key)}
+        for det in self.detectors_.values():
+            det.reset()
+        self.held_: list[Finding] = []  # spikes whose confidence waits on another metric's events
+        self.spans_: list[tuple[str, int, int]] = []  # (metric, step, end_step) of every spike reported so far
+        self.tags_: pd.DataFrame | None = None
+
+    # --- the protocol -----------------------------------------------------------------------------------------------
+    def update(self, rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
+        """Feed the next metrics rows (any columns; each metric judged where it was written); return the findings
+        that became final with them."""
+        if tags is not None:
+            self.tags_ = tags
+        new: list[Finding] = []
+        support = None
+        for metric, det in self.detectors_.items():
+            part = _written_rows(rows, metric)
+            given = None if self.grad_norm_key is None or metric == self.grad_norm_key else support
+            new += det.update(part, self.tags_, given)
+            if metric == self.grad_norm_key:
+                support = det.flagged_steps_
+        return self._release(new)
+
+    def finish(self) -> list[Finding]:
+        """Every held spike and every open or pending event, as they would be reported if the run ended now."""
+        pending = copy.deepcopy(self.held_)
+        for det in self.detectors_.values():
+            pending += det.finish()
+        spans = self.spans_ + [(str(f.metric), *_span(f)) for f in pending if f.kind == "spike"]
+        out = [self._finalise(f, spans) for f in pending]
+        return _sorted(out)
+
+    def detect(self, metrics: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
+        """A whole run: ``reset``, one ``update``, ``finish``."""
+        self.reset()
+        return _sorted(self.update(metrics, tags) + self.finish())
+
+    def warnings(self) -> list[str]:
+        """What the user should know about how the metrics were judged (short series)."""
+        out = []
+        for metric, det in self.detectors_.items():
+            n = int(getattr(det, "n_rows_", 0))
+            if n and n < SHORT_RUN:
+                out.append(f"'{metric}' has only {n} values: the first {min(det.min_periods, n)} (the causal "
+                           "detector's history) were judged two-sided, against the span itself (details.judged_by "
+                           "of each finding says which rule judged it)")
+        return out
+
+    # --- holding and releasing --------------------------------------------------------------------------------------
+    def _release(self, new: list[Finding]) -> list[Finding]:
+        out = []
+        for f in new:
+            if f.kind == "spike":
+                self.spans_.append((str(f.metric), *_span(f)))
+                self.held_.append(f)
+            else:
+                out.append(self._finalise(f, None))
+        keep = []
+        for f in self.held_:
+            if self._settled(f):
+                out.append(self._finalise(f, self.spans_))
+            else:
+                keep.append(f)
+        self.held_ = keep
+        return _sorted(out)
+
+    def _settled(self, f: Finding) -> bool:
+        """Whether every spike that could change ``f``'s confidence has been reported."""
+        grad = self.grad_norm_key
+        if grad is None:
+            return True
+        start, end = _span(f)
+        if f.metric == grad:  # the loss may answer up to JOINT_LEAD steps after the grad norm's spike ends
+            return all(det.unsettled_from() > end + JOINT_LEAD for m, det in self.detectors_.items() if m != grad)
+        return self.detectors_[grad].unsettled_from() > end
+
+    def _finalise(self, f: Finding, spans: list[tuple[str, int, int]] | None) -> Finding:
+        if f.kind != "expected_for_bucket":
+            attach_tags([f], self.tags_, self.boundaries)
+        else:
+            b = f.tags.get(BUCKET)
+            if b is not None and 0 <= b < len(self.boundaries) - 1:
+                f.tags[BUCKET_RANGE] = bucket_range(b, self.boundaries)
+        if f.kind == "spike":
+            confidence, joint = joint_confidence(f, spans or [], self.grad_norm_key)
+            f.details["confidence"] = confidence
+            if joint is not None:
+                f.details["joint"] = joint
+            if self.logging_steps > 1:
+                cover_window(f, self.logging_steps)
+        return f
+
+
+def _written_rows(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
+    if metric not in rows.columns:
+        return pd.DataFrame({STEP: np.array([], np.int64), metric: np.array([], np.float64)})
+    return rows.loc[written(rows, metric), [STEP, metric]]
+
+
+def _span(f: Finding) -> tuple[int, int]:
+    return int(f.step), int(f.end_step if f.end_step is not None else f.step)
+
+
+def _sorted(found: list[Finding]) -> list[Finding]:
+    return sorted(found, key=lambda f: (f.step, f.metric or "", f.kind))
+
+
+def alone_confidence(f: Finding) -> float:
+    """How far past both thresholds a spike is: 0.5 at the thresholds, towards 1 as the margin grows."""
+    th = f.details.get("thresholds", {})
+    margins = []
+    if f.score is not None and th.get("z"):
+        margins.append(f.score / th["z"])
+    ratio = f.details.get("ratio")
+    if ratio is not None and np.isfinite(ratio) and th.get("ratio", 1.0) > 1.0:
+        margins.append((ratio - 1.0) / (th["ratio"] - 1.0))
+    margin = min(margins) if margins else 1.0
+    return float(1.0 - 0.5 / max(margin, 1.0))
+
+
+def joint_confidence(f: Finding, spans: Sequence[tuple[str, int, int]],
+                     grad: str | None) -> tuple[float, str | None]:
+    """A spike's confidence and how the loss and the grad norm agreed at it.
+
+    ``spans``: ``(metric, step, end_step)`` of the run's spikes. ``joint``: ``led`` (the grad norm spiked up to
+    ``JOINT_LEAD`` steps before this loss spike), ``accompanied`` (during it), ``loss_response`` (a grad-norm spike the
+    loss answered within ``JOINT_LEAD`` steps of its end), ``none``; None without a grad norm beside another metric.
+    Agreement raises the confidence: the chance that both moved by noise is far smaller.
+    """
+    c = alone_confidence(f)
+    if grad is None:
+        return round(c, 3), None
+    start, end = _span(f)
+    if f.metric != grad:
+        near = [s for m, s, _ in spans if m == grad and start - JOINT_LEAD <= s <= end]
+        joint = ("led" if min(near) < start else "accompanied") if near else "none"
+    else:
+        answered = any(m != grad and start <= s <= end + JOINT_LEAD for m, s, _ in spans)
+        joint = "loss_response" if answered else "none"
+    if joint != "none":
+        c = 1.0 - 0.4 * (1.0 - c)
+    return round(c, 3), joint
+
+
+def add_confidence(findings: Sequence[Finding], grad_metric: str | None = None) -> None:
+    """Set ``details["confidence"]`` and ``details["joint"]`` on every spike of a whole run (:func:`joint_confidence`;
+    the grad-norm metric is found by its name among the spikes' metrics unless given)."""
+    spikes = [f for f in findings if f.kind == "spike"]
+    metrics = sorted({str(f.metric) for f in spikes if f.metric})
+    grad = grad_metric or grad_norm_column(metrics)
+    if grad is not None and not set(metrics) - {grad}:
+        grad = None
+    spans = [(str(f.metric), *_span(f)) for f in spikes]
+    for f in spikes:
+        f.details["confidence"], joint = joint_confidence(f, spans, grad)
+        if joint is not None:
+            f.details["joint"] = joint
+
+
+def cover_window(f: Finding, every: int) -> None:
+    """A value logged every ``every`` steps is the mean over them (HF's ``loss`` over ``logging_steps``): the spike
+    is located to the window its logged steps cover, so its batch evidence is the union of their batches."""
+    logged = (int(f.step), int(f.end_step if f.end_step is not None else f.step))
+    f.step = max(0, logged[0] - every + 1)
+    f.details["window_steps"] = [f.step, logged[1]]
+    f.evidence.append(f"Each logged {f.metric} value is the mean over {every} steps (logging_steps = {every}): the "
+                      f"value at step {logged[0]} covers steps {f.step}-{logged[0]}, and its batch evidence is the "
+                      f"union of those steps' batches.")
+
+
+def detect_spikes(metrics: pd.DataFrame, metric: str | Sequence[str] | None = None,
+                  tags: pd.DataFrame | None = None, boundaries: Sequence[int] | None = None,
+                  grad_norm_key: str | None = "auto", logging_steps: int = 1, **params: Any) -> list[Finding]:
+    """Spikes, level shifts, non-finite steps and bucket summaries of one or several metrics of a whole run.
+
+    ``metric``: a column, a list of columns, or ``None`` for the loss key. ``tags``: the tags table (judging each
+    step against its bucket and copying bucket, bucket_range, cluster, cluster_name and epoch onto the findings).
+    ``grad_norm_key``: the metric whose flagged steps support the others' (``"auto"``: the grad norm among several
+    metrics, by its name; None: each judged alone). ``params`` go to :class:`SpikeDetector`.
+    """
+    from forensics.schema import find_loss_key
+
+    names = [metric] if metric is None or isinstance(metric, str) else list(metric)
+    names = [find_loss_key(metrics.columns) if n is None else n for n in names]
+    if grad_norm_key == "auto":
+        grad_norm_key = grad_norm_column([str(m) for m in names]) if len(names) > 1 else None
+    driver = SpikeDriver(names, grad_norm_key, params=params, logging_steps=logging_steps, boundaries=boundaries)
+    return driver.detect(metrics, tags)

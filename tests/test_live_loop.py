@@ -1,0 +1,125 @@
+"""The live loop tells the audit's story: the same rows fed in random chunks to ``forensics.live.LiveRun`` give the
+audit's findings and causes field by field (confidence, logging windows and cause keys included), and each cause is
+announced once, by its key, the first time it appears."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from forensics.audit import run_audit
+from forensics.live import LiveRun, resolve_target
+from forensics.schema import open_case
+
+
+def _lines_case(dst: Path, lines: list[str], toml: str, extra: Path | None = None) -> Path:
+    """A case folder whose metrics source is ``metrics.jsonl`` (written later, chunk by chunk)."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    if extra is not None:
+        for name in ("plan.parquet", "samples.parquet"):
+            shutil.copy(extra / name, dst / name)
+    (dst / "run.toml").write_text(toml)
+    (dst / "metrics.jsonl").write_text("".join(lines))
+    return dst
+
+
+def _windowed_run_lines(n: int = 900, seed: int = 3) -> list[str]:
+    """A metrics-only run logged every 4 steps (HF-style windows): loss and grad norm, a grad-led spike, a joint
+    one, a loss spike alone, a grad-norm spike the loss ignores, a level shift and a NaN."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(3, 4 * n, 4)
+    loss = 2.0 + 1.5 * np.exp(-steps / 600) + 0.02 * rng.standard_normal(n)
+    grad = 1.0 + 0.05 * rng.standard_normal(n)
+    grad[201:203] *= [4, 8]
+    loss[203] *= 2.2  # the grad norm led
+    loss[400] *= 1.9
+    grad[400] *= 5  # together
+    loss[520] *= 2.5  # alone
+    grad[610] *= 8  # the loss never followed
+    loss[700:] += 1.2  # a level shift
+    loss[810] = np.nan
+    return [json.dumps({"step": int(s), "loss": float(v), "grad_norm": float(g)}) + "\n"
+            for s, v, g in zip(steps, loss, grad)]
+
+
+def _comparable(findings: dict) -> dict:
+    """What must agree: every finding and every cause, as findings.json writes them."""
+    return {"findings": sorted(findings["findings"], key=lambda f: json.dumps(f, sort_keys=True)),
+            "spikes": findings["spikes"], "nonfinite": findings["nonfinite"], "causes": findings["causes"]}
+
+
+def _live(case: Path, lines: list[str], cuts: list[int], first: int) -> LiveRun:
+    (case / "metrics.jsonl").write_text("".join(lines[:first]))
+    run = LiveRun(resolve_target([str(case)])).start()
+    bounds = [first, *sorted(c for c in cuts if first < c < len(lines)), len(lines)]
+    for a, b in zip(bounds, bounds[1:]):
+        with (case / "metrics.jsonl").open("a") as fh:
+            fh.write("".join(lines[a:b]))
+        run.refresh()
+    return run
+
+
+@pytest.fixture(scope="module")
+def windowed_case(tmp_path_factory) -> tuple[Path, list[str], dict]:
+    lines = _windowed_run_lines()
+    case = _lines_case(tmp_path_factory.mktemp("windowed") / "case", lines,
+                       'metrics = ["metrics.jsonl"]\nlogging_steps = 4\n')
+    return case, lines, run_audit(open_case(case)).findings
+
+
+@pytest.fixture(scope="module")
+def demo_case(demo_small, tmp_path_factory) -> tuple[Path, list[str], dict]:
+    src = demo_small / "static"
+    lines = (src / "metrics.jsonl").read_text().splitlines(keepends=True)
+    toml = (src / "run.toml").read_text().replace('metrics = ["metrics.parquet"]', 'metrics = ["metrics.jsonl"]')
+    case = _lines_case(tmp_path_factory.mktemp("demo-live") / "case", lines, toml, extra=src)
+    return case, lines, run_audit(open_case(case)).findings
+
+
+def test_the_windowed_run_has_what_the_property_compares(windowed_case):
+    """The comparison below is only as strong as the run: joint, windowed spikes and several causes."""
+    _, _, offline = windowed_case
+    spikes = offline["spikes"]
+    assert {s["details"].get("joint") for s in spikes} >= {"led", "accompanied", "none", "loss_response"}
+    assert all(s["details"]["window_steps"] == [s["step"], s["end_step"]]
+               and (s["end_step"] - s["step"] + 1) % 4 == 0 for s in spikes)
+    assert len(offline["causes"]) >= 4 and all(c["key"] for c in offline["causes"])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                    HealthCheck.too_slow])
+@given(cuts=st.lists(st.integers(1, 899), max_size=7, unique=True), first=st.integers(40, 300))
+def test_live_chunks_give_the_audits_findings_and_causes_windows_and_confidence(windowed_case, cuts, first):
+    case, lines, offline = windowed_case
+    run = _live(case, lines, cuts, first)
+    assert _comparable(run.finish()) == _comparable(offline)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(cuts=st.lists(st.integers(300, 3400), max_size=5, unique=True), first=st.integers(200, 250))
+def test_live_chunks_of_a_planned_run_give_the_audits_causes_and_keys(demo_case, cuts, first):
+    case, lines, offline = demo_case
+    run = _live(case, lines, cuts, first)
+    assert _comparable(run.finish()) == _comparable(offline)
+
+
+def test_each_cause_is_announced_once_by_its_key_and_a_return_joins_its_cause(demo_case):
+    """The batch of 254 comes back later in the run: it joins the cause announced at 254 (same key), no new one."""
+    case, lines, offline = demo_case
+    run = _live(case, lines, cuts=[256, 262, 800, 1500, 2500], first=200)
+    keys = [n.key for n in run.new_causes]
+    assert len(keys) == len(set(keys))
+    c254 = next(c for c in offline["causes"] if 254 in c["steps"])
+    assert sum(1 for n in run.new_causes if n.key == c254["key"]) == 1
+    batch = ("batch", "event")
+    assert {c["key"] for c in run.causes if c["kind"] in batch} == {
+        c["key"] for c in offline["causes"] if c["kind"] in batch}

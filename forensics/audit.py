@@ -146,7 +146,7 @@ def run_audit(
                     grad_norm_key=grad_key, tags=tags, plan=plan, samples=samples,
                     boundaries=boundaries, max_len=cfg.max_len, sections=sections,
                     steps_known=all(a.convention != "as logged" for a in report.alignments),
-                    logging_steps=logging_steps(cfg, report))
+                    logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report))
     judged = run_rules(rules, run, stage=stage)
     found = judged.found
     sections.update(judged.sections)
@@ -157,13 +157,20 @@ def run_audit(
 
     sections["run"] = _run_section(case, metrics, loss_key, analysed, plan, tags, boundaries, report)
     sections["run"].update(key_choices_section(*keys))
-    findings = Findings(items=found, sections=sections, warnings=warnings).to_dict()
+    findings = Findings(items=found, sections=sections, warnings=warnings, logged_offset=run.logged_offset).to_dict()
     from forensics.detect.causes.verdict import facts, verdict
 
     findings["verdict"] = verdict(findings, loss_key)
     findings["verdict_facts"] = facts(findings)
     return Audit(findings=findings, metrics=metrics, loss_key=loss_key, case=case, tags=tags, plan=plan,
                  samples=samples, boundaries=boundaries)
+
+
+def logged_offset(report: Any) -> int:
+    """Logged step minus canonical step: the step offset the sources were aligned with (HF's ``global_step``
+    counts from 1: 1), the most common one when sources differ; 0 without sources (DESIGN.md "logged step")."""
+    offsets = [int(a.step_offset) for a in report.alignments]
+    return max(set(offsets), key=offsets.count) if offsets else 0
 
 
 def logging_steps(cfg: RunConfig, report: Any) -> int:
@@ -231,6 +238,7 @@ def _run_section(case: Case, metrics: pd.DataFrame, loss_key: str, analysed: lis
         "world_size": cfg.world_size,
         "rank_split": cfg.rank_split,
         "step_offset": cfg.step_offset or 0,
+        "logged_offset": logged_offset(report),
         "boundaries": list(boundaries) if boundaries else None,
         "boundaries_fitted": bool(plan is not None and cfg.boundaries is None),
         "token_budget": cfg.token_budget,

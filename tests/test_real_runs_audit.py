@@ -80,3 +80,17 @@ def test_values_logged_every_5_steps_cover_their_window(runs, tmp_path, capsys):
         if s["metric"] == key:
             lo, hi = s["details"]["window_steps"]
             assert hi - lo == 4 and s["step"] == lo and any("mean over 5 steps" in e for e in s["evidence"])
+
+
+def test_findings_and_the_summary_give_the_trainers_own_step_beside_the_canonical_one(runs, tmp_path, capsys):
+    """HF counts global_step from 1: every finding carries logged_step = step + 1 and the summary shows both."""
+    run = runs["static"]
+    out = tmp_path / "f.json"
+    assert main(["audit", str(run.out), "--no-html", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    findings = json.loads(out.read_text())
+    assert findings["run"]["logged_offset"] == 1
+    assert findings["findings"] and all(f["logged_step"] == f["step"] + 1 for f in findings["findings"])
+    assert all(c["logged_steps"] == [s + 1 for s in c["steps"]] for c in findings["causes"])
+    first = min(_corrupt_steps(run))
+    assert f"step {first} (logged {first + 1})" in printed

@@ -410,7 +410,7 @@ def test_report_reads_findings_json_as_the_findings_model_writes_it():
     loss[900] = np.nan
     html = build_report(findings, pd.DataFrame({"step": steps, "loss": loss}))
     spike = re.search(r'<article class="card finding spike".*?</article>', html, re.S).group(0)
-    for shown in ("Steps 254–255", "4.8", "0.91", "41.2", "5.27×", "(3296, 8192]", "3 · code", "recovered at",
+    for shown in ("Steps 254-255", "4.8", "0.91", "41.2", "5.27×", "(3296, 8192]", "3 · code", "recovered at",
                   "257", "noise scale", "0.02", "critical"):
         assert shown in spike, shown
     nonfinite = re.search(r'<article class="card finding nonfinite".*?</article>', html, re.S).group(0)

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
-from forensics.report.text import fmt_num, snippet
+from forensics.report.text import fmt_num, snippet, step_span
 
 #: Characters that start Markdown syntax (emphasis, links, code, headings, tables, strike, LaTeX, quotes).
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~>$])")
@@ -36,7 +36,7 @@ def steps_text(steps: Iterable[Any], limit: int = 12) -> str:
 def spike_line(s: dict[str, Any]) -> str:
     """One spike event in a sentence: where, how high, bucket and cluster, suspects (dataset text not escaped)."""
     start, end = int(s["step"]), int(s.get("end_step") if s.get("end_step") is not None else s["step"])
-    span = f"step {start}" if start == end else f"steps {start}-{end}"
+    span = step_span(start, end, int(s.get("logged_step", start)) - start)
     parts = [f"{s.get('kind', 'spike')} at {span}: {s.get('metric', '')} {fmt_num(s.get('value'))} vs baseline "
              f"{fmt_num(s.get('baseline'))}"]
     if s.get("severity"):

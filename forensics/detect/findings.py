@@ -158,6 +158,8 @@ class Findings:
     sections: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     version: int = FINDINGS_VERSION
+    #: Logged step minus canonical step (HF's global_step: 1); each finding then carries its ``logged_step``.
+    logged_offset: int | None = None
 
     def extend(self, findings: Iterable[Finding]) -> Findings:
         self.items.extend(findings)
@@ -184,6 +186,8 @@ class Findings:
         every = []
         for f in sorted(self.items, key=_order):
             d = f.to_dict()
+            if self.logged_offset is not None and isinstance(d.get("step"), int):
+                d["logged_step"] = d["step"] + int(self.logged_offset)
             every.append(d)
             kind = kind_of(f.kind)
             if kind.section and not kind.object_section:

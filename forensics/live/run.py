@@ -151,7 +151,7 @@ class LiveRun:
 
     def _build_rules(self) -> None:
         """The audit's rules over tables that grow: the online states, and the rules that explain findings."""
-        from forensics.audit import logging_steps
+        from forensics.audit import logged_offset, logging_steps
         from forensics.detect.base import RunTables
         from forensics.detect.rules import build_rules
 
@@ -169,7 +169,7 @@ class LiveRun:
                              samples=self.samples, boundaries=self.boundaries, max_len=cfg.max_len,
                              sections=sections,
                              steps_known=all(a.convention != "as logged" for a in report.alignments),
-                             logging_steps=logging_steps(cfg, report))
+                             logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report))
         self.rules = build_rules(cfg.detect, has_plan=bool(self.inputs.plan and self.samples is not None))
         self.online = {r.name: s for r in self.rules if (s := r.online(self.run)) is not None}
 
@@ -238,7 +238,9 @@ class LiveRun:
         for f in sorted(fresh, key=lambda f: (order.get(f.metric, len(order)), f.step)):
             raw_step = (f.details.get("window_steps") or [f.step])[-1] if f.kind == "spike" else f.step
             if last is None or (raw_step > int(last) and (f.metric, f.step) not in known):
-                self.new_findings.append(NewFinding(f.to_dict(), stamp))
+                d = f.to_dict()
+                d["logged_step"] = int(f.step) + self.run.logged_offset
+                self.new_findings.append(NewFinding(d, stamp))
         return bool(fresh)
 
     def _attach_suspects(self, spikes: list[Any]) -> None:
@@ -286,7 +288,8 @@ class LiveRun:
         for key in ("run", "plan", "whatif"):
             if key in self.findings and key not in judged.sections:
                 sections[key] = self.findings[key]
-        out = Findings(items=judged.found, sections=sections, warnings=judged.warnings).to_dict()
+        out = Findings(items=judged.found, sections=sections, warnings=judged.warnings,
+                       logged_offset=self.run.logged_offset).to_dict()
         out["verdict"] = verdict(out, self.loss_key)
         out["verdict_facts"] = facts(out)
         return out

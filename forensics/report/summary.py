@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from forensics.detect.kinds import kind_of, run_level_kinds
 from forensics.report.cards import card_function
-from forensics.report.text import fmt_num
+from forensics.report.text import fmt_num, step_span, steps_list
 from forensics.schema.keys import key_line
 
 MAX_SPIKES_SHOWN = 10
@@ -72,7 +72,8 @@ def render_summary(out: Console, findings: dict[str, Any], written: list[str] | 
 def _cause(out: Console, c: dict[str, Any], findings: dict[str, Any]) -> None:
     colour = {"critical": "red", "warning": "yellow"}.get(str(c.get("severity")), "dim")
     steps = c.get("steps") or []
-    where = f"steps {', '.join(map(str, c.get('events') or steps[:6]))}" if steps else "the whole run"
+    offset = int((findings.get("run") or {}).get("logged_offset") or 0)
+    where = f"steps {steps_list(c.get('events') or steps, offset)}" if steps else "the whole run"
     out.print(f"  [{colour}]{escape(str(c.get('id')))} {escape(str(c.get('kind')))}[/] ({escape(where)}; "
               f"{escape(str(c.get('severity')))}, confidence {float(c.get('confidence') or 0):.2f})")
     out.print(f"    {escape(str(c.get('summary', '')))}")
@@ -106,6 +107,13 @@ def _events(findings: dict[str, Any]) -> list[tuple[dict[str, Any], list[dict[st
     return events
 
 
+def _offset(item: dict[str, Any]) -> int:
+    """Logged step minus canonical step, from a finding's own ``logged_step``."""
+    if isinstance(item.get("logged_step"), int) and isinstance(item.get("step"), int):
+        return int(item["logged_step"]) - int(item["step"])
+    return 0
+
+
 def _ratio(s: dict[str, Any]) -> str:
     if isinstance(s.get("value"), (int, float)) and isinstance(s.get("baseline"), (int, float)) and s["baseline"] > 0:
         return f", {s['value'] / s['baseline']:.1f}x"
@@ -114,7 +122,7 @@ def _ratio(s: dict[str, Any]) -> str:
 
 def _spike(out: Console, s: dict[str, Any], also: list[dict[str, Any]] = (), evidence: int = MAX_EVIDENCE,
            indent: str = "  ") -> None:
-    span = f"step {s['step']}" if s.get("end_step") in (None, s["step"]) else f"steps {s['step']}-{s['end_step']}"
+    span = step_span(s["step"], s.get("end_step"), _offset(s))
     ratio = _ratio(s)
     where = ""
     if s.get("bucket") is not None:

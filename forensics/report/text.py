@@ -12,6 +12,8 @@ import math
 import re
 from typing import Any
 
+from forensics.schema.steps import step_span, steps_list  # noqa: F401 - the report words steps this way
+
 _SPACE = re.compile(r"\s+")
 
 
@@ -62,3 +64,4 @@ def fmt_share(value: Any) -> str:
     if 0 < abs(f) < 0.001:
         return f"{100 * f:.3f}%"
     return f"{100 * f:.1f}%"
+

@@ -126,6 +126,7 @@ class CauseRule(Rule):
         for i, c in enumerate(causes, 1):
             c["id"] = f"C{i}"
             c["key"] = cause_key(c["kind"], c["steps"], c.pop("_key_samples", []))
+            c["logged_steps"] = [int(x) + run.logged_offset for x in c["steps"]]
             for f in c.pop("_members", []):
                 f.tags["cause"] = c["id"]
             c.pop("recurs", None)

@@ -24,7 +24,7 @@ from forensics.report.cards.blocks import (
     slug,
     value_text,
 )
-from forensics.report.text import esc, fmt_num, fmt_share, snippet
+from forensics.report.text import esc, fmt_num, fmt_share, snippet, step_span, steps_list
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,7 +52,7 @@ def spike_card(
     end = int(spike["end_step"]) if spike.get("end_step") is not None else start
     peak = int(spike["peak_step"]) if spike.get("peak_step") is not None else start
     metric = spike.get("metric") or loss_key or "loss"
-    span = f"Step {start}" if end == start else f"Steps {start}–{end}"
+    span = step_span(start, end, int(spike.get("logged_step", start)) - start, word="Step")
     value, baseline = as_float(spike.get("value")), as_float(spike.get("baseline"))
     ratio = f"{value / baseline:.2f}×" if value is not None and baseline not in (None, 0.0) else ""
     where = ""
@@ -264,7 +264,9 @@ def cause_card(
         end = int(lead["end_step"]) if lead.get("end_step") is not None else start
         batch = batch_table(lead, first, start, end, lookup, batches, names) + recurrence_table(lead, str(lead.get("metric")))
     steps = cause.get("events") or cause.get("steps") or []
-    where = f"steps {', '.join(map(str, steps[:8]))}" if steps else "the whole run"
+    logged = cause.get("logged_steps") or []
+    offset = int(logged[0]) - int(cause["steps"][0]) if logged and cause.get("steps") else 0
+    where = f"steps {steps_list(steps, offset, limit=8)}" if steps else "the whole run"
     x0, x1 = (min(cause["steps"]), max(cause["steps"])) if cause.get("steps") else (None, None)
     zoom = (f'<button class="zoom" type="button" data-x0="{x0}" data-x1="{x1}">show on the curves</button>'
             if x0 is not None else "")

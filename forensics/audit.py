@@ -146,7 +146,8 @@ def run_audit(
                     grad_norm_key=grad_key, tags=tags, plan=plan, samples=samples,
                     boundaries=boundaries, max_len=cfg.max_len, sections=sections,
                     steps_known=all(a.convention != "as logged" for a in report.alignments),
-                    logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report))
+                    logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
+                    max_grad_norm=cfg.max_grad_norm, **replay_fields(case, plan is not None))
     judged = run_rules(rules, run, stage=stage)
     found = judged.found
     sections.update(judged.sections)
@@ -164,6 +165,17 @@ def run_audit(
     findings["verdict_facts"] = facts(findings)
     return Audit(findings=findings, metrics=metrics, loss_key=loss_key, case=case, tags=tags, plan=plan,
                  samples=samples, boundaries=boundaries)
+
+
+def replay_fields(case: Case, has_plan: bool) -> dict[str, Any]:
+    """The case folder the printed commands name, and whether a replay can run on it (else what it lacks)."""
+    out: dict[str, Any] = {"case_path": str(case.root) if case.root else None}
+    if has_plan and case.root is not None:
+        from forensics.replay.readiness import replay_readiness
+
+        ready = replay_readiness(case)
+        out.update(replay_ready=ready.ok, replay_missing=ready.words())
+    return out
 
 
 def logged_offset(report: Any) -> int:

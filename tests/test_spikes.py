@@ -46,7 +46,8 @@ def test_story_jumps_at_254_and_258_are_two_spikes_found_within_two_steps():
         assert 0.8 < f.baseline < 1.0  # the decayed level, not the warm-up's
         assert f.details["ratio"] > 4 and f.score > 50
         assert f.details["recovery_step"] == f.step + 1
-        assert f.severity == "critical"
+        # the rule reports evidence (a move beyond the noise), not a severity: alone, one line is a warning
+        assert f.details["support"] == {"moved": True} and f.severity == "info"
     assert len(found) == 2  # nothing else: no level shift, no NaN
 
 
@@ -272,7 +273,7 @@ def test_real_log_one_step_spikes_are_found(real_logs_dir):
 
 
 def test_a_spike_on_a_metric_below_zero_is_graded_by_its_score():
-    """A negative baseline has no ratio: a huge jump is still critical (score), never a NaN-ratio 'warning'."""
+    """A negative baseline has no ratio: a huge jump is still a spike judged by its score, with no NaN ratio."""
     import numpy as np
     import pandas as pd
 
@@ -284,7 +285,9 @@ def test_a_spike_on_a_metric_below_zero_is_graded_by_its_score():
     found = SpikeDetector("m", min_jump=0.5).detect(pd.DataFrame({"step": np.arange(600), "m": values}))
     spikes = [f for f in found if f.kind == "spike"]
     assert [f.step for f in spikes] == [400]
-    assert spikes[0].severity == "critical"
+    assert spikes[0].details["support"] == {"moved": True} and spikes[0].score > 100
+    (alone,) = detect_spikes(pd.DataFrame({"step": np.arange(600), "m": values}), "m", min_jump=0.5)
+    assert alone.severity == "warning"  # one line of evidence
 
 
 def _bloom_excerpt(real_logs_dir: Path) -> pd.DataFrame:
@@ -304,7 +307,7 @@ def test_short_excerpt_spike_is_judged_two_sided(real_logs_dir):
     assert (loss.kind, loss.step, loss.end_step, loss.peak_step) == ("spike", 31219, 31219, 31219)
     assert loss.value == pytest.approx(5.098124) and loss.baseline == pytest.approx(2.345279)
     assert loss.details["judged_by"] == "two_sided" and loss.details["two_sided_span"] == [12695, 45000]
-    assert loss.severity == "critical" and loss.details["recovery_step"] == 31220
+    assert loss.details["support"] == {"moved": True} and loss.details["recovery_step"] == 31220
     (grad,) = SpikeDetector("grad norm").detect(metrics)
     assert (grad.step, grad.end_step, grad.peak_step) == (31217, 31222, 31219)
 

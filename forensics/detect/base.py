@@ -51,6 +51,13 @@ class RunTables:
     logging_steps: int = 1
     #: Logged step = canonical step + this (HF's ``global_step`` counts from 1); 0 when the logs count from 0.
     logged_offset: int = 0
+    #: The trainer's gradient clipping threshold (run.toml ``max_grad_norm``), None when unknown.
+    max_grad_norm: float | None = None
+    #: The case folder as the commands the tool prints name it (None: metrics given alone), whether a replay can
+    #: run on it, and else what it lacks (next steps name only commands that can run).
+    case_path: str | None = None
+    replay_ready: bool = False
+    replay_missing: str = ""
 
     @property
     def has_plan(self) -> bool:

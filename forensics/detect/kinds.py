@@ -86,6 +86,11 @@ def run_level_kinds() -> list[FindingKind]:
     return [k for k in KINDS.values() if k.object_section]
 
 
+def _steps(f: FindingDict, limit: int = 6) -> str:
+    steps = list((f.get("details") or {}).get("steps") or [])
+    return ", ".join(map(str, steps[:limit])) + (" ..." if len(steps) > limit else "")
+
+
 def _nonfinite_line(f: FindingDict) -> str:
     value = f.get("value_text") or f.get("value")
     return f"{f.get('metric')} is {value} at step {f.get('step')} ({f.get('severity')})"
@@ -106,6 +111,9 @@ register_kind(FindingKind("level_shift", "level shift", section="level_shifts", 
 register_kind(FindingKind("expected_for_bucket", "expected for its bucket", section="expected_for_bucket"))
 register_kind(FindingKind("misaligned_steps", "metrics off the plan", line=_misaligned_line))
 register_kind(FindingKind("recurrence", "batch recurrence", section="recurrence"))
+register_kind(FindingKind("grad_norm_spikes", "grad-norm spikes the loss did not follow", fail_on="grad-norm",
+                          line=lambda f: (f"{(f.get('details') or {}).get('count')} grad-norm spikes the loss did not "
+                                          f"follow (steps {_steps(f)})")))
 register_kind(FindingKind("plan", "batch composition", section="plan", object_section=True,
                           card=f"{_CARDS}:plan_cards", summary=f"{_LINES}:plan_lines"))
 register_kind(FindingKind("static_plan", "static batch composition", fail_on="static-plan", told_by="plan"))

@@ -46,8 +46,9 @@ and at the end of training.
 - ``run.toml``: ``metrics`` (trainer_state.json, each TensorBoard run folder, each W&B run folder of this run and
   of the runs it resumed), ``plan``, ``samples``, ``step_convention = "hf-trainer"`` (HF logs ``global_step``
   after the update, from 1; the readers recognise it per source, see :mod:`forensics.sources.conventions`),
-  ``logging_steps``, ``grad_accum``, ``world_size``, ``model`` (the model's local config folder, else the output
-  folder whose ``checkpoint-N/`` carry their config) and ``checkpoints`` (the output folder).
+  ``logging_steps``, ``grad_accum``, ``world_size``, ``max_grad_norm``, ``model`` (the model's local config folder,
+  written only when there is one: otherwise replay takes the architecture from the ``checkpoint-N/`` folders, which
+  carry their config) and ``checkpoints`` (the output folder).
 
 Checked with transformers 5.2x (CI: static and length-grouped samplers, gradient accumulation, resume, 2
 torchrun processes, a ``datasets.Dataset`` with 2 prefetching workers) and by hand with 4.57.6 (``group_by_length``,
@@ -242,8 +243,9 @@ class HFRecording:
             "logging_steps": _logging_steps(args, state),
             "grad_accum": self.grad_accum,
             "world_size": self.world_size,
-            "model": _case.relative(_model_dir(self.trainer, args), self.case_dir),
+            "model": _case.relative(model, self.case_dir) if (model := _model_dir(self.trainer)) else None,
             "checkpoints": _case.relative(Path(args.output_dir), self.case_dir),
+            "max_grad_norm": _max_grad_norm(args),
         }
         header = ("Written by forensics.integrations.hf.record: the case folder of a Hugging Face Trainer run.\n"
                   "Metrics sources are aligned by their own step convention (HF counts global_step from 1).")
@@ -355,14 +357,20 @@ def _logging_steps(args: Any, state: Any) -> int | None:
     return None
 
 
-def _model_dir(trainer: Any, args: Any) -> Path:
-    """The model's local config folder when it was loaded from one, else the output folder (checkpoints carry
-    their config)."""
+def _model_dir(trainer: Any) -> Path | None:
+    """The model's local config folder when it was loaded from one; None otherwise (a model built in code: replay
+    takes the architecture from the run's own ``checkpoint-N/`` folders, which carry their config)."""
     config = getattr(getattr(trainer, "model", None), "config", None)
     name = getattr(config, "_name_or_path", "") or ""
     if name and (Path(name) / "config.json").exists():
         return Path(name)
-    return Path(args.output_dir)
+    return None
+
+
+def _max_grad_norm(args: Any) -> float | None:
+    """The trainer's clipping threshold (``max_grad_norm``; 0 or None: no clipping, so nothing to write)."""
+    value = getattr(args, "max_grad_norm", None)
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def _tensorboard_dirs(trainer: Any) -> list[Path]:

@@ -151,7 +151,7 @@ class LiveRun:
 
     def _build_rules(self) -> None:
         """The audit's rules over tables that grow: the online states, and the rules that explain findings."""
-        from forensics.audit import logged_offset, logging_steps
+        from forensics.audit import logged_offset, logging_steps, replay_fields
         from forensics.detect.base import RunTables
         from forensics.detect.rules import build_rules
 
@@ -169,7 +169,9 @@ class LiveRun:
                              samples=self.samples, boundaries=self.boundaries, max_len=cfg.max_len,
                              sections=sections,
                              steps_known=all(a.convention != "as logged" for a in report.alignments),
-                             logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report))
+                             logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
+                    max_grad_norm=cfg.max_grad_norm,
+                             **replay_fields(self.inputs.case, bool(self.inputs.plan and self.samples is not None)))
         self.rules = build_rules(cfg.detect, has_plan=bool(self.inputs.plan and self.samples is not None))
         self.online = {r.name: s for r in self.rules if (s := r.online(self.run)) is not None}
 

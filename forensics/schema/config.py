@@ -88,6 +88,22 @@ class RunConfig:
     pad_id: int | None = None
     pad_side: str | None = None
     loss_denominator: str | None = None
+    #: The trainer's gradient clipping threshold (HF's ``max_grad_norm``, which ``record()`` writes): the share of
+    #: steps above it is the clipped share of the grad-norm findings.
+    max_grad_norm: float | None = None
+    #: The accelerator's memory in GB: when a growing memory metric reaches it (the memory finding).
+    device_memory_gb: float | None = None
+    #: Text logs read for crash lines beside the metrics sources (paths; ``slurm-*.out`` / ``*.err`` in the case
+    #: folder are read too).
+    logs: tuple[str, ...] = ()
+    eval_loss_key: str | None = None
+    #: Where the plan computations run: ``auto`` (pandas while the plan fits a quarter of ``memory_limit``, else
+    #: DuckDB), ``pandas``, ``duckdb`` or ``dask``; ``memory_limit`` (``"4GB"``) and the Dask ``scheduler`` address.
+    engine: str = "auto"
+    memory_limit: str | None = None
+    scheduler: str | None = None
+    #: The ``[replay]`` table: ``auto`` (replay the top causes after every audit), ``budget`` (seconds).
+    replay: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     detect: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
     #: Where each key not left at its default came from (run.toml's path, ``--set`` or ``option``): so a command can
     #: say when it used a default, or when a flag had no effect.
@@ -114,6 +130,8 @@ class RunConfig:
             v = getattr(self, f.name)
             if v == getattr(default, f.name) and f.name not in ("grad_accum", "world_size"):
                 continue
+            if f.name == "replay":
+                v = dict(v)
             if f.name == "metrics":
                 v = [s.path if s.step_key is None and s.step_offset is None else
                      {k: x for k, x in (("path", s.path), ("step_key", s.step_key), ("step_offset", s.step_offset))
@@ -129,8 +147,13 @@ class RunConfig:
 _FIELDS = {f.name for f in fields(RunConfig)} - {"root", "given"}
 _POSITIVE = ("grad_accum", "world_size", "token_budget", "max_len", "max_batch_size", "n_buckets")
 _OPTIONAL_POSITIVE = ("logging_steps", "clusters")
-_STRINGS = ("plan", "samples", "step_key", "step_convention", "loss_key", "cluster_by", "model", "checkpoints")
-_CHOICES = {"pad_side": ("left", "right"), "loss_denominator": ("labels", "predicted")}
+_STRINGS = ("plan", "samples", "step_key", "step_convention", "loss_key", "cluster_by", "model", "checkpoints",
+            "eval_loss_key", "scheduler")
+_CHOICES = {"pad_side": ("left", "right"), "loss_denominator": ("labels", "predicted"),
+            "engine": ("auto", "pandas", "duckdb", "dask")}
+_POSITIVE_REALS = ("max_grad_norm", "device_memory_gb")
+#: The ``[replay]`` table's keys and their types.
+REPLAY_KEYS = {"auto": bool, "budget": (int, float), "max_causes": int, "device": str, "mode": str, "seeds": int}
 
 
 # --- checks --------------------------------------------------------------------------------------------------------
@@ -172,6 +195,30 @@ def _check(key: str, value: Any, origin: str) -> Any:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ConfigError(key, f"must be an integer; got {value!r}", origin)
         return value
+    if key in _POSITIVE_REALS:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ConfigError(key, f"must be a positive number; got {value!r}", origin)
+        return None if value is None else float(value)
+    if key == "memory_limit":
+        if value is not None and not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(key, f"must be a size such as \"4GB\" or a number of bytes; got {value!r}", origin)
+        return None if value is None else str(value)
+    if key == "logs":
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
+            raise ConfigError(key, f"must be a path or a list of paths; got {value!r}", origin)
+        return tuple(items)
+    if key == "replay":
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, "must be a table, e.g. [replay] auto = true", origin)
+        for k, v in value.items():
+            if k not in REPLAY_KEYS:
+                raise ConfigError(f"replay.{k}", f"is not a key of [replay] (known: {', '.join(REPLAY_KEYS)})",
+                                  origin)
+            kinds = REPLAY_KEYS[k]
+            if isinstance(v, bool) and kinds is not bool or not isinstance(v, kinds):
+                raise ConfigError(f"replay.{k}", f"has the wrong type; got {v!r}", origin)
+        return MappingProxyType(dict(value))
     if key == "packed":
         if not isinstance(value, bool):
             raise ConfigError(key, f"must be true or false; got {value!r}", origin)
@@ -294,6 +341,8 @@ def resolve_config(
                     raise ConfigError(key, "is not a known key", origin)
                 warnings.append(f"{origin}: unknown key '{key}' ignored")
                 continue
+            if key == "replay" and "replay" in values:  # the [replay] table merges key by key
+                value = {**dict(values["replay"][0]), **dict(value or {})}
             if key == "detect" and "detect" in values:  # rule tables merge key by key
                 merged = {r: dict(p) for r, p in values["detect"][0].items()}
                 for rule, params in (value or {}).items():

@@ -1,46 +1,58 @@
 """Causes: findings that one explanation covers, told as one story (DESIGN.md Conventions, ``cause``).
 
-- Spikes of several metrics whose spans overlap are one **event** (the loss and the grad norm at step 254).
-- Events whose batch comes back and spikes again (the attribution's recurrence), or whose suspect samples are mostly
-  the same, are one **batch** cause with all their steps (254 and its return at 14159).
-- Critical NaN/inf values are one ``nonfinite`` cause per metric; each level shift is a cause; run-level facts are
-  causes with ``steps: []``: a periodic swing (``oscillation``) and, when no batch cause already explains the
-  spikes through it, a static batch composition (``plan``).
+- **Events**: spikes of several metrics whose spans overlap are one event (the loss and the grad norm at step 254),
+  and a grad-norm spike the loss answered within the joint window joins the loss's event.
+- **Grouped by samples**: events whose batches share their *core* samples are one cause, "these samples spiked the
+  loss at steps a, b and c", whatever else was in the batch: a batch coming back in a later epoch, a poisoned
+  micro-batch re-paired with another partner under grad accumulation, the same samples in other batches. An event's
+  core is its samples that spiked most often (in the most events, at least two); two events join when their cores
+  meet, so a clean partner that once shared a step with the poisoned samples does not pull its other spikes in.
+  The attribution's recurrence (the same batch spiking again) joins events too.
+- **Severity is evidence** (:mod:`forensics.detect.causes.severity`): events in a cause of several events carry the
+  ``recurs`` line; every finding's severity is assigned from its evidence in one place; a cause's severity is the
+  most severe of its events, and its events take it, so the cards and the cause never disagree.
+- **Run-level causes**: critical NaN/inf values (one ``nonfinite`` cause per metric), each level shift, and one cause
+  per run-level finding of the kinds in :data:`CAUSE_KINDS` (the grad-norm spikes the loss did not follow, a
+  periodic swing, the run-health kinds); a static plan is a ``plan`` cause only when no batch cause recurs because
+  of it (then the batch cause names it).
 
-Each cause is ``{id, key, kind, steps, metrics, suspect_samples, severity, confidence, summary, next_step}`` (``key``:
-:func:`cause_key`, stable across audits and the live loop); every spike
-carries the ``cause`` id it belongs to; causes are ranked by severity, then confidence.
+Each cause is ``{id, key, kind, steps, logged_steps, metrics, suspect_samples, severity, confidence, summary,
+next_step, events, details}``; ``key`` (:func:`cause_key`) is stable across audits and the live loop; every finding
+it covers carries its ``cause`` id; causes are ranked by severity, then confidence.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from forensics.detect.base import Rule, RunTables
-from forensics.detect.findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding
+from forensics.detect.causes import wording
+from forensics.detect.causes.severity import assign_severities, most_severe, support_of
+from forensics.detect.findings import CRITICAL, SEVERITIES, Finding
 from forensics.detect.params import fraction
-from forensics.detect.rules.composition import plan_fix_words, plan_words
+from forensics.detect.rules.grad_norm import unfollowed
+from forensics.detect.spikes.kernel_state import JOINT_LEAD
 
-#: Events whose suspect samples overlap this much (Jaccard) are the same batch.
-SAME_SAMPLES = 0.5
+#: Run-level finding kinds that are causes of their own, and the cause kind each becomes.
+CAUSE_KINDS = {
+    "grad_norm_spikes": "grad_norm", "oscillation": "oscillation", "static_plan": "plan",
+    "harmful_samples": "samples", "divergence": "divergence", "overfitting": "overfitting", "plateau": "plateau",
+    "lr_schedule": "lr_schedule", "restart": "restart", "throughput": "throughput", "memory": "memory",
+    "crash": "crash",
+}
+#: Suspect samples of an event read for its core (the attribution keeps at most this many).
+SUSPECTS_READ = 20
 
 
 def _span(f: Finding) -> tuple[int, int]:
     return int(f.step), int(f.end_step if f.end_step is not None else f.step)
 
 
-def _steps_text(steps: list[int], limit: int = 6) -> str:
-    shown = [str(s) for s in steps[:limit]]
-    text = ", ".join(shown[:-1]) + (" and " if len(shown) > 1 else "") + shown[-1] if shown else ""
-    return text + (f" (+{len(steps) - limit} more)" if len(steps) > limit else "")
-
-
 def cause_key(kind: str, steps: list[int], samples: list[int]) -> str:
     """A cause's stable identity: its kind, its first step and its first event's suspect samples (sorted, so that
     re-ranking them keeps the key; the first event's, so that the cause keeps its key as later events join it).
     ``watch`` alerts once per key; a later audit or the live loop gives the same cause the same key."""
-    import hashlib
-
     ids = sorted({int(s) for s in samples})
     digest = hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:10] if ids else "-"
     return f"{kind}:{steps[0] if steps else '-'}:{digest}"
@@ -61,10 +73,10 @@ class _Union:
 
 
 class CauseRule(Rule):
-    """Groups the findings into causes (the ``causes`` section) and tags each spike with its ``cause``.
+    """Groups the findings into causes (the ``causes`` section) and tags each finding with its ``cause``.
 
-    Parameter: ``same_samples`` 0.5 (the Jaccard overlap of two events' suspect samples above which they are one
-    batch coming back; recurrence found by the attribution joins events whatever their overlap).
+    Parameter: ``same_samples`` 0.5 (two events whose suspect samples overlap this much (Jaccard) are one batch
+    coming back even when no sample spiked twice: the batch of a step that spiked once and came back quiet).
     """
 
     name = "causes"
@@ -72,55 +84,37 @@ class CauseRule(Rule):
     section_name = "causes"
     parameter_constraints = {"same_samples": fraction()}
 
-    def __init__(self, same_samples: float = SAME_SAMPLES) -> None:
+    def __init__(self, same_samples: float = 0.5) -> None:
         self.same_samples = same_samples
 
     def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
         found = list(found or [])
-        causes: list[dict[str, Any]] = []
-        events = self._events([f for f in found if f.kind == "spike"], run.loss_key)
-        groups = self._join(events)
         gate = run.sections.get("plan") if isinstance(run.sections.get("plan"), dict) else None
         static = bool(gate and gate.get("static"))
-        batch_causes = [self._event_cause(g, run, static) for g in groups]
-        causes += batch_causes
-        by_metric: dict[str, list[Finding]] = {}
+        quiet = {id(f) for f in unfollowed(found, run.grad_norm_key)}
+        events = self._events([f for f in found if f.kind == "spike" and id(f) not in quiet], run.loss_key)
+        groups = self._join(events)
+        for group in groups:
+            if len(group) > 1:
+                for f in (f for e in group for f in e):
+                    support_of(f)["recurs"] = True
+        assign_severities(found)
+        causes = [self._event_cause(g, run, gate, static) for g in groups]
+        causes += self._nonfinite_causes(found, run)
+        causes += [self._finding_cause("level_shift", f, run) for f in found if f.kind == "level_shift"]
+        recurs_by_plan = static and any(c["kind"] == "batch" and c["details"]["recurs"] for c in causes)
         for f in found:
-            if f.kind == "nonfinite" and f.severity == CRITICAL:
-                by_metric.setdefault(str(f.metric), []).append(f)
-        for metric, items in by_metric.items():
-            steps = sorted({int(f.step) for f in items})
-            causes.append({"kind": "nonfinite", "steps": steps, "metrics": [metric], "suspect_samples": [],
-                           "_members": items,
-                           "severity": CRITICAL, "confidence": 1.0,
-                           "summary": f"{metric} is NaN/inf at {len(steps)} step{'s' if len(steps) > 1 else ''} "
-                                      f"({_steps_text(steps)}): the numbers broke.",
-                           "next_step": f"Check step {steps[0]}'s batch and the optimizer state before it (overflow, a "
-                                        "too-high learning rate, a bad sample)."})
-        for c in causes:
-            c.setdefault("events", c["steps"][:1])
-            c.setdefault("details", {})
+            if f.kind == "static_plan" and recurs_by_plan:  # the spikes coming back are its second line
+                support_of(f)["critical"] = True
+                assign_severities([f])
+                next(c for c in causes if c["kind"] == "batch" and c["details"]["recurs"])["_members"].append(f)
         for f in found:
-            if f.kind == "level_shift":
-                causes.append({"kind": "level_shift", "steps": [int(f.step)], "metrics": [str(f.metric)], "_members": [f],
-                               "suspect_samples": [], "severity": f.severity, "confidence": f.confidence_value(),
-                               "summary": f"{f.metric} moved to a new level from step {f.step} and stayed there.",
-                               "next_step": f.next_step})
-            elif f.kind == "oscillation":
-                causes.append({"kind": "oscillation", "steps": [], "metrics": [str(f.metric)], "suspect_samples": [],
-                               "_members": [f],
-                               "severity": f.severity, "confidence": f.confidence_value(),
-                               "summary": (f.evidence or ["the loss swings periodically"])[0],
-                               "next_step": f.next_step})
-        explained_by_plan = static and any(c["kind"] == "batch" and c.get("recurs") for c in batch_causes)
-        for f in found:
-            if f.kind == "static_plan" and not explained_by_plan:
-                causes.append({"kind": "plan", "steps": [], "metrics": [], "suspect_samples": [], "_members": [f],
-                               "severity": WARNING if not batch_causes else CRITICAL, "confidence": 1.0,
-                               "summary": f"The batch plan is {plan_words(gate)}: " + (
-                                   f.evidence[0] if f.evidence else "the same samples meet in every epoch") + ".",
-                               "next_step": plan_fix_words(gate)[:1].upper() + plan_fix_words(gate)[1:] + "."})
+            kind = CAUSE_KINDS.get(f.kind)
+            if kind is None or (kind == "plan" and recurs_by_plan):
+                continue
+            members = [g for g in found if id(g) in quiet] if kind == "grad_norm" else []
+            causes.append(self._finding_cause(kind, f, run, members=members, gate=gate))
         causes.sort(key=lambda c: (-SEVERITIES.index(c["severity"]), -round(c["confidence"], 3), not c["steps"],
                                    c["steps"][:1]))
         for i, c in enumerate(causes, 1):
@@ -129,20 +123,24 @@ class CauseRule(Rule):
             c["logged_steps"] = [int(x) + run.logged_offset for x in c["steps"]]
             for f in c.pop("_members", []):
                 f.tags["cause"] = c["id"]
-            c.pop("recurs", None)
+                f.severity = c["severity"]
         self.section_ = [dict(id=c["id"], **{k: v for k, v in c.items() if k != "id"}) for c in causes]
         return []
 
     # --- events and their joins -----------------------------------------------------------------------------------
     @staticmethod
     def _events(spikes: list[Finding], loss_key: str) -> list[list[Finding]]:
-        """Spikes whose spans overlap, over all metrics, as events (loss first)."""
-        spikes = sorted(spikes, key=lambda f: _span(f))
+        """Spikes whose spans overlap, over all metrics, as events (loss first); a grad-norm spike the loss answered
+        within ``JOINT_LEAD`` steps joins the event of that answer."""
+        spikes = sorted(spikes, key=lambda f: (_span(f), str(f.metric)))
         events: list[list[Finding]] = []
         end = None
         for f in spikes:
             lo, hi = _span(f)
-            if events and end is not None and lo <= end:
+            # a grad-norm spike still waiting for the loss spike that answered it (the event has no other metric)
+            waiting = bool(events) and all(g.details.get("joint") == "loss_response" for g in events[-1])
+            answered = waiting and f.details.get("joint") in ("led", "accompanied") and lo <= end + JOINT_LEAD
+            if events and end is not None and (lo <= end or answered):
                 events[-1].append(f)
                 end = max(end, hi)
             else:
@@ -153,86 +151,95 @@ class CauseRule(Rule):
         return events
 
     def _join(self, events: list[list[Finding]]) -> list[list[list[Finding]]]:
-        """Events that are the same batch coming back (recurrence, or mostly the same suspects) joined."""
+        """Events of the same samples joined (module docstring): cores that meet, recurrence, or mostly the same
+        suspects."""
         u = _Union(len(events))
-        step_of = {}
+        samples = [set().union(*(set(f.suspect_samples[:SUSPECTS_READ]) for f in e)) for e in events]
+        times: dict[int, int] = {}
+        for s in samples:
+            for i in s:
+                times[i] = times.get(i, 0) + 1
+        cores = []
+        for s in samples:
+            most = max((times[i] for i in s), default=0)
+            cores.append({i for i in s if times[i] == most} if most >= 2 else set())
+        step_of: dict[int, int] = {}
         for i, e in enumerate(events):
             for f in e:
-                lo, hi = _span(f)
-                for s in range(lo, hi + 1):
-                    step_of[s] = i
-        suspects = [set().union(*(set(f.suspect_samples[:20]) for f in e)) for e in events]
+                for step in range(_span(f)[0], _span(f)[1] + 1):
+                    step_of[step] = i
         for i, e in enumerate(events):
             for f in e:
                 for r in f.tags.get("recurrence") or []:
                     if isinstance(r, dict) and r.get("is_spike") and int(r.get("step", -1)) in step_of:
                         u.join(i, step_of[int(r["step"])])
             for j in range(i + 1, len(events)):
-                a, b = suspects[i], suspects[j]
-                if a and b and len(a & b) / len(a | b) >= self.same_samples:
+                a, b = samples[i], samples[j]
+                if cores[i] & cores[j] or (a and b and len(a & b) / len(a | b) >= self.same_samples):
                     u.join(i, j)
         groups: dict[int, list[list[Finding]]] = {}
         for i, e in enumerate(events):
             groups.setdefault(u.find(i), []).append(e)
         return list(groups.values())
 
-    # --- one cause ----------------------------------------------------------------------------------------------
+    # --- causes -----------------------------------------------------------------------------------------------------
     @staticmethod
-    def _event_cause(group: list[list[Finding]], run: RunTables, static: bool) -> dict[str, Any]:
-        gate = run.sections.get("plan") if isinstance(run.sections.get("plan"), dict) else None
+    def _event_cause(group: list[list[Finding]], run: RunTables, gate: dict | None, static: bool) -> dict[str, Any]:
         members = [f for e in group for f in e]
         steps = sorted({s for f in members for s in range(_span(f)[0], _span(f)[1] + 1)})
         firsts = [int(e[0].peak_step if e[0].peak_step is not None else e[0].step) for e in group]
         metrics = list(dict.fromkeys(str(f.metric) for f in sorted(members, key=lambda f: f.metric != run.loss_key)))
-        suspects: list[int] = []
+        counts: dict[int, int] = {}
+        for e in group:
+            for i in set().union(*(set(f.suspect_samples[:SUSPECTS_READ]) for f in e)):
+                counts[i] = counts.get(i, 0) + 1
+        order: list[int] = []
         for f in sorted(members, key=lambda f: f.metric != run.loss_key):
-            suspects += [s for s in f.suspect_samples if s not in suspects]
-        severity = max((f.severity for f in members), key=SEVERITIES.index)
-        conf = 1.0
+            order += [s for s in f.suspect_samples if s not in order]
+        suspects = sorted(order, key=lambda s: (-counts.get(s, 0), order.index(s)))
+        no_doubt = 1.0
         for f in members:
-            conf *= 1.0 - f.confidence_value()
-        confidence = 1.0 - conf
+            no_doubt *= 1.0 - f.confidence_value()
+        recurs = len(group) > 1
         lead = next((f for f in members if f.metric == run.loss_key), members[0])
         kind = "batch" if suspects else "event"
-        recurs = len(group) > 1
-        where = ""
-        if lead.tags.get("bucket") is not None:
-            where = f" in bucket {lead.tags['bucket']} {lead.tags.get('bucket_range', '')}".rstrip()
-            if lead.tags.get("cluster_name"):
-                where += f" ('{lead.tags['cluster_name']}')"
-        ratio = lead.details.get("ratio")
-        size = f" ({ratio:.1f}x its baseline)" if isinstance(ratio, float) and ratio == ratio else ""
-        riders = [m for m in metrics if m != lead.metric]
-        also = f", with {', '.join(riders)} at the same steps" if riders else ""
-        dup = False
-        if kind == "event":
-            summary = (f"{lead.metric} spiked at step{'s' if len(firsts) > 1 else ''} {_steps_text(firsts)}{size}"
-                       f"{also}; without a plan no batch can be named.")
-            next_step = (f"Record or rebuild the batch plan (--plan, --samples) to name step {firsts[0]}'s batch and "
-                         f"samples, then replay it from the checkpoint before it.")
-        else:
-            dup = any("near-duplicate" in str(r) for f in members
-                      for s in (f.details.get("attribution") or {}).get("samples") or [] for r in s.get("reasons", []))
-            who = f"the same {'near-duplicate ' if dup else ''}samples ({', '.join(map(str, suspects[:6]))}" + \
-                  (f" +{len(suspects) - 6}" if len(suspects) > 6 else "") + ")"
-            if recurs:
-                summary = (f"{lead.metric} spiked at steps {_steps_text(firsts)}{size}{also}: each time the batch "
-                           f"held {who}{where}; it is one batch coming back"
-                           + (f" because the plan is {plan_words(gate)}." if static else "."))
-            else:
-                summary = f"{lead.metric} spiked at step {firsts[0]}{size}{also}; its batch held {who}{where}."
-            fix = f" and {plan_fix_words(gate)}" if static else ""
-            next_step = (f"Replay step {firsts[0]} from the checkpoint before it (forensics replay CASE --steps "
-                         f"{firsts[0]}) against same-bucket controls; inspect samples "
-                         f"{', '.join(map(str, suspects[:6]))}{fix}.")
-        lead_words = [e for e in lead.evidence if " steps before the loss" in e]
-        if lead.details.get("joint") == "led" or lead_words:
-            summary = summary.rstrip(".") + (f"; {lead_words[0].split(':')[0]}" if lead_words else
-                                             "; the grad norm rose before it") + " (an optimizer-led event)."
         return {"kind": kind, "steps": steps, "metrics": metrics, "suspect_samples": suspects,
-                "_key_samples": list(group[0][0].suspect_samples),
-                "severity": severity if severity != INFO else WARNING, "confidence": confidence,
-                "summary": summary, "next_step": next_step, "recurs": recurs, "_members": members,
-                "events": firsts, "details": {"recurs": recurs, "near_duplicates": kind == "batch" and dup,
-                                              "static_plan": static, "bucket": lead.tags.get("bucket"),
-                                              "cluster_name": lead.tags.get("cluster_name")}}
+                "_key_samples": list(group[0][0].suspect_samples), "_members": members,
+                "severity": most_severe(f.severity for f in members), "confidence": 1.0 - no_doubt,
+                "summary": wording.event_summary(kind, lead, members, firsts, suspects, counts, run, gate, static),
+                "next_step": wording.event_next_step(kind, firsts, suspects, run, gate, static),
+                "events": firsts,
+                "details": {"recurs": recurs, "static_plan": static, "bucket": lead.tags.get("bucket"),
+                            "cluster_name": lead.tags.get("cluster_name"),
+                            "plan": wording.plan_link(gate) if static and recurs else None,
+                            "spiked_in": {str(i): counts[i] for i in suspects if counts.get(i, 0) >= 2}}}
+
+    @staticmethod
+    def _nonfinite_causes(found: list[Finding], run: RunTables) -> list[dict[str, Any]]:
+        by_metric: dict[str, list[Finding]] = {}
+        for f in found:
+            if f.kind == "nonfinite" and f.severity == CRITICAL:
+                by_metric.setdefault(str(f.metric), []).append(f)
+        out = []
+        for metric, items in by_metric.items():
+            steps = sorted({int(f.step) for f in items})
+            out.append({"kind": "nonfinite", "steps": steps, "metrics": [metric], "suspect_samples": [],
+                        "_members": items, "severity": CRITICAL, "confidence": 1.0, "events": steps[:1],
+                        "summary": wording.nonfinite_summary(metric, steps, run.logged_offset),
+                        "next_step": wording.nonfinite_next_step(steps, run), "details": {}})
+        return out
+
+    @staticmethod
+    def _finding_cause(kind: str, f: Finding, run: RunTables, members: list[Finding] | None = None,
+                       gate: dict | None = None) -> dict[str, Any]:
+        """A cause of one run-level finding (and the findings it covers: the grad-norm spikes of ``grad_norm``)."""
+        members = [f, *(members or [])]
+        steps = sorted({int(s) for s in (f.details.get("steps") or [])}) if kind == "grad_norm" else (
+            [] if kind in ("oscillation", "plan") else [int(f.step)])
+        severity = most_severe(m.severity for m in members[:1])
+        return {"kind": kind, "steps": steps, "metrics": [str(f.metric)] if f.metric else [],
+                "suspect_samples": list(f.suspect_samples), "_members": members, "severity": severity,
+                "confidence": f.confidence_value(), "events": steps[:1],
+                "summary": wording.finding_summary(kind, f, run, gate),
+                "next_step": wording.finding_next_step(kind, f, gate), "details": {}}
+

@@ -22,6 +22,7 @@ from forensics.errors import ForensicsError
 #: Built-in rules in the order they run: detectors first, then the rules that read their findings.
 BUILTIN_RULES = (
     "forensics.detect.spikes.rule:SpikeRule",
+    "forensics.detect.rules.grad_norm:GradNormRule",
     "forensics.detect.rules.alignment:AlignmentRule",
     "forensics.detect.rules.nonfinite:NonfiniteRule",
     "forensics.detect.rules.oscillation:OscillationRule",

@@ -30,6 +30,7 @@ def nonfinite_findings(steps: np.ndarray, values: np.ndarray, metric: str) -> li
         word = "NaN" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
         out.append(Finding(
             kind="nonfinite", step=int(steps[i]), metric=metric, value=v, severity=CRITICAL,
+            details={"support": {"nonfinite": "training"}},
             evidence=[f"{metric} is {word} at step {int(steps[i])}; the step is kept out of every baseline and "
                       "reported on its own."],
             next_step=f"Check step {int(steps[i])}'s batch and the optimizer state before it (overflow, a bad "
@@ -110,6 +111,7 @@ class LiveNonfinite:
             if not is_training_quantity(col, run.loss_key, run.grad_norm_key):
                 for f in items:
                     f.severity = INFO
+                    f.details["support"] = {"nonfinite": "context"}
                     f.next_step = None
                     f.evidence.append(f"'{col}' is a context metric (not a loss or a norm): recorded, not a fault.")
             out += items

@@ -112,7 +112,18 @@ confidence and logging windows: the one place that builds detectors, called by t
 compiled kernel on a thread while a dashboard reads its log).
 """
 
-from forensics.detect.spikes.detector import JOINT_LEAD, SpikeDetector
-from forensics.detect.spikes.driver import SpikeDriver, add_confidence, detect_spikes, joint_order
+from __future__ import annotations
 
-__all__ = ["JOINT_LEAD", "SpikeDetector", "SpikeDriver", "add_confidence", "detect_spikes", "joint_order"]
+import importlib
+from typing import Any
+
+#: Public names, imported lazily: a reader of the kernel's records (or of JOINT_LEAD) does not load numba.
+_EXPORTS = {"JOINT_LEAD": "kernel_state", "SpikeDetector": "detector", "SpikeDriver": "driver",
+            "add_confidence": "driver", "detect_spikes": "driver", "joint_order": "driver"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'forensics.detect.spikes' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"forensics.detect.spikes.{_EXPORTS[name]}"), name)

@@ -21,6 +21,7 @@ from forensics.detect.params import Param, at_least, check_params
 from forensics.detect.rules.nonfinite import nonfinite_findings
 from forensics.detect.spikes import kernel as K
 from forensics.detect.spikes.events import event_finding, expected_findings, two_sided_findings
+from forensics.detect.spikes.kernel_state import JOINT_LEAD
 from forensics.detect.spikes.kernel_tail import JOINT_MAX_P
 from forensics.detect.tags import BUCKET, StepLookup, group_ids
 from forensics.errors import ForensicsError
@@ -30,8 +31,6 @@ from forensics.schema import STEP, find_loss_key
 EXAMPLE_STEPS = 10
 #: Events the kernel may emit before it pauses for them to be collected (bounds memory for any chunk size).
 EVENT_BUFFER = 1024
-#: Steps by which a grad-norm spike may lead a loss spike and still be the same event (BLOOM-176B's led by 4).
-JOINT_LEAD = 10
 
 #: What each parameter may be (checked once, when a detector or the audit's rule is built).
 PARAMETER_CONSTRAINTS: dict[str, Param] = {
@@ -173,6 +172,7 @@ class SpikeDetector(MetricDetector):
         self.support_ = np.empty(0, np.int64)  # recent steps where a supporting metric was flagged
         self._has_support = False  # a supporting metric was given (fixed with the first rows)
         self.flagged_steps_ = np.empty(0, np.int64)  # steps this detector flagged in the last update
+        self.last_rows_ = (np.empty(0, np.int64),) + (np.empty(0),) * 3  # steps, values, baselines, scores
 
     def _joint_fallback_z(self) -> float:
         """A supported row's score before the tail is fitted: the Gaussian's score for the joint rate (the tail's
@@ -291,6 +291,7 @@ class SpikeDetector(MetricDetector):
             steps, values, groups = steps[keep], values[keep], groups[keep]
         n = len(steps)
         self.flagged_steps_ = np.empty(0, np.int64)
+        self.last_rows_ = (steps, values, np.full(n, np.nan), np.full(n, np.nan))
         if n == 0:
             return [], (self._rows_frame(steps, values, groups, *(np.empty(0),) * 2, np.empty(0, np.int8))
                         if keep_rows else None)
@@ -318,6 +319,7 @@ class SpikeDetector(MetricDetector):
             done += k
         self.last_step_ = int(steps[-1])
         self.flagged_steps_ = steps[status == K.FLAGGED]
+        self.last_rows_ = (steps, values, base, score)  # the chunk's rows as judged (the driver reads scores)
         self.n_rows_ += n
         self.status_counts_ += np.bincount(status, minlength=len(K.STATUS_NAMES))[: len(K.STATUS_NAMES)]
         self._count_expected(steps, values, groups, status)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from forensics.detect.causes.severity import assign_severities
 from forensics.detect.findings import Finding
 from forensics.detect.spikes.detector import JOINT_LEAD, SpikeDetector
 from forensics.detect.tags import BUCKET, BUCKET_RANGE, attach_tags
@@ -33,6 +34,12 @@ from forensics.schema import DEFAULT_BOUNDARIES, STEP, grad_norm_column, written
 
 #: Below this many written values a metric's first ``min_periods`` (history, not judged) weigh heavily: say so.
 SHORT_RUN = 100
+#: A grad-norm spike the loss did not answer with a spike, but "followed weakly": the loss's score (noise units) and
+#: ratio to its baseline somewhere within JOINT_LEAD steps of it reached both of these.
+WEAK_FOLLOW_Z, WEAK_FOLLOW_RATIO = 3.0, 1.1
+#: Rows of the other metrics' scores kept to look back over when a grad-norm spike is reported (its own span, its
+#: confirmation and the joint window fit many times over).
+FOLLOW_ROWS = 1024
 
 
 def joint_order(names: Sequence[str | None], support_metric: str | None) -> list[str | None]:
@@ -75,6 +82,8 @@ class SpikeDriver:
         self.held_: list[Finding] = []  # spikes whose confidence waits on another metric's events
         self.spans_: list[tuple[str, int, int]] = []  # (metric, step, end_step) of every spike reported so far
         self.tags_: pd.DataFrame | None = None
+        # the other metrics' recent (step, score, ratio): how strongly they followed a grad-norm spike
+        self.recent_ = (np.empty(0, np.int64), np.empty(0), np.empty(0))
 
     # --- the protocol -----------------------------------------------------------------------------------------------
     def update(self, rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
@@ -90,6 +99,7 @@ class SpikeDriver:
             new += det.update(part, self.tags_, given)
             if metric == self.grad_norm_key:
                 support = det.flagged_steps_
+        self._follow(new)
         return self._release(new)
 
     def finish(self) -> list[Finding]:
@@ -116,6 +126,42 @@ class SpikeDriver:
                            "detector's history) were judged two-sided, against the span itself (details.judged_by "
                            "of each finding says which rule judged it)")
         return out
+
+    # --- how the loss followed the grad norm ---------------------------------------------------------------------------
+    def _follow(self, new: list[Finding]) -> None:
+        """Fold this chunk's scores of the other metrics into each held grad-norm spike's ``loss_follow`` (new ones
+        first look back over the recent rows), so the follow is the same for any chunking."""
+        if self.grad_norm_key is None:
+            return
+        parts = [det.last_rows_ for m, det in self.detectors_.items() if m != self.grad_norm_key]
+        steps = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scores = np.concatenate([p[3] for p in parts]) if parts else np.empty(0)
+            ratios = np.concatenate([np.where(p[2] > 0, p[1] / p[2], np.nan) for p in parts]) if parts else scores
+        fresh = [f for f in new if f.kind == "spike" and f.metric == self.grad_norm_key]
+        old_steps, old_scores, old_ratios = self.recent_
+        for f in fresh:
+            f.details["loss_follow"] = {"score": None, "ratio": None}
+            self._fold(f, old_steps, old_scores, old_ratios)
+        for f in self.held_ + fresh:
+            if f.metric == self.grad_norm_key:
+                self._fold(f, steps, scores, ratios)
+        keep = slice(max(0, len(old_steps) + len(steps) - FOLLOW_ROWS), None)
+        self.recent_ = (np.concatenate([old_steps, steps])[keep], np.concatenate([old_scores, scores])[keep],
+                        np.concatenate([old_ratios, ratios])[keep])
+
+    @staticmethod
+    def _fold(f: Finding, steps: np.ndarray, scores: np.ndarray, ratios: np.ndarray) -> None:
+        start, end = _span(f)
+        sel = (steps >= start) & (steps <= end + JOINT_LEAD)
+        if not sel.any():
+            return
+        follow = f.details["loss_follow"]
+        for key, values in (("score", scores[sel]), ("ratio", ratios[sel])):
+            values = values[np.isfinite(values)]
+            if len(values):
+                best = float(values.max())
+                follow[key] = best if follow[key] is None else max(follow[key], best)
 
     # --- holding and releasing --------------------------------------------------------------------------------------
     def _release(self, new: list[Finding]) -> list[Finding]:
@@ -157,9 +203,25 @@ class SpikeDriver:
             f.details["confidence"] = confidence
             if joint is not None:
                 f.details["joint"] = joint
+            _joint_support(f, joint, self.grad_norm_key)
             if self.logging_steps > 1:
                 cover_window(f, self.logging_steps)
+        assign_severities([f])
         return f
+
+
+def _joint_support(f: Finding, joint: str | None, grad: str | None) -> None:
+    """The evidence the loss and the grad norm give each other (detect/causes/severity.py reads it)."""
+    support = f.details.setdefault("support", {"moved": True})
+    if joint in ("led", "accompanied", "loss_response"):
+        support["grad_norm"] = True
+    elif joint == "none" and f.metric == grad:
+        follow = f.details.get("loss_follow") or {}
+        weak = (follow.get("score") or 0.0) >= WEAK_FOLLOW_Z and (follow.get("ratio") or 0.0) >= WEAK_FOLLOW_RATIO
+        if weak:
+            support["loss_weak"] = True
+        else:
+            support["explained"] = "not_followed"
 
 
 def _written_rows(rows: pd.DataFrame, metric: str) -> pd.DataFrame:

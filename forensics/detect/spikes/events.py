@@ -11,15 +11,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from forensics.detect.findings import CRITICAL, INFO, WARNING, Finding
+from forensics.detect.findings import INFO, Finding
 from forensics.detect.spikes import kernel as K
 from forensics.stats import MAD_TO_SD
 
 if TYPE_CHECKING:
     from forensics.detect.spikes.detector import SpikeDetector
 
-#: A spike this many times its baseline or more is ``critical``; smaller ones are ``warning``.
-CRITICAL_RATIO = 2.0
 #: Finite warm-up values the two-sided rule needs before it judges a short span (fewer: nothing can be said).
 SHORT_MIN_ROWS = 5
 #: Steps before a warm-up step whose median it must rise above (the two-sided rule).
@@ -124,6 +122,7 @@ def event_finding(det: SpikeDetector, ev) -> Finding:
     if kind == "level_shift":
         new_level = float(ev["new_level"])
         details["new_level"] = new_level
+        details["support"] = {"moved": True}
         return Finding(
             kind=kind, step=start, end_step=end, peak_step=peak, metric=metric, value=x, baseline=base, score=z,
             severity=INFO, tags=tags, details=details,
@@ -145,11 +144,10 @@ def event_finding(det: SpikeDetector, ev) -> Finding:
     if bucket >= 0:
         evidence.append(f"Judged against the baseline of its own {det.group} {bucket}: the run's trend "
                         f"{base - off:.4g} plus the {det.group}'s offset {off:+.4g}.")
+    details["support"] = {"moved": True}  # its severity comes from the evidence (detect/causes/severity.py)
     return Finding(
         kind=kind, step=start, end_step=end, peak_step=peak, metric=metric, value=x, baseline=base, score=z,
-        # a baseline at or below 0 (a metric near 0 or negative) has no ratio: judge the size by the score
-        severity=CRITICAL if (ratio >= CRITICAL_RATIO if base > 0 else z >= 2 * det.z) else WARNING,
-        tags=tags, evidence=evidence,
+        severity=INFO, tags=tags, evidence=evidence,
         details=details,
         next_step=(f"Look at the samples of step {peak}'s batch (suspect_samples) and replay the step from the "
                    f"checkpoint before it to confirm the cause; without a plan, record or rebuild it "

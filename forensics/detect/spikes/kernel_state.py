@@ -20,6 +20,9 @@ EXPECTED = 4  # accepted, but above the thresholds against the trend alone: expe
 NEW_BUCKET = 5  # its bucket has too few steps to have a baseline yet: only learned from, not judged
 STATUS_NAMES = ("accepted", "flagged", "nonfinite", "warmup", "expected_for_bucket", "new_bucket")
 
+#: Steps by which a grad-norm spike may lead a loss spike and still be the same event (BLOOM-176B's led by 4).
+JOINT_LEAD = 10
+
 # --- event kinds ----------------------------------------------------------------------------------------------------
 EV_SPIKE = 1
 EV_SHIFT = 2

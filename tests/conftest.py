@@ -61,6 +61,16 @@ def runs():
 
 
 @pytest.fixture(scope="session")
+def hf_cases():
+    """``{name: HFCase}`` of the real Trainer cases with known causes (fixtures/hf_cases.py): each is built on first
+    access, or read from the content-keyed cache (``$FORENSICS_FIXTURE_CACHE``); read-only, copy before writing."""
+    pytest.importorskip("transformers")
+    from fixtures.hf_cases import LazyCases
+
+    return LazyCases()
+
+
+@pytest.fixture(scope="session")
 def wandb_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real W&B offline runs written once per session by ``tests/wandb_writers.py``'s ``WRITER``: ``nested/``,
     ``multi/`` (other1, resumed1 twice) and ``logged.json`` (what was logged)."""

@@ -147,7 +147,8 @@ def run_audit(
                     boundaries=boundaries, max_len=cfg.max_len, sections=sections,
                     steps_known=all(a.convention != "as logged" for a in report.alignments),
                     logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
-                    max_grad_norm=cfg.max_grad_norm, **replay_fields(case, plan is not None))
+                    max_grad_norm=cfg.max_grad_norm,
+                    rule_params={k: dict(v) for k, v in cfg.detect.items()}, **replay_fields(case, plan is not None))
     judged = run_rules(rules, run, stage=stage)
     found = judged.found
     sections.update(judged.sections)

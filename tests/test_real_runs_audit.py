@@ -93,4 +93,5 @@ def test_findings_and_the_summary_give_the_trainers_own_step_beside_the_canonica
     assert findings["findings"] and all(f["logged_step"] == f["step"] + 1 for f in findings["findings"])
     assert all(c["logged_steps"] == [s + 1 for s in c["steps"]] for c in findings["causes"])
     first = min(_corrupt_steps(run))
-    assert f"step {first} (logged {first + 1})" in printed
+    (line,) = [x for x in printed.splitlines() if x.strip().startswith("C1 batch")]
+    assert f"steps {first}, " in line and f"(logged {first + 1}, " in line

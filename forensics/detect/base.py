@@ -56,6 +56,8 @@ class RunTables:
     #: The case folder as the commands the tool prints name it (None: metrics given alone), whether a replay can
     #: run on it, and else what it lacks (next steps name only commands that can run).
     case_path: str | None = None
+    #: run.toml's ``[detect.<rule>]`` tables (a rule that rebuilds another's finding takes its parameters here).
+    rule_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     replay_ready: bool = False
     replay_missing: str = ""
 

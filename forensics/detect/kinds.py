@@ -111,6 +111,8 @@ register_kind(FindingKind("level_shift", "level shift", section="level_shifts", 
 register_kind(FindingKind("expected_for_bucket", "expected for its bucket", section="expected_for_bucket"))
 register_kind(FindingKind("misaligned_steps", "metrics off the plan", line=_misaligned_line))
 register_kind(FindingKind("recurrence", "batch recurrence", section="recurrence"))
+register_kind(FindingKind("harmful_samples", "harmful samples", fail_on="samples",
+                          line=lambda f: str((f.get("evidence") or [""])[0])))
 register_kind(FindingKind("grad_norm_spikes", "grad-norm spikes the loss did not follow", fail_on="grad-norm",
                           line=lambda f: (f"{(f.get('details') or {}).get('count')} grad-norm spikes the loss did not "
                                           f"follow (steps {_steps(f)})")))

@@ -171,6 +171,7 @@ class LiveRun:
                              steps_known=all(a.convention != "as logged" for a in report.alignments),
                              logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
                     max_grad_norm=cfg.max_grad_norm,
+                    rule_params={k: dict(v) for k, v in cfg.detect.items()},
                              **replay_fields(self.inputs.case, bool(self.inputs.plan and self.samples is not None)))
         self.rules = build_rules(cfg.detect, has_plan=bool(self.inputs.plan and self.samples is not None))
         self.online = {r.name: s for r in self.rules if (s := r.online(self.run)) is not None}

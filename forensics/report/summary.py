@@ -18,6 +18,12 @@ from forensics.schema.keys import key_line
 
 MAX_SPIKES_SHOWN = 10
 MAX_EVIDENCE = 4
+#: Causes the summary tells; the rest are folded into one line per kind (the report and dashboard do the same).
+MAX_CAUSES = 5
+MAX_WARNINGS = 4
+#: A cause kind in the folded line's words.
+CAUSE_WORDS = {"grad_norm": "set of grad-norm spikes the loss did not follow", "batch": "batch cause",
+               "event": "spike without a batch", "level_shift": "level shift", "nonfinite": "NaN/inf cause"}
 
 
 def run_line(findings: dict[str, Any]) -> str:
@@ -34,7 +40,8 @@ def run_line(findings: dict[str, Any]) -> str:
 
 
 def render_summary(out: Console, findings: dict[str, Any], written: list[str] | None = None) -> None:
-    """Print the audit's summary to ``out``: the verdict, then one story per cause, then everything else."""
+    """Print the audit's summary to ``out``: the verdict, then the most urgent causes (at most
+    :data:`MAX_CAUSES`, the rest folded into one line per kind), then everything else in one line per kind."""
     out.print(f"[bold]run[/]  {escape(run_line(findings))}")
     if keys := key_line(findings.get("run") or {}):
         out.print(f"[bold]keys[/]  {escape(keys)}")
@@ -42,24 +49,29 @@ def render_summary(out: Console, findings: dict[str, Any], written: list[str] | 
     causes = [c for c in findings.get("causes") or [] if isinstance(c, dict)]
     if causes:
         out.print(f"\n[bold]causes[/] ({len(causes)}, most urgent first)")
-        for c in causes:
+        for c in causes[:MAX_CAUSES]:
             _cause(out, c, findings)
+        for line in fold_causes(causes[MAX_CAUSES:]):
+            out.print(f"  {escape(line)}")
     others = _other_findings(findings)
     if others:
         out.print("\n[bold]other findings[/]")
         for kind, items in others.items():
             k = kind_of(kind)
-            for f in items[:MAX_SPIKES_SHOWN]:
-                out.print(f"  {escape(k.describe(f))}")
-            if len(items) > MAX_SPIKES_SHOWN:
-                out.print(f"  ... and {len(items) - MAX_SPIKES_SHOWN} more {escape(k.title)} findings in findings.json")
+            if len(items) == 1:
+                out.print(f"  {escape(k.describe(items[0]))}")
+            else:
+                steps = ", ".join(str(f.get("step")) for f in items[:6]) + (" ..." if len(items) > 6 else "")
+                out.print(f"  {len(items)} {escape(k.title)} findings (steps {escape(steps)})")
     for kind in run_level_kinds():
         _section(out, kind, findings)
     warnings = findings.get("warnings") or []
     if warnings:
         out.print("\n[bold]data warnings[/] (kept, not fatal)")
-        for w in warnings:
+        for w in warnings[:MAX_WARNINGS]:
             out.print(f"  - {escape(str(w))}")
+        if len(warnings) > MAX_WARNINGS:
+            out.print(f"  ... and {len(warnings) - MAX_WARNINGS} more in findings.json (warnings)")
     steps = _next_steps(findings)
     if steps:
         out.print("\n[bold]next steps[/]")
@@ -67,6 +79,22 @@ def render_summary(out: Console, findings: dict[str, Any], written: list[str] | 
             out.print(f"  {i}. {escape(text)}")
     if written:
         out.print("\nwrote " + ", ".join(escape(w) for w in written))
+
+
+def fold_causes(causes: list[dict[str, Any]]) -> list[str]:
+    """The causes past the ones told, one line per kind: ``and 2 batch causes (warning): findings.json causes C6,
+    C7``."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for c in causes:
+        by_kind.setdefault(str(c.get("kind")), []).append(c)
+    out = []
+    for kind, items in by_kind.items():
+        worst = max((str(c.get("severity")) for c in items), key=("info", "warning", "critical").index)
+        ids = ", ".join(str(c.get("id")) for c in items[:8]) + (" ..." if len(items) > 8 else "")
+        what = CAUSE_WORDS.get(kind, f"{kind.replace('_', ' ')} cause")
+        out.append(f"and {len(items)} {what}{'s' if len(items) != 1 and not what.endswith('s') else ''} (at most "
+                   f"{worst}): findings.json cause{'s' if len(items) != 1 else ''} {ids}")
+    return out
 
 
 def _cause(out: Console, c: dict[str, Any], findings: dict[str, Any]) -> None:
@@ -77,9 +105,10 @@ def _cause(out: Console, c: dict[str, Any], findings: dict[str, Any]) -> None:
     out.print(f"  [{colour}]{escape(str(c.get('id')))} {escape(str(c.get('kind')))}[/] ({escape(where)}; "
               f"{escape(str(c.get('severity')))}, confidence {float(c.get('confidence') or 0):.2f})")
     out.print(f"    {escape(str(c.get('summary', '')))}")
-    members = [s for s in findings.get("spikes") or [] if s.get("cause") == c.get("id")]
-    for lead, also in _events({"spikes": members, "run": findings.get("run")})[:MAX_SPIKES_SHOWN]:
-        _spike(out, lead, also, evidence=1, indent="    ")
+    replay = c.get("replay") if isinstance(c.get("replay"), dict) else None
+    if replay and replay.get("verdict"):
+        out.print(f"    confirmed by replay: {escape(str(replay['verdict']))}" + (
+            f" ({escape(str((replay.get('evidence') or [''])[0]))})" if replay.get("evidence") else ""))
 
 
 def _other_findings(findings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -160,4 +189,4 @@ def _next_steps(findings: dict[str, Any]) -> list[str]:
         section = findings.get(kind.section)
         if isinstance(section, dict) and section.get("next_step"):
             steps.append(section["next_step"])
-    return list(dict.fromkeys(steps))[:4]
+    return list(dict.fromkeys(steps))[:3]

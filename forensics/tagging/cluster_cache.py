@@ -39,8 +39,9 @@ def _versions() -> str:
     return f"recipe {recipe}, scikit-learn {sklearn}, cache v{VERSION}"
 
 
-def cluster_key(texts: np.ndarray, k: int | None, max_fit: int, seed: int) -> str:
-    """The hash of what decides the clusters: every text in order (its UTF-8 bytes and length), and the settings."""
+def cluster_key(texts: np.ndarray, k: int | None, max_fit: int, seed: int, labels: np.ndarray | None = None) -> str:
+    """The hash of what decides the clusters and their names: every text in order (its UTF-8 bytes and length),
+    the samples' labels (a name carries its dominant ``source``), and the settings."""
     import pyarrow as pa
 
     arr = pa.array(texts, pa.large_string())
@@ -49,6 +50,8 @@ def cluster_key(texts: np.ndarray, k: int | None, max_fit: int, seed: int) -> st
     for buf in arr.buffers()[1:]:  # offsets, then data (no validity buffer: the texts are filled)
         if buf is not None:
             h.update(memoryview(buf))
+    if labels is not None:
+        h.update("\x1f".join(map(str, labels)).encode())
     return h.hexdigest()
 
 

@@ -16,6 +16,7 @@ builds, entry for entry. Texts with other characters go through scikit-learn's o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -24,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.schema import CLUSTER, TEXT
+from forensics.schema import CLUSTER, SOURCE, TEXT
 from forensics.tagging.cluster_cache import cluster_key, load_clusters, store_clusters
 
 if TYPE_CHECKING:
@@ -190,13 +191,20 @@ class TextClusterer:
         self.relabel_[order] = np.arange(len(order))
 
     def _names(self) -> dict[int, str]:
+        """Each cluster's most distinctive real words: its centroid's weight less the other clusters' mean, over
+        the terms that are words (letters only, three or more, not stop words); None where fewer than two
+        qualify (:func:`cluster_samples` then names it by an excerpt of its most central text)."""
         centers = self.kmeans_.cluster_centers_
         weights = self.svd_.inverse_transform(centers) if self.svd_ is not None else centers
         terms = self.vectorizer_.get_feature_names_out()
+        readable = np.array([is_name_word(str(t)) for t in terms], dtype=bool)
+        k = len(weights)
         names = {}
         for old, new in enumerate(self.relabel_):
-            top = np.argsort(-weights[old], kind="stable")[: self.n_terms]
-            names[int(new)] = " ".join(str(terms[t]) for t in top)
+            others = (weights.sum(axis=0) - weights[old]) / max(k - 1, 1)
+            contrast = np.where(readable, weights[old] - others, -np.inf)
+            top = [t for t in np.argsort(-contrast, kind="stable")[: self.n_terms] if contrast[t] > 0]
+            names[int(new)] = " ".join(str(terms[t]) for t in top) if len(top) >= 2 else None
         return dict(sorted(names.items()))
 
     # --- predict ------------------------------------------------------------------------------------------------------
@@ -295,6 +303,48 @@ def term_counts(texts: Sequence[str] | np.ndarray, vocabulary: pa.Array, vectori
     return x
 
 
+#: Words a cluster is never named by, beyond scikit-learn's English stop words: function words, fillers, yes/no.
+EXTRA_STOP_WORDS = frozenset("""
+a about above after again against ain all am an and any are aren as at be because been before being below between
+both but by can could couldn did didn do does doesn doing don down during each few for from further had hadn has
+hasn have haven having he her here hers herself him himself his how i if in into is isn it its itself just ll me
+might mightn more most must mustn my myself needn no nor not now of off on once only or other our ours ourselves out
+over own re same shan she should shouldn so some such than that the their theirs them themselves then there these
+they this those through to too under until up ve very was wasn we were weren what when where which while who whom
+why will with won would wouldn you your yours yourself yourselves yes yeah ok okay also get got gets let lets like
+make made many much one two three four five six seven eight nine ten zero
+""".split())
+_NAME_WORD = re.compile(r"[a-z][a-z'-]*[a-z]")
+
+
+def is_name_word(term: str) -> bool:
+    """A term a person reads as a word of the cluster: letters only (``w409`` or ``x_1`` are not), three letters
+    or more, with a vowel, and no stop word."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return (len(term) >= 3 and bool(_NAME_WORD.fullmatch(term)) and any(v in term for v in "aeiouy")
+            and term not in ENGLISH_STOP_WORDS and term not in EXTRA_STOP_WORDS)
+
+
+def cluster_names(texts: np.ndarray, codes: np.ndarray, names: dict[int, str | None],
+                  labels: np.ndarray | None = None) -> dict[int, str]:
+    """Names a person can read: the distinctive words (or, where there are too few, the first words of the
+    cluster's most typical text: its most common opening), plus the dominant label (``source``) when one holds
+    most of the cluster."""
+    out = {}
+    for c, name in names.items():
+        members = np.flatnonzero(codes == c)
+        if name is None:
+            words = [" ".join(str(t).split()[:6]) for t in texts[members] if str(t).strip()]
+            name = f"\u201c{pd.Series(words).mode().iloc[0]}\u2026\u201d" if words else "(no words)"
+        if labels is not None and len(members):
+            counts = pd.Series(labels[members]).value_counts()
+            if len(counts) and counts.iloc[0] >= 0.6 * len(members) and str(counts.index[0]) not in ("", "nan"):
+                name = f"{name} ({counts.index[0]})"
+        out[int(c)] = str(name)
+    return out
+
+
 def cluster_samples(
     samples: pd.DataFrame,
     k: int | None = None,
@@ -324,7 +374,8 @@ def cluster_samples(
     if TEXT not in out.columns:
         raise ForensicsError("samples: no 'text' column to cluster; pass --cluster-by COLUMN (e.g. source) or add text")
     texts = out[TEXT].astype("string").fillna("").astype(object).to_numpy()
-    key = cluster_key(texts, k, max_fit, seed)
+    labels = out[SOURCE].astype("string").fillna("").astype(object).to_numpy() if SOURCE in out.columns else None
+    key = cluster_key(texts, k, max_fit, seed, labels)
     stored = _stored_clusters(key, len(texts))
     if stored is not None:  # the same texts and settings were clustered before: the same clusters, read back
         codes, info = stored
@@ -333,7 +384,8 @@ def cluster_samples(
     else:
         model = TextClusterer(k, max_fit=max_fit, seed=seed).fit(texts)
         codes = model.predict(texts, progress=progress)
-        info = ClusterInfo(method="text", k=model.k_, names=dict(model.names_), silhouettes=dict(model.silhouettes_))
+        info = ClusterInfo(method="text", k=model.k_, names=cluster_names(texts, codes, model.names_, labels),
+                           silhouettes=dict(model.silhouettes_))
         store_clusters(key, codes, info.as_dict())
     out[CLUSTER] = codes
     name_list = pd.array([info.names[c] for c in range(info.k)], dtype="string")

@@ -31,7 +31,7 @@ from forensics.detect.causes import wording
 from forensics.detect.causes.severity import assign_severities, most_severe, support_of
 from forensics.detect.findings import CRITICAL, SEVERITIES, Finding
 from forensics.detect.params import fraction
-from forensics.detect.rules.grad_norm import unfollowed
+from forensics.detect.rules.grad_norm import NOT_FOLLOWED, unfollowed
 from forensics.detect.spikes.kernel_state import JOINT_LEAD
 
 #: Run-level finding kinds that are causes of their own, and the cause kind each becomes.
@@ -47,6 +47,34 @@ SUSPECTS_READ = 20
 
 def _span(f: Finding) -> tuple[int, int]:
     return int(f.step), int(f.end_step if f.end_step is not None else f.step)
+
+
+def _same_cause(g: Finding, event: list[Finding]) -> bool:
+    """Whether a grad-norm spike is the event's own: its span overlaps the event's, its batch shares
+    samples with the event's, or no plan names either batch."""
+    lo, hi = _span(g)
+    if any(_span(f)[0] <= hi and lo <= _span(f)[1] for f in event):
+        return True
+    mine = set(g.suspect_samples)
+    theirs = set().union(*(set(f.suspect_samples) for f in event))
+    return not (mine and theirs) or bool(mine & theirs)
+
+
+def _only_samples(f: Finding, keep: list[int], run: RunTables) -> Finding:
+    """The harmful-samples finding narrowed to the samples no batch cause tells (its steps theirs only)."""
+    import copy
+
+    rows = [r for r in run.sections.get("harmful_samples") or [] if r.get("sample_id") in set(keep)]
+    out = copy.copy(f)
+    out.suspect_samples = list(keep)
+    steps = sorted({int(s) for r in rows for s in r.get("steps") or []})
+    out.details = {**f.details, "steps": steps, "count": len(keep)}
+    n = len(keep)
+    out.evidence = [f"{n} more sample{'s' if n != 1 else ''} ({', '.join(map(str, keep[:8]))}) raised the loss each "
+                    f"time {'they were' if n != 1 else 'it was'} consumed (steps "
+                    f"{', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''}), beside the ones the batch "
+                    "causes name."] + [e for e in f.evidence[1:] if any(f"sample {i}:" in e for i in keep)]
+    return out
 
 
 def cause_key(kind: str, steps: list[int], samples: list[int]) -> str:
@@ -94,6 +122,8 @@ class CauseRule(Rule):
         static = bool(gate and gate.get("static"))
         quiet = {id(f) for f in unfollowed(found, run.grad_norm_key)}
         events = self._events([f for f in found if f.kind == "spike" and id(f) not in quiet], run.loss_key)
+        added = self._regroup_grad_norm(found, run, quiet)
+        quiet = {id(f) for f in unfollowed(found, run.grad_norm_key)}
         groups = self._join(events)
         for group in groups:
             if len(group) > 1:
@@ -109,10 +139,23 @@ class CauseRule(Rule):
                 support_of(f)["critical"] = True
                 assign_severities([f])
                 next(c for c in causes if c["kind"] == "batch" and c["details"]["recurs"])["_members"].append(f)
+        told = {i for c in causes if c["kind"] == "batch" for i in c["suspect_samples"][:SUSPECTS_READ]}
         for f in found:
             kind = CAUSE_KINDS.get(f.kind)
             if kind is None or (kind == "plan" and recurs_by_plan):
                 continue
+            if kind == "samples":
+                covered = [i for i in f.suspect_samples if i in told]
+                for c in causes:  # the batch causes that already tell some of them say so
+                    mine = [i for i in covered if i in c["suspect_samples"][:SUSPECTS_READ]]
+                    if c["kind"] == "batch" and mine:
+                        c["details"]["harmful_samples"] = mine
+                rest = [i for i in f.suspect_samples if i not in told]
+                if not rest:
+                    next(c for c in causes if c.get("details", {}).get("harmful_samples"))["_members"].append(f)
+                    continue
+                if covered:
+                    f = _only_samples(f, rest, run)
             members = [g for g in found if id(g) in quiet] if kind == "grad_norm" else []
             causes.append(self._finding_cause(kind, f, run, members=members, gate=gate))
         causes.sort(key=lambda c: (-SEVERITIES.index(c["severity"]), -round(c["confidence"], 3), not c["steps"],
@@ -125,29 +168,63 @@ class CauseRule(Rule):
                 f.tags["cause"] = c["id"]
                 f.severity = c["severity"]
         self.section_ = [dict(id=c["id"], **{k: v for k, v in c.items() if k != "id"}) for c in causes]
+        return added
+
+    @staticmethod
+    def _regroup_grad_norm(found: list[Finding], run: RunTables, quiet: set[int]) -> list[Finding]:
+        """The grad-norm finding again when building the events found more spikes the loss did not follow (a loss
+        answer in another batch); returns it when it is new (it joins ``found`` too)."""
+        now = unfollowed(found, run.grad_norm_key)
+        if {id(f) for f in now} == quiet:
+            return []
+        from forensics.detect.rules.grad_norm import GradNormRule
+
+        summary = GradNormRule(**run.rule_params.get("grad_norm", {})).summarise(found, run)
+        old = next((f for f in found if f.kind == "grad_norm_spikes"), None)
+        if old is not None and summary is not None:
+            old.__dict__.update(summary.__dict__)
+            return []
+        if summary is not None:
+            found.append(summary)
+            return [summary]
         return []
 
     # --- events and their joins -----------------------------------------------------------------------------------
     @staticmethod
     def _events(spikes: list[Finding], loss_key: str) -> list[list[Finding]]:
         """Spikes whose spans overlap, over all metrics, as events (loss first); a grad-norm spike the loss answered
-        within ``JOINT_LEAD`` steps joins the event of that answer."""
+        (``joint`` = ``loss_response``) joins the event of the first loss spike starting within ``JOINT_LEAD`` steps
+        of its end."""
         spikes = sorted(spikes, key=lambda f: (_span(f), str(f.metric)))
+        answering = [f for f in spikes if f.details.get("joint") == "loss_response"]
         events: list[list[Finding]] = []
         end = None
         for f in spikes:
+            if f.details.get("joint") == "loss_response":
+                continue
             lo, hi = _span(f)
-            # a grad-norm spike still waiting for the loss spike that answered it (the event has no other metric)
-            waiting = bool(events) and all(g.details.get("joint") == "loss_response" for g in events[-1])
-            answered = waiting and f.details.get("joint") in ("led", "accompanied") and lo <= end + JOINT_LEAD
-            if events and end is not None and (lo <= end or answered):
+            if events and end is not None and lo <= end:
                 events[-1].append(f)
                 end = max(end, hi)
             else:
                 events.append([f])
                 end = hi
+        for g in answering:
+            lo, hi = _span(g)
+            host = next((e for e in events if any(f.details.get("joint") in ("led", "accompanied")
+                                                  and lo <= _span(f)[0] <= hi + JOINT_LEAD for f in e)), None)
+            if host is not None and not _same_cause(g, host):
+                # the loss answered in another batch (the plan says so): the loss did not follow this one
+                support_of(g).pop("grad_norm", None)
+                support_of(g)["explained"] = NOT_FOLLOWED
+                continue
+            if host is None:
+                events.append([g])
+            else:
+                host.append(g)
+        events.sort(key=lambda e: min(_span(f)[0] for f in e))
         for e in events:
-            e.sort(key=lambda f: (f.metric != loss_key, str(f.metric)))
+            e.sort(key=lambda f: (f.metric != loss_key, _span(f), str(f.metric)))
         return events
 
     def _join(self, events: list[list[Finding]]) -> list[list[list[Finding]]]:
@@ -234,12 +311,12 @@ class CauseRule(Rule):
                        gate: dict | None = None) -> dict[str, Any]:
         """A cause of one run-level finding (and the findings it covers: the grad-norm spikes of ``grad_norm``)."""
         members = [f, *(members or [])]
-        steps = sorted({int(s) for s in (f.details.get("steps") or [])}) if kind == "grad_norm" else (
+        steps = sorted({int(s) for s in (f.details.get("steps") or [])}) if kind in ("grad_norm", "samples") else (
             [] if kind in ("oscillation", "plan") else [int(f.step)])
         severity = most_severe(m.severity for m in members[:1])
         return {"kind": kind, "steps": steps, "metrics": [str(f.metric)] if f.metric else [],
                 "suspect_samples": list(f.suspect_samples), "_members": members, "severity": severity,
                 "confidence": f.confidence_value(), "events": steps[:1],
                 "summary": wording.finding_summary(kind, f, run, gate),
-                "next_step": wording.finding_next_step(kind, f, gate), "details": {}}
+                "next_step": wording.finding_next_step(kind, f, gate, run), "details": {}}
 

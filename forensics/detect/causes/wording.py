@@ -106,8 +106,19 @@ def finding_summary(kind: str, f: Finding, run: RunTables, gate: dict | None) ->
     return str((f.evidence or [f.kind.replace("_", " ")])[0])
 
 
-def finding_next_step(kind: str, f: Finding, gate: dict | None) -> str | None:
+def finding_next_step(kind: str, f: Finding, gate: dict | None, run: RunTables) -> str | None:
     if kind == "plan":
         fix = plan_fix_words(gate)
         return fix[:1].upper() + fix[1:] + "."
+    if kind == "samples":
+        ids = list(f.suspect_samples)
+        parts = [f"Inspect samples {_ids(ids)}"]
+        steps = sorted({int(s) for s in f.details.get("steps") or []})
+        command = replay_command(run, steps)
+        if command:
+            parts.append(f"replay the steps that consumed them (`{command}`)")
+        case = shlex.quote(run.case_path) if run.case_path else "CASE"
+        parts.append(f"to train without them, `forensics skip {case} --format ids --min-severity warning -o "
+                     "skip.json` writes their ids for forensics.integrations.exclude_samples")
+        return "; ".join(parts) + "."
     return f.next_step

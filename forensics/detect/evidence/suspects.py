@@ -1,10 +1,11 @@
-"""Suspect samples: for each spike, its batch's samples ranked, most suspect first, each with its reasons.
+"""Suspect samples: for each spike, its batch's samples ranked by evidence of harm, each with its reasons.
 
-The ranking (a first cut; attribution deepens it):
+The ranking (attribution adds the run-level evidence):
 
-1. **Recurrence**: samples that were in the batches of several spike events come first (more events first). A sample
-   that keeps showing up where the loss jumps is the strongest lead the plan alone gives.
-2. **Outlyingness** within the spike's batch and the run, summed:
+1. **Evidence of harm**, summed into ``harm``: recurrence (in the batches of several spike events: the strongest
+   lead the plan alone gives) and the sample's own content evidence (:mod:`forensics.detect.evidence.content`:
+   near-duplicates in the dataset, repetition, noise, tokens foreign to its cluster).
+2. **Outlyingness** within the spike's batch and the run, a tiebreaker only (length never decides alone):
    - length: robust distance of ``n_tokens`` from the batch's median and of ``log(n_tokens)`` from the run's
      (median/MAD; capped so no single feature dominates);
    - cluster (or source): a minority in its batch, and a rare one in the run;
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
+from forensics.detect.evidence.content import ContentEvidence, content_evidence
 from forensics.detect.findings import Finding
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, SOURCE, STEP, TEXT
@@ -48,6 +50,8 @@ class Suspect:
     n_spike_batches: int
     score: float
     reasons: list[str] = field(default_factory=list)
+    #: Evidence of harm: recurrence across spike batches plus the content evidence (0: none).
+    harm: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,7 +83,7 @@ def _batch_ids(plan_steps: np.ndarray, plan_ids: np.ndarray, start: int, end: in
 
 
 def rank_all(events: Sequence[int | tuple[int, int] | Finding], plan: pd.DataFrame, samples: pd.DataFrame,
-             top: int | None = 20) -> list[list[Suspect]]:
+             top: int | None = 20, content: ContentEvidence | None = None) -> list[list[Suspect]]:
     """Suspects for every event (a step, a ``(start, end)`` pair or a spike finding), recurrence counted across
     all of them; one list per event, most suspect first, at most ``top`` each (``None``: all)."""
     _check(plan, samples)
@@ -96,7 +100,9 @@ def rank_all(events: Sequence[int | tuple[int, int] | Finding], plan: pd.DataFra
         seen_spans.add(spans[k])
         for sid in np.unique(ids):
             where.setdefault(int(sid), []).append(spans[k][0])
-    ctx = _RunContext(samples)
+    if content is None:
+        content = content_evidence(samples, np.unique(np.concatenate(batches)) if batches else [])
+    ctx = _RunContext(samples, content)
     return [ctx.rank(ids, where, top) for ids in batches]
 
 
@@ -126,8 +132,9 @@ def attach_suspects(findings: Iterable[Finding], plan: pd.DataFrame, samples: pd
 class _RunContext:
     """What a ranking compares a batch against: the run's length distribution and cluster shares."""
 
-    def __init__(self, samples: pd.DataFrame):
-        self.samples = samples.set_index(SAMPLE_ID, drop=False)
+    def __init__(self, samples: pd.DataFrame, content: ContentEvidence | None = None):
+        self.samples = samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID, drop=False)
+        self.content = content
         n = samples[N_TOKENS].to_numpy(dtype=np.float64)
         logn = np.log(np.maximum(n, 1.0))
         self.log_med = float(np.median(logn)) if len(logn) else 0.0
@@ -186,9 +193,13 @@ class _RunContext:
             score = (min(max(z_batch[j], z_run[j]) / 3.0, 2.0) + o_label
                      + (dup_sim[j] if dup_sim[j] >= DUPLICATE_JACCARD else 0.0)
                      + 0.5 * (int(counts.get(sid, 1)) - 1))
+            harm = float(np.log2(rec)) if rec >= 2 else 0.0
+            if self.content is not None and self.content.flagged(sid):
+                harm += 1.0 + self.content.score(sid)
+                reasons = list(self.content.reasons[sid]) + reasons
             out.append(Suspect(sample_id=sid, n_spike_batches=max(rec, 1), score=round(float(score), 6),
-                               reasons=reasons))
-        out.sort(key=lambda s: (-(s.n_spike_batches if s.n_spike_batches >= 2 else 1), -s.score, s.sample_id))
+                               reasons=reasons, harm=round(harm, 6)))
+        out.sort(key=lambda s: (-s.harm, -s.score, s.sample_id))
         return out if top is None else out[:top]
 
 

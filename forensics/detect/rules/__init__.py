@@ -29,6 +29,7 @@ BUILTIN_RULES = (
     "forensics.detect.rules.composition:CompositionRule",
     "forensics.detect.rules.attribution:AttributionRule",
     "forensics.detect.rules.recurrence:RecurrenceRule",
+    "forensics.detect.rules.harmful_samples:HarmfulSamplesRule",
     "forensics.detect.rules.forgetting:ForgettingRule",
     "forensics.detect.causes.grouping:CauseRule",
 )

@@ -121,6 +121,9 @@ def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataF
     ids_only = pd.DataFrame({SAMPLE_ID: plan[SAMPLE_ID].unique()}) if has_plan and smp is None else None
     batches = _batches(plan, smp if smp is not None else ids_only, peaks) if has_plan else {}
     for f, p, r, suspects in zip(group, prec, rec, ranked):
+        if any(getattr(x, "harm", 0.0) > 1.0 and any("robust SDs" in w or "near-duplicate of" in w or "foreign" in w
+                                                      for w in x.reasons) for x in suspects[:top]):
+            f.details.setdefault("support", {})["content"] = True
         batch = batches.get(spike_span(f)[2]) if batches else None
         attribution: dict[str, Any] = {"precedence": p}
         evidence: list[str] = []
@@ -227,13 +230,13 @@ def _order_samples(suspects: list, enr: pd.DataFrame | None,
                    batch: pd.DataFrame | None) -> tuple[list[int], list[dict[str, Any]]]:
     """Sample ids most suspect first, and a row per sample with the numbers behind its place."""
     if suspects:
-        base = [(s.sample_id, s.score, s.reasons) for s in suspects]
+        base = [(s.sample_id, s.score, s.reasons, s.harm) for s in suspects]
     elif batch is not None and len(batch):
-        base = [(int(i), 0.0, []) for i in sorted(batch[SAMPLE_ID].astype(int).tolist())]
+        base = [(int(i), 0.0, [], 0.0) for i in sorted(batch[SAMPLE_ID].astype(int).tolist())]
     else:
         return [], []
     rows = []
-    for rank, (sid, score, reasons) in enumerate(base):
+    for rank, (sid, score, reasons, harm) in enumerate(base):
         e = enr.loc[sid] if enr is not None and sid in enr.index else None
         k = int(e["n_spike_batches"]) if e is not None else 1
         rows.append({
@@ -241,9 +244,10 @@ def _order_samples(suspects: list, enr: pd.DataFrame | None,
             "spike_steps": list(e["spike_steps"]) if e is not None else [],
             "p_value": float(e["p_value"]) if e is not None else None,
             "p_bonferroni": float(e["p_bonferroni"]) if e is not None else None,
-            "outlyingness": float(score), "reasons": list(reasons), "_rank": rank,
+            "outlyingness": float(score), "harm": float(harm), "reasons": list(reasons), "_rank": rank,
         })
-    rows.sort(key=lambda r: (0 if r["n_spike_batches"] >= 2 else 1,
+    # evidence of harm first (recurrence and content, as suspects ranked it); then the enrichment's p-value
+    rows.sort(key=lambda r: (-round(r["harm"], 6),
                              r["p_value"] if r["n_spike_batches"] >= 2 and r["p_value"] is not None else 1.0,
                              r["_rank"]))
     for r in rows:

@@ -53,9 +53,14 @@ class GradNormRule(Rule):
 
     def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
-        spikes = unfollowed(list(found or []), run.grad_norm_key)
+        summary = self.summarise(list(found or []), run)
+        return [summary] if summary is not None else []
+
+    def summarise(self, found: list[Finding], run: RunTables) -> Finding | None:
+        """The one finding of the grad-norm spikes the loss did not follow (None when there are none)."""
+        spikes = unfollowed(found, run.grad_norm_key)
         if not spikes:
-            return []
+            return None
         grad = str(run.grad_norm_key)
         rows = run.written_rows(grad)
         steps = rows[STEP].to_numpy(np.int64)
@@ -96,11 +101,11 @@ class GradNormRule(Rule):
             evidence.append(f"A clipping threshold of {suggested:.3g} (the {100 * self.quantile:g}th percentile of "
                             f"the quiet steps) would clip {100 * details['suggested_clipped_share']:.1f}% of steps.")
         evidence += [f"They concentrate in {w}." for w in clustered]
-        return [Finding(kind="grad_norm_spikes", step=first, end_step=last, metric=grad, value=ratio,
-                        severity=INFO, evidence=evidence, details={**details, "support": support,
-                                                                   "confidence": 1.0 - 0.5 / max(len(spikes), 1)},
-                        next_step=("Nothing to replay: the loss ignored them. If they cluster, look at what those "
-                                   "steps share; a clipping threshold near the suggested one bounds them."))]
+        return Finding(kind="grad_norm_spikes", step=first, end_step=last, metric=grad, value=ratio,
+                       severity=INFO, evidence=evidence, details={**details, "support": support,
+                                                                  "confidence": 1.0 - 0.5 / max(len(spikes), 1)},
+                       next_step=("Nothing to replay: the loss ignored them. If they cluster, look at what those "
+                                  "steps share; a clipping threshold near the suggested one bounds them."))
 
     def _by(self, tags: pd.DataFrame | None, steps: np.ndarray, peaks: list[int],
             col: str) -> tuple[dict[str, int], str | None]:

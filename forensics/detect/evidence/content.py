@@ -1,0 +1,227 @@
+"""Content evidence: what a sample itself says about whether it can hurt, measured against the rest of the dataset.
+
+A suspect sample is ranked by evidence of harm, not by its length (length is the tiebreaker only). What a sample
+carries, each against a reference drawn from the dataset (its own cluster where it has one):
+
+- **near-duplicates**: how many other samples of the dataset share most of its token 3-grams (MinHash, 32 hashes;
+  a shared signature band of 2 proposes a pair, the share of equal hashes estimates its Jaccard). A scraped boilerplate
+  copied with a few tokens changed has many; ordinary text has none.
+- **repetition**: the share of its token 3-grams that repeat an earlier one: near 0 for text, near 1 for one phrase
+  over and over (flagged from 30%, and well above its cluster).
+- **token entropy**: the entropy of its token distribution, low for repetition, high for noise.
+- **foreign tokens**: the share of its tokens that its cluster almost never uses (in fewer than 1% of the cluster's
+  reference samples): a sample whose words come from nowhere near its neighbours.
+
+Each signal is a robust z (median and MAD of the reference); a sample is *flagged* by a signal at ``FLAG_Z`` robust
+SDs or more (or, for near-duplicates, two or more in the dataset), and its ``content_score`` sums the capped
+excesses. A near-duplicate family counts against the families ordinary samples of its cluster have (templated text has
+them too). Tokens come from ``input_ids`` (or ``token_ids``), else from the words of ``text``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from forensics.schema import CLUSTER, SAMPLE_ID, SOURCE, TEXT
+from forensics.stats import MAD_TO_SD
+
+#: Robust SDs from which a signal flags a sample.
+FLAG_Z = 4.0
+#: A signal's contribution to the score is capped here (no single one decides alone).
+CAP_Z = 12.0
+#: Near-duplicates in the dataset from which a sample is flagged (a few look-alikes are a template; a family is not).
+NEAR_DUPS = 3
+#: Estimated Jaccard of 3-gram sets from which two samples are near-duplicates.
+DUP_JACCARD = 0.45
+#: A cluster holding less than this share of the samples is judged against the whole dataset (corrupted samples
+#: alike enough to be clustered together would otherwise be their own reference).
+SMALL_GROUP = 0.05
+#: The least scale a signal is judged on, as a share of its reference median (and 0.025 absolute).
+SCALE_FLOOR = 0.05
+#: Reference samples drawn per cluster (and for the dataset) to judge against.
+REFERENCE = 400
+#: A token used by fewer than this share of its cluster's reference samples is foreign to it.
+FOREIGN_SHARE = 0.05
+#: A sample is flagged as repetitive when at least this share of its 3-grams repeat.
+REPEAT_FLAG = 0.3
+#: A sample is flagged for foreign tokens when at least this share of them are (a few rare names are ordinary).
+FOREIGN_FLAG = 0.4
+N_HASHES, BAND_ROWS = 32, 2
+_WORD = re.compile(r"\S+")
+
+
+@dataclass
+class ContentEvidence:
+    """Per sample: the signals, their robust z, the flags and the score (:func:`content_evidence`)."""
+
+    table: pd.DataFrame
+    reasons: dict[int, list[str]] = field(default_factory=dict)
+
+    def score(self, sample_id: int) -> float:
+        return float(self.table["content_score"].get(int(sample_id), 0.0)) if len(self.table) else 0.0
+
+    def flagged(self, sample_id: int) -> bool:
+        return bool(self.reasons.get(int(sample_id)))
+
+
+def _tokens(samples: pd.DataFrame) -> list[np.ndarray]:
+    col = next((c for c in ("input_ids", "token_ids") if c in samples.columns), None)
+    if col is not None:
+        return [np.asarray(t, dtype=np.int64) if t is not None else np.empty(0, np.int64) for t in samples[col]]
+    if TEXT in samples.columns:
+        vocab: dict[str, int] = {}
+        return [np.array([vocab.setdefault(w, len(vocab)) for w in _WORD.findall(str(t or "").lower())], np.int64)
+                for t in samples[TEXT]]
+    return [np.empty(0, np.int64) for _ in range(len(samples))]
+
+
+def _repeat_share(tokens: np.ndarray) -> float:
+    """The share of a sample's token 3-grams that repeat an earlier one (0 for ordinary text; a loop of one phrase
+    approaches 1). Steadier than a compressor's ratio on short samples, whose header weighs."""
+    if len(tokens) < 4:
+        return np.nan
+    t = tokens.astype(np.int64)
+    grams = (t[:-2] * 1_000_003 + t[1:-1]) * 1_000_003 + t[2:]
+    return 1.0 - len(np.unique(grams)) / len(grams)
+
+
+def _entropy(tokens: np.ndarray) -> float:
+    if not len(tokens):
+        return np.nan
+    _, counts = np.unique(tokens, return_counts=True)
+    p = counts / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+def _minhash(tokens: np.ndarray, coeffs: np.ndarray) -> np.ndarray | None:
+    """The MinHash signature of a sample's token 3-grams (None below 5 tokens: too short to be judged)."""
+    if len(tokens) < 5:
+        return None
+    t = tokens.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        shingles = np.unique((t[:-2] * np.uint64(0x9E3779B97F4A7C15) ^ t[1:-1]) * np.uint64(0xBF58476D1CE4E5B9)
+                             ^ t[2:])
+        hashed = shingles[None, :] * coeffs[:, :1] + coeffs[:, 1:]  # wraps modulo 2**64: a multiply-add hash
+        hashed ^= hashed >> np.uint64(29)
+    return hashed.min(axis=1)
+
+
+def _near_duplicates(signatures: list[np.ndarray | None]) -> np.ndarray:
+    """For each sample: how many others look like it (estimated 3-gram Jaccard >= ``DUP_JACCARD``)."""
+    buckets: dict[tuple, list[int]] = {}
+    for i, sig in enumerate(signatures):
+        if sig is None:
+            continue
+        for band in range(N_HASHES // BAND_ROWS):
+            key = (band, *sig[band * BAND_ROWS:(band + 1) * BAND_ROWS].tolist())
+            buckets.setdefault(key, []).append(i)
+    pairs: set[tuple[int, int]] = set()
+    for members in buckets.values():
+        if 1 < len(members) <= 200:  # a bucket holding hundreds is a common template, not a family
+            for x in range(len(members)):
+                for y in range(x + 1, len(members)):
+                    pairs.add((members[x], members[y]))
+    counts = np.zeros(len(signatures), np.int64)
+    for i, j in pairs:
+        if float(np.mean(signatures[i] == signatures[j])) >= DUP_JACCARD:
+            counts[i] += 1
+            counts[j] += 1
+    return counts
+
+
+def _robust_z(values: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    ref = ref[np.isfinite(ref)]
+    if len(ref) < 5:
+        return np.zeros(len(values))
+    med = float(np.median(ref))
+    # a floor on the scale: a signal that hardly varies in the reference (30 random words compress alike) must move
+    # by a real amount, not by a few robust SDs of nothing
+    sd = max(float(np.median(np.abs(ref - med))) * MAD_TO_SD, SCALE_FLOOR * abs(med), SCALE_FLOOR / 2)
+    return np.where(np.isfinite(values), (values - med) / sd, 0.0)
+
+
+def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
+                     dataset_limit: int = 200_000) -> ContentEvidence:
+    """The content evidence of the samples ``ids`` (module docstring), judged against the dataset ``samples``.
+
+    Near-duplicates are counted over the whole dataset up to ``dataset_limit`` samples (a random subset of that
+    many, the suspects always in it, beyond)."""
+    ids = sorted({int(i) for i in ids})
+    if not ids or not len(samples):
+        return ContentEvidence(pd.DataFrame())
+    rng = np.random.default_rng(seed)
+    smp = samples.drop_duplicates(SAMPLE_ID).reset_index(drop=True)
+    pos = pd.Series(np.arange(len(smp)), index=smp[SAMPLE_ID].to_numpy(np.int64))
+    wanted = pos.reindex(ids).dropna().astype(np.int64).to_numpy()
+    pool = np.arange(len(smp))
+    if len(pool) > dataset_limit:
+        pool = np.union1d(rng.choice(pool, dataset_limit, replace=False), wanted)
+    tokens_pool = _tokens(smp.iloc[pool])
+    coeffs = rng.integers(1, 1 << 62, size=(N_HASHES, 2), dtype=np.int64).astype(np.uint64) | np.uint64(1)
+    dups = _near_duplicates([_minhash(t, coeffs) for t in tokens_pool])
+    dup_of = pd.Series(dups, index=smp[SAMPLE_ID].to_numpy(np.int64)[pool])
+    label = CLUSTER if CLUSTER in smp.columns else (SOURCE if SOURCE in smp.columns else None)
+    groups = smp[label].to_numpy() if label else np.zeros(len(smp), np.int64)
+    rows = []
+    reasons: dict[int, list[str]] = {}
+    wanted_set = set(wanted.tolist())
+    for g in pd.unique(groups[wanted]):
+        members = np.flatnonzero(groups == g)
+        against = label or "dataset"
+        if len(members) < SMALL_GROUP * len(smp):  # a small cluster may be the odd samples themselves
+            members, against = np.arange(len(smp)), "dataset"
+        ref_idx = rng.choice(members, min(REFERENCE, len(members)), replace=False)
+        ref_idx = np.setdiff1d(ref_idx, wanted) if len(np.setdiff1d(ref_idx, wanted)) >= 5 else ref_idx
+        ref_tokens = _tokens(smp.iloc[ref_idx])
+        doc_freq: dict[int, int] = {}
+        for t in ref_tokens:
+            for tok in np.unique(t).tolist():
+                doc_freq[tok] = doc_freq.get(tok, 0) + 1
+        floor = FOREIGN_SHARE * max(len(ref_tokens), 1)
+
+        def foreign(t: np.ndarray, doc_freq: dict[int, int] = doc_freq, floor: float = floor) -> float:
+            return float(np.mean([doc_freq.get(int(x), 0) < floor for x in t])) if len(t) else np.nan
+
+        ref = np.array([(_repeat_share(t), _entropy(t), foreign(t)) for t in ref_tokens], dtype=np.float64)
+        ref_dups = dup_of.reindex(smp[SAMPLE_ID].to_numpy(np.int64)[ref_idx]).fillna(0).to_numpy(np.float64)
+        dup_med = float(np.median(ref_dups))
+        dup_sd = max(float(np.median(np.abs(ref_dups - dup_med))) * MAD_TO_SD, 1.0)
+        mine = [i for i in wanted if i in wanted_set and groups[i] == g]
+        mine_tokens = _tokens(smp.iloc[mine])
+        vals = np.array([(_repeat_share(t), _entropy(t), foreign(t)) for t in mine_tokens], dtype=np.float64)
+        z = np.column_stack([_robust_z(vals[:, k], ref[:, k]) for k in range(3)]) if len(vals) else vals
+        for r, i in enumerate(mine):
+            sid = int(smp[SAMPLE_ID].iloc[i])
+            n_dup = int(dup_of.get(sid, 0))
+            why: list[str] = []
+            score = 0.0
+            zd = (n_dup - dup_med) / dup_sd
+            if n_dup >= NEAR_DUPS and zd >= FLAG_Z:  # templates make families too: judged against its cluster's
+                why.append(f"near-duplicate of {n_dup} other samples of the dataset")
+                score += min(zd, CAP_Z) / FLAG_Z
+            zc, ze, zf = (float(x) for x in z[r])
+            if zc >= FLAG_Z and vals[r, 0] >= REPEAT_FLAG:
+                why.append(f"repetitive: {100 * vals[r, 0]:.0f}% of its 3-grams repeat an earlier one ({zc:.0f} robust "
+                           f"SDs above its {against})")
+            if ze <= -FLAG_Z:
+                why.append(f"few distinct tokens (entropy {abs(ze):.0f} robust SDs below its {against})")
+            elif ze >= FLAG_Z:
+                why.append(f"unusually varied tokens (entropy {ze:.0f} robust SDs above its {against})")
+            if zf >= FLAG_Z and vals[r, 2] >= FOREIGN_FLAG:
+                why.append(f"{100 * vals[r, 2]:.0f}% of its tokens are foreign to its {against}")
+            for zz, flagging in ((zc, zc >= FLAG_Z and vals[r, 0] >= REPEAT_FLAG), (ze, abs(ze) >= FLAG_Z),
+                                 (zf, zf >= FLAG_Z and vals[r, 2] >= FOREIGN_FLAG)):
+                if flagging:
+                    score += min(abs(zz), CAP_Z) / FLAG_Z
+            rows.append({SAMPLE_ID: sid, "near_duplicates": n_dup, "repeat_share": vals[r, 0],
+                         "entropy": vals[r, 1], "foreign_share": vals[r, 2], "z_repeat": zc, "z_entropy": ze,
+                         "z_foreign": zf, "content_score": score})
+            if why:
+                reasons[sid] = why
+    table = pd.DataFrame(rows).set_index(SAMPLE_ID) if rows else pd.DataFrame()
+    return ContentEvidence(table, reasons)

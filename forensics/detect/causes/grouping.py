@@ -60,23 +60,6 @@ def _same_cause(g: Finding, event: list[Finding]) -> bool:
     return not (mine and theirs) or bool(mine & theirs)
 
 
-def _only_samples(f: Finding, keep: list[int], run: RunTables) -> Finding:
-    """The harmful-samples finding narrowed to the samples no batch cause tells (its steps theirs only)."""
-    import copy
-
-    rows = [r for r in run.sections.get("harmful_samples") or [] if r.get("sample_id") in set(keep)]
-    out = copy.copy(f)
-    out.suspect_samples = list(keep)
-    steps = sorted({int(s) for r in rows for s in r.get("steps") or []})
-    out.details = {**f.details, "steps": steps, "count": len(keep)}
-    n = len(keep)
-    out.evidence = [f"{n} more sample{'s' if n != 1 else ''} ({', '.join(map(str, keep[:8]))}) raised the loss each "
-                    f"time {'they were' if n != 1 else 'it was'} consumed (steps "
-                    f"{', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''}), beside the ones the batch "
-                    "causes name."] + [e for e in f.evidence[1:] if any(f"sample {i}:" in e for i in keep)]
-    return out
-
-
 def cause_key(kind: str, steps: list[int], samples: list[int]) -> str:
     """A cause's stable identity: its kind, its first step and its first event's suspect samples (sorted, so that
     re-ranking them keeps the key; the first event's, so that the cause keeps its key as later events join it).
@@ -139,23 +122,13 @@ class CauseRule(Rule):
                 support_of(f)["critical"] = True
                 assign_severities([f])
                 next(c for c in causes if c["kind"] == "batch" and c["details"]["recurs"])["_members"].append(f)
-        told = {i for c in causes if c["kind"] == "batch" for i in c["suspect_samples"][:SUSPECTS_READ]}
         for f in found:
             kind = CAUSE_KINDS.get(f.kind)
             if kind is None or (kind == "plan" and recurs_by_plan):
                 continue
             if kind == "samples":
-                covered = [i for i in f.suspect_samples if i in told]
-                for c in causes:  # the batch causes that already tell some of them say so
-                    mine = [i for i in covered if i in c["suspect_samples"][:SUSPECTS_READ]]
-                    if c["kind"] == "batch" and mine:
-                        c["details"]["harmful_samples"] = mine
-                rest = [i for i in f.suspect_samples if i not in told]
-                if not rest:
-                    next(c for c in causes if c.get("details", {}).get("harmful_samples"))["_members"].append(f)
-                    continue
-                if covered:
-                    f = _only_samples(f, rest, run)
+                causes = self._samples_cause(f, causes, run)
+                continue
             members = [g for g in found if id(g) in quiet] if kind == "grad_norm" else []
             causes.append(self._finding_cause(kind, f, run, members=members, gate=gate))
         causes.sort(key=lambda c: (-SEVERITIES.index(c["severity"]), -round(c["confidence"], 3), not c["steps"],
@@ -290,6 +263,26 @@ class CauseRule(Rule):
                             "cluster_name": lead.tags.get("cluster_name"),
                             "plan": wording.plan_link(gate) if static and recurs else None,
                             "spiked_in": {str(i): counts[i] for i in suspects if counts.get(i, 0) >= 2}}}
+
+    def _samples_cause(self, f: Finding, causes: list[dict[str, Any]], run: RunTables) -> list[dict[str, Any]]:
+        """The run-level harmful samples as one story: batch causes led by them join one ``samples`` cause, "these
+        samples raised the loss each time they were consumed" (when a single batch cause already holds them all,
+        that cause tells them: one batch coming back)."""
+        harmful = set(f.suspect_samples)
+        led = [c for c in causes if c["kind"] == "batch" and harmful & set(c["suspect_samples"][:3])]
+        if len(led) == 1 and harmful <= set(led[0]["suspect_samples"][:SUSPECTS_READ]):
+            led[0]["details"]["harmful_samples"] = sorted(harmful)
+            led[0]["_members"].append(f)
+            return causes
+        cause = self._finding_cause("samples", f, run)
+        for c in led:
+            cause["_members"] += c["_members"]
+            cause["steps"] = sorted(set(cause["steps"]) | set(c["steps"]))
+            cause["events"] = sorted(set(cause["events"]) | set(c["events"]))
+            cause["confidence"] = max(cause["confidence"], c["confidence"])
+        cause["severity"] = most_severe([cause["severity"], *(c["severity"] for c in led)])
+        cause["details"]["batch_events"] = sorted({e for c in led for e in c["events"]})
+        return [c for c in causes if c not in led] + [cause]
 
     @staticmethod
     def _nonfinite_causes(found: list[Finding], run: RunTables) -> list[dict[str, Any]]:

@@ -102,7 +102,7 @@ def test_dashboard_renders_live_in_chromium_with_hostile_text_shown_as_text(brow
         .flatMap(el => (el.data || []).filter(t => t.name === 'spike').flatMap(t => Array.from(t.x)))""")
     assert 254 in spike_x and 258 in spike_x
     body = page.evaluate("document.body.innerText")
-    assert "C1: batch" in body and "254" in body  # the causes, in plain text at the top
+    assert "C1: samples" in body and "254" in body  # the causes, in plain text at the top
 
     # rows appended to the log appear within the refresh interval, without a reload
     append_jsonl(demo_small / "static", case / "metrics.jsonl", 400)

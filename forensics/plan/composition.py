@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.plan.step_mapping import assign_steps, batch_keys
-from forensics.schema import BATCH_ID, CLUSTER, EPOCH, MICRO, RANK, SAMPLE_ID, SOURCE, STEP
+from forensics.plan.step_mapping import assign_steps
+from forensics.schema import BATCH_ID, CLUSTER, EPOCH, MICRO, RANK, SAMPLE_ID, SOURCE, STEP, batch_columns, batch_keys
 
 
 @dataclass(frozen=True)
@@ -127,13 +127,11 @@ def epoch_column(plan: pd.DataFrame) -> np.ndarray:
 
 
 def _batch_codes(plan: pd.DataFrame) -> np.ndarray:
-    """A per-row batch code increasing in plan order, equal for rows of one batch (the grouping of
-    :func:`~forensics.plan.step_mapping.batch_keys`, by integer arithmetic where it cannot overflow, since
-    pandas' multi-column grouping is the slowest step on a 10M-row plan)."""
-    if {EPOCH, BATCH_ID} <= set(plan.columns):
-        cols = [BATCH_ID] + ([RANK] if RANK in plan.columns else [])
-    else:
-        cols = [c for c in (STEP, MICRO, RANK) if c in plan.columns]
+    """A per-row batch code increasing in plan order, equal for rows of one batch within an epoch (the batch
+    identity of :func:`~forensics.schema.batches.batch_columns`, less the epoch, which :func:`membership_from_arrays`
+    splits by; by integer arithmetic where it cannot overflow, since pandas' multi-column grouping is the slowest
+    step on a 10M-row plan)."""
+    cols = [c for c in batch_columns(plan.columns) if c != EPOCH]
     arrays = [plan[c].to_numpy(np.int64) for c in cols]
     if len(arrays) == 1:
         return arrays[0]

@@ -3,7 +3,7 @@
 Definitions the rest of the tool relies on (DESIGN.md Conventions):
 
 - lengths are capped at ``max_len`` first (what the trainer sees);
-- a batch (one micro-batch on one rank, :func:`~forensics.plan.step_mapping.batch_keys`) is padded to its longest
+- a batch (one micro-batch on one rank, :func:`~forensics.schema.batches.batch_keys`) is padded to its longest
   sample: its padded tokens are ``batch size x longest``; a step's ``padded_tokens`` sum over its batches, and
   ``padding_ratio`` = (padded - real) / padded, 0-1;
 - a step's composition counts *samples*: ``bucket`` / ``cluster`` is the one most of its samples fall in (ties: the
@@ -28,8 +28,7 @@ import pandas as pd
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index, bucket_range
 from forensics.plan.builders import capped_lengths
-from forensics.plan.step_mapping import batch_keys
-from forensics.schema import CLUSTER, EPOCH, MAX_LEN, SAMPLE_ID, STEP
+from forensics.schema import CLUSTER, EPOCH, MAX_LEN, SAMPLE_ID, STEP, batch_keys
 from forensics.stats import run_lengths, steps_since_seen
 from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER
 

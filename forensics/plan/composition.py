@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
+from forensics.plan.padding import batch_shapes
 from forensics.plan.step_mapping import assign_steps
 from forensics.schema import BATCH_ID, CLUSTER, EPOCH, MICRO, RANK, SAMPLE_ID, SOURCE, STEP, batch_columns, batch_keys
 
@@ -262,15 +263,11 @@ def coverage(m: PlanMembership) -> list[EpochCoverage]:
 
 
 def padding_efficiency(m: PlanMembership, lengths: np.ndarray) -> list[float]:
-    """Per epoch, real tokens / padded tokens (batch size x the batch's longest sample), over every row."""
+    """Per epoch, real tokens / padded tokens (:mod:`forensics.plan.padding`), over every row."""
     out = []
     for e in m.epochs:
         lens = lengths[e.row_sample]
-        n_codes = len(e.sizes)
-        longest = np.zeros(n_codes, dtype=np.int64)
-        np.maximum.at(longest, e.row_batch, lens)
-        rows = np.bincount(e.row_batch, minlength=n_codes)
-        padded = int((rows * longest).sum())
+        padded = int(batch_shapes(e.row_batch, lens, len(e.sizes)).padded.sum())
         out.append(float(lens.sum()) / padded if padded else 1.0)
     return out
 

@@ -113,6 +113,7 @@ from forensics.plan.composition import (
     padding_efficiency,
 )
 from forensics.plan.optimal_boundaries import resolve_boundaries
+from forensics.plan.padding import batch_shapes
 from forensics.plan.rebuild import rebuild_plan, resolve_builder
 from forensics.schema import (
     DEFAULT_BOUNDARIES,
@@ -304,13 +305,11 @@ def plan_batch_shape(m: PlanMembership, lengths: np.ndarray) -> tuple[int | None
     largest size of any multi-sample batch (None when every batch holds one sample)."""
     budget, size = 0, 0
     for e in m.epochs:
-        rows = np.bincount(e.row_batch, minlength=len(e.sizes))
-        longest = np.zeros(len(e.sizes), dtype=np.int64)
-        np.maximum.at(longest, e.row_batch, lengths[e.row_sample])
-        multi = rows >= 2
+        shapes = batch_shapes(e.row_batch, lengths[e.row_sample], len(e.sizes))
+        multi = shapes.size >= 2
         if multi.any():
-            budget = max(budget, int((rows[multi] * longest[multi]).max()))
-            size = max(size, int(rows.max()))
+            budget = max(budget, int(shapes.padded[multi].max()))
+            size = max(size, int(shapes.size.max()))
     return (budget or None), (size or None)
 
 

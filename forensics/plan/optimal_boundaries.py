@@ -24,6 +24,7 @@ import pandas as pd
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.plan.builders import bucketed_shuffle
+from forensics.plan.padding import batch_shapes
 from forensics.schema import (
     DEFAULT_BOUNDARIES,
     MAX_BATCH_SIZE,
@@ -236,16 +237,15 @@ class PackingEfficiency:
 
 
 def batch_tokens(batches: Sequence[Sequence[int]], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per batch: real tokens and padded tokens (``batch size x longest``), for batches of positions."""
+    """Per batch: real tokens and padded tokens (:mod:`forensics.plan.padding`), for batches of positions."""
     sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
     if not len(sizes):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     flat = np.fromiter((s for b in batches for s in b), dtype=np.int64, count=int(sizes.sum()))
     lens = np.asarray(lengths, dtype=np.int64)[flat]
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    real = np.add.reduceat(lens, starts)
-    padded = sizes * np.maximum.reduceat(lens, starts)
-    return real, padded
+    batch = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    real = np.bincount(batch, weights=lens, minlength=len(sizes)).astype(np.int64)
+    return real, batch_shapes(batch, lens, len(sizes)).padded
 
 
 def padding_efficiency(

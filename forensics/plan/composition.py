@@ -19,9 +19,9 @@ the repeat itself is reported by coverage (``duplicated``), which the gate fails
 
 Per epoch: ``coverage`` (``missing``: samples of the universe absent from the epoch; ``duplicated``: rows beyond each
 sample's first; the universe is the samples table when given, else every sample the plan names in any epoch),
-``padding_efficiency`` (real tokens / (batch size x longest), lengths capped at ``max_len``, over all rows) and, when
-the samples carry ``cluster`` or ``source``, the mean within-step cluster entropy (bits) and the longest run of
-consecutive steps with the same dominant (most frequent) cluster.
+``epoch_padding_efficiency`` (real tokens / (batch size x longest), lengths capped at ``max_len``, over all rows; the
+check-plan JSON's ``padding_efficiency``) and, when the samples carry ``cluster`` or ``source``, the mean within-step
+cluster entropy (bits) and the longest run of consecutive steps with the same dominant (most frequent) cluster.
 
 Everything is vectorised numpy over dense integer codes, so a 10M-row plan takes seconds
 (``bench/bench_pair_retention.py``).
@@ -262,8 +262,9 @@ def coverage(m: PlanMembership) -> list[EpochCoverage]:
     return [EpochCoverage(e.epoch, m.n_samples - e.present, e.rows - e.present) for e in m.epochs]
 
 
-def padding_efficiency(m: PlanMembership, lengths: np.ndarray) -> list[float]:
-    """Per epoch, real tokens / padded tokens (:mod:`forensics.plan.padding`), over every row."""
+def epoch_padding_efficiency(m: PlanMembership, lengths: np.ndarray) -> list[float]:
+    """Per epoch of the plan as it is, real tokens / padded tokens (:mod:`forensics.plan.padding`), over every row:
+    the padding the plan's own batches cost (the buckets' packing efficiency instead simulates boundaries)."""
     out = []
     for e in m.epochs:
         lens = lengths[e.row_sample]

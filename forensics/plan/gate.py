@@ -108,9 +108,9 @@ from forensics.plan.composition import (
     compare_epochs,
     consecutive_pairs,
     coverage,
+    epoch_padding_efficiency,
     index_plan,
     length_sorted,
-    padding_efficiency,
 )
 from forensics.plan.optimal_boundaries import resolve_boundaries
 from forensics.plan.padding import batch_shapes
@@ -176,7 +176,9 @@ class Limits:
 
 @dataclass
 class GateResult:
-    """The gate's verdict and every measure behind it. ``static``: the composition check failed."""
+    """The gate's verdict and every measure behind it. ``static``: the composition check failed.
+    ``epoch_padding_efficiency``: per epoch, the plan's real / padded tokens (with samples; the JSON's
+    ``padding_efficiency``)."""
 
     passed: bool
     static: bool
@@ -185,7 +187,7 @@ class GateResult:
     first_last: PairComposition
     coverage: list[EpochCoverage]
     threshold: Limits
-    padding_efficiency: list[float] | None = None
+    epoch_padding_efficiency: list[float] | None = None
     cluster_mix: list[EpochMix] | None = None
     failures: list[str] = field(default_factory=list)
     composition_failures: list[str] = field(default_factory=list)
@@ -225,7 +227,7 @@ class GateResult:
             "threshold": self.threshold.to_json(),
             "epochs": self.epochs,
             "epoch_pairs": [[p.earlier, p.later] for p in self.pairs],
-            "padding_efficiency": self.padding_efficiency,
+            "padding_efficiency": self.epoch_padding_efficiency,
             "cluster_entropy": [m.cluster_entropy for m in mix] if mix else None,
             "longest_dominant_run": [
                 {"epoch": m.epoch, "steps": m.longest_dominant_run, "cluster": m.dominant_cluster} for m in mix
@@ -375,10 +377,10 @@ def check_plan(
     pairs = consecutive_pairs(m)
     first_last = compare_epochs(m.epochs[0], m.epochs[-1])
     cov = coverage(m)
-    padding = padding_efficiency(m, lengths) if lengths is not None else None
+    padding = epoch_padding_efficiency(m, lengths) if lengths is not None else None
     mix = cluster_mix(plan, samples, grad_accum, world_size, rank_split) if samples is not None else None
     result = GateResult(passed=True, static=False, epochs=[e.epoch for e in m.epochs], pairs=pairs,
-                        first_last=first_last, coverage=cov, threshold=limits, padding_efficiency=padding,
+                        first_last=first_last, coverage=cov, threshold=limits, epoch_padding_efficiency=padding,
                         cluster_mix=mix, length_sorted=sorted_epochs, source=source or "plan")
     _judge(result)
     return result
@@ -504,10 +506,10 @@ def _judge(r: GateResult) -> None:
             cov_fail.append(f"epoch {c.epoch} misses {c.missing} sample{'s' if c.missing > 1 else ''}; {allowed}")
     pad_fail = []
     if lim.min_padding_efficiency is not None:
-        if r.padding_efficiency is None:
+        if r.epoch_padding_efficiency is None:
             pad_fail.append("--min-padding-efficiency needs the samples (their n_tokens) to measure padding")
         else:
-            for ep, eff in zip(r.epochs, r.padding_efficiency):
+            for ep, eff in zip(r.epochs, r.epoch_padding_efficiency):
                 if eff < lim.min_padding_efficiency:
                     pad_fail.append(f"epoch {ep} padding efficiency {eff:.1%} is below {lim.min_padding_efficiency:.1%}")
     r.static = bool(composition)

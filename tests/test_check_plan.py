@@ -181,8 +181,8 @@ def test_single_sample_batches_have_no_composition_to_fail_on():
 def test_min_padding_efficiency_fails_the_random_shuffle_only(samples):
     random = check_plan(samples=samples, builder="random_shuffle", min_padding_efficiency=0.6)
     bucketed = check_plan(samples=samples, builder="bucketed_shuffle", min_padding_efficiency=0.6)
-    assert all(e < 0.5 for e in random.padding_efficiency)
-    assert all(e > 0.65 for e in bucketed.padding_efficiency)
+    assert all(e < 0.5 for e in random.epoch_padding_efficiency)
+    assert all(e > 0.65 for e in bucketed.epoch_padding_efficiency)
     assert not random.passed and not random.static
     assert random.failures[0].startswith("epoch 0 padding efficiency")
     assert bucketed.passed
@@ -261,7 +261,7 @@ def test_step_form_plan_gives_the_same_measures_as_the_batch_form(samples):
     by_step = assign_steps(plan, grad_accum=2, world_size=2).drop(columns=["batch_id"])
     a, b = check_plan(plan, samples), check_plan(by_step, samples)
     assert a.pair_retention == b.pair_retention and a.identical_batches == b.identical_batches
-    assert a.padding_efficiency == b.padding_efficiency
+    assert a.epoch_padding_efficiency == b.epoch_padding_efficiency
 
 
 def test_cluster_entropy_and_longest_dominant_run_on_a_hand_built_plan():
@@ -274,7 +274,7 @@ def test_cluster_entropy_and_longest_dominant_run_on_a_hand_built_plan():
     assert (mix[0].longest_dominant_run, mix[0].dominant_cluster) == (2, 0)
     assert mix[1].cluster_entropy == pytest.approx((0 + 0 + 1 + 1) / 4)
     assert (mix[1].longest_dominant_run, mix[1].dominant_cluster) == (3, 0)  # a tie goes to the smaller cluster
-    assert r.padding_efficiency == [1.0, 1.0]
+    assert r.epoch_padding_efficiency == [1.0, 1.0]
 
 
 def test_static_plan_has_lower_within_step_entropy_than_a_random_shuffle(samples):

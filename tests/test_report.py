@@ -12,6 +12,8 @@ import pytest
 from plotly.offline import get_plotlyjs
 
 from forensics.plan.buckets import bucket_index, bucket_range
+from forensics.plan.builders import static_sorted
+from forensics.plan.step_mapping import batches_to_plan
 from forensics.report import (
     build_report,
     cluster_mix_figure,
@@ -351,6 +353,24 @@ def test_batch_epoch_counts_find_static_batches_in_every_epoch_and_reshuffled_on
     bars = {t.name: list(t.y) for t in fig.data}
     assert bars["batch-mate pairs kept"] == [1.0, 1.0]
     assert list(bars["distinct batches"]) == [0, 0, STEPS_PER_EPOCH]
+    assert "100% of multi-sample batches recur unchanged in all 3 epochs" in fig.layout.title.subtitle.text
+
+
+def test_batch_epoch_counts_keep_the_ranks_of_a_multi_rank_plan_apart():
+    """Two ranks with a stream each (as torch's DistributedSampler gives), both numbering their batches from 0, both
+    built once: every rank's batch recurs in all 3 epochs. Merged across ranks by batch_id, the shuffled batch order
+    of each rank would pair them differently every epoch and the plan would look rebuilt."""
+    rng = np.random.default_rng(0)
+    samples = pd.DataFrame({"sample_id": np.arange(400, dtype=np.int64),
+                            "n_tokens": rng.integers(50, 2000, 400).astype(np.int32)})
+    halves = [samples.iloc[:200].reset_index(drop=True), samples.iloc[200:].reset_index(drop=True)]
+    plan = pd.concat([batches_to_plan([static_sorted(half, e, seed=rank) for e in range(3)]).assign(rank=rank)
+                      for rank, half in enumerate(halves)], ignore_index=True)
+    rec = batch_epoch_counts(plan)
+    assert len(rec) == sum(len(static_sorted(half, 0)) for half in halves)
+    assert (rec["n_epochs"] == 3).all()
+    assert rec["n_samples"].sum() == len(samples)
+    fig = composition_figure(None, plan)
     assert "100% of multi-sample batches recur unchanged in all 3 epochs" in fig.layout.title.subtitle.text
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
-from forensics.schema import MICRO, N_TOKENS, RANK, SAMPLE_ID, STEP
+from forensics.schema import BATCH_BY_STEP, N_TOKENS, SAMPLE_ID, STEP
 
 INPUT_IDS = "input_ids"
 TOKEN_COLUMNS = (INPUT_IDS, "token_ids")
@@ -108,7 +108,7 @@ class StepIndex:
 
     @classmethod
     def build(cls, plan: pd.DataFrame, samples: pd.DataFrame | None, boundaries: list[int]) -> StepIndex:
-        order = [c for c in (STEP, MICRO, RANK) if c in plan.columns]
+        order = [c for c in BATCH_BY_STEP if c in plan.columns]  # batches in the order the trainer fed them
         p = plan.sort_values(order, kind="stable")
         samples_of = {int(s): g[SAMPLE_ID].astype(np.int64).tolist() for s, g in p.groupby(STEP, sort=True)}
         bucket_of: dict[int, int] = {}

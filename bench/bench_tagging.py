@@ -5,7 +5,7 @@
   any per-step computation costs (one grouping pass).
 - Clustering: ``--texts`` demo snippets (5 sources) clustered with k = 5 (``cluster_samples``: TF-IDF + LSA fitted on
   20,000, k-means, applied to all). Baseline: ``TfidfVectorizer(sublinear_tf=True).fit_transform`` of all texts, the
-  tool a user would run to get text features at all (issue 24: at most 1.2x it at 1M texts). Both sides run on one
+  tool a user would run to get text features at all (target: at most 1.2x it at 1M texts). Both sides run on one
   thread (BLAS and OpenMP pools limited to 1 by threadpoolctl), so the ratio does not depend on the machine's cores or
   load from other processes' threads. The adjusted Rand index against the true sources is printed as a check.
 

@@ -5,7 +5,7 @@ Generates once (cached under ``bench/out/``, which git ignores) ``--rows`` rows 
 so the first run of the default size takes a minute or two) and written as a JSONL file with the same values.
 Then times, each in a fresh subprocess (so each peak RSS is its own), best of ``--repeat``:
 
-- ``jsonl``: ``open_reader(metrics.jsonl).read_all()`` (the baseline, issue 4's reader);
+- ``jsonl``: ``open_reader(metrics.jsonl).read_all()`` (the baseline);
 - ``wandb``: ``open_reader(wandb/).read_all()`` (the compiled path: framing, CRC, protobuf wire format, values
   parsed by Arrow, config/summary, the shared reader), its numba machine code loaded before the clock as the
   protobuf module is (``wandb_scan.warm``: a one-time cost per process, not per row);

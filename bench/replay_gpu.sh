@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Replay at scale (issue 21): a ~125M-parameter GPT-2 from a config with random weights, 20 suspect steps and their
+# Replay at scale: a ~125M-parameter GPT-2 from a config with random weights, 20 suspect steps and their
 # control batches (2 same-bucket and 2 other-bucket per suspect, the fewest a z-score allows: 80, not the issue's 40)
 # replayed through two HF checkpoint folders in bf16 autocast with SDPA attention; prints tokens/s and model-FLOPs utilisation against the bf16 matmul
 # ceiling measured on the same device. One prepared script for a GPU machine, inside 5 minutes:

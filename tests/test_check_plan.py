@@ -315,7 +315,7 @@ def test_cli_bucketed_plan_exits_0_and_junit_has_no_failure(case_files, tmp_path
 
 def test_cli_epochs_limits_a_plan_to_its_first_epochs(case_files, tmp_path):
     out = tmp_path / "g.json"
-    main(["check-plan", "--plan", str(case_files["bucketed_shuffle"]), "--epochs", "2", "--json", str(out)])
+    assert main(["check-plan", "--plan", str(case_files["bucketed_shuffle"]), "--epochs", "2", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert len(data["pair_retention"]) == 1 and data["epochs"] == [0, 1]
 

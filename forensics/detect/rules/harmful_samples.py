@@ -49,6 +49,8 @@ HUBER_C = 1.5
 #: sample's squared token shares (3: several corrupted samples of one batch keep a share each; measured on the
 #: length-grouped fixture run whose longest samples are corrupted: 1 lists 7 of 10, 3 and 10 list 8, no clean one).
 RIDGE = 3.0
+#: A sample without content evidence must keep this score with its largest appearance left out ("each time").
+ONCE_FLOOR = 2.0
 #: The share of steps the tag fit is made on in the end (the best-fitting ones: trimmed squares).
 TRIM_KEEP = 0.8
 
@@ -105,10 +107,13 @@ class HarmfulSamplesRule(Rule):
         if listed.empty:
             return []
         content = content_evidence(run.samples, listed[SAMPLE_ID].tolist())
+        last = int(run.metrics[STEP].max())
+        plan = run.plan[run.plan[SAMPLE_ID].isin(listed[SAMPLE_ID]) & (run.plan[STEP] <= last)]
+        consumed = plan.groupby(SAMPLE_ID)[STEP].apply(lambda x: sorted(set(int(v) for v in x))).to_dict()
         rows = []
         for r in listed.itertuples():
             sid = int(r.sample_id)
-            steps = [int(s) for s in r.steps]
+            steps = consumed.get(sid) or [int(s) for s in r.steps]  # every step that consumed it
             reason = (f"consumed {r.appearances} times (steps {steps_list(steps, run.logged_offset)}); the loss was "
                       f"{100 * r.effect:.0f}% above what its trend and tags expect each time it was there on average "
                       f"(z = {r.z:.1f}, q = {r.q:.2g})")
@@ -116,15 +121,16 @@ class HarmfulSamplesRule(Rule):
                 reason += f"; always in the same steps as {r.block - 1} other sample(s), which the run cannot tell apart"
             if content.flagged(sid):
                 reason += "; " + "; ".join(content.reasons[sid])
-            rows.append({"sample_id": sid, "appearances": int(r.appearances), "steps": steps,
+            rows.append({"sample_id": sid, "appearances": len(steps), "steps": steps,
                          "logged_steps": [s + run.logged_offset for s in steps], "effect": float(r.effect),
                          "z": float(r.z), "q": float(r.q), "reason": reason,
                          "content": list(content.reasons.get(sid, []))})
         rows.sort(key=lambda x: (not x["content"], -x["effect"]))
         self.section_ = rows
         all_steps = sorted({s for x in rows for s in x["steps"]})
-        agree = sum(x["appearances"] >= 2 for x in rows)
-        support = {"critical": True} if agree >= 1 and rows[0]["appearances"] >= 2 else {}
+        # a second line of evidence: the samples' own content, or several samples whose appearances all agree
+        repeated = [x for x in rows if x["appearances"] >= 2]
+        support = {"critical": True} if any(x["content"] for x in repeated) or len(repeated) >= 2 else {}
         n = len(rows)
         ids = ", ".join(str(x["sample_id"]) for x in rows[:8]) + (" ..." if n > 8 else "")
         summary = (f"{n} sample{'s' if n != 1 else ''} ({ids}) raised the loss each time they were consumed (steps "
@@ -150,13 +156,24 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
     if len(steps) < 50:
         return None
     y = np.log(loss)
-    e = y - rolling_median(y, min(window, max(5, len(y) // 4) | 1))
+    win = min(window, max(5, len(y) // 4) | 1)
+    e = y - rolling_median(y, win)
+    # the trend is not known at the run's start (a centred median lags a steep warm-up descent): those rows are left
+    # out, as the spike rule leaves its warm-up to a rule of its own
+    start = min(win // 2, len(y) // 10)
+    steps, e = steps[start:], e[start:]
     w, ids, counts, step_lists = _membership(run, steps)
     if w.shape[1] == 0:
         return None
     content = content_evidence(run.samples, ids, seed=seed)
     flagged = np.array([content.flagged(int(i)) for i in ids], dtype=bool)
     x = _covariates(run, steps, w, ids)
+    # noise varies by step (a batch of few tokens is noisier): every row is weighted by its noise scale, so a
+    # sample that sits in noisy steps does not pass for a harmful one
+    scale = _noise_scale(run, steps, w, ids, e - x @ _huber(x, e))
+    e, x = e / scale, x / scale[:, None]
+    w = sp.diags(1.0 / scale) @ w
+    w = w.tocsr()
     beta = np.zeros(w.shape[1])
     gamma = np.zeros(x.shape[1])
     for _ in range(3):  # the tags' fit and the sample effects, each with the other held
@@ -178,14 +195,36 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
     for family in (flagged, ~flagged):  # stratified by the content evidence: each family's false discoveries <= q
         q[family] = benjamini_hochberg(p[family])
     shared = _shared_by_batch(w, r / sigma, z) & ~flagged
-    q = np.where(shared, 1.0, q)
-    contributions = w.multiply(beta[None, :]).tocsc()
+    once = _one_appearance_carries(w, r / sigma, candidates=(q <= 0.5) & ~flagged)
+    q = np.where(shared | once, 1.0, q)
+    contributions = (sp.diags(scale) @ w).multiply(beta[None, :]).tocsc()  # back in log-loss units
     effect = np.zeros(len(ids))
     for j in np.flatnonzero(beta > 0):
         col = contributions.getcol(j).data
         effect[j] = float(np.mean(np.expm1(col))) if len(col) else 0.0
     return pd.DataFrame({SAMPLE_ID: ids, "appearances": counts, "steps": step_lists, "effect": effect, "z": z,
                          "p": p, "q": q, "block": _blocks(w), "content": flagged, "batch_level": shared})
+
+
+def _one_appearance_carries(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndarray,
+                            floor: float = ONCE_FLOOR) -> np.ndarray:
+    """Samples whose evidence one appearance carries: with its largest contribution left out, its score is below
+    ``floor`` (or it appeared once). A harmful sample raises the loss each time it comes back; a clean one that sat
+    in one step of an excursion with no data cause (a grad-norm-led event decaying over many steps) does not."""
+    wc = w.tocsc()
+    out = np.zeros(w.shape[1], bool)
+    for j in np.flatnonzero(candidates):
+        rows = wc.indices[wc.indptr[j]:wc.indptr[j + 1]]
+        vals = wc.data[wc.indptr[j]:wc.indptr[j + 1]]
+        if len(rows) < 2:
+            out[j] = True
+            continue
+        terms = vals * r[rows]
+        k = int(np.argmax(terms))
+        rest = np.delete(np.arange(len(rows)), k)
+        norm = float(np.sqrt(np.sum(vals[rest] ** 2)))
+        out[j] = norm <= 0 or float(terms[rest].sum()) / norm < floor
+    return out
 
 
 def _shared_by_batch(w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, share: float = 0.5) -> np.ndarray:
@@ -273,9 +312,41 @@ def _covariates(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.nda
         shares = pd.Series(clusters).value_counts(normalize=True)
         for c in shares.index[shares >= COVARIATE_CLUSTER_SHARE][1:]:  # the largest is the intercept's
             cols.append(w @ (clusters == c).astype(np.float64))
+    if run.tags is not None and "steps_since_cluster_seen" in run.tags.columns:
+        # the loss is higher when a cluster comes back after a gap (forgetting): a tag effect, not a sample's
+        gap = run.tags.set_index(STEP)["steps_since_cluster_seen"].reindex(steps)
+        cols.append(np.log1p(pd.to_numeric(gap, errors="coerce").fillna(0.0).clip(lower=0).to_numpy(np.float64)))
     x = np.column_stack(cols)
     keep = [0] + [k for k in range(1, x.shape[1]) if np.std(x[:, k]) > 1e-12]
     return x[:, keep]
+
+
+def _noise_scale(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray, r: np.ndarray,
+                 bins: int = 10) -> np.ndarray:
+    """Each step's noise scale relative to the run's, as a smooth function of its tokens: the robust SDs of the
+    residuals per token decile, fitted by a line in log-log (Theil-Sen, slope clipped to [-1, 0]: more tokens never
+    make a mean noisier), so that a decile made partly of corrupted steps cannot inflate its own scale."""
+    from scipy.stats import theilslopes
+
+    smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
+    tokens = smp[N_TOKENS].reindex(ids).to_numpy(np.float64)
+    per_step = (w > 0).astype(np.float64) @ np.nan_to_num(tokens, nan=0.0)
+    if not (per_step > 0).all() or np.ptp(per_step) == 0:
+        return np.ones(len(steps))
+    edges = np.unique(np.quantile(per_step, np.linspace(0, 1, bins + 1)))
+    which = np.clip(np.searchsorted(edges, per_step, side="right") - 1, 0, len(edges) - 2)
+    xs, ys = [], []
+    for b in np.unique(which):
+        sel = which == b
+        if sel.sum() >= 20:
+            xs.append(float(np.log(np.median(per_step[sel]))))
+            ys.append(float(np.log(_robust_sd(r[sel]))))
+    if len(xs) < 3:
+        return np.ones(len(steps))
+    slope, intercept, _, _ = theilslopes(ys, xs)
+    slope = float(np.clip(slope, -1.0, 0.0))
+    logs = intercept + slope * np.log(per_step)
+    return np.clip(np.exp(logs - np.median(logs)), 0.25, 4.0)
 
 
 def _robust_sd(r: np.ndarray) -> float:

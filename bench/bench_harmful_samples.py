@@ -4,8 +4,8 @@
   estimate (the ``samples`` rule on the run's own tables); a listed sample is *clean* when no label names it (the
   corpus labels the samples it corrupted). The listed-clean rate over all listed samples is compared with the
   false-discovery limit asked (q = 0.05): the target is within 2x.
-- ``--cost``: a 100K-step run with a 10M-row plan (100 samples per step): the audit's rules on it with and without
-  the estimate, whole rule loop timed in one process; the target is at most 30% more.
+- ``--cost``: a 100K-step case with a 10M-row plan (100 samples per step): its whole audit (reading, tagging, every
+  rule) with and without the estimate, in one process; the target is at most 30% more.
 
     python3 bench/bench_harmful_samples.py [--fdr] [--cost] [--size quick|full]
 """
@@ -23,7 +23,6 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forensics.detect.base import RunTables  # noqa: E402
-from forensics.detect.rules import build_rules, run_rules  # noqa: E402
 from forensics.detect.rules.harmful_samples import HarmfulSamplesRule  # noqa: E402
 
 
@@ -51,27 +50,37 @@ def fdr(size: str) -> None:
 
 
 def cost(n_steps: int = 100_000, per_step: int = 100, n_samples: int = 2_000_000, seed: int = 0) -> None:
+    """The whole audit of a case folder (reading, tagging, every rule) with and without the estimate."""
+    import tempfile
+
+    import forensics.detect.rules as registry
+    from forensics.audit import run_audit
+    from forensics.schema import open_case
+
     rng = np.random.default_rng(seed)
-    steps = np.repeat(np.arange(n_steps, dtype=np.int64), per_step)
-    ids = rng.integers(0, n_samples, len(steps)).astype(np.int64)
-    plan = pd.DataFrame({"step": steps, "sample_id": ids})
-    samples = pd.DataFrame({"sample_id": np.arange(n_samples, dtype=np.int64),
-                            "n_tokens": rng.integers(100, 2000, n_samples).astype(np.int32)})
-    loss = 2.0 + np.exp(-np.arange(n_steps) / 5000) + 0.02 * rng.standard_normal(n_steps)
-    metrics = pd.DataFrame({"step": np.arange(n_steps), "loss": loss,
-                            "grad_norm": 1.0 + 0.05 * rng.standard_normal(n_steps)})
-    run = RunTables(metrics=metrics, loss_key="loss", analysed=["loss", "grad_norm"], grad_norm_key="grad_norm",
-                    plan=plan, samples=samples)
-    rules = build_rules()
-    without = [r for r in rules if r.name != "samples"]
-    times = {}
-    for label, chosen in (("without", without), ("with", rules)):
-        t0 = time.perf_counter()
-        run_rules(chosen, run)
-        times[label] = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        case = Path(tmp)
+        steps = np.repeat(np.arange(n_steps, dtype=np.int64), per_step)
+        pd.DataFrame({"step": steps, "sample_id": rng.integers(0, n_samples, len(steps)).astype(np.int64)}
+                     ).to_parquet(case / "plan.parquet", index=False)
+        pd.DataFrame({"sample_id": np.arange(n_samples, dtype=np.int64),
+                      "n_tokens": rng.integers(100, 2000, n_samples).astype(np.int32)}
+                     ).to_parquet(case / "samples.parquet", index=False)
+        loss = 2.0 + np.exp(-np.arange(n_steps) / 5000) + 0.02 * rng.standard_normal(n_steps)
+        pd.DataFrame({"step": np.arange(n_steps), "loss": loss,
+                      "grad_norm": 1.0 + 0.05 * rng.standard_normal(n_steps)}).to_parquet(case / "metrics.parquet")
+        (case / "run.toml").write_text("boundaries = [0, 500, 1000, 1500, 2000]\n")
+        times = {}
+        builtin = registry.BUILTIN_RULES
+        for label, rules in (("without", tuple(r for r in builtin if "harmful_samples" not in r)), ("with", builtin)):
+            registry.BUILTIN_RULES = rules
+            t0 = time.perf_counter()
+            run_audit(open_case(case))
+            times[label] = time.perf_counter() - t0
+        registry.BUILTIN_RULES = builtin
     extra = times["with"] / times["without"] - 1.0
-    print(f"rules without the estimate {times['without']:.2f} s, with it {times['with']:.2f} s: +{100 * extra:.0f}% "
-          f"(target <= 30%) on {n_steps:,} steps and a {len(plan):,}-row plan")
+    print(f"audit without the estimate {times['without']:.1f} s, with it {times['with']:.1f} s: +{100 * extra:.0f}% "
+          f"(target <= 30%) on {n_steps:,} steps and a {n_steps * per_step:,}-row plan")
 
 
 def main() -> None:

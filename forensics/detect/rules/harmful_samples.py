@@ -49,6 +49,11 @@ HUBER_C = 1.5
 #: sample's squared token shares (3: several corrupted samples of one batch keep a share each; measured on the
 #: length-grouped fixture run whose longest samples are corrupted: 1 lists 7 of 10, 3 and 10 list 8, no clean one).
 RIDGE = 3.0
+#: The content evidence of every sample is read up to this many samples; past it, of the ones whose steps' residuals
+#: ran highest (the content family is then chosen by the run's own evidence: a documented approximation).
+CONTENT_ALL = 50_000
+#: Null scores drawn (the residuals re-assigned at random as many times as it takes, at most ``permutations``).
+NULL_SIZE = 4_000_000
 #: A sample without content evidence must keep this score with its largest appearance left out ("each time").
 ONCE_FLOOR = 2.0
 #: The share of steps the tag fit is made on in the end (the best-fitting ones: trimmed squares).
@@ -162,12 +167,16 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
     # out, as the spike rule leaves its warm-up to a rule of its own
     start = min(win // 2, len(y) // 10)
     steps, e = steps[start:], e[start:]
-    w, ids, counts, step_lists = _membership(run, steps)
+    w, ids, counts = _membership(run, steps)
     if w.shape[1] == 0:
         return None
-    content = content_evidence(run.samples, ids, seed=seed)
-    flagged = np.array([content.flagged(int(i)) for i in ids], dtype=bool)
     x = _covariates(run, steps, w, ids)
+    judged = ids
+    if len(ids) > CONTENT_ALL:  # past this many samples, the content of those whose steps ran high is read
+        marginal = ((w > 0).astype(np.float64).T @ (e - x @ _huber(x, e)))
+        judged = ids[np.argsort(-marginal)[:CONTENT_ALL]]
+    content = content_evidence(run.samples, judged, seed=seed)
+    flagged = np.isin(ids, np.fromiter(content.reasons, dtype=np.int64, count=len(content.reasons)))
     # noise varies by step (a batch of few tokens is noisier): every row is weighted by its noise scale, so a
     # sample that sits in noisy steps does not pass for a harmful one
     scale = _noise_scale(run, steps, w, ids, e - x @ _huber(x, e))
@@ -183,27 +192,65 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
     sigma = _robust_sd(r - w @ beta)
     z = _scores(w, r, beta, flagged, sigma)
     rng = np.random.default_rng(seed)
-    norms = np.sqrt(np.asarray(w.multiply(w).sum(axis=0)).ravel())
-    norms = np.where(norms > 0, norms, np.inf)
+    wt, csc, norms2 = _views(w)
+    norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
     r_final = r - w @ beta
-    wt = w.T.tocsr()
-    null = np.concatenate([(wt @ rng.permutation(r_final)) / (sigma * norms) for _ in range(permutations)])
-    null = np.sort(null[np.isfinite(null)])
-    p = (1.0 + len(null) - np.searchsorted(null, z, side="left")) / (1.0 + len(null))
-    p = np.where(np.isfinite(z), p, 1.0)
+    # a few million null scores are plenty: past that, fewer re-assignments of the residuals
+    rounds = max(1, min(permutations, -(-NULL_SIZE // max(len(ids), 1))))
+    null = np.concatenate([(wt @ rng.permutation(r_final)) / (sigma * norms) for _ in range(rounds)])
+    p = _null_p(np.sort(null[np.isfinite(null)]), z)
     q = np.ones(len(p))
     for family in (flagged, ~flagged):  # stratified by the content evidence: each family's false discoveries <= q
         q[family] = benjamini_hochberg(p[family])
-    shared = _shared_by_batch(w, r / sigma, z) & ~flagged
+    shared = _shared_by_batch(w, r / sigma, z, candidates=(q <= 0.5) & ~flagged)
     once = _one_appearance_carries(w, r / sigma, candidates=(q <= 0.5) & ~flagged)
     q = np.where(shared | once, 1.0, q)
-    contributions = (sp.diags(scale) @ w).multiply(beta[None, :]).tocsc()  # back in log-loss units
     effect = np.zeros(len(ids))
-    for j in np.flatnonzero(beta > 0):
-        col = contributions.getcol(j).data
+    for j in np.flatnonzero(beta > 0):  # back in log-loss units
+        rows = csc.indices[csc.indptr[j]:csc.indptr[j + 1]]
+        col = csc.data[csc.indptr[j]:csc.indptr[j + 1]] * scale[rows] * beta[j]
         effect[j] = float(np.mean(np.expm1(col))) if len(col) else 0.0
+    near = q <= 0.5  # the samples worth naming: their steps and blocks (the rest stay empty)
+    step_lists: list[list[int] | None] = [None] * len(ids)
+    for j in np.flatnonzero(near):
+        step_lists[j] = steps[csc.indices[csc.indptr[j]:csc.indptr[j + 1]]].tolist()
     return pd.DataFrame({SAMPLE_ID: ids, "appearances": counts, "steps": step_lists, "effect": effect, "z": z,
-                         "p": p, "q": q, "block": _blocks(w), "content": flagged, "batch_level": shared})
+                         "p": p, "q": q, "block": _blocks(w, near), "content": flagged, "batch_level": shared})
+
+
+def _views(w: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
+    """The transposed (CSR) and column (CSC) forms of ``w`` and its columns' squared norms, made once per matrix
+    (the pursuit and the scores read them many times; converting a 10M-entry matrix costs a quarter second)."""
+    cached = getattr(w, "_forensics_views", None)
+    if cached is None:
+        wc = w.tocsc()
+        cached = (w.T.tocsr(), wc, np.asarray(w.multiply(w).sum(axis=0)).ravel())
+        w._forensics_views = cached
+    return cached
+
+
+def _null_p(null: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """One-sided p-values of ``z`` against the sorted null scores: their share at or above it, and past the null's
+    99.9th percentile its Gaussian tail scaled to that share (a null of a few million scores cannot resolve the
+    p-values Benjamini-Hochberg needs over millions of samples)."""
+    n = len(null)
+    if not n:
+        return np.ones(len(z))
+    from statistics import NormalDist
+
+    order = np.argsort(z, kind="stable")  # sorted queries: searchsorted walks the null in order (10x faster)
+    at = np.empty(len(z), np.int64)
+    at[order] = np.searchsorted(null, z[order], side="left")
+    p = (1.0 + n - at) / (1.0 + n)
+    cut = null[min(n - 1, int(0.999 * n))]
+    mu, sd = float(np.mean(null)), max(float(np.std(null)), 1e-12)
+    dist = NormalDist()
+    tail0 = max(1.0 - dist.cdf((cut - mu) / sd), 1e-300)
+    far = np.isfinite(z) & (z > cut)
+    if far.any():
+        sf = np.array([1.0 - dist.cdf((v - mu) / sd) for v in z[far]])
+        p[far] = np.minimum(p[far], 0.001 * np.maximum(sf, 1e-300) / tail0)
+    return np.where(np.isfinite(z), p, 1.0)
 
 
 def _one_appearance_carries(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndarray,
@@ -211,7 +258,7 @@ def _one_appearance_carries(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndar
     """Samples whose evidence one appearance carries: with its largest contribution left out, its score is below
     ``floor`` (or it appeared once). A harmful sample raises the loss each time it comes back; a clean one that sat
     in one step of an excursion with no data cause (a grad-norm-led event decaying over many steps) does not."""
-    wc = w.tocsc()
+    wc = _views(w)[1]
     out = np.zeros(w.shape[1], bool)
     for j in np.flatnonzero(candidates):
         rows = wc.indices[wc.indptr[j]:wc.indptr[j + 1]]
@@ -227,7 +274,8 @@ def _one_appearance_carries(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndar
     return out
 
 
-def _shared_by_batch(w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, share: float = 0.5) -> np.ndarray:
+def _shared_by_batch(w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, candidates: np.ndarray,
+                     share: float = 0.5) -> np.ndarray:
     """Samples whose excess their batch-mates share: the median score of the other samples of its steps (each on
     the run's residuals alone) reaches half its own. Such an excess is the batch's, a tag effect (long QA batches
     that are harder), not the sample's; a corrupted sample's random batch-mates score near 0."""
@@ -235,7 +283,7 @@ def _shared_by_batch(w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, share: floa
     counts = np.asarray(a.sum(axis=0)).ravel()
     marginal = (a.T @ r) / np.sqrt(np.maximum(counts, 1.0))
     out = np.zeros(len(z), bool)
-    candidates = np.flatnonzero(z > 2.0)
+    candidates = np.flatnonzero(candidates & (z > 2.0))
     if not len(candidates):
         return out
     ac = a.tocsc()
@@ -254,8 +302,7 @@ def _scores(w: sp.csr_matrix, r: np.ndarray, beta: np.ndarray, flagged: np.ndarr
     do not explain each other away)."""
     from scipy.optimize import lsq_linear
 
-    wt = w.T.tocsr()
-    norms2 = np.asarray(w.multiply(w).sum(axis=0)).ravel()
+    wt, wcols, norms2 = _views(w)
     norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
     z = (wt @ (r - w @ beta) + norms2 * beta) / (sigma * norms)
     if not flagged.any():
@@ -265,7 +312,7 @@ def _scores(w: sp.csr_matrix, r: np.ndarray, beta: np.ndarray, flagged: np.ndarr
     chosen = np.flatnonzero(flagged & (marginal > 1.0))
     z = np.where(flagged, marginal, z)
     if len(chosen):
-        wc = w.tocsc()[:, chosen]
+        wc = wcols[:, chosen]
         lam = RIDGE * float(np.median(norms2[chosen]))
         stacked = sp.vstack([wc, sp.identity(len(chosen)) * np.sqrt(lam)]).tocsr()
         b = lsq_linear(stacked, np.concatenate([r_flag, np.zeros(len(chosen))]), bounds=(0, np.inf)).x
@@ -274,7 +321,7 @@ def _scores(w: sp.csr_matrix, r: np.ndarray, beta: np.ndarray, flagged: np.ndarr
     return z
 
 
-def _membership(run: RunTables, steps: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray, list]:
+def _membership(run: RunTables, steps: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
     """The logged steps x samples matrix of token shares (a logged value covers its window's steps)."""
     plan = run.plan[[STEP, SAMPLE_ID]]
     smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)[N_TOKENS]
@@ -291,12 +338,8 @@ def _membership(run: RunTables, steps: np.ndarray) -> tuple[sp.csr_matrix, np.nd
     total = np.bincount(r, weights=t, minlength=len(steps))
     w = sp.csr_matrix((t / total[r], (r, col)), shape=(len(steps), len(ids)))
     w.sum_duplicates()
-    appear = sp.csr_matrix((np.ones(len(r)), (r, col)), shape=(len(steps), len(ids)))
-    appear.sum_duplicates()
-    csc = appear.tocsc()
-    step_lists = [steps[csc.indices[csc.indptr[j]:csc.indptr[j + 1]]].tolist() for j in range(len(ids))]
-    counts = np.array([len(s) for s in step_lists], np.int64)
-    return w, ids, counts, step_lists
+    counts = np.diff(w.tocsc().indptr).astype(np.int64)
+    return w, ids, counts
 
 
 def _covariates(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray) -> np.ndarray:
@@ -326,8 +369,6 @@ def _noise_scale(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.nd
     """Each step's noise scale relative to the run's, as a smooth function of its tokens: the robust SDs of the
     residuals per token decile, fitted by a line in log-log (Theil-Sen, slope clipped to [-1, 0]: more tokens never
     make a mean noisier), so that a decile made partly of corrupted steps cannot inflate its own scale."""
-    from scipy.stats import theilslopes
-
     smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
     tokens = smp[N_TOKENS].reindex(ids).to_numpy(np.float64)
     per_step = (w > 0).astype(np.float64) @ np.nan_to_num(tokens, nan=0.0)
@@ -343,8 +384,11 @@ def _noise_scale(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.nd
             ys.append(float(np.log(_robust_sd(r[sel]))))
     if len(xs) < 3:
         return np.ones(len(steps))
-    slope, intercept, _, _ = theilslopes(ys, xs)
-    slope = float(np.clip(slope, -1.0, 0.0))
+    xa, ya = np.asarray(xs), np.asarray(ys)
+    pairs = [(ya[j] - ya[i]) / (xa[j] - xa[i]) for i in range(len(xa)) for j in range(i + 1, len(xa))
+             if xa[j] != xa[i]]
+    slope = float(np.clip(np.median(pairs), -1.0, 0.0)) if pairs else 0.0  # Theil-Sen: the median pairwise slope
+    intercept = float(np.median(ya - slope * xa))
     logs = intercept + slope * np.log(per_step)
     return np.clip(np.exp(logs - np.median(logs)), 0.25, 4.0)
 
@@ -402,9 +446,7 @@ def _pursuit(w: sp.csr_matrix, r: np.ndarray, max_pursuit: int, first: np.ndarra
     from scipy.optimize import lsq_linear
 
     sigma = _robust_sd(r)
-    wt = w.T.tocsr()
-    wc = w.tocsc()
-    norms2 = np.asarray(w.multiply(w).sum(axis=0)).ravel()
+    wt, wc, norms2 = _views(w)
     norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
     beta = np.zeros(w.shape[1])
     taken: list[int] = []
@@ -431,10 +473,17 @@ def _pursuit(w: sp.csr_matrix, r: np.ndarray, max_pursuit: int, first: np.ndarra
     return beta
 
 
-def _blocks(w: sp.csr_matrix) -> np.ndarray:
-    """For each sample: how many samples (itself included) share exactly its set of steps."""
+def _blocks(w: sp.csr_matrix, near: np.ndarray) -> np.ndarray:
+    """For each sample of ``near``: how many samples (itself included) share exactly its set of steps (1 for the
+    others). Two samples with the same steps share their first step, so only those are compared."""
     csc = (w > 0).tocsc()
-    keys = [tuple(csc.indices[csc.indptr[j]:csc.indptr[j + 1]].tolist()) for j in range(w.shape[1])]
-    counts = pd.Series(keys).map(pd.Series(keys).value_counts())
-    return counts.to_numpy(np.int64)
+    out = np.ones(w.shape[1], np.int64)
+    first = np.full(w.shape[1], -1, np.int64)
+    nonempty = np.diff(csc.indptr) > 0
+    first[nonempty] = csc.indices[csc.indptr[:-1][nonempty]]
+    for j in np.flatnonzero(near & nonempty):
+        mine = csc.indices[csc.indptr[j]:csc.indptr[j + 1]]
+        same = np.flatnonzero(first == first[j])
+        out[j] = sum(np.array_equal(csc.indices[csc.indptr[k]:csc.indptr[k + 1]], mine) for k in same)
+    return out
 

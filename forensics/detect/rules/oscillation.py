@@ -53,7 +53,7 @@ import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.evidence.jumpiness import bucket_variance_share
-from forensics.detect.findings import CRITICAL, Finding
+from forensics.detect.findings import Finding
 from forensics.detect.params import Param, fraction, positive
 from forensics.detect.tags import BUCKET, StepLookup
 from forensics.errors import ForensicsError
@@ -483,7 +483,9 @@ class OscillationRule(Rule):
             return []
         steps = run.metrics["step"]
         return [Finding(kind="oscillation", step=int(steps.iloc[0]), end_step=int(steps.iloc[-1]),
-                        metric=run.loss_key, severity=CRITICAL,
-                        evidence=list(osc.get("evidence") or []), next_step=osc.get("next_step"),
+                        metric=run.loss_key, evidence=list(osc.get("evidence") or []), next_step=osc.get("next_step"),
                         details={"period": osc.get("period"), "strength": osc.get("strength"),
-                                 "confidence": 1.0 - float(osc.get("p_value") or 0.0)})]
+                                 "confidence": 1.0 - float(osc.get("p_value") or 0.0),
+                                 # a periodic line the buckets (or clusters) explain is the batch mix, not a fault
+                                 "support": ({"explained": str(osc["aligned_with"])}
+                                             if osc.get("aligned_with") in (BUCKET, CLUSTER) else {})})]

@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records
-from forensics.sources.tail import LazyLineNumbers, TailedFile, line_numbers
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Records
+from forensics.sources.reader.tail import LazyLineNumbers, TailedFile, line_numbers
 
 #: Lines per small block when a big block fails and is retried in pieces.
 _RETRY_LINES = 1024

@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 from forensics.errors import ForensicsError
 from forensics.schema import METRIC_DTYPE, STEP, SourceSpec, metric_columns, written
 from forensics.sources.merge import apply_step_offset, merge_on_step
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import ReaderReport
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import ReaderReport
 from forensics.sources.registry import open_reader
 
 

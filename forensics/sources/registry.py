@@ -119,7 +119,7 @@ def open_reader(
     strict: bool = False,
     **options: Any,
 ) -> Any:
-    """The reader for a source (format detected unless given), a :class:`~forensics.sources.reader.MetricsReader`.
+    """The reader for a source (format detected unless given), a :class:`~forensics.sources.reader.base.MetricsReader`.
 
     ``options`` (``pattern``, ``run_id``, ``include_minmax``) reach the formats that accept them; others ignore them.
     """

@@ -27,9 +27,8 @@ import pyarrow as pa
 from forensics.errors import ForensicsError, require
 from forensics.schema import TIMESTAMP
 from forensics.sources import tfrecord
-from forensics.sources.damage import Damage
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records, sparse_columns
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Damage, Records, sparse_columns
 
 _FILE_TIME = re.compile(r"events\.out\.tfevents\.(\d+)")
 
@@ -51,7 +50,7 @@ class TensorBoardReader(MetricsReader):
     """Reads one event file or a folder of them, live or finished; every scalar event is kept.
 
     Every record's two checksums are checked (:mod:`forensics.sources.tfrecord`); a damaged record is skipped, its
-    values stay missing, and :attr:`report.damaged <forensics.sources.records.ReaderReport.damaged>` says where.
+    values stay missing, and :attr:`report.damaged <forensics.sources.reader.records.ReaderReport.damaged>` says where.
     """
 
     format_name = "tensorboard"

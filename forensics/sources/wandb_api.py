@@ -29,8 +29,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from forensics.errors import ForensicsError, require
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Records
 from forensics.sources.wandb_files import KEPT_INTERNAL, WANDB_STEP
 from forensics.sources.wandb_records import flatten_numeric, is_internal, rows_table
 

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from forensics.errors import ForensicsError, require
-from forensics.sources.damage import Damage
+from forensics.sources.reader.records import Damage
 
 HEADER_IDENT = b":W&B"
 HEADER_MAGIC = 0xBEE1
@@ -56,8 +56,8 @@ class RecordLog:
     ``offset`` is the byte after the last complete record returned or damaged region skipped (0 before the header
     has been read). ``tail_bytes`` is how many bytes past ``offset`` were present at the last read but did not yet
     form a complete record: normal for a run still being written, a truncation for a finished one. ``damaged``
-    lists the regions skipped so far (:class:`~forensics.sources.damage.Damage`, steps not filled in: the framing
-    does not know them). A chunk that fails its checks (checksum, type, length within its block, the block
+    lists the regions skipped so far (:class:`~forensics.sources.reader.records.Damage`, steps not filled in: the
+    framing does not know them). A chunk that fails its checks (checksum, type, length within its block, the block
     structure of split records) loses its record only: reading resumes at the next FULL or FIRST chunk whose own
     checksum verifies, found by scanning forward byte by byte (not only at the next block, as LevelDB's reader does).
     A failed chunk with nothing verifiable after it is, while the file may still grow, left for the next read (the

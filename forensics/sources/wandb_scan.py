@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from forensics.errors import ForensicsError
 from forensics.sources import wandb_kernel as K
-from forensics.sources.damage import Damage
+from forensics.sources.reader.records import Damage
 from forensics.sources.wandb_kernel import END, FULL_TABLE, HANDED, LIMIT
 from forensics.sources.wandb_records import _TYPE_CRC, RecordLog, record_class, wandb_protos
 

@@ -1,10 +1,10 @@
 """The one place where records become metrics rows: step key, flattening, casting, rewinds, last write wins.
 
-Every reader hands its records (:class:`~forensics.sources.records.Records`) to a :class:`MetricsAccumulator`,
+Every reader hands its records (:class:`~forensics.sources.reader.records.Records`) to a :class:`MetricsAccumulator`,
 which keeps the run's table as it grows. Per metric it keeps the values and a *written* mask, so the table it hands
 out (:func:`forensics.schema.metrics_table`) tells a cell never written (null) from a logged NaN by itself.
 
-- **step key**: the one given, else the first of :data:`~forensics.sources.records.STEP_KEYS` present (any case);
+- **step key**: the one given, else the first of :data:`~forensics.sources.reader.records.STEP_KEYS` present (any case);
   a format that knows where its step is (TensorBoard, text logs) names it and the user's key means nothing there.
 - **columns**: nested structs become ``a/b``; ``keys`` (names or ``fnmatch`` globs) keep a subset; a column that
   holds text is not a metric (dropped with a warning); a column called ``step`` that is not the step key is kept
@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from forensics.errors import ForensicsError
 from forensics.schema import STEP, TIMESTAMP, Rewind, metrics_table, parse_float_cells
-from forensics.sources.records import MAX_EXAMPLES, STEP_KEYS, ReaderReport, Records
+from forensics.sources.reader.records import MAX_EXAMPLES, STEP_KEYS, ReaderReport, Records
 
 #: ``malformed(where, reason)``: how the accumulator reports a record it cannot read.
 Malformed = Callable[[int, str], None]

@@ -6,7 +6,7 @@
 - :mod:`~forensics.sources.merge`: several sources on one step;
 - :mod:`~forensics.sources.read`: :func:`read_metrics` (a finished run), :mod:`~forensics.sources.live`:
   :class:`LiveMetrics` (a run still writing);
-- one module per format (``jsonl``, ``csv_export``, ``text_log``, ``tensorboard``, ``wandb_files``, ...).
+- one module per format (``jsonl``, ``csv_export``, ``text_log``, ``tensorboard``, ...); W&B in ``wandb/``.
 """
 
 from forensics.sources.live import LiveMetrics

@@ -35,8 +35,8 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("tensorboard", "forensics.sources.tensorboard:TensorBoardReader"),
     Format("text", "forensics.sources.text_log:TextLogReader", (".log", ".txt", ".out", ".err"), ("pattern",)),
     Format("parquet", "forensics.sources.parquet:ParquetReader", (".parquet", ".pq")),
-    Format("wandb", "forensics.sources.wandb_files:WandbRunReader", (".wandb",), ("run_id",)),
-    Format("wandb-api", "forensics.sources.wandb_api:WandbApiReader"),
+    Format("wandb", "forensics.sources.wandb.run_reader:WandbRunReader", (".wandb",), ("run_id",)),
+    Format("wandb-api", "forensics.sources.wandb.api_reader:WandbApiReader"),
 )}
 
 

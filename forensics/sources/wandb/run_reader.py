@@ -29,8 +29,10 @@ import pyarrow as pa
 from forensics.errors import ForensicsError
 from forensics.sources.reader.base import MetricsReader
 from forensics.sources.reader.records import Damage, Records
-from forensics.sources.wandb_kernel import S_UPDATE
-from forensics.sources.wandb_records import (
+from forensics.sources.wandb.record_log import (
+    KEPT_INTERNAL,
+    MEDIA_MARK,
+    WANDB_STEP,
     RecordLog,
     flatten_numeric,
     is_internal,
@@ -38,15 +40,8 @@ from forensics.sources.wandb_records import (
     item_value,
     summary_item_class,
 )
-from forensics.sources.wandb_scan import ScanBatch, handed_record, read_run_file, rows_table_of
-
-#: The step W&B counts itself; a logged metric named ``step`` is a metric unless ``step_key`` says otherwise.
-WANDB_STEP = "_step"
-#: Internal keys kept: the step and the wall-clock time of the row.
-KEPT_INTERNAL = ("_step", "_timestamp")
-
-#: A history key ending so names the type of a media object logged under the key before it.
-MEDIA_MARK = "/_type"
+from forensics.sources.wandb.scan_kernel import S_UPDATE
+from forensics.sources.wandb.scanner import ScanBatch, handed_record, read_run_file, rows_table_of
 
 _FOLDER = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-(.+)$")
 _FILE = re.compile(r"^run-(.+)\.wandb$")

@@ -15,6 +15,11 @@ wandb 0.30 removed its Python reader, so this module reads the format directly (
 reading stops cleanly before it and resumes there next time. Damage (a bad checksum, an impossible length or type, a
 split record out of its block structure) loses only the damaged record: reading resumes at the next record whose own
 checksum verifies, and :attr:`RecordLog.damaged` lists each skipped region.
+
+Decoding what the records hold is here too, because both W&B readers need it: an item's flat key and value, the
+numeric leaves of a logged value (text and media are dropped and counted), which keys are W&B's own bookkeeping
+(:data:`WANDB_STEP`, :data:`KEPT_INTERNAL`), and rows -> an Arrow table. The run-file reader and the public API
+reader decode the same way, so a run reads the same from its file and from the server.
 """
 
 from __future__ import annotations
@@ -48,6 +53,13 @@ _FULL_CRC = _TYPE_CRC[FULL]
 _WINDOW_BLOCKS = 64
 #: Candidate offsets tested per read while resynchronising after damage.
 _RESYNC_WINDOW = 1 << 16
+
+#: The step W&B counts itself; a logged metric named ``step`` is a metric unless ``step_key`` says otherwise.
+WANDB_STEP = "_step"
+#: Internal keys kept: the step and the wall-clock time of the row.
+KEPT_INTERNAL = ("_step", "_timestamp")
+#: A history key ending so names the type of a media object logged under the key before it.
+MEDIA_MARK = "/_type"
 
 
 class RecordLog:

@@ -24,9 +24,9 @@ pytest.importorskip("tensorboard")
 SummaryWriter = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
 
 from forensics.errors import ForensicsError  # noqa: E402
-from forensics.sources import tfrecord  # noqa: E402
 from forensics.sources.reader.records import Damage, damage_line  # noqa: E402
-from forensics.sources.tensorboard import TensorBoardReader  # noqa: E402
+from forensics.sources.tensorboard import tfrecord  # noqa: E402
+from forensics.sources.tensorboard.event_reader import TensorBoardReader  # noqa: E402
 
 TB_STEPS = 48  # train/loss at each step, lr every 4th: 60 scalars, ~3 KB, ~25K bits
 

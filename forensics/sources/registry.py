@@ -32,7 +32,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("jsonl", "forensics.sources.jsonl:JsonlReader", (".jsonl", ".ndjson")),
     Format("json", "forensics.sources.json_document:JsonDocumentReader", (".json",)),
     Format("csv", "forensics.sources.csv_export:CsvReader", (".csv", ".tsv"), ("include_minmax",)),
-    Format("tensorboard", "forensics.sources.tensorboard:TensorBoardReader"),
+    Format("tensorboard", "forensics.sources.tensorboard.event_reader:TensorBoardReader"),
     Format("text", "forensics.sources.text_log:TextLogReader", (".log", ".txt", ".out", ".err"), ("pattern",)),
     Format("parquet", "forensics.sources.parquet:ParquetReader", (".parquet", ".pq")),
     Format("wandb", "forensics.sources.wandb.run_reader:WandbRunReader", (".wandb",), ("run_id",)),

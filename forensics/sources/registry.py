@@ -31,7 +31,7 @@ class Format:
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("jsonl", "forensics.sources.jsonl:JsonlReader", (".jsonl", ".ndjson")),
     Format("json", "forensics.sources.json_document:JsonDocumentReader", (".json",)),
-    Format("csv", "forensics.sources.csv_export:CsvReader", (".csv", ".tsv"), ("include_minmax",)),
+    Format("csv", "forensics.sources.csv_table:CsvReader", (".csv", ".tsv"), ("include_minmax",)),
     Format("tensorboard", "forensics.sources.tensorboard.event_reader:TensorBoardReader"),
     Format("text", "forensics.sources.text_log:TextLogReader", (".log", ".txt", ".out", ".err"), ("pattern",)),
     Format("parquet", "forensics.sources.parquet:ParquetReader", (".parquet", ".pq")),

@@ -1,9 +1,15 @@
 """Reading a run's metrics: one reader per source, each aligned to 0-based optimizer steps, merged on step.
 
 The entry point for every caller (CLI, audit, dashboard) is :func:`read_metrics` for a finished run and
-:class:`~forensics.sources.live.LiveMetrics` for a live one. The merged table carries its own meaning (null = not
-written, NaN = logged NaN); the :class:`IngestReport` beside it is only a report: counts, quirks and how each source
-was aligned (``run.sources`` of findings.json).
+:class:`~forensics.sources.live.LiveMetrics` for a live one; :func:`ingest` is ``forensics ingest`` (read, merge,
+write the canonical table). The merged table carries its own meaning (null = not written, NaN = logged NaN); the
+:class:`IngestReport` beside it is only a report: counts, quirks and how each source was aligned (``run.sources`` of
+findings.json).
+
+Merging (:func:`merge_on_step`): sources are merged in the order given; for a (step, metric) present in several, the
+later source wins, and a warning says how many cells were overridden; every other column is kept. Each table says by
+itself which cells were written (null = not written), so a later source never blanks out an earlier source's value
+with a gap, and a logged NaN is a value like any other.
 """
 
 from __future__ import annotations
@@ -20,8 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from forensics.errors import ForensicsError
-from forensics.schema import METRIC_DTYPE, STEP, SourceSpec, metric_columns, written
-from forensics.sources.merge import apply_step_offset, merge_on_step
+from forensics.schema import METRIC_DTYPE, STEP, SourceSpec, metric_columns, metric_values, metrics_table, written
 from forensics.sources.reader.base import MetricsReader
 from forensics.sources.reader.records import ReaderReport
 from forensics.sources.registry import open_reader
@@ -145,9 +150,9 @@ def open_readers(
 
 def alignment_of(reader: MetricsReader, step_offset: int | None) -> SourceAlignment:
     """How ``reader``'s steps map to optimizer steps (DESIGN.md Conventions ``step``): an explicit ``step_offset``
-    or step key replaces what the source says of itself (:mod:`forensics.sources.conventions`: HF Trainer's
+    or step key replaces what the source says of itself (:mod:`forensics.sources.step_conventions`: HF Trainer's
     trainer_state.json, TensorBoard scalars and W&B runs count from 1); else the steps are taken as logged."""
-    from forensics.sources.conventions import recognise
+    from forensics.sources.step_conventions import recognise
 
     damaged = list(getattr(reader.report, "damaged", []))
     own = getattr(reader, "given_offset", None)
@@ -175,12 +180,61 @@ def _realign(reader: MetricsReader, alignment: SourceAlignment) -> MetricsReader
     return again
 
 
+def merge_on_step(tables: Sequence[tuple[str, pd.DataFrame]]) -> tuple[pd.DataFrame, list[str]]:
+    """Merge ``(source name, metrics table)`` in order (later wins); return the table and one warning per pair of
+    sources that hold the same metric at the same steps."""
+    tables = [t for t in tables if t[1] is not None]
+    if not tables:
+        return metrics_table(np.array([], dtype=np.int64), {}), []
+    if len(tables) == 1:
+        return tables[0][1], []
+    steps = np.unique(np.concatenate([t[STEP].to_numpy(dtype=np.int64) for _, t in tables]))
+    values: dict[str, np.ndarray] = {}
+    has: dict[str, np.ndarray] = {}
+    owner: dict[str, str] = {}
+    overlaps: dict[tuple[str, str], list[tuple[str, int, int]]] = {}
+    for name, table in tables:
+        pos = np.searchsorted(steps, table[STEP].to_numpy(dtype=np.int64))
+        for col in table.columns:
+            if col == STEP:
+                continue
+            v = metric_values(table, col)
+            w = written(table, col)
+            if col not in values:
+                values[col] = np.full(len(steps), np.nan)
+                has[col] = np.zeros(len(steps), bool)
+                owner[col] = name
+            both = w & has[col][pos]
+            n_both = int(both.sum())
+            if n_both:
+                old, new = values[col][pos][both], v[both]
+                differ = int((~((old == new) | (np.isnan(old) & np.isnan(new)))).sum())
+                overlaps.setdefault((owner[col], name), []).append((col, n_both, differ))
+            values[col][pos[w]] = v[w]
+            has[col][pos[w]] = True
+            owner[col] = name
+    merged = metrics_table(steps, {c: (values[c], has[c]) for c in values})
+    return merged, _overlap_warnings(overlaps)
+
+
+def _overlap_warnings(overlaps: dict[tuple[str, str], list[tuple[str, int, int]]]) -> list[str]:
+    """One line per pair of sources: which metrics both hold at the same steps, and how many values differ."""
+    out = []
+    for (earlier, later), cols in overlaps.items():
+        shown = ", ".join(f"'{c}' ({n} steps, {d} differ)" for c, n, d in cols[:6])
+        more = f" and {len(cols) - 6} more" if len(cols) > 6 else ""
+        out.append(f"{earlier} and {later} both hold {shown}{more}; {later}'s values are kept")
+    return out
+
+
 def merge_readers(readers: list[MetricsReader], step_offset: int | None = None,
                   keys: Sequence[str] | None = None) -> tuple[pd.DataFrame, IngestReport]:
     """Align what each reader has read so far and merge them (in order, later wins) into the table and its report.
 
     A reader whose source names another step key is replaced in ``readers`` by one reading that key (once: a live
     caller keeps the list and polls the replacement from then on)."""
+    from forensics.sources.step_conventions import apply_step_offset
+
     alignments = [alignment_of(r, step_offset) for r in readers]
     readers[:] = [_realign(r, a) for r, a in zip(readers, alignments)]
     tables = [(r.source, apply_step_offset(r.table, a.step_offset)) for r, a in zip(readers, alignments)]

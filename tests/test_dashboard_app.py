@@ -158,7 +158,7 @@ def test_appended_jsonl_rows_and_a_new_spike_appear_on_refresh(demo_small: Path,
 
 
 def test_appended_wandb_records_and_a_new_spike_appear_on_refresh(demo_small: Path, tmp_path: Path) -> None:
-    from forensics.sources.wandb_records import RecordLog
+    from forensics.sources.wandb.record_log import RecordLog
 
     src = demo_small / "static"
     (run_file,) = list((src / "wandb").glob("offline-run-*/run-*.wandb"))

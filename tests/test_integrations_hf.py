@@ -126,7 +126,7 @@ def test_run_toml_names_the_sources_and_settings(runs, name, logging_steps, grad
 def test_corrupted_batch_is_the_spike_at_its_zero_based_step(runs):
     """The recorded step holding the six corrupted rows is, in each epoch, the highest loss once trainer_state.json
     is aligned (HF logs step s+1 for update s)."""
-    from forensics.sources.conventions import aligned_table
+    from forensics.sources.step_conventions import aligned_table
 
     run = runs["static"]
     plan = _plan(run)
@@ -216,7 +216,7 @@ def test_import_needs_no_framework():
     import subprocess
 
     code = ("import sys, forensics.integrations, forensics.integrations.hf, forensics.integrations.lightning, "
-            "forensics.integrations.torch, forensics.sources.conventions; "
+            "forensics.integrations.torch, forensics.sources.step_conventions; "
             "print(sorted(m for m in ('transformers', 'lightning', 'pytorch_lightning', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

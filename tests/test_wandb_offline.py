@@ -24,8 +24,8 @@ pytest.importorskip("wandb")
 
 from forensics.errors import ForensicsError  # noqa: E402
 from forensics.sources import open_reader  # noqa: E402
-from forensics.sources.wandb_files import WandbRunReader  # noqa: E402
-from forensics.sources.wandb_records import FILE_HEADER, RecordLog  # noqa: E402
+from forensics.sources.wandb.record_log import FILE_HEADER, RecordLog  # noqa: E402
+from forensics.sources.wandb.run_reader import WandbRunReader  # noqa: E402
 from tests.wandb_writers import isolated_env  # noqa: E402
 
 LIVE_WRITER = textwrap.dedent('''

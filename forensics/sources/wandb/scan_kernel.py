@@ -1,4 +1,4 @@
-"""The compiled loop of :mod:`forensics.sources.wandb_scan`: one pass over the bytes of a ``.wandb`` file.
+"""The compiled loop of :mod:`forensics.sources.wandb.scanner`: one pass over the bytes of a ``.wandb`` file.
 
 Everything is plain integer work on a ``uint8`` array: chunk headers, slicing-by-8 CRC-32, protobuf varints and
 length-delimited fields, and two small open-addressing hash tables keyed by bytes (history keys to dense ids, summary
@@ -13,7 +13,7 @@ import numpy as np
 from forensics._numba import compiled
 
 #: Compiled without numba's reference counting (as the detection kernel): nothing inside allocates, the caller
-#: passes every buffer sized for the worst case of the bytes it hands over (:func:`forensics.sources.wandb_scan`),
+#: passes every buffer sized for the worst case of the bytes it hands over (:func:`forensics.sources.wandb.scanner`),
 #: and counting references on each array at each call was half of the loop's time (measured: 0.25 s -> 0.13 s per
 #: 8 MiB with the helpers inlined alone).
 _jit = compiled()

@@ -29,10 +29,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from forensics.errors import ForensicsError, require
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records
-from forensics.sources.wandb_files import KEPT_INTERNAL, WANDB_STEP
-from forensics.sources.wandb_records import flatten_numeric, is_internal, rows_table
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Records
+from forensics.sources.wandb.record_log import KEPT_INTERNAL, WANDB_STEP, flatten_numeric, is_internal, rows_table
 
 #: Seconds the client waits for one GraphQL answer: a dead host or network fails in seconds, not minutes.
 DEFAULT_TIMEOUT = 10

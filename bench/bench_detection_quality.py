@@ -11,7 +11,7 @@ and samples named first). Detectors, each on the loss:
 - ``forensics, metrics only``: :func:`~forensics.detect.detect_spikes` without tags;
 - the five framework rules of :mod:`forensics.evaluation.framework_rules`, with their published parameters.
 
-Rows are ranked: first the detectors within the issue's false-event target (at most 1 per 10,000 clean steps), by
+Rows are ranked: first the detectors within the false-event target (at most 1 per 10,000 clean steps), by
 recall; then the others, by false-event rate. The target check below the table compares each of our rows with every
 rule: recall at least theirs, fewer false events than any rule of equal recall, at most 1 false event per 10,000
 clean steps. A second table splits the false events by kind of run; a third runs every detector on the real logs in

@@ -32,13 +32,12 @@ import numpy as np
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.evidence.content import content_evidence
-from forensics.detect.evidence.sample_effects import benjamini_hochberg, estimate
 from forensics.detect.findings import INFO, Finding
 from forensics.detect.params import at_least, fraction, positive
 from forensics.schema import N_TOKENS, SAMPLE_ID, STEP
 from forensics.schema.steps import steps_list
 
-__all__ = ["HarmfulSamplesRule", "benjamini_hochberg", "estimate"]
+__all__ = ["HarmfulSamplesRule"]
 
 
 class HarmfulSamplesRule(Rule):
@@ -46,7 +45,7 @@ class HarmfulSamplesRule(Rule):
 
     Parameters: ``q`` 0.05 (the false-discovery limit), ``window`` 101 (logged values in the trend's rolling median),
     ``permutations`` 20 (random re-assignments of the residuals for the null), ``max_pursuit`` 200 (samples the
-    greedy pursuit may take), ``max_listed`` 50, ``seed`` 0.
+    greedy pursuit may take), ``max_listed`` 50, ``seed`` 1.
     """
 
     name = "samples"
@@ -72,6 +71,9 @@ class HarmfulSamplesRule(Rule):
         if not run.has_plan:
             return []
         self.check_inputs(run)
+        # the estimator needs scipy's sparse matrices: imported only when a plan is there to estimate from
+        from forensics.detect.evidence.sample_effects import estimate
+
         est = estimate(run, window=self.window, permutations=self.permutations, max_pursuit=self.max_pursuit,
                        seed=self.seed)
         if est is None:

@@ -450,3 +450,21 @@ def test_composition_figure_names_the_gates_epoch_pairs():
     bars = [t for t in fig.data if t.type == "bar"]
     assert list(bars[0].x) == ["1→2", "2→3", "3→5"]
     assert list(bars[0].y) == [1.0, None, 0.5]
+
+
+@pytest.mark.parametrize(("steps", "expected"), [
+    # the same remedy for three single steps: one line naming them all, logged numbers kept
+    (["Record the plan to name the batch of step 5 (logged 6).", "Record the plan to name the batch of step 9 "
+      "(logged 10)."], ["Record the plan to name the batch of steps 5 and 9 (logged 6, 10)."]),
+    # different remedies stay apart, in their order
+    (["Inspect samples 1, 2 at step 5.", "Replay step 9."], ["Inspect samples 1, 2 at step 5.", "Replay step 9."]),
+    # a step range or two steps in one line is never folded
+    (["A of steps 4-6.", "A of steps 7-9."], ["A of steps 4-6.", "A of steps 7-9."]),
+    (["A of step 1 and step 2.", "A of step 3 and step 4."], ["A of step 1 and step 2.", "A of step 3 and step 4."]),
+    # a step without a logged number
+    (["Record step 30001.", "Record step 100001.", "Record step 60001."], ["Record steps 30001, 60001 and 100001."]),
+])
+def test_next_steps_asking_the_same_of_single_steps_fold_into_one(steps, expected):
+    from forensics.report.summary import _next_steps
+
+    assert _next_steps({"causes": [{"next_step": s} for s in steps]}) == expected

@@ -403,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lines = run_bench(size, args.seed, None if args.no_real_logs else args.real_logs)
     lines += ["", f"Total {time.perf_counter() - t:.1f} s. Command: `python3 bench/bench_detection_quality.py"
-              f"{' --calibration' if args.calibration else ''}{' --size ' + size if size != 'full' else ''}{' --seed ' + str(args.seed) if args.seed else ''}`"]
+              f"{' --calibration' if args.calibration else ''}{' --size ' + size if size != 'full' else ''}"
+              f"{' --seed ' + str(args.seed) if args.seed else ''}`"]
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

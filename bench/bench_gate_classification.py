@@ -170,7 +170,8 @@ ROWS = [
         needs="lhotse"),
     *(Row(f"bucketed shuffle, {k} buckets",
           lambda s, b, seed, k=k: [bucketed_shuffle(s, e, seed, boundaries=quantile_boundaries(s, k),
-                                                    token_budget=TOKEN_BUDGET, max_batch_size=b) for e in range(EPOCHS)],
+                                                    token_budget=TOKEN_BUDGET, max_batch_size=b)
+                                   for e in range(EPOCHS)],
           "pass") for k in (6, 16, 64)),
     Row("random shuffle", lambda s, b, seed: _by_builder(random_shuffle, s, b, seed), "pass"),
     Row("static_sorted: built once, reordered", lambda s, b, seed: _by_builder(static_sorted, s, b, seed), "fail",

@@ -1,5 +1,6 @@
 """Optimal bucket boundaries: exact against brute force, never worse than quantile or the story's, and the packing
-efficiency checked against the bucketed builder run for real; the ``forensics buckets`` command's JSON and exit codes."""
+efficiency checked against the bucketed builder run for real; the ``forensics buckets`` command's JSON and exit
+codes."""
 
 from __future__ import annotations
 

@@ -193,7 +193,8 @@ def test_limit_is_derived_from_the_samples_and_shrinks_with_size():
     small, large = make_samples(2000, seed=1), make_samples(50_000, seed=1)
     ls, ll = derive_limits(small, length_sorted=True), derive_limits(large, length_sorted=True)
     assert derive_limits(small, length_sorted=True) == ls  # same inputs, same limits
-    assert derive_limits(large).pair_retention == pytest.approx(0.107, abs=1e-4)  # not sorted as a whole: the floor 0.1 is below 5 x 0.0214
+    # not sorted as a whole: the floor 0.1 is below 5 x 0.0214
+    assert derive_limits(large).pair_retention == pytest.approx(0.107, abs=1e-4)
     assert ls.pair_retention == 0.5  # the cap: 5 x 0.157, four mega-batches of 2K samples keep many pairs
     assert ll.pair_retention == pytest.approx(MULTIPLE * ll.reference_pair_retention)
     assert ll.pair_retention < ls.pair_retention / 4

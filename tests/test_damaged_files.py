@@ -223,8 +223,8 @@ def wandb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HOME": str(out / "home"),
                 "WANDB_CONFIG_DIR": str(out / "config"), "WANDB_CACHE_DIR": str(out / "cache"),
                 "WANDB_DATA_DIR": str(out / "data")})
-    subprocess.run([sys.executable, str(out / "writer.py"), str(out), str(WANDB_ROWS)], env=env, check=True, timeout=120,
-                   capture_output=True)
+    subprocess.run([sys.executable, str(out / "writer.py"), str(out), str(WANDB_ROWS)], env=env, check=True,
+                   timeout=120, capture_output=True)
     (path,) = out.glob("wandb/offline-run-*/run-dmg1.wandb")
     return path
 

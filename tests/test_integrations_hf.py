@@ -252,7 +252,8 @@ def test_hf_datasets_tokenizer_and_prefetching_workers(tmp_path):
     class Observing(Trainer):
         def compute_loss(self, model, inputs, *args, **kwargs):
             ids, mask = inputs["input_ids"], inputs["attention_mask"]
-            self.observed.append((int(self.state.global_step), [ids[i][mask[i] == 1].tolist() for i in range(len(ids))]))
+            kept = [ids[i][mask[i] == 1].tolist() for i in range(len(ids))]
+            self.observed.append((int(self.state.global_step), kept))
             return super().compute_loss(model, inputs, *args, **kwargs)
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=tok.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2,

@@ -338,7 +338,7 @@ def test_nonfinite_steps_are_marked_and_carded_but_not_drawn_as_values():
             assert np.isfinite(np.asarray(trace.y, dtype=float)).all()
 
 
-# --- the figures --------------------------------------------------------------------------------------------------------
+# --- the figures -----------------------------------------------------------------------------------------------------
 def test_batch_epoch_counts_find_static_batches_in_every_epoch_and_reshuffled_ones_in_one(case: dict):
     rec = batch_epoch_counts(case["plan"])
     assert len(rec) == STEPS_PER_EPOCH and (rec["n_epochs"] == 3).all() and (rec["n_samples"] == 4).all()
@@ -396,7 +396,8 @@ def test_bucket_figure_titles_the_findings_share_and_draws_one_line_per_bucket(c
     figs = report_figures(**_report_inputs(case))
     assert list(figs) == ["curves", "bucket_loss", "cluster_loss", "composition", "cluster_mix"]
     fig = figs["bucket_loss"]
-    assert "bucket explains 42.0% of the detrended loss variance (as in findings.json)" in fig.layout.title.subtitle.text
+    subtitle = fig.layout.title.subtitle.text
+    assert "bucket explains 42.0% of the detrended loss variance (as in findings.json)" in subtitle
     lines = [t for t in fig.data if t.type == "scatter"]
     assert len(lines) == case["tags"]["bucket"].nunique()
     boxes = [t for t in fig.data if t.type == "box"]

@@ -37,7 +37,8 @@ and at the end of training.
 - ``plan/``: Parquet parts of :class:`~forensics.plan.recorder.PlanRecorder`, one row per sample consumed:
   ``step`` (0-based optimizer step), ``micro`` (index of the micro-batch within the step under gradient
   accumulation), ``epoch`` and ``batch_id`` (the micro-batch's index in its epoch; both from the step and the
-  length of the train dataloader the Trainer builds), ``sample_id``, and ``rank`` (the process index) when there are several processes, each writing its own parts.
+  length of the train dataloader the Trainer builds), ``sample_id``, and ``rank`` (the process index) when there are
+  several processes, each writing its own parts.
   A run resumed from a checkpoint continues the same parts: the steps it replays are skipped as already recorded
   (HF's seedable sampler replays the same batches). A fresh run (starting at step 0) into a folder that already
   holds a plan is refused at its first step, so that two runs never mix.

@@ -79,7 +79,8 @@ def composition_figure(findings: dict | None = None, plan: pd.DataFrame | None =
         fig.add_trace(go.Bar(x=pairs[:len(identical)], y=identical, name="identical batches",
                              marker_color=QUALITATIVE[1], texttemplate="%{y:.1%}", textposition="outside",
                              hovertemplate="epochs %{x}<br>identical batches %{y:.1%}<extra></extra>"), row=1, col=1)
-    limit = as_float(((pf.get("threshold") or {}) if isinstance(pf.get("threshold"), dict) else {}).get("pair_retention"))
+    threshold = pf.get("threshold") if isinstance(pf.get("threshold"), dict) else {}
+    limit = as_float(threshold.get("pair_retention"))
     if limit is not None and n_pairs:
         fig.add_hline(y=limit, line=dict(color=SPIKE, dash="dash", width=1.5), row=1, col=1,
                       annotation_text=f"gate limit {fmt_share(limit)}", annotation_position="top right",

@@ -93,7 +93,8 @@ class HarmfulSamplesRule(Rule):
                       f"{100 * r.effect:.0f}% above what its trend and tags expect each time it was there on average "
                       f"(z = {r.z:.1f}, q = {r.q:.2g})")
             if r.block > 1:
-                reason += f"; always in the same steps as {r.block - 1} other sample(s), which the run cannot tell apart"
+                reason += (f"; always in the same steps as {r.block - 1} other sample(s), which the run cannot "
+                           "tell apart")
             if content.flagged(sid):
                 reason += "; " + "; ".join(content.reasons[sid])
             rows.append({"sample_id": sid, "appearances": len(steps), "steps": steps,

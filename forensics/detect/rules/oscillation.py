@@ -2,7 +2,8 @@
 
 A plan whose batches each come from one length bucket makes the loss jump between bucket levels. When the batch
 order is random that jumpiness is white noise around the trend: harmless, measured by ``bucket_variance_share``
-(:mod:`forensics.detect.evidence.jumpiness`) and not an oscillation. When a sampler cycles through the buckets (or content
+(:mod:`forensics.detect.evidence.jumpiness`) and not an oscillation. When a sampler cycles through the buckets (or
+content
 clusters) in a fixed order the same levels come back every ``P`` steps and the loss *swings* with period ``P``: that
 is an oscillation, and so is a periodic swing with any other cause (a data-loader shard cycle, an lr schedule with
 restarts).
@@ -281,7 +282,8 @@ def detect_oscillation(
 
     Keys: ``detected`` (module docstring), ``bucket_variance_share``, ``cluster_variance_share`` (0-1 or null),
     ``period`` (steps; null when not detected), ``strength`` (share of the detrended variance in the period's
-    profile; see the module docstring), ``strength_beyond_bucket``, ``aligned_with`` (``"bucket"``, ``"cluster"`` or null), ``p_value``, ``autocorrelation`` (at lag
+    profile; see the module docstring), ``strength_beyond_bucket``, ``aligned_with`` (``"bucket"``, ``"cluster"`` or
+    null), ``p_value``, ``autocorrelation`` (at lag
     ``period``), ``candidate_period`` (the strongest period tested, even when not detected), ``explained_by``
     (when detected, per tags column: the share of the period's profile its offsets explain), ``window``,
     ``evidence`` (sentences with the numbers) and ``next_step``.

@@ -211,7 +211,8 @@ class WandbApiReader(MetricsReader):
             "last_step": last_step, "url": self._safe_base_url(),
         }
         if self._dropped_values:
-            shown = ", ".join(f"'{k}' ({n})" for k, n in sorted(self._dropped_values.items(), key=lambda kv: -kv[1])[:5])
+            most = sorted(self._dropped_values.items(), key=lambda kv: -kv[1])[:5]
+            shown = ", ".join(f"'{k}' ({n})" for k, n in most)
             self.report.warnings = [w for w in self.report.warnings if "non-numeric history values" not in w]
             self.report.warn(f"{sum(self._dropped_values.values())} non-numeric history values dropped "
                              f"(text, media, lists): {shown}")

@@ -102,7 +102,8 @@ class RecordLog:
             try:
                 rec.ParseFromString(payload)
             except Exception as exc:  # protobuf's DecodeError: the checksum passed, so the writer wrote it so
-                self.damaged.append(Damage(start, self.offset - start, f"record does not decode as a W&B Record: {exc}"))
+                self.damaged.append(Damage(start, self.offset - start,
+                                           f"record does not decode as a W&B Record: {exc}"))
                 continue
             yield start, rec
 

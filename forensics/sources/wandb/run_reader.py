@@ -101,7 +101,8 @@ def find_run_files(source: str | Path) -> list[RunFile]:
 def choose_run(files: Sequence[RunFile], run_id: str | None, source: str) -> list[RunFile]:
     """The files of one run id in time order: ``run_id`` if given, else the run whose latest folder is newest."""
     if not files:
-        raise ForensicsError(f"W&B source {source} holds no .wandb run files (expected wandb/offline-run-*/run-*.wandb)")
+        raise ForensicsError(f"W&B source {source} holds no .wandb run files "
+                             "(expected wandb/offline-run-*/run-*.wandb)")
     ids = sorted({f.run_id for f in files})
     if run_id is None:
         run_id = max(files, key=lambda f: f.order).run_id

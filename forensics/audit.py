@@ -31,7 +31,7 @@ from forensics.schema import (
     metric_columns,
     written,
 )
-from forensics.schema.keys import choose_key, key_choices_section
+from forensics.schema.keys import KeyChoice, choose_key, key_choices_section
 
 
 @dataclass
@@ -115,6 +115,7 @@ def run_audit(
             choose_key(cols, "grad_norm", counts=counts))
     warnings += [k.warning for k in keys if k.warning]
     loss_key, grad_key = str(keys[0].key), keys[1].key
+    eval_choice = eval_loss_choice(cols, counts, loss_key, cfg.eval_loss_key)
     analysed = _analysed_metrics(metrics, loss_key, spike_metrics, grad_key)
 
     samples = plan = tags = None
@@ -148,7 +149,8 @@ def run_audit(
                     steps_known=all(a.convention != "as logged" for a in report.alignments),
                     logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
                     max_grad_norm=cfg.max_grad_norm,
-                    rule_params={k: dict(v) for k, v in cfg.detect.items()}, **replay_fields(case, plan is not None))
+                    rule_params={k: dict(v) for k, v in cfg.detect.items()}, eval_loss_key=eval_choice.key,
+                    **replay_fields(case, plan is not None), **checkpoint_fields(case, warnings))
     judged = run_rules(rules, run, stage=stage)
     found = judged.found
     sections.update(judged.sections)
@@ -158,7 +160,8 @@ def run_audit(
                         "names each spike's bucket, cluster, batch and suspect samples")
 
     sections["run"] = _run_section(case, metrics, loss_key, analysed, plan, tags, boundaries, report)
-    sections["run"].update(key_choices_section(*keys))
+    sections["run"].update(key_choices_section(*keys, eval_choice))
+    sections["run"]["checkpoints"] = None if run.checkpoints is None else len(run.checkpoints)
     findings = Findings(items=found, sections=sections, warnings=warnings, logged_offset=run.logged_offset).to_dict()
     from forensics.detect.causes.verdict import facts, verdict
 
@@ -177,6 +180,28 @@ def replay_fields(case: Case, has_plan: bool) -> dict[str, Any]:
         ready = replay_readiness(case)
         out.update(replay_ready=ready.ok, replay_missing=ready.words())
     return out
+
+
+def eval_loss_choice(cols: Sequence[str], counts: dict[str, int] | None, loss_key: str,
+                     given: str | None = None) -> KeyChoice:
+    """The held-out loss (run.toml ``eval_loss_key``, else found as the loss key is: DESIGN.md), never the training
+    loss itself (a run that logs only its eval loss analyses it as the loss and has no second one)."""
+    choice = choose_key(cols, "eval_loss", given=given, counts=counts)
+    if choice.key is not None and choice.key == loss_key and not choice.given:
+        return KeyChoice("eval_loss", None, f"'{loss_key}' is the only loss and is analysed as the loss",
+                         choice.candidates)
+    return choice
+
+
+def checkpoint_fields(case: Case, warnings: list[str] | None = None) -> dict[str, Any]:
+    """The case's checkpoints for the rules (the divergence finding names the one to resume from), listed from their
+    names without torch; a run.toml ``checkpoints`` that cannot be read is a warning, not a failure of the audit."""
+    from forensics.replay.readiness import list_checkpoints
+
+    found, warning = list_checkpoints(case)
+    if warning and warnings is not None:
+        warnings.append(warning)
+    return {"checkpoints": found}
 
 
 def logged_offset(report: Any) -> int:

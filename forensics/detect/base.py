@@ -60,6 +60,11 @@ class RunTables:
     rule_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     replay_ready: bool = False
     replay_missing: str = ""
+    #: The held-out loss (run.toml ``eval_loss_key``, else found as the loss key is); None when none is logged.
+    eval_loss_key: str | None = None
+    #: The run's checkpoints as ``(step, path)`` (checkpoint N = the state after N updates: HF ``checkpoint-N/``,
+    #: run.toml ``checkpoints``), step order; None when the case names none (the run may still have some).
+    checkpoints: list[tuple[int, str]] | None = None
 
     @property
     def has_plan(self) -> bool:

@@ -125,3 +125,13 @@ register_kind(FindingKind("oscillation", "oscillation", section="oscillation", o
                           summary=f"{_LINES}:oscillation_lines"))
 register_kind(FindingKind("forgetting", "forgetting", section="forgetting", object_section=True,
                           summary=f"{_LINES}:forgetting_lines"))
+
+
+def _health_line(f: FindingDict) -> str:
+    return str((f.get("evidence") or [f.get("kind")])[0]) + f" ({f.get('severity')})"
+
+
+register_kind(FindingKind("divergence", "divergence", fail_on="divergence", line=_health_line))
+register_kind(FindingKind("overfitting", "overfitting", fail_on="overfitting", line=_health_line))
+register_kind(FindingKind("plateau", "plateau / not learning", fail_on="plateau", line=_health_line))
+register_kind(FindingKind("lr_schedule", "learning-rate schedule", fail_on="lr-schedule", line=_health_line))

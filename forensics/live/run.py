@@ -31,7 +31,7 @@ import pandas as pd
 from forensics.errors import ForensicsError
 from forensics.live.tables import Inputs, Tagged, cached_audit, plan_parts, store_tags, tag_all, tag_new_parts
 from forensics.live.target import Target
-from forensics.schema import SAMPLE_ID, STEP, TIMESTAMP, find_loss_key, grad_norm_column, metric_columns
+from forensics.schema import SAMPLE_ID, STEP, TIMESTAMP, find_loss_key, grad_norm_column, metric_columns, written
 
 #: A run whose newest step is older than this many seconds (and at least 10 refresh intervals) stopped writing.
 STALE_AFTER_S = 120.0
@@ -159,13 +159,14 @@ class LiveRun:
 
     def _build_rules(self) -> None:
         """The audit's rules over tables that grow: the online states, and the rules that explain findings."""
-        from forensics.audit import logged_offset, logging_steps, replay_fields
+        from forensics.audit import checkpoint_fields, eval_loss_choice, logged_offset, logging_steps, replay_fields
         from forensics.detect.base import RunTables
         from forensics.detect.rules import build_rules
 
         cfg = self.config
         run_section = self.findings.get("run") or {}
         cols = metric_columns(self.metrics)
+        counts = {c: int(written(self.metrics, c).sum()) for c in cols}  # as the audit chooses its keys
         grad = run_section.get("grad_norm_key") or grad_norm_column(cols)
         analysed = [m for m in run_section.get("analysed_metrics") or [] if m in cols]
         if not analysed:
@@ -178,9 +179,11 @@ class LiveRun:
                              sections=sections,
                              steps_known=all(a.convention != "as logged" for a in report.alignments),
                              logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
-                    max_grad_norm=cfg.max_grad_norm,
-                    rule_params={k: dict(v) for k, v in cfg.detect.items()},
-                             **replay_fields(self.inputs.case, bool(self.inputs.plan and self.samples is not None)))
+                             max_grad_norm=cfg.max_grad_norm,
+                             rule_params={k: dict(v) for k, v in cfg.detect.items()},
+                             eval_loss_key=eval_loss_choice(cols, counts, str(self.loss_key), cfg.eval_loss_key).key,
+                             **replay_fields(self.inputs.case, bool(self.inputs.plan and self.samples is not None)),
+                             **checkpoint_fields(self.inputs.case, self.warnings))
         self.rules = build_rules(cfg.detect, has_plan=bool(self.inputs.plan and self.samples is not None))
         self.online = {r.name: s for r in self.rules if (s := r.online(self.run)) is not None}
 

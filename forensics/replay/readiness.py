@@ -1,5 +1,6 @@
 """Can this case be replayed? What a replay needs, checked without torch, so that every next step the tool prints
-names only commands that can run on the case (else what is missing).
+names only commands that can run on the case (else what is missing); and which checkpoints the case holds (the
+divergence finding names the one to resume from), read from their names alone.
 
 A replay needs the tokens the model saw (``input_ids`` or ``token_ids`` in the samples), a model (run.toml ``model``:
 an HF folder with ``config.json`` or ``module:factory``; else an HF ``checkpoint-N/`` folder, which carries its own
@@ -48,6 +49,29 @@ def replay_readiness(case: Case) -> Readiness:
         missing.append("a model (run.toml model = an HF model folder or module:factory, or checkpoint-N/ folders "
                        "with their config.json)")
     return Readiness(not missing, tuple(missing))
+
+
+def list_checkpoints(case: Case) -> tuple[list[tuple[int, str]] | None, str | None]:
+    """The case's checkpoints as ``(step, path)`` in step order, from their names (no torch, nothing loaded): run.toml
+    ``checkpoints`` when set, else the HF ``checkpoint-N/`` folders of the case folder; ``(None, None)`` when the case
+    names none, ``(None, warning)`` when run.toml's cannot be read (a detector still runs without them)."""
+    from forensics.errors import ForensicsError
+    from forensics.replay.checkpoints import discover_checkpoints, is_hf_folder
+
+    cfg = case.config
+    try:
+        if cfg.checkpoints:
+            found = discover_checkpoints(cfg.resolve(cfg.checkpoints))
+        elif case.root is not None and case.root.is_dir():
+            found = [c for child in sorted(case.root.glob("checkpoint-*")) if child.is_dir() and is_hf_folder(child)
+                     for c in discover_checkpoints(child)]
+        else:
+            found = []
+    except ForensicsError as exc:
+        return None, f"checkpoints not listed: {exc}"
+    if not found:
+        return None, None
+    return sorted((int(c.step), str(c.path)) for c in found), None
 
 
 def _has_tokens(path: Path) -> bool:

@@ -5,7 +5,9 @@ Loggers spell one quantity many ways: ``train/loss`` (HF Trainer on W&B), ``loss
 ``Loss/train`` (TensorBoard subfolders), ``lm loss`` and ``lm-loss-training/lm loss`` (Megatron), ``reduced_train_loss``
 (NeMo), ``Loss`` (Keras), ``TRAIN_LOSS`` (CSV exports), ``<run> - train/loss`` (W&B chart exports); the grad norm as
 ``grad_norm``, ``grad-norm``, ``total_grad_norm``, ``gradient_norm``, ``grad_2.0_norm_total`` (Lightning's
-``grad_norm`` utility). A fixed list of spellings misses most of them, so a name is read as words instead:
+``grad_norm`` utility); the held-out loss as ``eval/loss``, ``eval_loss``, ``val_loss``, ``lm loss validation`` or
+Megatron's printed ``lm loss value`` (a name must then hold a val/eval/test word, ``test`` ranking last). A fixed
+list of spellings misses most of them, so a name is read as words instead:
 
 1. **tokens**: a W&B chart export's ``<run> - `` prefix is set aside, then the name is split on every character that
    is not a letter or digit (``/ _ - .`` and space among them) and at camelCase humps, and lower-cased; pure numbers
@@ -83,6 +85,13 @@ class Role:
     flag: str | None = None
     label: str = ""
     note: str = ""
+    #: Words one of which a name must hold (the eval loss: ``val``, ``eval``, ...); empty: none needed.
+    require: frozenset[str] = frozenset()
+    #: Whole names (as words) that qualify without a required word (Megatron prints its validation loss as
+    #: ``lm loss value``).
+    also: tuple[tuple[str, ...], ...] = ()
+    #: Words that rank a name below the others (the eval loss prefers ``val``/``eval`` over ``test``).
+    last: frozenset[str] = frozenset()
 
     @property
     def what(self) -> str:
@@ -108,8 +117,14 @@ THROUGHPUT = Role(
     loose=("tokenspers", "throughput"),
     label="throughput",
 )
+#: The held-out loss, found as the loss is but among the val/eval/test names (val and eval before test); a
+#: perplexity is not a loss.
+EVAL_LOSS = Role("eval_loss", (("loss",),), loose=("loss",),
+                 exclude=frozenset({"scale", "scaler", "scaling", "ppl", "perplexity"}), require=EVAL_WORDS,
+                 also=(("lm", "loss", "value"),), last=frozenset({"test", "testing"}),
+                 flag="run.toml eval_loss_key", label="eval loss")
 #: The roles by name.
-ROLES = {r.name: r for r in (LOSS, GRAD_NORM, LR, THROUGHPUT)}
+ROLES = {r.name: r for r in (LOSS, GRAD_NORM, LR, THROUGHPUT, EVAL_LOSS)}
 # Kept for callers that list the spellings (the CLI help); the lookup itself reads names as words.
 LOSS_KEYS = ("train/loss", "loss", "train_loss", "train_loss_step", "lm loss", "reduced_train_loss", "TRAIN_LOSS")
 GRAD_NORM_KEYS = ("grad_norm", "train/grad_norm", "grad-norm", "total_grad_norm", "gradient_norm", "grad norm")
@@ -152,6 +167,8 @@ class _Match:
     weak: int
     others: tuple[str, ...]
     count: int | None
+    #: What ``eval_split`` means for the role: a held-out split (training roles) or the least wanted one (eval).
+    split_words: str = "a val/eval/test split"
 
     @property
     def rank(self) -> tuple:
@@ -160,7 +177,7 @@ class _Match:
     def faults(self, best: _Match) -> str:
         """Why this name ranks below ``best``, in words (the first criterion that separates them)."""
         if self.eval_split and not best.eval_split:
-            return "a val/eval/test split"
+            return self.split_words
         if self.aggregate and not best.aggregate:
             return "an aggregate (min/max/std)"
         if self.per_epoch and not best.per_epoch:
@@ -204,13 +221,18 @@ def _candidates(role: Role, names: Sequence[str], counts: Mapping[str, int] | No
         if m is None:
             continue
         weak, rest = m
+        if role.require and not role.require.intersection(rest) and tokens(name) not in role.also:
+            continue
         others = tuple(w for w in rest if w not in free and w not in EVAL_WORDS and w not in AGGREGATE_WORDS
                        and w not in EPOCH_WORDS)
+        # the first criterion: a held-out split for a training quantity; for a held-out role, its least wanted words
+        split = role.last.intersection(rest) if role.require else EVAL_WORDS.intersection(rest)
         found.append(_Match(
-            name=name, order=order, eval_split=bool(EVAL_WORDS.intersection(rest)),
+            name=name, order=order, eval_split=bool(split),
             aggregate=bool(AGGREGATE_WORDS.intersection(rest)), per_epoch=bool(EPOCH_WORDS.intersection(rest)),
             sparse=False, weak=weak, others=others,
             count=None if counts is None else int(counts.get(name, 0)),
+            split_words=f"a {'/'.join(sorted(role.last))} split" if role.require else "a val/eval/test split",
         ))
     if counts is not None and found:
         densest = max(m.count or 0 for m in found)
@@ -271,7 +293,8 @@ def choose_key(
                                  f"{' or '.join(repr(' '.join(p)) for p in r.phrases[:3])}{r.note}; "
                                  f"give {r.flag or 'it'}; "
                                  f"the metrics are {_listing(names) or 'none'}")
-        return KeyChoice(r.name, None, f"no metric name holds a {r.what}", ())
+        article = "an" if r.what[:1] in "aeiou" else "a"
+        return KeyChoice(r.name, None, f"no metric name holds {article} {r.what}", ())
     best = matches[0]
     tied = [m for m in matches if m.rank == best.rank]
     reason = _reason(r, best, matches)
@@ -333,6 +356,13 @@ def grad_norm_column(columns: Iterable[str]) -> str | None:
 def lr_column(columns: Iterable[str]) -> str | None:
     """The learning-rate metric among ``columns`` (``lr``, ``learning_rate``, ``lr-AdamW``, ...)."""
     return choose_key(columns, LR).key
+
+
+def eval_loss_column(columns: Iterable[str], loss_key: str | None = None) -> str | None:
+    """The held-out loss among ``columns`` (``eval/loss``, ``val_loss``, ``lm loss validation``, Megatron's ``lm loss
+    value``), never the training loss key itself; None when absent."""
+    key = choose_key(columns, EVAL_LOSS).key
+    return None if key == loss_key else key
 
 
 def tokens_per_s_column(columns: Iterable[str]) -> str | None:

@@ -31,6 +31,10 @@ BUILTIN_RULES = (
     "forensics.detect.rules.recurrence:RecurrenceRule",
     "forensics.detect.rules.harmful_samples:HarmfulSamplesRule",
     "forensics.detect.rules.forgetting:ForgettingRule",
+    "forensics.detect.rules.divergence:DivergenceRule",
+    "forensics.detect.rules.overfitting:OverfittingRule",
+    "forensics.detect.rules.plateau:PlateauRule",
+    "forensics.detect.rules.lr_schedule:LrScheduleRule",
     "forensics.detect.causes.grouping:CauseRule",
 )
 _REGISTERED: dict[str, type[Rule]] = {}

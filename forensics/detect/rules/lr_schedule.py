@@ -4,7 +4,8 @@
 - ``no_warmup``: the first logged rate is already at least ``warm_share`` of its peak, and the first steps are
   unstable: within the first ``early_share`` of the run (at least 20 values) the loss climbs back above its lowest
   level so far by more than ``unstable`` of its first value (``warning``). A run that starts at its peak and falls
-  at once is told nothing.
+  at once is told nothing, and so is a log that does not hold the run's start (its first step past 10 steps and
+  ``early_share`` of the run: an excerpt from mid-run says nothing of a warmup).
 - ``reset``: the rate falls in one logged step to below ``reset_share`` of what it was, from a steady rate (the step
   before changed it by less than 10%), and climbs again afterwards (a resumed run with a fresh scheduler: warm-up
   again);
@@ -29,6 +30,8 @@ from forensics.detect.health import HEALTH, judged_section, lr_series, series
 from forensics.detect.params import fraction, positive
 from forensics.schema.steps import step_span
 
+#: The fewest loss values the first steps are judged on (no warmup needs a log that holds the run's start).
+MIN_EARLY = 20
 #: A rate is steady when one logged step changes it by a ratio within [STEADY, 1/STEADY].
 STEADY = 0.9
 
@@ -91,8 +94,10 @@ class LrScheduleRule(Rule):
         peak = float(lr.values.max())
         offset = run.logged_offset
         loss = series(run, run.loss_key)
-        if loss is not None and peak > 0 and lr.values[0] >= self.warm_share * peak:
-            early = max(20, int(self.early_share * len(loss)))
+        starts = int(lr.steps[0]) <= max(10, int(self.early_share * int(lr.steps[-1])))  # the log holds the start
+        at_peak = peak > 0 and lr.values[0] >= self.warm_share * peak
+        if loss is not None and starts and len(loss) >= MIN_EARLY and at_peak:
+            early = max(MIN_EARLY, int(self.early_share * len(loss)))
             i = unstable_start(loss.values, early=early, unstable=self.unstable)
             if i is not None:
                 first, top = float(loss.values[0]), float(loss.values[i])

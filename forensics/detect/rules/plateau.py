@@ -13,6 +13,11 @@ The loss is read as medians of ``share`` of its values (a one-step spike moves n
 
 Each finding names the ``level`` and the ``lr`` over it (its median), in words against its peak (zero, below 1e-3 of
 it, or fine), so the next step can say which: a scheduler past its end, or a model that does not learn at a fine rate.
+
+Severity (:mod:`forensics.detect.causes.severity`): not learning, and a late plateau with the rate zero or below 1e-3
+of its peak, are ``warning``; a late plateau at a fine rate is ``info`` (support ``explained: floor``): from the loss
+alone it cannot be told from a model that reached the floor of its data (a small real Trainer run on a fixed set
+flattens the same way), so it is recorded, not raised.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from forensics.detect.health import HEALTH, diff_noise, judged_section, lr_serie
 from forensics.detect.params import fraction, positive
 from forensics.schema.steps import step_span
 
+#: What explains a late plateau at a fine learning rate: the loss may have reached what the data allows.
+FLOOR = "floor"
 #: The fewest finite loss values the rule judges.
 MIN_VALUES = 50
 
@@ -108,5 +115,7 @@ class PlateauRule(Rule):
                          "parameters, a detached loss, labels masked out) and that the data is not constant.")
         details = {"problem": hit["problem"], "start_step": start, "end_step": end, "level": round(hit["level"], 6),
                    "lr": lr_at, "lr_peak": peak, "lr_state": state, "support": {"moved": True}, "confidence": 0.7}
+        if hit["problem"] == "plateau" and state not in ("zero", "tiny"):
+            details["support"]["explained"] = FLOOR  # at a fine rate a flat tail may be the data's floor
         return [Finding(kind="plateau", step=start, metric=run.loss_key, end_step=end, value=round(hit["level"], 6),
                         evidence=[summary], next_step=next_step, details=details, confidence=0.7)]

@@ -187,3 +187,10 @@ def test_real_public_logs_no_false_divergence(real_logs_dir):
         rule = DivergenceRule()
         rule.detect(run)
         assert rule.section_["divergence"]["judged"] is judged
+
+
+def test_the_learning_rate_at_a_spike_is_in_its_evidence(audited):
+    (spike,) = [s for s in audited["spike"]["spikes"] if s["metric"] == "train/loss"]
+    lr = health_run("spike").metrics.set_index("step")["lr"]
+    assert spike["step"] == 2010 and spike["details"]["lr"] == pytest.approx(float(lr[2010]), rel=1e-12)
+    assert "The learning rate at step 2010: lr 0.0001 (33% of its peak 0.0003)." in spike["evidence"]

@@ -13,6 +13,9 @@
   double the rate, but from a rate that is not steady; a warm restart of a cosine schedule jumps too, and is
   recorded as ``info``).
 
+The rule also writes the learning rate at each loss spike and level shift into that finding's evidence (and
+``details["lr"]``); the divergence names its own.
+
 ``reset`` and ``jump`` are ``info`` (recorded: the next step says to check the resume); ``no_warmup`` with unstable
 first steps is a ``warning``.
 """
@@ -26,7 +29,7 @@ import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
-from forensics.detect.health import HEALTH, judged_section, lr_series, series
+from forensics.detect.health import HEALTH, judged_section, lr_series, lr_words, series
 from forensics.detect.params import fraction, positive
 from forensics.schema.steps import step_span
 
@@ -92,6 +95,7 @@ class LrScheduleRule(Rule):
         self.section_ = judged_section(run, self.name, True, metric=lr.name)
         out: list[Finding] = []
         peak = float(lr.values.max())
+        self._lr_at_events(run, list(found or []), lr, peak)
         offset = run.logged_offset
         loss = series(run, run.loss_key)
         starts = int(lr.steps[0]) <= max(10, int(self.early_share * int(lr.steps[-1])))  # the log holds the start
@@ -124,3 +128,17 @@ class LrScheduleRule(Rule):
                                          "restart needs nothing.",
                                details={**p, "lr_peak": peak, "support": {}, "confidence": 0.6}, confidence=0.6))
         return out
+
+    @staticmethod
+    def _lr_at_events(run: RunTables, found: list[Finding], lr: Any, peak: float) -> None:
+        """The learning rate at each loss spike and level shift, in its evidence and ``details["lr"]`` (in place):
+        a spike at a peak rate or right after a jump reads differently from one at the end of the schedule."""
+        for f in found:
+            if f.kind not in ("spike", "level_shift") or f.metric != run.loss_key or "lr" in f.details:
+                continue
+            at = lr.at_or_before(int(f.step))
+            if at is None:
+                continue
+            f.details["lr"] = at
+            f.evidence.append(f"The learning rate at {step_span(int(f.step), offset=run.logged_offset)}: "
+                              f"{lr_words(at, peak)}.")

@@ -60,6 +60,11 @@ class RunTables:
     rule_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     replay_ready: bool = False
     replay_missing: str = ""
+    #: Run health: the sources' rewinds (steps as metrics steps), the text files read for crash lines, and the
+    #: accelerator's memory (run.toml ``device_memory_gb``).
+    rewinds: list[Any] = field(default_factory=list)
+    log_files: list[str] = field(default_factory=list)
+    device_memory_gb: float | None = None
 
     @property
     def has_plan(self) -> bool:

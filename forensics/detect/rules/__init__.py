@@ -31,6 +31,8 @@ BUILTIN_RULES = (
     "forensics.detect.rules.recurrence:RecurrenceRule",
     "forensics.detect.rules.harmful_samples:HarmfulSamplesRule",
     "forensics.detect.rules.forgetting:ForgettingRule",
+    "forensics.detect.rules.restart:RestartRule",
+    "forensics.detect.rules.crash:CrashRule",
     "forensics.detect.causes.grouping:CauseRule",
 )
 _REGISTERED: dict[str, type[Rule]] = {}

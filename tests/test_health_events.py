@@ -81,3 +81,17 @@ def test_crash_in_a_text_source_is_critical(tmp_path):
 def test_real_logs_have_no_crash_and_no_restart(name):
     findings = run_audit(open_case(None, overrides={"metrics": [str(REAL / name)]})).findings
     assert _kinds(findings, "crash") == [] and _kinds(findings, "restart") == []
+
+
+def test_audit_takes_pattern(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "p.log").write_text("it 1 L=2.5\nit 2 L=2.4\nit 3 L=2.3\nit 4 L=2.2\n")
+    out = tmp_path / "f.json"
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-m", "forensics", "audit", "--metrics", str(tmp_path / "p.log"), "--pattern",
+                        r"it (?P<step>\d+) L=(?P<loss>[\d.]+)", "--json", str(out)], env=env, capture_output=True)
+    assert r.returncode == 0
+    assert json.loads(out.read_text())["run"]["loss_key"] == "loss"

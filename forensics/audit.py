@@ -82,6 +82,7 @@ def run_audit(
     *,
     spike_metrics: Sequence[str] | None = None,
     stage: Callable[[str], Any] | None = None,
+    pattern: str | None = None,
 ) -> Audit:
     """Run every stage on a case; ``stage(name)`` is a context manager factory used to show progress."""
     stage = stage or _quiet_stage
@@ -103,7 +104,7 @@ def run_audit(
     sources = case.metrics_sources
     with stage("reading metrics"):
         metrics, report = read_metrics(sources, step_offset=cfg.step_offset,
-                                       step_key=cfg.step_key)
+                                       step_key=cfg.step_key, pattern=pattern)
     warnings += report.warnings
     if metrics.empty:
         raise ForensicsError(f"audit: the metrics sources hold no rows: {', '.join(s.path for s in sources)}")
@@ -150,7 +151,8 @@ def run_audit(
                     logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
                     max_grad_norm=cfg.max_grad_norm,
                     rule_params={k: dict(v) for k, v in cfg.detect.items()}, eval_loss_key=eval_choice.key,
-                    **replay_fields(case, plan is not None), **checkpoint_fields(case, warnings))
+                    **replay_fields(case, plan is not None), **checkpoint_fields(case, warnings),
+                    **health_fields(case, report))
     judged = run_rules(rules, run, stage=stage)
     found = judged.found
     sections.update(judged.sections)
@@ -202,6 +204,14 @@ def checkpoint_fields(case: Case, warnings: list[str] | None = None) -> dict[str
     if warning and warnings is not None:
         warnings.append(warning)
     return {"checkpoints": found}
+
+
+def health_fields(case: Case, report: Any) -> dict[str, Any]:
+    """What the run-health rules read beside the metrics: rewinds, crash-line files, the device memory."""
+    from forensics.sources.crash_logs import crash_log_files, shifted_rewinds
+
+    return {"rewinds": shifted_rewinds(report), "log_files": crash_log_files(case, report),
+            "device_memory_gb": case.config.device_memory_gb}
 
 
 def logged_offset(report: Any) -> int:

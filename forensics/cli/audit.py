@@ -34,6 +34,8 @@ def register(sub) -> None:
     p.add_argument("--plan", default=None, help="plan table (Parquet/CSV/JSONL, or a recorder folder)")
     p.add_argument("--samples", default=None, help="samples table (Parquet/CSV/JSONL)")
     add_step_mapping_options(p)
+    p.add_argument("--pattern", default=None, metavar="REGEX",
+                   help="text logs: a regex with a group 'step' and one named group per metric (as ingest takes it)")
     p.add_argument("--step-key", default=None, metavar="K",
                    help="the key holding the step in every source (default: what each source says of itself)")
     p.add_argument("--loss-key", default=None, metavar="K", help="the loss column (default: found by name, "
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     args.case = case
     opened = open_case_from(args)
 
-    audit = run_audit(opened, spike_metrics=args.spike_metric, stage=stage)
+    audit = run_audit(opened, spike_metrics=args.spike_metric, stage=stage, pattern=args.pattern)
     written = []
     json_path = args.json or opened.findings_path
     html_path = None if args.no_html else (args.html or opened.report_path)

@@ -65,6 +65,11 @@ class RunTables:
     #: The run's checkpoints as ``(step, path)`` (checkpoint N = the state after N updates: HF ``checkpoint-N/``,
     #: run.toml ``checkpoints``), step order; None when the case names none (the run may still have some).
     checkpoints: list[tuple[int, str]] | None = None
+    #: Run health: the sources' rewinds (steps as metrics steps), the text files read for crash lines, and the
+    #: accelerator's memory (run.toml ``device_memory_gb``).
+    rewinds: list[Any] = field(default_factory=list)
+    log_files: list[str] = field(default_factory=list)
+    device_memory_gb: float | None = None
 
     @property
     def has_plan(self) -> bool:

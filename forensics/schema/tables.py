@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -201,11 +201,17 @@ METRIC_DTYPE = pd.ArrowDtype(pa.float64())
 
 @dataclass
 class Rewind:
-    """A resumed run logged steps again: from ``from_step`` on, ``rows_replaced`` earlier rows were overwritten."""
+    """A resumed run logged steps again: from ``from_step`` on, ``rows_replaced`` earlier rows were overwritten.
+
+    ``last_step``: the highest step logged before it; ``overlap``: per metric, ``(step, first value, resumed value)``
+    for the first rewritten steps (the restart rule compares them against the metric's noise).
+    """
 
     from_step: int
     rows_replaced: int
     source: str = ""
+    last_step: int | None = None
+    overlap: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
 
     def describe(self) -> str:
         where = f" in {self.source}" if self.source else ""

@@ -35,6 +35,8 @@ BUILTIN_RULES = (
     "forensics.detect.rules.overfitting:OverfittingRule",
     "forensics.detect.rules.plateau:PlateauRule",
     "forensics.detect.rules.lr_schedule:LrScheduleRule",
+    "forensics.detect.rules.restart:RestartRule",
+    "forensics.detect.rules.crash:CrashRule",
     "forensics.detect.causes.grouping:CauseRule",
 )
 _REGISTERED: dict[str, type[Rule]] = {}

@@ -132,7 +132,7 @@ class MetricsAccumulator:
         self.report.rows += len(steps)
         if not len(steps):
             return steps
-        self._find_rewinds(steps, present)
+        self._find_rewinds(steps, present, values)
         for name, arr in values.items():
             mask = present[name]
             self.report.count_nonfinite(name, int((np.isnan(arr) & mask).sum()), int(np.isinf(arr).sum()))
@@ -226,7 +226,8 @@ class MetricsAccumulator:
             self._dropped.add(name)
             self.report.warn(f"column '{name}' {why}; skipped")
 
-    def _find_rewinds(self, steps: np.ndarray, present: dict[str, np.ndarray]) -> None:
+    def _find_rewinds(self, steps: np.ndarray, present: dict[str, np.ndarray],
+                      values: dict[str, np.ndarray] | None = None) -> None:
         """A resumed run: the step goes backwards and rewrites (step, metric) cells already written.
 
         ``rows_replaced`` counts the steps of the backward jump's segment that had a metric written before.
@@ -255,7 +256,31 @@ class MetricsAccumulator:
             seg = rewritten[i:nxt]
             if seg.any():
                 n = len(np.unique(steps[i:nxt][seg]))
-                self.report.rewinds.append(Rewind(int(steps[i]), n, self.report.source))
+                before = [int(steps[:i].max())] if i else []
+                before += [int(self.steps[-1])] if len(self.steps) else []
+                last = max(before) if before else None
+                self.report.rewinds.append(Rewind(int(steps[i]), n, self.report.source, last_step=last,
+                                                  overlap=self._overlap(steps, present, values or {}, i, nxt)))
+
+    def _overlap(self, steps: np.ndarray, present: dict[str, np.ndarray], values: dict[str, np.ndarray],
+                 i: int, nxt: int, limit: int = 64) -> dict[str, list[tuple[int, float, float]]]:
+        """Per metric, (step, value first written, value written on resuming) for the first ``limit`` steps the
+        segment ``steps[i:nxt]`` writes again (the first value from earlier in this batch, else from the table)."""
+        out: dict[str, list[tuple[int, float, float]]] = {}
+        for name, v in values.items():
+            if name == TIMESTAMP:
+                continue
+            mask = present[name]
+            earlier = {int(s): float(x) for s, x, m in zip(steps[:i], v[:i], mask[:i], strict=True) if m}
+            if name in self.written and len(self.steps):
+                old_steps = self.steps[self.written[name]]
+                old_vals = self.values[name][self.written[name]]
+                earlier = {**{int(s): float(x) for s, x in zip(old_steps, old_vals, strict=True)}, **earlier}
+            seg = zip(steps[i:nxt], v[i:nxt], mask[i:nxt], strict=True)
+            rows = [(int(s), earlier[int(s)], float(x)) for s, x, m in seg if m and int(s) in earlier]
+            if rows:
+                out[name] = rows[:limit]
+        return out
 
     def _merge(self, steps: np.ndarray, values: dict[str, np.ndarray], present: dict[str, np.ndarray]) -> None:
         """Per (step, metric), the batch's written cells replace the table's; new steps and columns are added."""

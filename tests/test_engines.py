@@ -1,0 +1,135 @@
+"""Every engine gives the same numbers: tags, the gate's result and the suspects' lookups, exactly, on a seeded plan
+(flat recorder folder, hive folder, in memory) and on the demo cases; ``auto`` picks by the plan's Arrow size."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fixtures.scale_plan import BOUNDARIES, synthetic_samples, write_plan
+from forensics.engine import choose_engine, get_engine, parse_size
+from forensics.errors import ForensicsError
+from forensics.plan.gate import check_case
+from forensics.plan.gate.check import check_plan
+from forensics.schema import load_plan, open_case
+from forensics.tagging import tag_case_folder
+from forensics.tagging.step_tags import tag_steps
+
+ENGINES = ["pandas", "duckdb"]
+LAYOUTS = ["flat", "hive", "memory"]
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A seeded 3-epoch plan of 4000 samples on 8 ranks, written in both layouts, and today's pandas answers."""
+    root = tmp_path_factory.mktemp("engines")
+    samples = synthetic_samples(4000, seed=3)
+    write_plan(samples, root / "flat", 3, "flat", seed=3)
+    write_plan(samples, root / "hive", 3, "hive", seed=3)
+    plan = load_plan(root / "flat")
+    return {"root": root, "samples": samples, "plan": plan, "tags": tag_steps(plan, samples, BOUNDARIES),
+            "gate": check_plan(plan, samples).to_json()}
+
+
+def _source(seeded: dict, layout: str):
+    return seeded["plan"] if layout == "memory" else seeded["root"] / layout
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_same_tags_gate_and_lookups(seeded: dict, engine: str, layout: str) -> None:
+    eng = get_engine(engine, memory_limit="1GB")
+    try:
+        src = _source(seeded, layout)
+        pd.testing.assert_frame_equal(tag_steps(src, seeded["samples"], BOUNDARIES, engine=eng), seeded["tags"],
+                                      check_exact=True)
+        assert check_plan(src, seeded["samples"], engine=eng).to_json() == seeded["gate"]
+        assert check_plan(src, None, engine=eng, epochs=2).to_json() == check_plan(seeded["plan"], None,
+                                                                                  epochs=2).to_json()
+        got = eng.steps_holding(src, [7, 11, 3999])
+        plan = seeded["plan"]
+        want = plan.loc[plan["sample_id"].isin([7, 11, 3999]), ["step", "sample_id"]].sort_values(
+            ["step", "sample_id"], ignore_index=True)
+        pd.testing.assert_frame_equal(got, want.astype(np.int64))
+        assert len(got) == 9  # each of the 3 samples once per epoch
+    finally:
+        eng.close()
+
+
+def test_the_seeded_gate_passes_with_these_figures(seeded: dict) -> None:
+    g = seeded["gate"]
+    assert g["passed"] is True
+    assert len(g["pair_retention"]) == 2
+    assert [c["duplicated"] for c in g["coverage"]] == [0, 0, 0]
+    assert [c["missing"] for c in g["coverage"]] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("case", ["static", "bucketed"])
+def test_demo_cases_give_the_same_verdict_and_tags(demo_small: Path, engine: str, case: str) -> None:
+    ref = open_case(demo_small / case, sets=["engine=pandas"])
+    other = open_case(demo_small / case, sets=[f"engine={engine}"])
+    assert check_case(other).to_json() == check_case(ref).to_json()
+    pd.testing.assert_frame_equal(tag_case_folder(other).tags, tag_case_folder(ref).tags, check_exact=True)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_unknown_samples_are_bad_input_in_every_engine(seeded: dict, engine: str) -> None:
+    eng = get_engine(engine)
+    few = seeded["samples"].iloc[100:]
+    try:
+        with pytest.raises(ForensicsError, match=r"^plan: 100 sample_id values are not in the samples table, e\.g\. "
+                                                 r"0, 1, 2, 3, 4$"):
+            check_plan(seeded["root"] / "flat", few, engine=eng)
+        with pytest.raises(ForensicsError, match=r"^plan: 300 rows name samples not in the samples table"):
+            tag_steps(seeded["root"] / "hive", few, BOUNDARIES, engine=eng)
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("4GB", 4 * 10**9), ("512MB", 512 * 10**6), ("2GiB", 2 * 2**30), ("1.5g", 1_500_000_000), (1024, 1024),
+    ("100", 100), (None, None),
+])
+def test_sizes(text, size) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["four GB", "4XB", "-1GB"])
+def test_bad_sizes(text) -> None:
+    with pytest.raises(ForensicsError, match="is not a size"):
+        parse_size(text)
+
+
+def test_auto_is_pandas_under_a_quarter_of_the_limit(seeded: dict) -> None:
+    flat = seeded["root"] / "flat"
+    rows, cols = 12_000, 6  # the seeded plan: 4000 samples x 3 epochs, 6 integer columns
+    arrow = rows * cols * 8
+    assert choose_engine("auto", flat, 4 * arrow + 1) == "pandas"
+    assert choose_engine("auto", flat, 4 * arrow) == "duckdb"
+    assert choose_engine("auto", seeded["plan"], 1) == "pandas"  # already in memory
+    assert choose_engine("duckdb", flat, 10**12) == "duckdb"
+    with pytest.raises(ForensicsError, match="--engine must be one of"):
+        choose_engine("spark", flat)
+
+
+def test_cli_check_plan_on_a_hive_folder(seeded: dict, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).parents[1]))}
+    samples = tmp_path / "samples.parquet"
+    seeded["samples"].to_parquet(samples)
+    out = {}
+    for layout, engine in [("hive", "duckdb"), ("flat", "pandas")]:
+        res = subprocess.run([sys.executable, "-m", "forensics", "check-plan", "--plan", str(seeded["root"] / layout),
+                              "--samples", str(samples), "--engine", engine, "--memory-limit", "1GB",
+                              "--json", str(tmp_path / f"{layout}.json")], env=env, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        out[layout] = {k: v for k, v in json.loads((tmp_path / f"{layout}.json").read_text()).items()
+                       if k != "source"}
+    assert out["hive"] == out["flat"]

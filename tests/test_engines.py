@@ -213,3 +213,22 @@ def test_a_four_rank_recording_reads_the_same_in_every_engine(tmp_path: Path, ma
             assert check_plan(folder, samples, engine=eng).to_json() == want_gate, name
         finally:
             eng.close()
+
+
+def test_the_readmes_slurm_cluster_builds_its_job_script() -> None:
+    """The README's Slurm example, as written there, builds a cluster whose job script asks Slurm for what it says
+    (no job is submitted: the cluster is never scaled)."""
+    jobqueue = pytest.importorskip("dask_jobqueue")
+    cluster = jobqueue.SLURMCluster(cores=8, processes=2, memory="64GB", walltime="02:00:00", queue="cpu",
+                                    scheduler_options={"dashboard_address": None})
+    try:
+        script = cluster.job_script()
+        assert "#SBATCH -p cpu" in script
+        assert "#SBATCH --cpus-per-task=8" in script
+        assert "#SBATCH -t 02:00:00" in script
+        assert "--nworkers 2" in script
+        assert cluster.scheduler_address.startswith("tcp://")
+    finally:
+        cluster.close()
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert 'SLURMCluster(cores=8, processes=2, memory="64GB", walltime="02:00:00", queue="cpu")' in readme

@@ -32,6 +32,13 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _dense(samples: pd.DataFrame) -> int | None:
+    """``n`` when the samples' ids are exactly 0 .. n-1 (the usual case), else None."""
+    ids = samples[SAMPLE_ID].to_numpy(np.int64)
+    n = len(ids)
+    return n if n and ids[0] == 0 and ids[-1] == n - 1 and np.array_equal(ids, np.arange(n)) else None
+
+
 class DuckDBEngine(Engine):
     """DuckDB over the plan's Parquet (see the module docstring); ``limit`` as ``4GB`` (default half the available
     memory), ``spill`` the folder it spills to (default a fresh temporary one, removed on :meth:`close`)."""
@@ -84,7 +91,12 @@ class DuckDBEngine(Engine):
         self.con.register(name, samples)
         return name
 
-    def _check_known(self, rel: str, smp: str, gate: bool = False) -> None:
+    def _check_known(self, rel: str, smp: str, gate: bool = False, dense: int | None = None) -> None:
+        if dense is not None:  # sample ids 0 .. n-1: a range test over the plan, no join
+            bad, = self.con.execute(f"SELECT count(*) FROM {rel} WHERE sample_id < 0 OR sample_id >= {dense}"
+                                    ).fetchone()
+            if not bad:
+                return
         n, = self.con.execute(f"SELECT count(*) FROM {rel} p ANTI JOIN {smp} s USING (sample_id)").fetchone()
         if n:
             few = [r[0] for r in self.con.execute(f"SELECT DISTINCT sample_id FROM {rel} ANTI JOIN {smp} "
@@ -107,14 +119,19 @@ class DuckDBEngine(Engine):
         if STEP not in cols:
             raise ForensicsError("plan: needs a 'step' column to tag steps; map batches to steps first")
         smp = self._samples(samples)
-        self._check_known(rel, smp)
+        self._check_known(rel, smp, dense=_dense(samples))
         labels = [c for c in samples.columns if c not in SAMPLE_BASE]
         where = "" if keep_epochs is None else f"WHERE epoch IN ({', '.join(str(int(e)) for e in keep_epochs)})"
         epoch = "min(epoch)" if EPOCH in cols else "0"
         rows = f"(SELECT * FROM {rel} p JOIN {smp} s USING (sample_id) {where})"
-        steps = self._df(f"SELECT step, {epoch} AS epoch, count(*) AS n, sum(length) AS real "
-                         f"FROM {rows} GROUP BY step ORDER BY step")
-        step_values = steps["step"].to_numpy(np.int64)
+        # one scan: (step, every label) groups, reduced here to the steps and to each label's pairs
+        group = ", ".join(["step"] + [_ident(c) for c in labels])
+        fine = self._df(f"SELECT {group}, {epoch} AS epoch, count(*) AS n, sum(length) AS real "
+                        f"FROM {rows} GROUP BY ALL")
+        for c in ["step", "epoch", "n", "real", *labels]:
+            fine[c] = fine[c].to_numpy(np.int64)
+        steps = fine.groupby("step", sort=True).agg(epoch=("epoch", "min"), n=("n", "sum"), real=("real", "sum"))
+        step_values = steps.index.to_numpy(np.int64)
         n_steps = len(step_values)
         real = steps["real"].to_numpy(np.int64) if tokens else np.zeros(n_steps, np.int64)
         padded, n_batches = np.zeros(n_steps, np.int64), np.zeros(n_steps, np.int64)
@@ -129,9 +146,9 @@ class DuckDBEngine(Engine):
                 padded[at] = b["padded"].to_numpy(np.int64)
         pairs = {}
         for col in labels:
-            q = self._df(f"SELECT step, {_ident(col)} AS label, count(*) AS n FROM {rows} GROUP BY ALL ORDER BY 1, 2")
+            q = fine.groupby(["step", col], sort=True)["n"].sum().reset_index()
             pairs[col] = LabelPairs(np.searchsorted(step_values, q["step"].to_numpy(np.int64)),
-                                    q["label"].to_numpy(np.int64), q["n"].to_numpy(np.int64))
+                                    q[col].to_numpy(np.int64), q["n"].to_numpy(np.int64))
         return StepCounts(step_values, steps["epoch"].to_numpy(np.int64), steps["n"].to_numpy(np.int64), real,
                           padded, n_batches, pairs)
 
@@ -160,7 +177,7 @@ class DuckDBEngine(Engine):
         smp = None
         if samples is not None:
             smp = self._samples(samples)
-            self._check_known(rel, smp, gate=True)
+            self._check_known(rel, smp, gate=True, dense=_dense(samples))
             n_samples = len(samples)
         else:
             n_samples, = self.con.execute(f"SELECT count(DISTINCT sample_id) FROM {rel}").fetchone()
@@ -211,8 +228,12 @@ class DuckDBEngine(Engine):
                 f"coalesce(bool_and(NOT ex OR pa = pb), true) FROM j").fetchone()
             return PairCounts(a, b, int(got[0]), int(got[1]), int(got[2]), bool(got[3]))
 
-        pairs = [pair(a, b) for a, b in zip(labels, labels[1:])]
-        first_last = pair(labels[0], labels[-1]) if labels else None
+        done: dict[tuple[int, int], PairCounts] = {}
+        for key in list(zip(labels, labels[1:])) + ([(labels[0], labels[-1])] if labels else []):
+            if key not in done:  # with two epochs the first-last pair is the consecutive one
+                done[key] = pair(*key)
+        pairs = [done[k] for k in zip(labels, labels[1:])]
+        first_last = done[(labels[0], labels[-1])] if labels else None
         self.con.execute(f"DROP TABLE {first}")
         self.con.execute(f"DROP TABLE {sizes}")
         return GateCounts(out, pairs, first_last, int(n_samples))

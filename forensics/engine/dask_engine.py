@@ -27,19 +27,41 @@ from forensics.engine.source import hive_values, memory_limit, parquet_parts
 from forensics.errors import ForensicsError
 from forensics.schema import EPOCH, SAMPLE_ID, STEP, batch_columns
 
+#: Rows per Dask partition when small parts are grouped (each task's overhead dwarfs a small part's work).
+PARTITION_ROWS = 4_000_000
 
-def _read_part(file: str, root: str | None = None) -> pd.DataFrame:
-    """One Parquet part with its hive ``key=value`` folders as integer columns."""
+
+def _read_parts(files: list[str], root: str | None = None) -> pd.DataFrame:
+    """Parquet parts as one partition, each with its hive ``key=value`` folders as integer columns."""
     import pyarrow.parquet as pq
 
-    frame = pq.read_table(file).to_pandas()
-    if root is not None:
-        for k, v in hive_values(Path(file), Path(root)).items():
-            frame[k] = np.int64(int(v)) if v.lstrip("-").isdigit() else v
-    for c in frame.columns:
-        if frame[c].dtype.kind in "iu":
-            frame[c] = frame[c].astype(np.int64)
-    return frame
+    frames = []
+    for file in files:
+        frame = pq.read_table(file).to_pandas()
+        if root is not None:
+            for k, v in hive_values(Path(file), Path(root)).items():
+                frame[k] = np.int64(int(v)) if v.lstrip("-").isdigit() else v
+        for c in frame.columns:
+            if frame[c].dtype.kind in "iu":
+                frame[c] = frame[c].astype(np.int64)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def _grouped(files: list[str]) -> list[list[str]]:
+    """Consecutive parts grouped up to :data:`PARTITION_ROWS` rows (from their footers)."""
+    import pyarrow.parquet as pq
+
+    groups: list[list[str]] = []
+    rows = PARTITION_ROWS
+    for f in files:
+        n = pq.ParquetFile(f).metadata.num_rows
+        if rows + n > PARTITION_ROWS:
+            groups.append([])
+            rows = 0
+        groups[-1].append(f)
+        rows += n
+    return groups
 
 
 class DaskEngine(Engine):
@@ -95,7 +117,7 @@ class DaskEngine(Engine):
                 if isinstance(frame[c].dtype, pd.CategoricalDtype):
                     frame[c] = frame[c].astype(str).astype(np.int64)
             return frame
-        return dd.from_map(_read_part, files, root=str(plan) if hive else None)
+        return dd.from_map(_read_parts, _grouped(files), root=str(plan) if hive else None)
 
     def plan_columns(self, plan: PlanInput) -> list[str]:
         return list(self._frame(plan).columns)

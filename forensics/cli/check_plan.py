@@ -10,7 +10,15 @@ import argparse
 from rich.markup import escape
 from rich.table import Table
 
-from forensics.cli.common import add_case_argument, add_command, console, open_case_from, stage, write_json
+from forensics.cli.common import (
+    add_case_argument,
+    add_command,
+    add_engine_options,
+    console,
+    open_case_from,
+    stage,
+    write_json,
+)
 from forensics.errors import ForensicsError
 from forensics.plan.gate import GateOptions, GateResult, check_case, write_junit
 from forensics.schema import RANK_SPLITS, check_output
@@ -45,6 +53,7 @@ def register(sub) -> None:
     p.add_argument("--grad-accum", type=int, default=None, metavar="G", help="micro-batches per step (cluster runs)")
     p.add_argument("--world-size", type=int, default=None, metavar="W", help="data-parallel ranks (cluster runs)")
     p.add_argument("--rank-split", choices=RANK_SPLITS, default=None, help="how batches go to ranks")
+    add_engine_options(p)
     p.add_argument("--json", default=None, metavar="F", help="write the result as JSON")
     p.add_argument("--junit", default=None, metavar="F", help="write a JUnit XML file for CI")
     p.set_defaults(func=run)

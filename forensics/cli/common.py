@@ -18,7 +18,7 @@ from forensics.schema import RANK_SPLITS, Case, open_case
 #: Flags whose value is a key of the run configuration (argparse dest -> RunConfig key).
 CONFIG_FLAGS = ("metrics", "plan", "samples", "grad_accum", "world_size", "rank_split", "step_offset", "step_key",
                 "logging_steps", "loss_key", "boundaries", "n_buckets", "clusters", "cluster_by", "token_budget",
-                "max_len", "max_batch_size", "model", "checkpoints")
+                "max_len", "max_batch_size", "model", "checkpoints", "engine", "memory_limit", "scheduler")
 
 
 def add_command(sub: Any, name: str, summary: str, example: str) -> argparse.ArgumentParser:
@@ -70,6 +70,17 @@ def add_step_mapping_options(p: argparse.ArgumentParser) -> None:
                    help="round_robin: one batch stream shared by the ranks; per_rank: one stream per rank")
     p.add_argument("--step-offset", type=int, default=None, metavar="N",
                    help="metrics step = logged step - N (a log counting from 1 takes N = 1)")
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--memory-limit``, ``--scheduler``: where the plan computations run (default: run.toml's,
+    else ``auto``: pandas while the plan's Arrow size is under a quarter of the memory limit, DuckDB beyond)."""
+    p.add_argument("--engine", choices=("auto", "pandas", "duckdb", "dask"), default=None,
+                   help="where the plan computations run (default auto: pandas in memory, DuckDB past memory)")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="memory the engine may use, e.g. 4GB (default: half the available memory)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="the Dask scheduler of --engine dask, e.g. tcp://10.0.0.5:8786 (default: a local cluster)")
 
 
 def add_steps_as_option(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from rich.table import Table
 from forensics.cli.common import (
     add_case_argument,
     add_command,
+    add_engine_options,
     add_step_mapping_options,
     clusters_option,
     console,
@@ -39,6 +40,7 @@ def register(sub) -> None:
     p.add_argument("--n-buckets", type=int, default=None, metavar="K",
                    help="buckets when the boundaries are fitted (default 6)")
     p.add_argument("--max-len", type=int, default=None, metavar="L", help="length cap (default: run.toml's, 8192)")
+    add_engine_options(p)
     p.add_argument("-o", "--out", required=True, metavar="TAGS.parquet", help="where the tags table goes")
     p.add_argument("--samples-out", default=None, metavar="S2.parquet",
                    help="also write the samples with bucket, cluster and cluster_name")

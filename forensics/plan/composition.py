@@ -30,6 +30,8 @@ Everything is vectorised numpy over dense integer codes, so a 10M-row plan takes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -37,6 +39,9 @@ import pandas as pd
 from forensics.errors import ForensicsError
 from forensics.plan.padding import batch_shapes
 from forensics.plan.step_mapping import assign_steps
+
+if TYPE_CHECKING:
+    from forensics.engine.base import Engine, StepCounts
 from forensics.schema import BATCH_ID, CLUSTER, EPOCH, MICRO, RANK, SAMPLE_ID, SOURCE, STEP, batch_columns, batch_keys
 
 
@@ -310,38 +315,46 @@ def cluster_labels(samples: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | Non
 
 
 def cluster_mix(
-    plan: pd.DataFrame,
+    plan: pd.DataFrame | str | Path,
     samples: pd.DataFrame,
     grad_accum: int = 1,
     world_size: int = 1,
     rank_split: str = "round_robin",
+    *,
+    engine: Engine,
+    keep_epochs: list[int] | None = None,
 ) -> list[EpochMix] | None:
     """Per epoch, the mean within-step cluster entropy (bits) and the longest run of steps with one dominant
-    cluster; None when the samples have no ``cluster`` or ``source``. Steps follow DESIGN.md's step mapping."""
+    cluster; None when the samples have no ``cluster`` or ``source``. Steps follow DESIGN.md's step mapping (a plan
+    an engine reads from disk must carry ``step``); ``engine`` (:mod:`forensics.engine`) counts."""
     labelled = cluster_labels(samples)
     if labelled is None:
         return None
     codes, names = labelled
-    steps_plan = assign_steps(plan[[c for c in plan.columns if c in (STEP, EPOCH, BATCH_ID, MICRO, RANK)]],
-                              grad_accum, world_size, rank_split)
-    step = steps_plan[STEP].to_numpy(np.int64)
-    epoch = epoch_column(plan)
-    idx = pd.Index(samples[SAMPLE_ID].to_numpy(np.int64)).get_indexer(plan[SAMPLE_ID].to_numpy(np.int64))
-    label = codes[idx]
-    n_labels = max(1, len(names))
-    steps, step_pos = np.unique(step, return_inverse=True)
-    groups, counts = np.unique(step_pos * n_labels + label, return_counts=True)
-    g_step, g_label = groups // n_labels, groups % n_labels
-    step_total = np.bincount(g_step, weights=counts, minlength=len(steps))
-    p = counts / step_total[g_step]
-    entropy = np.bincount(g_step, weights=-p * np.log2(p), minlength=len(steps))
+    if isinstance(plan, pd.DataFrame):
+        plan = assign_steps(plan[[c for c in plan.columns if c in (STEP, EPOCH, BATCH_ID, MICRO, RANK, SAMPLE_ID)]],
+                            grad_accum, world_size, rank_split)
+    table = pd.DataFrame({SAMPLE_ID: samples[SAMPLE_ID].to_numpy(np.int64), "length": np.zeros(len(samples), np.int64),
+                          "label": codes})
+    counts = engine.step_counts(plan, table, tokens=False, keep_epochs=keep_epochs)
+    return mix_from_counts(counts, names)
+
+
+def mix_from_counts(counts: StepCounts, names: np.ndarray) -> list[EpochMix]:
+    """:func:`cluster_mix` from an engine's (step, label) counts."""
+    pairs = counts.pairs["label"]
+    g_step, g_label, n = pairs.step, pairs.label, pairs.count
+    n_steps = len(counts.step)
+    step_total = np.bincount(g_step, weights=n, minlength=n_steps)
+    p = n / step_total[g_step]
+    entropy = np.bincount(g_step, weights=-p * np.log2(p), minlength=n_steps)
     # dominant label per step: the largest count, ties to the smallest label code
-    order = np.lexsort((g_label, -counts, g_step))
+    order = np.lexsort((g_label, -n, g_step))
     first = np.ones(len(order), dtype=bool)
     first[1:] = g_step[order][1:] != g_step[order][:-1]
-    dominant = np.empty(len(steps), dtype=np.int64)
+    dominant = np.empty(n_steps, dtype=np.int64)
     dominant[g_step[order][first]] = g_label[order][first]
-    step_epoch = pd.Series(epoch).groupby(step_pos).min().reindex(range(len(steps))).to_numpy(np.int64)
+    step_epoch = counts.epoch
     out = []
     for ep in np.unique(step_epoch).tolist():
         sel = np.flatnonzero(step_epoch == ep)

@@ -71,9 +71,9 @@ def read_table(path: str | Path, what: str, columns: Sequence[str] | None = None
         raise ForensicsError(f"{what} file {path} does not exist")
     if path.is_dir():
         parts = sorted(path.glob("*.parquet"))
-        if not parts:
-            raise ForensicsError(f"{what} folder {path} holds no .parquet parts")
-        return pd.concat([read_table(p, what, columns, required) for p in parts], ignore_index=True)
+        if parts:
+            return pd.concat([read_table(p, what, columns, required) for p in parts], ignore_index=True)
+        return _read_hive(path, what, columns, required)
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     try:
         if suffix in (".parquet", ".pq"):
@@ -85,6 +85,27 @@ def read_table(path: str | Path, what: str, columns: Sequence[str] | None = None
     except Exception as exc:  # OSError, ValueError, and pyarrow's own types for corrupt files
         raise ForensicsError(f"{what} file {path} could not be read: {_first_line(exc)}") from exc
     raise ForensicsError(f"{what} file {path} has an unknown format {suffix!r}; expected .parquet, .csv or .jsonl")
+
+
+def _read_hive(path: Path, what: str, columns: Sequence[str] | None,
+               required: Callable[[Sequence[str]], bool] | None) -> pd.DataFrame:
+    """A hive-partitioned folder (``epoch=E/part.parquet``): each part with its folders' ``key=value`` as columns
+    (integers when they read as integers), parts in the order of those values, then of their names."""
+    def values(f: Path) -> dict[str, object]:
+        pairs = [part.split("=", 1) for part in f.relative_to(path).parts[:-1]]
+        return {k: int(v) if v.lstrip("-").isdigit() else v for k, v in pairs}
+
+    parts = [f for f in path.rglob("*.parquet") if all("=" in q for q in f.relative_to(path).parts[:-1])]
+    if not parts:
+        raise ForensicsError(f"{what} folder {path} holds no .parquet parts")
+    parts.sort(key=lambda f: (tuple((k, str(type(v)), v) for k, v in values(f).items()), f.name))
+    frames = []
+    for f in parts:
+        frame = read_table(f, what, columns, None if required is None else lambda names: True)
+        for k, v in values(f).items():
+            frame[k] = np.int64(v) if isinstance(v, int) else v
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
 
 
 def _read_parquet(path: Path, columns: Sequence[str],

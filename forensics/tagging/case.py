@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from forensics.engine import Engine, engine_of
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.plan.builders import capped_lengths
@@ -94,13 +95,14 @@ def write_parquet(frame: pd.DataFrame, path: Path, meta: dict[bytes, bytes]) -> 
 
 
 def tag_run(
-    step_plan: pd.DataFrame,
+    step_plan: pd.DataFrame | str | Path,
     samples: pd.DataFrame,
     cfg: RunConfig,
     *,
     max_fit: int = 20_000,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    engine: Engine | None = None,
 ) -> TagResult:
     """Tag every step of a run from its step-mapped plan (:func:`forensics.plan.step_plan`) and its samples.
 
@@ -108,11 +110,13 @@ def tag_run(
     ``cfg.cluster_by`` (a label column) when given; else from the text when ``cfg.clusters`` is k; else a
     ``cluster`` column already in the samples is kept; else the text with k chosen; without text, samples with a
     ``source`` label are clustered by it; else every sample is cluster -1, with a warning. ``progress(n_done)`` is
-    called while texts are clustered.
+    called while texts are clustered. ``engine`` (:mod:`forensics.engine`) counts the steps; ``step_plan`` may
+    then be the path of a plan with ``step`` that it reads (the result's ``plan`` is then None).
     """
-    if STEP not in step_plan.columns:
+    in_memory = isinstance(step_plan, pd.DataFrame)
+    if in_memory and STEP not in step_plan.columns:
         raise ForensicsError("tagging needs the step-mapped plan (forensics.plan.step_plan): it has no 'step' column")
-    warnings: list[str] = batch_gap_warnings(step_plan)
+    warnings: list[str] = batch_gap_warnings(step_plan) if in_memory else []
     bounds = resolve_boundaries(list(cfg.boundaries) if cfg.boundaries else None, samples, cfg.max_len,
                                 cfg.n_buckets)
     if cfg.boundaries is None:
@@ -154,8 +158,9 @@ def tag_run(
         warnings.append(f"{no_text_reason}: every step's cluster is {NO_CLUSTER}; pass --cluster-by "
                         f"COLUMN{hint} for content clusters")
     clustered[BUCKET] = bucket_index(capped_lengths(clustered, cfg.max_len), bounds)
-    tags = tag_steps(step_plan, clustered, bounds, cfg.max_len, packed=cfg.packed)
-    return TagResult(tags=tags, samples=clustered, plan=step_plan, boundaries=bounds, clusters=info,
+    tags = tag_steps(step_plan, clustered, bounds, cfg.max_len, packed=cfg.packed, engine=engine)
+    return TagResult(tags=tags, samples=clustered, plan=step_plan if in_memory else None, boundaries=bounds,
+                     clusters=info,
                      warnings=warnings)
 
 
@@ -207,12 +212,22 @@ def tag_case_folder(
             params["boundaries"] = list(cfg.boundaries)
         fn = resolve_builder(builder, **params)
         plan = rebuild_plan(samples, fn, epochs, seed)
-    else:
-        plan = load_plan(case.plan_path, samples)
     unused = [k for k in ("grad_accum", "world_size", "rank_split") if cfg.given.get(k) == "option"]
-    result = tag_run(step_plan(plan, cfg), samples, cfg, max_fit=max_fit, seed=seed, progress=progress)
+    engine = None if builder else engine_of(cfg, case.plan_path)
+    if engine is not None and engine.name != "pandas":  # the engine reads the plan where it lies
+        try:
+            has_step = STEP in engine.plan_columns(case.plan_path)
+            result = tag_run(case.plan_path, samples, cfg, max_fit=max_fit, seed=seed, progress=progress,
+                             engine=engine)
+        finally:
+            engine.close()
+    else:
+        if not builder:
+            plan = load_plan(case.plan_path, samples)
+        has_step = STEP in plan.columns
+        result = tag_run(step_plan(plan, cfg), samples, cfg, max_fit=max_fit, seed=seed, progress=progress)
     explicit = [f"the plan has a 'step' column, which wins: {', '.join(unused)} not used"] \
-        if unused and STEP in plan.columns else []
+        if unused and has_step else []
     result.warnings = list(case.warnings) + explicit + result.warnings
     return result
 

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from forensics.engine.base import Engine, StepCounts
+from forensics.engine.pandas_engine import PandasEngine, count_pairs, dense_steps, sample_positions
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index, bucket_range
 from forensics.plan.builders import capped_lengths
-from forensics.plan.padding import batch_shapes
-from forensics.schema import CLUSTER, EPOCH, MAX_LEN, SAMPLE_ID, STEP, batch_keys
+from forensics.schema import CLUSTER, EPOCH, MAX_LEN, SAMPLE_ID, STEP
 from forensics.stats import run_lengths, steps_since_seen
 from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER
 
@@ -49,17 +50,6 @@ class _Pairs:
     label: np.ndarray
     count: np.ndarray
 
-    @classmethod
-    def count_pairs(cls, step_idx: np.ndarray, code: np.ndarray, n_steps: int, n_codes: int) -> _Pairs:
-        n_codes = max(n_codes, 1)
-        key = step_idx.astype(np.int64) * n_codes + code
-        if n_steps * n_codes <= max(4 * len(key), 1 << 22):  # dense counting is cheaper than a sort
-            counts = np.bincount(key, minlength=n_steps * n_codes)
-            nz = np.flatnonzero(counts)
-            return cls(nz // n_codes, nz % n_codes, counts[nz])
-        uniq, counts = np.unique(key, return_counts=True)
-        return cls(uniq // n_codes, uniq % n_codes, counts)
-
     def dominant(self) -> np.ndarray:
         """Index of each step's most frequent pair (ties: the lowest label); every step has at least one pair."""
         order = np.lexsort((self.label, -self.count, self.step))
@@ -72,12 +62,30 @@ class _Pairs:
         return np.bincount(self.step, weights=-p * np.log2(p), minlength=len(n_samples)) + 0.0
 
 
+def sample_codes(samples: pd.DataFrame, boundaries: Sequence[int], max_len: int = MAX_LEN,
+                 ) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
+    """The samples as the engines count them: ``sample_id``, ``length`` (capped at ``max_len``), ``bucket`` and
+    ``cluster`` (a dense code into the returned cluster values, sorted; every sample -1 without clusters), with the
+    cluster values and their names."""
+    capped = capped_lengths(samples, max_len)
+    sample_bucket = bucket_index(capped, [int(b) for b in boundaries])
+    if CLUSTER in samples.columns:
+        cluster_values, sample_cluster = np.unique(samples[CLUSTER].to_numpy(np.int64), return_inverse=True)
+    else:
+        cluster_values, sample_cluster = np.array([NO_CLUSTER], np.int64), np.zeros(len(samples), np.int64)
+    codes = pd.DataFrame({SAMPLE_ID: samples[SAMPLE_ID].to_numpy(np.int64), "length": np.asarray(capped),
+                          "bucket": np.asarray(sample_bucket, np.int64),
+                          CLUSTER: np.asarray(sample_cluster, np.int64).reshape(-1)})
+    return codes, cluster_values, _cluster_names(samples, cluster_values)
+
+
 def tag_steps(
     plan: pd.DataFrame,
     samples: pd.DataFrame,
     boundaries: Sequence[int],
     max_len: int = MAX_LEN,
     packed: bool = False,
+    engine: Engine | None = None,
 ) -> pd.DataFrame:
     """The tags table, one row per step of ``plan`` (which must have ``step``; see ``assign_steps``).
 
@@ -85,41 +93,26 @@ def tag_steps(
     each sample's ``n_tokens`` is its share of the step and nothing is padded (DESIGN.md Conventions).
 
     ``samples`` needs ``sample_id`` and ``n_tokens``; its ``cluster`` (and ``cluster_name``) columns are used when
-    present, else every sample is cluster -1. Every plan sample must be in ``samples``.
+    present, else every sample is cluster -1. Every plan sample must be in ``samples``. ``engine``
+    (:mod:`forensics.engine`; default pandas) counts; ``plan`` may then be a path the engine reads.
     """
-    if STEP not in plan.columns:
+    if isinstance(plan, pd.DataFrame) and STEP not in plan.columns:
         raise ForensicsError("plan: needs a 'step' column to tag steps; map batches to steps first")
+    codes, cluster_values, names = sample_codes(samples, boundaries, max_len)
+    counts = (engine or PandasEngine()).step_counts(plan, codes, packed=packed)
+    return tags_from_counts(counts, cluster_values, names, boundaries)
+
+
+def tags_from_counts(counts: StepCounts, cluster_values: np.ndarray, names: Sequence[str],
+                     boundaries: Sequence[int]) -> pd.DataFrame:
+    """The tags table from an engine's integer counts: every ratio, entropy and run is computed here, once, so
+    that every engine gives the same floats."""
     boundaries = [int(b) for b in boundaries]
     n_buckets = len(boundaries) - 1
-    # --- per sample -----------------------------------------------------------------------------------------------
-    capped = capped_lengths(samples, max_len)
-    sample_bucket = bucket_index(capped, boundaries)
-    if CLUSTER in samples.columns:
-        cluster_values, sample_cluster = np.unique(samples[CLUSTER].to_numpy(np.int64), return_inverse=True)
-    else:
-        cluster_values, sample_cluster = np.array([NO_CLUSTER], np.int64), np.zeros(len(samples), np.int64)
-    names = _cluster_names(samples, cluster_values)
-    # --- per plan row ---------------------------------------------------------------------------------------------
-    pos = _sample_positions(samples[SAMPLE_ID].to_numpy(np.int64), plan[SAMPLE_ID].to_numpy(np.int64))
-    lens = capped[pos]
-    step_values, step_idx = _dense_steps(plan[STEP].to_numpy(np.int64))
-    n_steps = len(step_values)
-    n_samples = np.bincount(step_idx, minlength=n_steps)
-    real = np.bincount(step_idx, weights=lens, minlength=n_steps).astype(np.int64)
-    # --- per batch: padded to its longest sample --------------------------------------------------------------------
-    bk = batch_keys(plan) if len(plan) else np.zeros(0, np.int64)
-    shapes = batch_shapes(bk, lens)
-    batch_step = np.zeros(len(shapes.size), dtype=np.int64)
-    batch_step[bk] = step_idx
-    padded = real.copy() if packed else \
-        np.bincount(batch_step, weights=shapes.padded, minlength=n_steps).astype(np.int64)
-    n_batches = np.bincount(batch_step, minlength=n_steps)
-    del lens, bk, shapes, batch_step
-    # --- composition ----------------------------------------------------------------------------------------------
-    bpairs = _Pairs.count_pairs(step_idx, sample_bucket[pos], n_steps, n_buckets)
-    cpairs = _Pairs.count_pairs(step_idx, sample_cluster[pos], n_steps, len(cluster_values))
-    epoch = _epoch_per_step(plan, step_idx, n_steps)
-    del pos, step_idx
+    step_values, epoch, n_samples = counts.step, counts.epoch, counts.n_samples
+    real, padded, n_steps = counts.real_tokens, counts.padded_tokens, len(counts.step)
+    bp, cp = counts.pairs["bucket"], counts.pairs[CLUSTER]
+    bpairs, cpairs = _Pairs(bp.step, bp.label, bp.count), _Pairs(cp.step, cp.label, cp.count)
     bdom, cdom = bpairs.dominant(), cpairs.dominant()
     bucket = bpairs.label[bdom]
     cluster_code = cpairs.label[cdom]
@@ -133,7 +126,7 @@ def tag_steps(
         STEP: step_values,
         EPOCH: epoch,
         "position_in_epoch": step_values - first_of_epoch,
-        "n_batches": n_batches.astype(np.int64),
+        "n_batches": counts.n_batches.astype(np.int64),
         "n_samples": n_samples.astype(np.int64),
         "real_tokens": real,
         "padded_tokens": padded,
@@ -159,44 +152,6 @@ def tag_steps(
     return tags
 
 
-def _sample_positions(sample_ids: np.ndarray, plan_ids: np.ndarray) -> np.ndarray:
-    """Row of each plan sample in the samples table; a sample missing from it is bad input."""
-    n = len(sample_ids)
-    if n and sample_ids[0] == 0 and sample_ids[-1] == n - 1 and np.array_equal(sample_ids, np.arange(n)):
-        pos = plan_ids.copy()
-        bad = (pos < 0) | (pos >= n)
-        pos[bad] = -1
-    else:
-        pos = pd.Index(sample_ids).get_indexer(plan_ids)
-    missing = pos < 0
-    if missing.any():
-        few = ", ".join(str(v) for v in np.unique(plan_ids[missing])[:5])
-        raise ForensicsError(f"plan: {int(missing.sum())} rows name samples not in the samples table, e.g. {few}")
-    return pos
-
-
-def _dense_steps(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The sorted distinct steps and each row's index among them (O(n) for the usual compact step range)."""
-    if len(steps) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    lo, hi = int(steps.min()), int(steps.max())
-    if hi - lo <= 4 * len(steps) + (1 << 20):
-        present = np.bincount(steps - lo, minlength=hi - lo + 1) > 0
-        remap = np.cumsum(present) - 1
-        return np.flatnonzero(present) + lo, remap[steps - lo]
-    values, idx = np.unique(steps, return_inverse=True)
-    return values, idx
-
-
-def _epoch_per_step(plan: pd.DataFrame, step_idx: np.ndarray, n_steps: int) -> np.ndarray:
-    """A step's epoch (the lowest epoch of its rows; 0 when the plan has no epoch)."""
-    if EPOCH not in plan.columns:
-        return np.zeros(n_steps, np.int64)
-    epoch = np.full(n_steps, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(epoch, step_idx, plan[EPOCH].to_numpy(np.int64))
-    return epoch
-
-
 def _cluster_names(samples: pd.DataFrame, cluster_values: np.ndarray) -> list[str]:
     """The name of each cluster id: the samples' ``cluster_name`` when given, else ``cluster <id>``."""
     fallback = ["(no text)" if c == NO_CLUSTER else f"cluster {c}" for c in cluster_values]
@@ -215,9 +170,9 @@ def composition(plan: pd.DataFrame, samples: pd.DataFrame, by: str = CLUSTER) ->
     if by not in samples.columns:
         raise ForensicsError(f"samples: no column '{by}' to compose steps by")
     values, code = np.unique(samples[by].to_numpy(), return_inverse=True)
-    pos = _sample_positions(samples[SAMPLE_ID].to_numpy(np.int64), plan[SAMPLE_ID].to_numpy(np.int64))
-    step_values, step_idx = _dense_steps(plan[STEP].to_numpy(np.int64))
-    pairs = _Pairs.count_pairs(step_idx, code[pos], len(step_values), len(values))
+    pos = sample_positions(samples[SAMPLE_ID].to_numpy(np.int64), plan[SAMPLE_ID].to_numpy(np.int64))
+    step_values, step_idx = dense_steps(plan[STEP].to_numpy(np.int64))
+    pairs = _Pairs(*count_pairs(step_idx, code[pos], len(step_values), len(values)))
     n = np.bincount(step_idx, minlength=len(step_values))
     return pd.DataFrame({STEP: step_values[pairs.step], by: values[pairs.label], "n_samples": pairs.count,
                          "share": pairs.count / n[pairs.step]})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from forensics.engine import engine_of
 from forensics.errors import ForensicsError
 from forensics.plan.gate.check import check_plan
 from forensics.plan.gate.result import GateResult
@@ -46,7 +47,10 @@ def check_case(
         raise ForensicsError("check-plan needs a plan (--plan, or plan.parquet in the case) or --builder")
     samples = load_samples(case.samples_path) if cfg.samples else None
     plan = None
-    if builder is None:
+    engine = engine_of(cfg, case.plan_path) if builder is None else None
+    if engine is not None and engine.name != "pandas":  # the engine reads the plan where it lies
+        plan = case.plan_path
+    elif builder is None:
         # Epochs are compared by batch_id, so the plan is not mapped to steps here (on a 10M-row plan that was half
         # of the command's time); only the cluster mix needs steps, and it maps them itself with the same settings.
         plan = load_plan(case.plan_path, samples, columns=PLAN_INT_COLUMNS)
@@ -58,9 +62,13 @@ def check_case(
     else:
         boundaries = list(DEFAULT_BOUNDARIES)
     source = f"plan {case.plan_path}" if builder is None else f"builder {builder}"
-    return check_plan(plan, samples, builder=builder, epochs=epochs, seed=seed,
-                      token_budget=cfg.token_budget if "token_budget" in cfg.given else None, max_len=cfg.max_len,
-                      boundaries=boundaries, max_pair_retention=options.max_pair_retention,
-                      max_identical_batches=options.max_identical_batches, allow_drop_last=options.allow_drop_last,
-                      min_padding_efficiency=options.min_padding_efficiency, grad_accum=cfg.grad_accum,
-                      world_size=cfg.world_size, rank_split=cfg.rank_split, source=source)
+    try:
+        return check_plan(plan, samples, builder=builder, epochs=epochs, seed=seed,
+                          token_budget=cfg.token_budget if "token_budget" in cfg.given else None, max_len=cfg.max_len,
+                          boundaries=boundaries, max_pair_retention=options.max_pair_retention,
+                          max_identical_batches=options.max_identical_batches, allow_drop_last=options.allow_drop_last,
+                          min_padding_efficiency=options.min_padding_efficiency, grad_accum=cfg.grad_accum,
+                          world_size=cfg.world_size, rank_split=cfg.rank_split, source=source, engine=engine)
+    finally:
+        if engine is not None:
+            engine.close()

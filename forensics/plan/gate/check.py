@@ -8,32 +8,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 
+from forensics.engine.base import Engine, PlanInput
+from forensics.engine.finish import gate_figures
+from forensics.engine.pandas_engine import PandasEngine
 from forensics.errors import ForensicsError
 from forensics.plan.builders import capped_lengths
-from forensics.plan.composition import (
-    PlanMembership,
-    cluster_mix,
-    compare_epochs,
-    consecutive_pairs,
-    coverage,
-    epoch_padding_efficiency,
-    index_plan,
-    length_sorted,
-)
+from forensics.plan.composition import cluster_mix, epoch_column
 from forensics.plan.gate.classify import judge
-from forensics.plan.gate.limits import derive_limits, plan_batch_shape
+from forensics.plan.gate.limits import derive_limits
 from forensics.plan.gate.result import GateResult
 from forensics.plan.rebuild import rebuild_plan, resolve_builder
-from forensics.schema import DEFAULT_BOUNDARIES, EPOCH, MAX_LEN, TOKEN_BUDGET, check_boundaries
+from forensics.schema import DEFAULT_BOUNDARIES, MAX_LEN, SAMPLE_ID, TOKEN_BUDGET, check_boundaries
 
 #: Epochs a builder is called for when the caller names none: enough for a first-last pair beside the consecutive ones.
 BUILDER_EPOCHS = 3
 
 
 def check_plan(
-    plan: pd.DataFrame | None = None,
+    plan: PlanInput | None = None,
     samples: pd.DataFrame | None = None,
     *,
     builder: str | Callable | None = None,
@@ -50,9 +45,12 @@ def check_plan(
     world_size: int = 1,
     rank_split: str = "round_robin",
     source: str = "",
+    engine: Engine | None = None,
 ) -> GateResult:
     """Judge a plan (validated, with ``epoch``) or a builder (name, ``module:function``, ``file.py:function`` or a
     callable; needs ``samples``) over ``epochs`` epochs (all of the plan's; 3 for a builder).
+
+    ``engine`` (:mod:`forensics.engine`, default pandas) does the counting; ``plan`` may then be a path it reads.
 
     Raises :class:`ForensicsError` for input the gate cannot judge: no plan nor builder, a builder without samples,
     a plan without epochs, fewer than two epochs.
@@ -71,31 +69,33 @@ def check_plan(
                             f"builder {getattr(builder, '__name__', repr(builder))}")
         plan = rebuild_plan(samples, fn, epochs or BUILDER_EPOCHS, seed)
     assert plan is not None
-    m = index_plan(plan, samples)
-    if epochs is not None and len(m.epochs) > epochs:
-        keep = {e.epoch for e in m.epochs[:epochs]}
-        plan = plan[plan[EPOCH].isin(keep)]
-        m = PlanMembership(m.epochs[:epochs], m.n_samples)
-    if len(m.epochs) < 2:
-        raise ForensicsError(f"plan: holds {len(m.epochs)} epoch(s); comparing batch composition needs at least 2")
-
+    eng = engine or PandasEngine()
+    if isinstance(plan, pd.DataFrame):
+        epoch_column(plan)  # a plan without epochs is bad input, said the same way by every engine
     lengths = capped_lengths(samples, max_len) if samples is not None else None
+    table = None if samples is None else pd.DataFrame({SAMPLE_ID: samples[SAMPLE_ID].to_numpy(np.int64),
+                                                       "length": np.asarray(lengths)})
+    counts = eng.gate_counts(plan, table, epochs)
+    if len(counts.epochs) < 2:
+        raise ForensicsError(f"plan: holds {len(counts.epochs)} epoch(s); comparing batch composition needs at least 2")
+    fig = gate_figures(counts)
+    keep = [e.epoch for e in counts.epochs]
+
     budget, batch_size = (token_budget, None)
     sorted_epochs = None
     if lengths is not None:
-        seen_budget, batch_size = plan_batch_shape(m, lengths)
+        seen_budget, batch_size = fig["batch_shape"]
         budget = token_budget or seen_budget
-        sorted_epochs = [length_sorted(e, lengths) for e in m.epochs]
+        sorted_epochs = fig["length_sorted"]
     limits = derive_limits(samples, token_budget=budget, max_batch_size=batch_size, max_len=max_len,
                            boundaries=boundaries, max_pair_retention=max_pair_retention,
                            max_identical_batches=max_identical_batches, allow_drop_last=allow_drop_last,
                            min_padding_efficiency=min_padding_efficiency, length_sorted=any(sorted_epochs or []))
-    pairs = consecutive_pairs(m)
-    first_last = compare_epochs(m.epochs[0], m.epochs[-1])
-    cov = coverage(m)
-    padding = epoch_padding_efficiency(m, lengths) if lengths is not None else None
-    mix = cluster_mix(plan, samples, grad_accum, world_size, rank_split) if samples is not None else None
-    result = GateResult(passed=True, static=False, epochs=[e.epoch for e in m.epochs], pairs=pairs,
+    pairs, first_last, cov = fig["pairs"], fig["first_last"], fig["coverage"]
+    padding = fig["padding"] if lengths is not None else None
+    mix = cluster_mix(plan, samples, grad_accum, world_size, rank_split, engine=eng,
+                      keep_epochs=keep if epochs is not None else None) if samples is not None else None
+    result = GateResult(passed=True, static=False, epochs=keep, pairs=pairs,
                         first_last=first_last, coverage=cov, threshold=limits, epoch_padding_efficiency=padding,
                         cluster_mix=mix, length_sorted=sorted_epochs, source=source or "plan")
     judge(result)

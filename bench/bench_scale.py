@@ -1,0 +1,115 @@
+"""Bench: check-plan and tag per engine on synthetic plans of 10M, 30M and 100M rows, time and peak RSS.
+
+The plans (:mod:`fixtures.scale_plan`): 5M samples on 8 ranks with 2 micro-batches per step, the story's bucketed
+fix, 2, 6 and 20 epochs (10M, 30M, 100M rows), written once to ``bench/out/scale/`` as the recorder's flat folder;
+the smaller plans are the larger one's first epochs (links to its parts), so their verdicts must agree. Each run is
+the real command (``python -m forensics check-plan|tag ... --engine E --memory-limit M``) in a fresh process; its
+time is wall-clock, its memory the process's peak RSS (``ru_maxrss`` of the child, which is what the machine must
+hold, DuckDB's own allocations included). Ratios are against the pandas engine in the same run.
+
+    python3 bench/bench_scale.py                          # 10M and 30M per engine, 100M on DuckDB under 4GB
+    python3 bench/bench_scale.py --rows 10 --engines pandas,duckdb
+    python3 bench/bench_scale.py --rows 100 --engines duckdb --memory-limit 4GB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out" / "scale"
+N_SAMPLES = 5_000_000
+EPOCHS_FOR = {10: 2, 30: 6, 100: 20}  # million rows -> epochs of N_SAMPLES
+
+
+def build(max_epochs: int) -> Path:
+    """The full plan (once) and the samples; returns the folder of the full plan."""
+    sys.path.insert(0, str(ROOT))
+    from fixtures.scale_plan import synthetic_samples, write_plan
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    samples_path = OUT / "samples.parquet"
+    full = OUT / f"plan-{max_epochs}ep"
+    marker = full / ".complete"
+    if not samples_path.exists():
+        synthetic_samples(N_SAMPLES).to_parquet(samples_path, index=False)
+    if not marker.exists():
+        import pandas as pd
+
+        t0 = time.perf_counter()
+        write_plan(pd.read_parquet(samples_path), full, max_epochs, "flat")
+        marker.write_text("")
+        print(f"wrote {full} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return full
+
+
+def prefix(full: Path, epochs: int) -> Path:
+    sys.path.insert(0, str(ROOT))
+    from fixtures.scale_plan import prefix_folder
+
+    return prefix_folder(full, OUT / f"plan-first-{epochs}ep", epochs)
+
+
+def run(cmd: list[str]) -> dict:
+    """One command in a fresh process: exit code, wall seconds, peak RSS (GB)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read() if proc.stderr else ""
+    rc = os.waitstatus_to_exitcode(status)
+    return {"rc": rc, "s": round(wall, 2), "rss_gb": round(usage.ru_maxrss / 2**20, 2),
+            "err": err.strip().splitlines()[-1] if rc not in (0, 1) and err.strip() else ""}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="10,30,100", help="plan sizes in million rows (10, 30, 100)")
+    ap.add_argument("--engines", default="pandas,duckdb", help="engines to run (pandas, duckdb, dask)")
+    ap.add_argument("--memory-limit", default="4GB", help="--memory-limit of every run")
+    ap.add_argument("--pandas-max", type=int, default=30, help="largest plan (M rows) the pandas engine runs")
+    ap.add_argument("--json", default=str(OUT / "bench_scale.json"))
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.rows.split(",")]
+    full = build(max(EPOCHS_FOR[s] for s in sizes))
+    samples = OUT / "samples.parquet"
+    results = []
+    for size in sizes:
+        plan = prefix(full, EPOCHS_FOR[size]) if EPOCHS_FOR[size] < max(EPOCHS_FOR[s] for s in sizes) else full
+        for engine in args.engines.split(","):
+            if engine == "pandas" and size > args.pandas_max:
+                continue
+            base = ["--plan", str(plan), "--samples", str(samples), "--engine", engine,
+                    "--memory-limit", args.memory_limit]
+            gate_json = OUT / f"gate-{size}M-{engine}.json"
+            for what, cmd in (("check-plan", ["check-plan", *base, "--json", str(gate_json)]),
+                              ("tag", ["tag", *base, "--boundaries", "0,770,1216,1728,2432,3296,8192",
+                                       "-o", str(OUT / f"tags-{size}M-{engine}.parquet")])):
+                r = run([sys.executable, "-m", "forensics", *cmd])
+                if what == "check-plan" and gate_json.exists() and r["rc"] in (0, 1):
+                    r["passed"] = json.loads(gate_json.read_text())["passed"]
+                row = {"rows_M": size, "engine": engine, "command": what, **r}
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    for row in results:  # ratios against pandas at the same size and command
+        ref = next((r for r in results if r["engine"] == "pandas" and r["rows_M"] == row["rows_M"]
+                    and r["command"] == row["command"]), None)
+        if ref and ref["s"]:
+            row["time_vs_pandas"] = round(row["s"] / ref["s"], 2)
+            row["rss_vs_pandas"] = round(row["rss_gb"] / ref["rss_gb"], 2)
+    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"{'rows':>5} {'engine':8} {'command':11} {'s':>8} {'RSS GB':>7} {'t/pd':>5} {'rss/pd':>6} passed")
+    for r in results:
+        print(f"{r['rows_M']:>4}M {r['engine']:8} {r['command']:11} {r['s']:8.1f} {r['rss_gb']:7.2f} "
+              f"{r.get('time_vs_pandas', ''):>5} {r.get('rss_vs_pandas', ''):>6} {r.get('passed', '')} {r['err']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""Every engine gives the same numbers: tags, the gate's result and the suspects' lookups, exactly, on a seeded plan
+(flat recorder folder, hive folder, in memory) and on the demo cases; ``auto`` picks by the plan's Arrow size."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fixtures.scale_plan import BOUNDARIES, synthetic_samples, write_plan
+from forensics.engine import choose_engine, get_engine, parse_size
+from forensics.errors import ForensicsError
+from forensics.plan.gate import check_case
+from forensics.plan.gate.check import check_plan
+from forensics.schema import load_plan, open_case
+from forensics.tagging import tag_case_folder
+from forensics.tagging.step_tags import tag_steps
+
+ENGINES = ["pandas", "duckdb", "dask"]
+LAYOUTS = ["flat", "hive", "memory"]
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    """One real distributed LocalCluster of 2 workers (threads, in this process) for the module's Dask runs."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None)
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+@pytest.fixture
+def make_engine(request):
+    """``make_engine(name)``: the engine, the Dask one on the module's cluster."""
+    def make(name: str):
+        if name == "dask":
+            from forensics.engine.dask_engine import DaskEngine
+
+            return DaskEngine(client=request.getfixturevalue("dask_client"))
+        return get_engine(name, memory_limit="1GB")
+    return make
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A seeded 3-epoch plan of 4000 samples on 8 ranks, written in both layouts, and today's pandas answers."""
+    root = tmp_path_factory.mktemp("engines")
+    samples = synthetic_samples(4000, seed=3)
+    write_plan(samples, root / "flat", 3, "flat", seed=3)
+    write_plan(samples, root / "hive", 3, "hive", seed=3)
+    plan = load_plan(root / "flat")
+    return {"root": root, "samples": samples, "plan": plan, "tags": tag_steps(plan, samples, BOUNDARIES),
+            "gate": check_plan(plan, samples).to_json()}
+
+
+def _source(seeded: dict, layout: str):
+    return seeded["plan"] if layout == "memory" else seeded["root"] / layout
+
+
+#: Every engine on every layout; Dask (the slowest to start a computation) on the hive folder, its own reader's case.
+TABLE = [(e, lay) for e in ("pandas", "duckdb") for lay in LAYOUTS] + [("dask", "hive")]
+
+
+@pytest.mark.parametrize(("engine", "layout"), TABLE)
+def test_same_tags_gate_and_lookups(seeded: dict, engine: str, layout: str, make_engine) -> None:
+    eng = make_engine(engine)
+    try:
+        src = _source(seeded, layout)
+        pd.testing.assert_frame_equal(tag_steps(src, seeded["samples"], BOUNDARIES, engine=eng), seeded["tags"],
+                                      check_exact=True)
+        assert check_plan(src, seeded["samples"], engine=eng).to_json() == seeded["gate"]
+        assert check_plan(src, None, engine=eng, epochs=2).to_json() == check_plan(seeded["plan"], None,
+                                                                                  epochs=2).to_json()
+        got = eng.steps_holding(src, [7, 11, 3999])
+        plan = seeded["plan"]
+        want = plan.loc[plan["sample_id"].isin([7, 11, 3999]), ["step", "sample_id"]].sort_values(
+            ["step", "sample_id"], ignore_index=True)
+        pd.testing.assert_frame_equal(got, want.astype(np.int64))
+        assert len(got) == 9  # each of the 3 samples once per epoch
+    finally:
+        eng.close()
+
+
+def test_the_seeded_gate_passes_with_these_figures(seeded: dict) -> None:
+    g = seeded["gate"]
+    assert g["passed"] is True
+    assert len(g["pair_retention"]) == 2
+    assert [c["duplicated"] for c in g["coverage"]] == [0, 0, 0]
+    assert [c["missing"] for c in g["coverage"]] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("engine", ["duckdb"])
+@pytest.mark.parametrize("case", ["static", "bucketed"])
+def test_demo_cases_give_the_same_verdict_and_tags(demo_small: Path, engine: str, case: str) -> None:
+    ref = open_case(demo_small / case, sets=["engine=pandas"])
+    other = open_case(demo_small / case, sets=[f"engine={engine}"])
+    assert check_case(other).to_json() == check_case(ref).to_json()
+    pd.testing.assert_frame_equal(tag_case_folder(other).tags, tag_case_folder(ref).tags, check_exact=True)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_unknown_samples_are_bad_input_in_every_engine(seeded: dict, engine: str, make_engine) -> None:
+    eng = make_engine(engine)
+    few = seeded["samples"].iloc[100:]
+    try:
+        with pytest.raises(ForensicsError, match=r"^plan: 100 sample_id values are not in the samples table, e\.g\. "
+                                                 r"0, 1, 2, 3, 4$"):
+            check_plan(seeded["root"] / "flat", few, engine=eng)
+        with pytest.raises(ForensicsError, match=r"^plan: 300 rows name samples not in the samples table"):
+            tag_steps(seeded["root"] / "hive", few, BOUNDARIES, engine=eng)
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("4GB", 4 * 10**9), ("512MB", 512 * 10**6), ("2GiB", 2 * 2**30), ("1.5g", 1_500_000_000), (1024, 1024),
+    ("100", 100), (None, None),
+])
+def test_sizes(text, size) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["four GB", "4XB", "-1GB"])
+def test_bad_sizes(text) -> None:
+    with pytest.raises(ForensicsError, match="is not a size"):
+        parse_size(text)
+
+
+def test_auto_is_pandas_under_a_quarter_of_the_limit(seeded: dict) -> None:
+    flat = seeded["root"] / "flat"
+    rows, cols = 12_000, 6  # the seeded plan: 4000 samples x 3 epochs, 6 integer columns
+    arrow = rows * cols * 8
+    assert choose_engine("auto", flat, 4 * arrow + 1) == "pandas"
+    assert choose_engine("auto", flat, 4 * arrow) == "duckdb"
+    assert choose_engine("auto", seeded["plan"], 1) == "pandas"  # already in memory
+    assert choose_engine("duckdb", flat, 10**12) == "duckdb"
+    with pytest.raises(ForensicsError, match="--engine must be one of"):
+        choose_engine("spark", flat)
+
+
+@pytest.mark.parametrize("case", ["static"])
+def test_demo_cases_on_dask(demo_small: Path, case: str, make_engine) -> None:
+    from forensics.schema import load_samples
+
+    folder = demo_small / case
+    plan, samples = folder / "plan.parquet", load_samples(folder / "samples.parquet")
+    eng = make_engine("dask")
+    ref = check_plan(load_plan(plan), samples).to_json()
+    assert check_plan(plan, samples, engine=eng).to_json() == {**ref}
+    pd.testing.assert_frame_equal(tag_steps(plan, samples, BOUNDARIES, engine=eng),
+                                  tag_steps(load_plan(plan), samples, BOUNDARIES), check_exact=True)
+
+
+def test_dask_without_a_scheduler_there_is_bad_input() -> None:
+    pytest.importorskip("distributed")
+    from forensics.engine.dask_engine import DaskEngine
+
+    with pytest.raises(ForensicsError, match=r"^--scheduler tcp://127\.0\.0\.1:9: no Dask scheduler answers there"):
+        DaskEngine("tcp://127.0.0.1:9", connect_timeout="1s")
+
+
+def test_cli_check_plan_on_a_hive_folder(seeded: dict, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).parents[1]))}
+    samples = tmp_path / "samples.parquet"
+    seeded["samples"].to_parquet(samples)
+    out = {}
+    for layout, engine in [("hive", "duckdb"), ("flat", "pandas")]:
+        res = subprocess.run([sys.executable, "-m", "forensics", "check-plan", "--plan", str(seeded["root"] / layout),
+                              "--samples", str(samples), "--engine", engine, "--memory-limit", "1GB",
+                              "--json", str(tmp_path / f"{layout}.json")], env=env, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        out[layout] = {k: v for k, v in json.loads((tmp_path / f"{layout}.json").read_text()).items()
+                       if k != "source"}
+    assert out["hive"] == out["flat"]
+
+
+def test_a_four_rank_recording_reads_the_same_in_every_engine(tmp_path: Path, make_engine) -> None:
+    """Four ranks record their own batch streams with the real recorder (several parts each); every engine reads
+    the folder back to the same tags and gate result as the rows that were recorded."""
+    from fixtures.scale_plan import epochs
+    from forensics.plan.recorder import PlanRecorder
+
+    samples = synthetic_samples(1000, seed=5)
+    folder = tmp_path / "plan"
+    recorders = [PlanRecorder(folder, rank=r, flush_every=12) for r in range(4)]
+    recorded = []
+    for rows in epochs(samples, 2, seed=5, world_size=4, grad_accum=2):
+        frame = pd.DataFrame(rows)
+        for (rank, batch), g in frame.groupby(["rank", "batch_id"], sort=True):
+            step, micro, epoch = (int(g[c].iloc[0]) for c in ("step", "micro", "epoch"))
+            recorders[rank].record(g["sample_id"].to_numpy(), epoch=epoch, batch_id=int(batch), step=step,
+                                   micro=micro)
+        recorded.append(frame)
+    for rec in recorders:
+        rec.close()
+    assert len(list(folder.glob("part-r*.parquet"))) > 8
+    truth = pd.concat(recorded, ignore_index=True)
+    want_tags = tag_steps(truth, samples, BOUNDARIES)
+    want_gate = check_plan(truth, samples).to_json()
+    for name in ENGINES:
+        eng = make_engine(name)
+        try:
+            pd.testing.assert_frame_equal(tag_steps(folder, samples, BOUNDARIES, engine=eng), want_tags,
+                                          check_exact=True)
+            assert check_plan(folder, samples, engine=eng).to_json() == want_gate, name
+        finally:
+            eng.close()
+
+
+def test_the_readmes_slurm_cluster_builds_its_job_script() -> None:
+    """The README's Slurm example, as written there, builds a cluster whose job script asks Slurm for what it says
+    (no job is submitted: the cluster is never scaled)."""
+    jobqueue = pytest.importorskip("dask_jobqueue")
+    cluster = jobqueue.SLURMCluster(cores=8, processes=2, memory="64GB", walltime="02:00:00", queue="cpu",
+                                    scheduler_options={"dashboard_address": None})
+    try:
+        script = cluster.job_script()
+        assert "#SBATCH -p cpu" in script
+        assert "#SBATCH --cpus-per-task=8" in script
+        assert "#SBATCH -t 02:00:00" in script
+        assert "--nworkers 2" in script
+        assert cluster.scheduler_address.startswith("tcp://")
+    finally:
+        cluster.close()
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert 'SLURMCluster(cores=8, processes=2, memory="64GB", walltime="02:00:00", queue="cpu")' in readme

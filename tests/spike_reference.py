@@ -21,22 +21,34 @@ import numpy as np
 
 from forensics.detect.spikes.kernel_state import (
     ACCEPTED,
+    BY_FIXED,
+    BY_OBSERVED_MAX,
+    BY_TAIL,
     EV_SHIFT,
     EV_SPIKE,
     EXPECTED,
     FLAGGED,
     NEW_BUCKET,
     NONFINITE,
+    RESTARTED,
     WARMUP,
 )
-from forensics.detect.spikes.kernel_tail import CENSOR_P, CENSORED, FALLBACK_RATIO, JOINT_MAX_P, TRIM
+from forensics.detect.spikes.kernel_tail import (
+    CENSOR_P,
+    CENSORED,
+    FALLBACK_RATIO,
+    JOINT_MAX_P,
+    OBSERVED_EXTRAPOLATION,
+    OBSERVED_MAX_FACTOR,
+    TRIM,
+)
 from forensics.detect.spikes.kernel_tail import _fitted_shape as fitted_shape
 from forensics.detect.spikes.kernel_tail import _gpd_quantile as gpd_quantile
 from forensics.detect.spikes.kernel_tail import _partial_moments as partial_moments
 from forensics.stats import MAD_TO_SD
 
 EVENT_FIELDS = ("kind", "start", "end", "peak", "recovery", "n_rows", "bucket", "is_open", "n_post",
-                "x", "base", "z", "scale", "offset", "post", "new_level")
+                "x", "base", "z", "scale", "offset", "post", "new_level", "decided_by", "z_thr", "clean_max")
 
 
 def median(values: Sequence[float]) -> float:
@@ -64,6 +76,11 @@ class ReferenceSpikeRule:
         self.offset_sum = 0.0  # sum of the known buckets' medians, kept as the kernel keeps it (incrementally)
         self.n_known = 0
         self.n_accepted = 0
+        self.history_start = 0  # n_accepted when the history last started over (a move off a constant)
+        self.n_clean = 0  # judged rows accepted: what a spike's confirmation counts
+        self.clean_max = -math.inf  # the largest score of the clean history
+        self.clean_pending = -math.inf  # accepted rows the fixed rule calls spikes, in a row: their largest score
+        self.clean_run = 0
         self.n_judged = 0
         self.open: dict | None = None  # the event being extended
         self.pending: list[dict] = []  # closed events awaiting confirmation, oldest first
@@ -105,14 +122,32 @@ class ReferenceSpikeRule:
             self.offset_sum += m
             self.n_known += 1
 
-    def over(self, r: float, scale: float, base: float, z: float, ratio_floor: float = 1.0) -> bool:
+    def over(self, r: float, scale: float, base: float, z: float, ratio_floor: float = 1.0,
+             z_large: float | None = None) -> bool:
         """Both conditions: the robust score and the relative jump (or the looser score for a larger jump)."""
         p = self.p
+        z_large = p["z_large"] if z_large is None else z_large
         if r <= 0.0:
             return False
         if r / scale >= z and r >= max((max(p["ratio"], ratio_floor) - 1.0) * abs(base), p["min_jump"]):
             return True
-        return r / scale >= p["z_large"] and r >= max((p["ratio_large"] - 1.0) * abs(base), p["min_jump"])
+        return r / scale >= z_large and r >= max((p["ratio_large"] - 1.0) * abs(base), p["min_jump"])
+
+    def flat(self) -> bool:
+        """The recent half of the trend holds at least two values, all equal: a constant, no baseline."""
+        recent = list(self.trend_values)[-self.p["half"]:]
+        return len(recent) >= 2 and min(recent) == max(recent)
+
+    def restart(self) -> None:
+        """The history starts over: every window of accepted values empties; events, the tail and the clean
+        maximum stay (they are in noise units, which the constant never set)."""
+        for window in (self.trend_values, self.abs_residuals, self.mix, self.mix_abs):
+            window.clear()
+        self.bucket_resid.clear()
+        self.bucket_median.clear()
+        self.offset_sum = 0.0
+        self.n_known = 0
+        self.history_start = self.n_accepted
 
     def fit_tail(self) -> None:
         """A generalized Pareto by trimmed probability-weighted moments on the lower TRIM of the sorted peaks
@@ -160,6 +195,45 @@ class ReferenceSpikeRule:
         finally:
             p["z_large"] = z_large
 
+    def tail_threshold(self, supported: bool) -> float:
+        p = self.p
+        if p["has_support"] == 0:
+            return min(p["z"], self.z_tail)
+        return min(p["z"], self.z_joint) if supported else self.z_tail
+
+    def decide(self, r: float, scale: float, base: float, supported: bool, z: float, floor: float
+               ) -> tuple[bool, int, float]:
+        """``(flagged, decided_by, the score it needed)``: the fitted tail, else (where the tail's threshold lies
+        beyond the clean maximum) the fixed rule with a score of at least OBSERVED_MAX_FACTOR x that maximum; before
+        a fit, the fixed rule."""
+        p = self.p
+        if p["alpha"] > 0.0 and not math.isnan(self.z_tail):
+            z_used = self.tail_threshold(supported)
+            if self.calibrated(r, scale, base, supported):
+                return True, BY_TAIL, z_used
+            m = self.clean_max
+            if (z_used > OBSERVED_EXTRAPOLATION * m and r / scale >= OBSERVED_MAX_FACTOR * m
+                    and self.over(r, scale, base, p["z"], FALLBACK_RATIO, math.inf)):
+                return True, BY_OBSERVED_MAX, z_used
+            return False, BY_TAIL, z_used
+        z_used = min(z, p["z_joint0"]) if supported else z
+        return self.over(r, scale, base, z_used, floor), BY_FIXED, z_used
+
+    def note_clean(self, score: float, r: float, base: float, flagged: bool) -> None:
+        """The clean maximum: every accepted judged row's score, but one the fixed rule calls a spike only when it
+        came alone (the next judged row neither one nor flagged)."""
+        if flagged:
+            self.clean_pending, self.clean_run = -math.inf, 0
+            return
+        if score >= self.p["z"] and r >= (FALLBACK_RATIO - 1.0) * abs(base):
+            self.clean_pending = max(self.clean_pending, score)
+            self.clean_run += 1
+            return
+        if self.clean_run == 1:
+            self.clean_max = max(self.clean_max, self.clean_pending)
+        self.clean_pending, self.clean_run = -math.inf, 0
+        self.clean_max = max(self.clean_max, score)
+
     # --- events ---------------------------------------------------------------------------------------------------
     def shift(self, step_now: int) -> dict:
         """Every pending event and the open one become one level shift; the trend restarts at the new level."""
@@ -176,6 +250,8 @@ class ReferenceSpikeRule:
               "x": peak["x"] if peak else np.nan, "base": peak["base"] if peak else np.nan,
               "z": peak["z"] if peak else -np.inf, "scale": peak["scale"] if peak else np.nan,
               "offset": peak["offset"] if peak else np.nan, "post": np.nan,
+              "decided_by": peak["decided_by"] if peak else BY_FIXED, "z_thr": peak["z_thr"] if peak else np.nan,
+              "clean_max": peak["clean_max"] if peak else np.nan,
               "new_level": float(np.median(new_values)) if m else np.nan}
         self.pending = []
         self.open = None
@@ -187,7 +263,7 @@ class ReferenceSpikeRule:
         out = []
         while self.pending:
             e = self.pending[0]
-            n_post = self.n_accepted - e["accepted_mark"]
+            n_post = self.n_clean - e["accepted_mark"]
             timed_out = self.n_judged - e["judged_close"] >= self.p["max_duration"]
             if n_post < self.p["confirm"] and not timed_out and not final:
                 break
@@ -211,7 +287,11 @@ class ReferenceSpikeRule:
             return NONFINITE, np.nan, np.nan, []
         t = self.trend()
         has_trend = not np.isnan(t)
-        warm = self.n_accepted < p["min_periods"] or not has_trend
+        restarted = has_trend and x != t and self.flat()
+        if restarted:
+            self.restart()
+            t, has_trend = float("nan"), False
+        warm = self.n_accepted - self.history_start < p["min_periods"] or not has_trend
         offset, known = 0.0, False
         if b >= 0:
             if len(self.bucket_resid.get(b, ())) >= p["min_bucket_periods"]:
@@ -223,7 +303,7 @@ class ReferenceSpikeRule:
         y = x - offset
         base = t + offset
         r = x - base
-        status, baseline, score, events = WARMUP, np.nan, np.nan, []
+        status, baseline, score, events = RESTARTED if restarted else WARMUP, np.nan, np.nan, []
         if not warm:
             scale = max(MAD_TO_SD * median(self.abs_residuals), 1e-9 * abs(base) + 1e-12)
             baseline, score = base, r / scale
@@ -245,17 +325,13 @@ class ReferenceSpikeRule:
                         self.fit_tail()
                     if cens:
                         self.last_censored = self.n_judged
-            if p["alpha"] > 0.0 and not math.isnan(self.z_tail):
-                flag = self.calibrated(r, scale, base, supported)
-            elif supported:  # no fit yet: the Gaussian's score for the joint rate
-                flag = self.over(r, scale, base, min(z, p["z_joint0"]), floor)
-            else:
-                flag = self.over(r, scale, base, z, floor)
+            flag, decided, z_used = self.decide(r, scale, base, supported, z, floor)
             below_only = False
             if flag and known and offset < 0.0:
                 below_only = not self.over(x - t, scale, t, z, floor)
                 if below_only and len(self.bucket_resid[b]) < p["bucket_window"]:
                     flag = False  # a young bucket's low offset is not trusted alone
+            self.note_clean(score, r, base, flag)
             if flag:
                 if below_only:
                     self.push_bucket(b, x - t)  # its bucket keeps learning its level
@@ -265,7 +341,8 @@ class ReferenceSpikeRule:
                 self.open["n_rows"] += 1
                 self.open["end"] = step
                 if score > self.open["z"]:
-                    self.open.update(x=x, base=base, z=score, scale=scale, offset=offset, peak=step, bucket=b)
+                    self.open.update(x=x, base=base, z=score, scale=scale, offset=offset, peak=step, bucket=b,
+                                     decided_by=decided, z_thr=z_used, clean_max=self.clean_max)
                 if self.open["n_rows"] >= p["max_duration"]:
                     events = [self.shift(step)]
                 else:
@@ -287,16 +364,17 @@ class ReferenceSpikeRule:
             if b >= 0:
                 self.push_bucket(b, x - t)
         self.trend_values.append(y)
-        if status == WARMUP:
+        if status in (WARMUP, RESTARTED):
             self.n_accepted += 1
             return status, baseline, score, events
         self.judged.append(y)
         self.post.append(y)
         if self.open is not None:
-            self.pending.append({**self.open, "recovery": step, "accepted_mark": self.n_accepted,
+            self.pending.append({**self.open, "recovery": step, "accepted_mark": self.n_clean,
                                  "judged_close": self.n_judged})
             self.open = None
         self.n_accepted += 1
+        self.n_clean += 1
         return status, baseline, score, self.resolve(step, False)
 
     def flush(self, last_step: int) -> list[dict]:

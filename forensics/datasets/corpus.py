@@ -134,13 +134,17 @@ class RunLabels:
     #: (step, factor) of each persistent level shift: not spikes, and inside clean spans
     level_shifts: list[tuple[int, float]] = field(default_factory=list)
     nonfinite_steps: list[int] = field(default_factory=list)
+    #: steps where untruncated noise alone moved the loss by a spike rule's jump or more (the heavy-tailed family,
+    #: :data:`~forensics.datasets.heavy_tails.NOISE_SPIKE_FACTOR`): as large as a spike, so not clean, and not labelled
+    noise_spikes: list[int] = field(default_factory=list)
     #: resumed runs: (resume step, crash step) of the stretch the raw log holds twice
     rewound: tuple[int, int] | None = None
 
     def spans(self, margin: int = MARGIN) -> list[tuple[int, int]]:
-        """The steps that are not clean: event extents widened by ``margin`` before and :data:`POST_STEPS` after,
-        and the non-finite steps."""
+        """The steps that are not clean: event extents and noise spikes widened by ``margin`` before and
+        :data:`POST_STEPS` after, and the non-finite steps."""
         out = [(a - margin, b + POST_STEPS) for a, b in self.extents]
+        out += [(s - margin, s + POST_STEPS) for s in self.noise_spikes]
         out += [(s, s) for s in self.nonfinite_steps]
         return out
 
@@ -445,7 +449,7 @@ def _story_run(spec: RunSpec) -> Run:
     touched = np.flatnonzero(excess > 0.01)
     if len(touched):
         cuts = np.flatnonzero(np.diff(touched) > 1)
-        for a, b in zip(np.r_[touched[0], touched[cuts + 1]], np.r_[touched[cuts], touched[-1]]):
+        for a, b in zip(np.r_[touched[0], touched[cuts + 1]], np.r_[touched[cuts], touched[-1]], strict=True):
             labels.extents.append((int(a), int(b)))
     metrics = sim.metrics[list(METRIC_COLUMNS)].copy()
     return Run(spec=spec, metrics=metrics, tags=tags, plan=plan, samples=samples, labels=labels,

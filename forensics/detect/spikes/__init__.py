@@ -8,8 +8,8 @@ where a descent flattens). With ``trend=False`` it is the plain median of the la
 
 **Two conditions together** flag a step:
 
-- a robust score ``(value - baseline) / (MAD_TO_SD * MAD) >= z`` (``forensics.stats.MAD_TO_SD``), the MAD being the median absolute residual of the
-  last ``window`` accepted steps about their baselines (the local noise);
+- a robust score ``(value - baseline) / (MAD_TO_SD * MAD) >= z`` (``forensics.stats.MAD_TO_SD``), the MAD being the
+  median absolute residual of the last ``window`` accepted steps about their baselines (the local noise);
 - a relative jump ``value - baseline >= (ratio - 1) * |baseline|`` (and ``>= min_jump``, an absolute margin for
   metrics near 0).
 
@@ -46,8 +46,8 @@ against the trend alone.
 steps of that warm-up (all of them in a series shorter than its history, such as a 13-row excerpt pasted around a
 spike) are judged instead by a two-sided rule against the warm-up span itself, resolved in ``finish()`` (so online
 and offline still agree): a warm-up step is flagged when, against ``base = max(leave-one-out median of the span,
-median of the up to 3 unflagged steps just before it)``, both conditions hold with the span's leave-one-out MAD as the noise
-scale. The median of the steps before it keeps a warm-up descent from looking like a spike (a spike rises from
+median of the up to 3 unflagged steps just before it)``, both conditions hold with the span's leave-one-out MAD as the
+noise scale. The median of the steps before it keeps a warm-up descent from looking like a spike (a spike rises from
 what came before; the first step has nothing before it and is never flagged); the leave-one-out median and MAD
 keep the spike itself out of what it is judged against. It needs at least ``SHORT_MIN_ROWS`` finite values. Its
 findings carry ``details["judged_by"] = "two_sided"`` and ``details["two_sided_span"]`` (the warm-up's first and
@@ -70,6 +70,24 @@ above the censoring limit (``z_tail`` itself for rates up to 1 per 10K, the fit'
 clean runs of five noise families (Gaussian, t5, t3, t2.5, lr-drifting t4), the rate asked is the rate found within
 2x at 0.1, 1 and 10 per 10K (``bench_detection_quality.py --calibration``). With fewer than ``min_peaks`` peaks the
 fallback is the fixed rule (``z`` and at least a 1.5x jump).
+
+*A fit that extrapolates yields to what the run has shown.* Where noise is heavy-tailed (untruncated Student-t), the
+fitted tail can ask a score far beyond anything the run's clean history ever reached (a t3 run of 20K steps: ~150-200
+noise units asked, ~15-20 seen), and every 1.6-2x spike would then pass as ordinary. So the run's largest clean score
+so far (``clean_max``: every accepted judged row's score, but a row the fixed rule calls a spike counts only when it
+came alone, so a slow rise cannot teach the maximum its size one step at a time) bounds the extrapolation: when the
+tail's threshold exceeds ``clean_max`` (``OBSERVED_EXTRAPOLATION`` x), a row that passes the fixed rule (``z`` and a
+1.5x jump) with a score of at least ``OBSERVED_MAX_FACTOR`` (1.05) x ``clean_max`` is flagged: a jump no step of the
+run's clean history came near. Such a finding says so in its evidence and in ``details.tail`` (``{fitted,
+threshold, observed_max, extrapolating, decided_by}``, ``decided_by`` one of ``fixed_rule``, ``tail``,
+``observed_max``). On Gaussian-like noise the fitted threshold sits within the observed scores and this never fires.
+
+**A constant is no baseline.** A metric whose recent history (the trend's recent half, at least two values) is one
+constant (a grad norm logged as 0.000 while it is not computed) has no noise scale, and its first real value would
+score ~1e16. At the first value that moves off such a history the history starts over (status ``restarted``): every
+window of accepted values empties, the next ``min_periods`` values are a warm-up again (judged by the two-sided rule
+from there), and nothing is flagged at the move itself. Events, the tail and ``clean_max`` are kept (noise units,
+which the constant never set).
 
 **Joint evidence** (a supporting metric, the grad norm, judged first: its flagged steps are passed as ``support``).
 The jump condition (``ratio``, ``min_jump``) always applies; the score must then be:

@@ -95,14 +95,15 @@ class SpikeDetector(MetricDetector):
         Tags column whose groups get their own baseline (default ``bucket``; ``cluster`` works the same way).
     z_large, ratio_large:
         A second, looser score for larger jumps, used when steps carry buckets (defaults 4.5 and 1.75x): a step at
-        1.75x its bucket's baseline or more is flagged from a score of 4.5. Where the baseline noise is inflated (steps that mix buckets, grad
-        accumulation) a clear jump would otherwise hide behind the score alone; heavy-tailed noise rarely
-        reaches 1.75x, so the false rate stays where ``z`` and ``ratio`` put it (see bench_detection_quality).
+        1.75x its bucket's baseline or more is flagged from a score of 4.5. Where the baseline noise is inflated
+        (steps that mix buckets, grad accumulation) a clear jump would otherwise hide behind the score alone;
+        heavy-tailed noise rarely reaches 1.75x, so the false rate stays where ``z`` and ``ratio`` put it (see
+        bench_detection_quality).
     false_rate:
         Expected false events per 10,000 judged steps of clean noise (default 0.05, from the benchmark); ``None``
         keeps the fixed score ``z``. The score threshold comes from the run's own tail ("Calibrated thresholds" and
-        "Joint evidence" in :mod:`forensics.detect.spikes`); the jump condition (``ratio``, ``min_jump``) still applies, so
-        the rate is at most this (``ratio=1``, and ``z=inf`` without a grad norm, judge by the tail alone).
+        "Joint evidence" in :mod:`forensics.detect.spikes`); the jump condition (``ratio``, ``min_jump``) still
+        applies, so the rate is at most this (``ratio=1``, and ``z=inf`` without a grad norm, judge by the tail alone).
     tail_start:
         Scores above it are the tail's peaks (default 3.0 noise units: ~0.3% of Gaussian steps, more for heavy
         tails; measured: 2.0 and 2.5 misjudge the Gaussian tail's far end 2-3x at 0.1 per 10K).
@@ -332,11 +333,16 @@ class SpikeDetector(MetricDetector):
         return found, rows
 
     def _collect_warmup(self, steps, values, groups, status) -> list[Finding]:
-        """Keep the warm-up rows (those before the first judged row); once a judged row arrives the span is final
-        and the two-sided rule judges it, so a live run reports it as soon as an offline one would know it."""
-        judged = np.flatnonzero((status != K.WARMUP) & (status != K.NONFINITE))
+        """Keep the warm-up rows (those before the first judged row, from the last move off a constant history);
+        once a judged row arrives the span is final and the two-sided rule judges it, so a live run reports it as
+        soon as an offline one would know it."""
+        judged = np.flatnonzero((status != K.WARMUP) & (status != K.NONFINITE) & (status != K.RESTARTED))
         stop = int(judged[0]) if len(judged) else len(status)
-        warm = np.flatnonzero(status[:stop] == K.WARMUP)
+        restarts = np.flatnonzero(status[:stop] == K.RESTARTED)
+        if len(restarts):  # a move off a constant history: the span starts over there
+            self.warmup_steps_, self.warmup_values_, self.warmup_groups_ = [], [], []
+        first = int(restarts[-1]) if len(restarts) else 0
+        warm = first + np.flatnonzero((status[first:stop] == K.WARMUP) | (status[first:stop] == K.RESTARTED))
         if len(warm):
             self.warmup_steps_ += steps[warm].tolist()
             self.warmup_values_ += values[warm].tolist()

@@ -128,7 +128,7 @@ class SpikeDriver:
                            "of each finding says which rule judged it)")
         return out
 
-    # --- how the loss followed the grad norm ---------------------------------------------------------------------------
+    # --- how the loss followed the grad norm --------------------------------------------------------------------------
     def _follow(self, new: list[Finding]) -> None:
         """Fold this chunk's scores of the other metrics into each held grad-norm spike's ``loss_follow`` (new ones
         first look back over the recent rows), so the follow is the same for any chunking."""

@@ -13,6 +13,7 @@ import numpy as np
 
 from forensics.detect.findings import INFO, Finding
 from forensics.detect.spikes import kernel as K
+from forensics.detect.spikes.kernel_tail import OBSERVED_MAX_FACTOR
 from forensics.stats import MAD_TO_SD
 
 if TYPE_CHECKING:
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 SHORT_MIN_ROWS = 5
 #: Steps before a warm-up step whose median it must rise above (the two-sided rule).
 SHORT_LEFT = 3
+#: ``details.tail.decided_by`` of a kernel event, by :data:`~forensics.detect.spikes.kernel_state.BY_FIXED` etc.
+DECIDED_BY = ("fixed_rule", "tail", "observed_max")
 
 
 def two_sided_events(values: np.ndarray, z: float, ratio: float,
@@ -62,12 +65,14 @@ def two_sided_findings(det: SpikeDetector) -> list[Finding]:
               "recovery": steps[last + 1] if last + 1 < len(steps) else -1, "n_rows": last - first + 1,
               "bucket": det.warmup_groups_[peak], "is_open": int(last + 1 >= len(steps)),
               "n_post": 0, "x": float(values[peak]), "base": base, "z": z, "scale": scale, "offset": 0.0,
-              "post": float("nan"), "new_level": float("nan")}
+              "post": float("nan"), "new_level": float("nan"), "decided_by": K.BY_FIXED, "z_thr": det.z,
+              "clean_max": float("nan")}
         f = event_finding(det, ev)
         f.details["judged_by"] = "two_sided"
         f.details["two_sided_span"] = [steps[0], steps[-1]]
         f.details.pop("trend", None)
         f.details.pop("bucket_offset", None)
+        f.details.pop("tail", None)
         f.evidence[1:] = [
             f"Step {steps[peak]} lies in the first {len(steps)} steps, before the causal baseline had "
             f"{det.min_periods} values to judge by: it was judged against the span itself (steps "
@@ -110,6 +115,9 @@ def event_finding(det: SpikeDetector, ev) -> Finding:
                "noise_scale": scale, "judged_by": "causal",
                "thresholds": {"z": det.z, "ratio": det.ratio, "min_jump": det.min_jump,
                               "false_rate": det.false_rate}}
+    tail_note = None
+    if det.false_rate is not None:
+        details["tail"], tail_note = _tail_details(ev, z)
     tags = {}
     if bucket >= 0:
         tags[det.group] = bucket
@@ -141,6 +149,8 @@ def event_finding(det: SpikeDetector, ev) -> Finding:
         after = (f"The event spans {span}; {metric} was back within the thresholds at step {recovery}, and "
                  f"the next {int(ev['n_post'])} accepted values had a median of {post:.4g}.")
     evidence = [rise, after]
+    if tail_note:
+        evidence.append(tail_note)
     if bucket >= 0:
         evidence.append(f"Judged against the baseline of its own {det.group} {bucket}: the run's trend "
                         f"{base - off:.4g} plus the {det.group}'s offset {off:+.4g}.")
@@ -153,3 +163,22 @@ def event_finding(det: SpikeDetector, ev) -> Finding:
                    f"checkpoint before it to confirm the cause; without a plan, record or rebuild it "
                    f"(--plan) to name the batch."),
     )
+
+
+def _tail_details(ev, z: float) -> tuple[dict, str | None]:
+    """How the calibrated rule decided an event's peak row (``details.tail``), and the evidence sentence when the
+    fitted tail extrapolated and the run's largest clean score decided instead ("Calibrated thresholds" in
+    :mod:`forensics.detect.spikes`)."""
+    decided = int(ev["decided_by"])
+    fitted = decided != K.BY_FIXED
+    z_thr, observed = float(ev["z_thr"]), float(ev["clean_max"])
+    seen = bool(np.isfinite(observed))
+    tail = {"fitted": fitted, "threshold": z_thr if np.isfinite(z_thr) else None,
+            "observed_max": observed if seen else None,
+            "extrapolating": bool(fitted and seen and z_thr > observed), "decided_by": DECIDED_BY[decided]}
+    if decided != K.BY_OBSERVED_MAX:
+        return tail, None
+    return tail, (f"The run's fitted noise tail asked a score of {z_thr:.1f}, beyond the largest score of its clean "
+                  f"history so far ({observed:.1f}): the fit was extrapolating past anything the run had shown, so "
+                  f"the fixed rule decided, with a score of {z:.1f}, at least {OBSERVED_MAX_FACTOR:g}x that "
+                  f"maximum.")

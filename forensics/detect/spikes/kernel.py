@@ -24,6 +24,9 @@ import numpy as np
 from forensics._numba import compiled
 from forensics.detect.spikes.kernel_state import (  # noqa: F401 - the records and codes are read through here
     ACCEPTED,
+    BY_FIXED,
+    BY_OBSERVED_MAX,
+    BY_TAIL,
     COUNTS,
     EV_SHIFT,
     EV_SPIKE,
@@ -33,6 +36,7 @@ from forensics.detect.spikes.kernel_state import (  # noqa: F401 - the records a
     NEW_BUCKET,
     NONFINITE,
     PARAMS,
+    RESTARTED,
     STATUS_NAMES,
     WARMUP,
     BucketWindows,
@@ -50,14 +54,17 @@ from forensics.detect.spikes.kernel_state import (  # noqa: F401 - the records a
 from forensics.detect.spikes.kernel_tail import (
     CENSORED,
     FALLBACK_RATIO,
-    _calibrated,
+    _decide,
     _fit_tail,
+    _note_clean,
     _over,
 )
 from forensics.detect.spikes.kernel_windows import (
+    _flat,
     _median,
     _push,
     _reanchor,
+    _restart,
     _ring_last,
     _ring_push,
     _sorted_median,
@@ -96,6 +103,9 @@ def _copy_event(dst, src):
     dst.offset = src.offset
     dst.post = src.post
     dst.new_level = src.new_level
+    dst.decided_by = src.decided_by
+    dst.z_thr = src.z_thr
+    dst.clean_max = src.clean_max
 
 
 @_jit
@@ -126,6 +136,7 @@ def _shift_from(state, events, n_ev, step_now):
     a.peak = -1
     a.bucket = -1
     a.x, a.base, a.z, a.scale, a.offset = np.nan, np.nan, -np.inf, np.nan, np.nan
+    a.decided_by, a.z_thr, a.clean_max = BY_FIXED, np.nan, np.nan
     for j in range(c.n_pending):
         e = state.pending[(c.pending_head + j) % Q]
         if a.start < 0:
@@ -135,6 +146,7 @@ def _shift_from(state, events, n_ev, step_now):
         if e.z > a.z:
             a.x, a.base, a.z, a.scale, a.offset = e.x, e.base, e.z, e.scale, e.offset
             a.peak, a.bucket = e.peak, e.bucket
+            a.decided_by, a.z_thr, a.clean_max = e.decided_by, e.z_thr, e.clean_max
     if op.is_open == 1:
         if a.start < 0:
             a.start = op.start
@@ -143,6 +155,7 @@ def _shift_from(state, events, n_ev, step_now):
         if op.z > a.z:
             a.x, a.base, a.z, a.scale, a.offset = op.x, op.base, op.z, op.scale, op.offset
             a.peak, a.bucket = op.peak, op.bucket
+            a.decided_by, a.z_thr, a.clean_max = op.decided_by, op.z_thr, op.clean_max
     a.new_level = _reanchor(state, c.n_judged - a.judged_start + 1)
     a.kind = EV_SHIFT
     a.end = step_now
@@ -168,7 +181,7 @@ def _resolve(p, state, events, n_ev, step_now, final):
     tmp = state.scratch
     while c.n_pending > 0:
         e = state.pending[c.pending_head]
-        n_post = c.n_accepted - e.accepted_mark
+        n_post = c.n_clean - e.accepted_mark
         timed_out = c.n_judged - e.judged_close >= D
         if n_post < R and not timed_out and not final:
             break
@@ -234,7 +247,12 @@ def run_rows(params, state, rows, out, events):
             continue
         t = _trend(state.trend, p.min_old)
         has_t = not np.isnan(t)
-        warm = c.n_accepted < p.min_periods or not has_t
+        restarted = has_t and v != t and _flat(state.trend)
+        if restarted:  # a constant is no baseline: the history starts over at the first value that moves
+            _restart(state)
+            t = np.nan
+            has_t = False
+        warm = c.n_accepted - c.history_start < p.min_periods or not has_t
         off = 0.0
         known = False
         if b >= 0:
@@ -248,7 +266,8 @@ def run_rows(params, state, rows, out, events):
         y = v - off  # the value with its bucket's offset removed: what the trend is made of
         base = t + off
         r = v - base
-        st = WARMUP
+        st = RESTARTED if restarted else WARMUP
+        zz = np.nan
         if not warm:
             sc = MAD_TO_SD * _win_median(state.scale)
             sc = max(sc, 1e-9 * abs(base) + 1e-12)
@@ -276,12 +295,7 @@ def run_rows(params, state, rows, out, events):
                         _fit_tail(p, state)
                     if cens:
                         c.last_censored = c.n_judged
-            if p.alpha > 0.0 and not np.isnan(c.z_tail):
-                flag = _calibrated(p, c, r, sc, base, rows.support[i] != 0)
-            elif rows.support[i] != 0:  # no fit yet, but the grad norm agrees: the Gaussian's score for the joint rate
-                flag = _over(p, r, sc, base, min(z_thr, p.z_joint0), p.z_large, ratio_floor)
-            else:
-                flag = _over(p, r, sc, base, z_thr, p.z_large, ratio_floor)
+            flag, decided, z_used = _decide(p, c, r, sc, base, rows.support[i] != 0, z_thr, ratio_floor)
             below_only = False
             if flag and known and off < 0.0:
                 below_only = not _over(p, v - t, sc, t, z_thr, p.z_large, ratio_floor)
@@ -289,6 +303,7 @@ def run_rows(params, state, rows, out, events):
                     # flagged only because a young bucket's offset sits below the trend: an offset resting on a
                     # few steps (a rare bucket first seen in the warm-up's steep descent) is not trusted alone
                     flag = False
+            _note_clean(p, c, zz, r, base, flag)
             if flag:
                 out.status[i] = FLAGGED
                 if below_only:
@@ -309,6 +324,7 @@ def run_rows(params, state, rows, out, events):
                     op.x, op.base, op.z, op.scale, op.offset = v, base, zz, sc, off
                     op.peak = s
                     op.bucket = b
+                    op.decided_by, op.z_thr, op.clean_max = decided, z_used, c.clean_max
                 if op.n_rows >= p.max_duration:
                     n_ev = _shift_from(state, events, n_ev, s)
                 else:
@@ -332,7 +348,7 @@ def run_rows(params, state, rows, out, events):
             if b >= 0:
                 _bucket_push(p, state, b, v - t)
         _trend_push(state.trend, y)
-        if st == WARMUP:
+        if st == WARMUP or st == RESTARTED:
             c.n_accepted += 1
             continue
         _ring_push(state.shadow, y)
@@ -341,11 +357,12 @@ def run_rows(params, state, rows, out, events):
             e = state.pending[(c.pending_head + c.n_pending) % p.queue]
             _copy_event(e, op)
             e.recovery = s
-            e.accepted_mark = c.n_accepted
+            e.accepted_mark = c.n_clean
             e.judged_close = c.n_judged
             c.n_pending += 1
             op.is_open = 0
         c.n_accepted += 1
+        c.n_clean += 1
         n_ev = _resolve(p, state, events, n_ev, s, False)
     return n_ev, rows.value.shape[0]
 

@@ -18,7 +18,13 @@ NONFINITE = 2  # NaN or inf: its own finding, never in a window
 WARMUP = 3  # before min_periods accepted values: entered the baseline unjudged
 EXPECTED = 4  # accepted, but above the thresholds against the trend alone: expected for its bucket
 NEW_BUCKET = 5  # its bucket has too few steps to have a baseline yet: only learned from, not judged
-STATUS_NAMES = ("accepted", "flagged", "nonfinite", "warmup", "expected_for_bucket", "new_bucket")
+RESTARTED = 6  # it moved off a history with no spread (a constant): the history starts over at it, unjudged
+STATUS_NAMES = ("accepted", "flagged", "nonfinite", "warmup", "expected_for_bucket", "new_bucket", "restarted")
+
+# --- how a flagged row was decided (an event's peak row) --------------------------------------------------------------
+BY_FIXED = 0  # the fixed rule: no false_rate, or too few peaks for a fit
+BY_TAIL = 1  # the fitted tail's threshold (or its joint one)
+BY_OBSERVED_MAX = 2  # the fit extrapolated past the run's largest clean score: the fixed rule and that maximum
 
 #: Steps by which a grad-norm spike may lead a loss spike and still be the same event (BLOOM-176B's led by 4).
 JOINT_LEAD = 10
@@ -49,6 +55,10 @@ PARAMS = np.dtype([
 #: Counters carried between rows (one record).
 COUNTS = np.dtype([
     ("n_accepted", np.int64),  # values that entered the baseline, warm-up included
+    ("history_start", np.int64),  # n_accepted when the history last started over (a move off a constant)
+    ("n_clean", np.int64),  # judged rows accepted (what a spike's confirmation counts)
+    ("clean_max", np.float64),  # the largest score of the clean history so far (-inf before the first)
+    ("clean_pending", np.float64), ("clean_run", np.int64),  # accepted rows the fixed rule calls spikes, in a row
     ("n_judged", np.int64),  # rows judged (flagged or accepted after the warm-up)
     ("n_pending", np.int64), ("pending_head", np.int64),  # the queue of closed events awaiting confirmation
     ("n_known_buckets", np.int64),  # buckets with at least min_bucket_periods residuals
@@ -64,10 +74,13 @@ COUNTS = np.dtype([
 EVENT = np.dtype([
     ("kind", np.int64), ("start", np.int64), ("end", np.int64), ("peak", np.int64), ("recovery", np.int64),
     ("n_rows", np.int64), ("bucket", np.int64), ("is_open", np.int64), ("n_post", np.int64),
-    ("accepted_mark", np.int64),  # n_accepted when it closed: values after it are n_accepted - accepted_mark
+    ("accepted_mark", np.int64),  # n_clean when it closed: judged values accepted after it are n_clean - accepted_mark
     ("judged_close", np.int64), ("judged_start", np.int64),  # n_judged when it closed / when it started
     ("x", np.float64), ("base", np.float64), ("z", np.float64), ("scale", np.float64), ("offset", np.float64),
     ("post", np.float64), ("new_level", np.float64),
+    ("decided_by", np.int64),  # BY_FIXED, BY_TAIL or BY_OBSERVED_MAX: what flagged the peak row
+    ("z_thr", np.float64),  # the score the peak row needed by the rule in force (the tail's, once fitted)
+    ("clean_max", np.float64),  # the largest clean score before the peak row
 ])
 
 #: A rolling window of the last ``len(ring)`` values: ring (arrival order), sorted copy, meta = [head, count].
@@ -141,6 +154,8 @@ def empty_counts() -> np.ndarray:
     c["z_censor"] = np.nan
     c["last_censored"] = -2
     c["z_joint"] = np.nan
+    c["clean_max"] = -np.inf
+    c["clean_pending"] = -np.inf
     return c
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from forensics._numba import compiled
+from forensics.detect.spikes.kernel_state import BY_FIXED, BY_OBSERVED_MAX, BY_TAIL
 
 #: Every function of the loop is compiled without numba's reference counting: the state is a tuple of arrays, and
 #: counting each array on every access was ~2/3 of the loop's time (measured with perf: NRT_incref/NRT_decref).
@@ -33,6 +34,11 @@ JOINT_MAX_P = 1e-3
 #: With a false_rate but fewer than min_peaks peaks, the jump condition is at least this (the fixed rule's default):
 #: the fixed score z alone flags heavy-tailed noise every few hundred steps.
 FALLBACK_RATIO = 1.5
+#: Where the fitted tail's threshold lies beyond the largest score of the run's clean history (the fit extrapolates
+#: past anything the run has shown), a row is flagged that passes the fixed rule (``z`` and at least a 1.5x jump) and
+#: whose score is at least this many times that largest clean score: a jump no clean step came near.
+OBSERVED_MAX_FACTOR = 1.05
+OBSERVED_EXTRAPOLATION = 1.0
 
 
 @_jit
@@ -127,12 +133,71 @@ def _over(p, r, sc, base, z_thr, z_large, ratio_floor):
 
 
 @_jit
+def _tail_threshold(p, c, supported):
+    """The score the fitted tail asks of a row (see ``_calibrated``)."""
+    if p.has_support == 0:
+        return min(p.z, c.z_tail)
+    if supported:
+        return min(p.z, c.z_joint)
+    return c.z_tail
+
+
+@_jit
+def _beyond_observed(p, c, r, sc, base, z_thr):
+    """A fitted tail that extrapolates yields to what the run has shown: with its threshold ``z_thr`` beyond the
+    largest clean score so far, a row passing the fixed rule (``z``, a jump of at least ``FALLBACK_RATIO``) whose
+    score is at least ``OBSERVED_MAX_FACTOR`` times that maximum is flagged ("Calibrated thresholds" in
+    :mod:`forensics.detect.spikes`)."""
+    m = c.clean_max
+    if not z_thr > OBSERVED_EXTRAPOLATION * m or r / sc < OBSERVED_MAX_FACTOR * m:
+        return False
+    return _over(p, r, sc, base, p.z, np.inf, FALLBACK_RATIO)
+
+
+@_jit
 def _calibrated(p, c, r, sc, base, supported):
-    """The fitted tail's verdict ("Calibrated thresholds" in :mod:`forensics.detect.spikes`): the jump condition always; the
-    score rarer than alpha by the tail, or than ``alpha * joint_factor`` where the grad norm supports the row, and
-    never more than ``z`` where no other metric can support or contradict it."""
+    """The fitted tail's verdict ("Calibrated thresholds" in :mod:`forensics.detect.spikes`): the jump condition
+    always; the score rarer than alpha by the tail, or than ``alpha * joint_factor`` where the grad norm supports
+    the row, and never more than ``z`` where no other metric can support or contradict it."""
     if p.has_support == 0:
         return _over(p, r, sc, base, min(p.z, c.z_tail), p.z_large, 1.0)
     if supported:
         return _over(p, r, sc, base, min(p.z, c.z_joint), p.z_large, 1.0)
     return _over(p, r, sc, base, c.z_tail, np.inf, 1.0)  # the grad norm ignored it: the tail must call it rare
+
+
+@_jit
+def _decide(p, c, r, sc, base, supported, z_thr, ratio_floor):
+    """A judged row's verdict: ``(flagged, decided_by, the score it needed)``. Once the tail is fitted, its verdict,
+    or the observed maximum's where the fit extrapolates; before (or without a false_rate), the fixed rule, with the
+    Gaussian's joint score where the grad norm supports the row."""
+    if p.alpha > 0.0 and not np.isnan(c.z_tail):
+        z_used = _tail_threshold(p, c, supported)
+        if _calibrated(p, c, r, sc, base, supported):
+            return True, BY_TAIL, z_used
+        if _beyond_observed(p, c, r, sc, base, z_used):
+            return True, BY_OBSERVED_MAX, z_used
+        return False, BY_TAIL, z_used
+    z_used = min(z_thr, p.z_joint0) if supported else z_thr
+    return _over(p, r, sc, base, z_used, p.z_large, ratio_floor), BY_FIXED, z_used
+
+
+@_jit
+def _note_clean(p, c, zz, r, base, flagged):
+    """Keep the largest score of the clean history (``clean_max``): every accepted judged row's, but a row the fixed
+    rule calls a spike (``z`` and a 1.5x jump) that was accepted counts only once the next judged row is neither one
+    nor flagged. Noise that rare comes alone; a slow rise's steps do not, and must not teach the maximum their size
+    one step at a time."""
+    if flagged:
+        c.clean_pending = -np.inf
+        c.clean_run = 0
+        return
+    if zz >= p.z and r >= (FALLBACK_RATIO - 1.0) * abs(base):
+        c.clean_pending = max(c.clean_pending, zz)
+        c.clean_run += 1
+        return
+    if c.clean_run == 1:
+        c.clean_max = max(c.clean_max, c.clean_pending)
+    c.clean_pending = -np.inf
+    c.clean_run = 0
+    c.clean_max = max(c.clean_max, zz)

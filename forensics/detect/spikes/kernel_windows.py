@@ -186,3 +186,36 @@ def _reanchor(state, m):
     if m == 0:
         return np.nan
     return _sorted_median(tmp, m)
+
+
+# --- a history with no spread -----------------------------------------------------------------------------------------
+@_jit
+def _flat(tw):
+    """Whether the trend's recent half (the values the baseline's median is taken from) holds at least two values,
+    all equal: a constant is no noise scale, so nothing can be judged against it."""
+    n_r = min(tw.meta[1], tw.recent.shape[0])
+    return n_r >= 2 and tw.recent[0] == tw.recent[n_r - 1]
+
+
+@_jit
+def _restart(state):
+    """The history starts over (a value moved off a constant one): every window of accepted values is emptied, so
+    the next ``min_periods`` values are a warm-up again. Events, the tail and the clean maximum are kept: they are in
+    noise units, which the constant never set."""
+    c = state.counts[0]
+    state.trend.meta[0] = 0
+    state.trend.meta[1] = 0
+    state.scale.meta[0] = 0
+    state.scale.meta[1] = 0
+    state.mix.meta[0] = 0
+    state.mix.meta[1] = 0
+    state.raw_scale.meta[0] = 0
+    state.raw_scale.meta[1] = 0
+    bw = state.buckets
+    for b in range(bw.meta.shape[0]):
+        bw.meta[b, 0] = 0
+        bw.meta[b, 1] = 0
+        bw.median[b] = 0.0
+    c.offset_sum = 0.0
+    c.n_known_buckets = 0
+    c.history_start = c.n_accepted

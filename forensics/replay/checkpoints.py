@@ -259,3 +259,8 @@ def nearest_before(checkpoints: list[Checkpoint], step: int) -> Checkpoint | Non
         if c.step <= step:
             best = c
     return best
+
+
+def nearest_after(checkpoints: list[Checkpoint], step: int) -> Checkpoint | None:
+    """The earliest checkpoint saved after ``step`` (for a step with none at or before it)."""
+    return next((c for c in checkpoints if c.step > step), None)

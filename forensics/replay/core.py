@@ -205,7 +205,9 @@ def _replay_group(ses: ReplaySession, steps: list[int], exclude: set[int], offse
 def _train_pass(ses: ReplaySession, plans: list[StepPlan], probes: dict[int, dict], bar: Any) -> dict[int, TrainReplay]:
     """The train-mode replay over the dropout seeds of each step whose eval-mode replay missed (with its
     calibration steps, and the first seed again as the determinism check)."""
-    needed = sorted({(c, t, k) for p in plans for c, t in [(p.ck, p.step), *p.cal] for k in ses.seeds})
+    needed = sorted({(c, t, k) for p in plans for c, t in [(p.ck, p.step), *p.cal, *((c, t) for t, c in
+                                                                                      p.neigh.values())]
+                     for k in ses.seeds})
     bar.add(len(needed) + len(plans))
     for ck in sorted({c for c, _, _ in needed}):
         ses.load(ck)

@@ -45,8 +45,12 @@ def step_result(ses: ReplaySession, p: StepPlan, probed: dict[str, Any], train: 
             match[off] = abs(r - log)
             dist[off] = t - nck  # updates between the neighbour batch and its checkpoint
         lt = ses.logged.get(t)
-        if lt is not None and math.isfinite(lt) and lt != 0:
+        # a neighbour no farther from its checkpoint than the suspect: its own loss checks the checkpoint and loss
+        if lt is not None and math.isfinite(lt) and lt != 0 and abs(t - nck) <= max(abs(s - ck), 1):
             own[off] = abs(r - lt) / abs(lt)
+            if train is not None and (nck, t, ses.seeds[0]) in ses.cache:
+                rt = float(np.mean([batch_loss(ses.cache[(nck, t, k)], denom) for k in ses.seeds]))
+                train.neighbour_own_error[off] = abs(rt - lt) / abs(lt)
     calibration = []
     for base, t in p.cal:
         lt = ses.logged.get(t)

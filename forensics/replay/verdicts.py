@@ -44,7 +44,9 @@ Tolerance of reproduction: relative :data:`RTOL_EXACT` at the step's own checkpo
 or kernel is not bit-exact). When the checkpoint is d updates away from the step, the parameters moved: steps up to d
 updates from this checkpoint (and from the earlier ones) are replayed at those checkpoints too (``calibration``), and
 their largest relative error at a distance <= d, times :data:`DRIFT_FACTOR`, is added (capped at :data:`RTOL_MAX`): a
-run that learns fast gets a wide tolerance, a settled one a tight one, both measured rather than assumed.
+run that learns fast gets a wide tolerance, a settled one a tight one, both measured rather than assumed. That drift is
+an ordinary batch's; a suspect whose own loss moved k times as much as its controls' between the earlier checkpoint
+and its own (:func:`sensitivity`: tokens the model never saw move with every update) is allowed k times it.
 Misalignment must be clear and hold both ways: the step misses by at least :data:`MISALIGN_MISS` times its
 tolerance, batch s+o reproduces the loss logged at s, and batch s the loss logged at s-o.
 """
@@ -71,6 +73,10 @@ NEIGHBOUR_MARGIN = 3.0
 #: A train-mode replay reproduces the logged loss within the tolerance plus this many SDs of its dropout seeds (the
 #: logged value is one draw of the dropout masks; its mean over a few seeds is an estimate).
 SEED_Z = 3.0
+#: The suspect moves at most this many times faster than its controls (:func:`sensitivity`), and their relative
+#: move counts as at least this much (a settled run's controls barely move).
+SENSITIVITY_MAX = 10.0
+SENSITIVITY_FLOOR = 0.01
 #: How sure each verdict is, by how it was reached (``after``: at a checkpoint after the step).
 CONFIDENCE = {
     ("data", "every"): 0.95, ("data", "one"): 0.85, ("data", "after"): 0.8,
@@ -80,13 +86,29 @@ CONFIDENCE = {
 }
 
 
-def tolerance(logged: float, distance: int, calibration: list[tuple[int, float]] | None = None) -> float:
+def tolerance(logged: float, distance: int, calibration: list[tuple[int, float]] | None = None,
+              sensitivity: float = 1.0) -> float:
     """The largest |replayed - logged| still counted as reproduced, ``distance`` updates from the checkpoint;
-    ``calibration`` holds (distance, relative error) of the steps between the checkpoint and the suspect."""
+    ``calibration`` holds (distance, relative error) of the steps between the checkpoint and the suspect, and
+    ``sensitivity`` how many times faster than they the suspect's own loss moves (:func:`sensitivity`)."""
     distance = abs(distance)
     drift = max((e for d, e in (calibration or []) if 0 < d <= distance), default=0.0) if distance > 0 else 0.0
-    rtol = min(RTOL_MAX, RTOL_EXACT + DRIFT_FACTOR * drift)
+    rtol = min(RTOL_MAX, RTOL_EXACT + DRIFT_FACTOR * drift * max(1.0, sensitivity))
     return rtol * max(abs(logged), 1e-6)
+
+
+def sensitivity(replayed: float, controls_mean: float | None, earlier: list[dict]) -> float:
+    """How many times faster than its same-bucket controls the suspect's loss moved between the nearest earlier
+    checkpoint and its own (at least 1, at most :data:`SENSITIVITY_MAX`; 1 without an earlier checkpoint).
+
+    The calibration steps are ordinary batches: an outlier batch (tokens the model never saw) moves more per update
+    than they do, so the drift they measure is scaled by how much more it moved across the checkpoints before."""
+    e = earlier[0] if earlier else None
+    if not e or not e.get("replayed") or not e.get("controls_mean") or not controls_mean:
+        return 1.0
+    own = abs(replayed - e["replayed"]) / abs(e["replayed"])
+    theirs = abs(controls_mean - e["controls_mean"]) / abs(e["controls_mean"])
+    return min(SENSITIVITY_MAX, max(1.0, own / max(theirs, SENSITIVITY_FLOOR)))
 
 
 def zscore(value: float | None, controls: list[float]) -> float | None:
@@ -115,6 +137,8 @@ class TrainReplay:
     seeds: list[int]
     losses: list[float]
     calibration: list[tuple[int, float]] = field(default_factory=list)
+    #: offset -> the neighbour batch's relative error against its own logged loss, in train mode too
+    neighbour_own_error: dict[str, float] = field(default_factory=dict)
 
     @property
     def mean(self) -> float:
@@ -215,7 +239,8 @@ def _reproduction(m: Measured, ev: list[str]) -> tuple[str, bool, float | None]:
                   "a state after the step is not the one that logged it, so reproduction is not checked.")
         return first, True, None
     dist = m.step - m.checkpoint_step
-    tol = tolerance(m.logged, dist, m.calibration)
+    sens = sensitivity(m.replayed, m.controls_mean, m.earlier)
+    tol = tolerance(m.logged, dist, m.calibration, sens)
     label = "in train mode (the mean over dropout seeds)" if m.compared_in_train else "in eval mode"
     ev.append(f"Step {m.step}'s batch replayed at {_where(m)} {label} gives {_f(m.replayed)} against {_f(m.logged)} "
               f"logged (tolerance {_f(tol)}).")
@@ -223,7 +248,7 @@ def _reproduction(m: Measured, ev: list[str]) -> tuple[str, bool, float | None]:
         return first, True, tol
     t = m.train
     if t is not None and not m.compared_in_train:
-        ttol = tolerance(m.logged, dist, t.calibration or m.calibration)
+        ttol = tolerance(m.logged, dist, t.calibration or m.calibration, sens)
         ok = abs(t.mean - m.logged) <= ttol + SEED_Z * t.spread
         ev.append(f"In train mode (dropout {m.dropout:g} on, as the run trained) over {len(t.seeds)} seeds it gives "
                   f"{_f(t.mean)} (spread {_f(t.spread)})" + (": the logged loss is reproduced in train mode; the "
@@ -254,9 +279,12 @@ def _not_reproduced(m: Measured, mode: str, tol: float | None, ev: list[str]) ->
     tried = "eval mode" + (f" and train mode over {len(m.train.seeds)} dropout seeds" if m.train is not None else
                            (" (the model has no dropout, so train mode cannot differ)" if m.dropout == 0 else ""))
     ev.append(f"No mode reproduces it ({tried}), and neither neighbour's batch (s-1, s+1) gives the logged value.")
-    others = list(m.neighbour_own_error.values()) + [e for _, e in m.calibration]
+    # what the other batches replayed near it say, in the mode that came closest (train mode when it ran)
+    src = m.train if m.train is not None else m
+    others = list(src.neighbour_own_error.values()) + [e for _, e in src.calibration]
     rel = err / max(abs(m.logged or 0.0), 1e-6)
-    if others and max(others) <= RTOL_MAX and rel >= MISALIGN_MISS * max(max(others), RTOL_EXACT):
+    rel_tol = (tol or 0.0) / max(abs(m.logged or 0.0), 1e-6)
+    if others and max(others) <= max(rel_tol, RTOL_EXACT):
         ev.append(f"The other batches replayed near it reproduce their own logged losses (within {max(others):.1%}, "
                   f"this one misses by {rel:.0%}), so the checkpoint, the padding and the loss definition are the "
                   f"run's: the tokens of step {m.step}'s batch differ from what the run fed at that step (or the plan "

@@ -129,11 +129,13 @@ def _rank(findings: dict[str, Any], causes: list[dict[str, Any]], not_replayed: 
     for c in order:
         c["id"] = new_id[str(c["id"])]
     findings["causes"] = order
+    seen: set[int] = set()  # a finding may be the same dict in several lists: renumber it once
     for key, value in findings.items():
         if key == "causes" or not isinstance(value, list):
             continue
         for d in value:
-            if isinstance(d, dict) and d.get("cause") in new_id:
+            if isinstance(d, dict) and id(d) not in seen and d.get("cause") in new_id:
+                seen.add(id(d))
                 d["cause"] = new_id[d["cause"]]
     section = findings.setdefault("replay", {})
     section["causes"] = {c["id"]: c["replay"]["verdict"] for c in order if isinstance(c.get("replay"), dict)}

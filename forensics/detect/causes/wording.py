@@ -133,6 +133,8 @@ def finding_next_step(kind: str, f: Finding, gate: dict | None, run: RunTables) 
         command = replay_command(run, steps)
         if command:
             parts.append(f"replay the steps that consumed them (`{command}`)")
+        elif run.replay_missing:
+            parts.append(f"a replay would confirm it but needs {run.replay_missing}")
         command = skip_command(shlex.quote(run.case_path) if run.case_path else None)
         if command:
             parts.append(f"to train without them, `{command}` writes their ids for "

@@ -79,7 +79,6 @@ def run(args: argparse.Namespace) -> int:
     err = console(stderr=True)
     for w in result.warnings:
         err.print(f"note: {w}", markup=False)
-    print_result(console(), result)
     from pathlib import Path
 
     from forensics.replay_loop import merge_into_audit
@@ -88,8 +87,24 @@ def run(args: argparse.Namespace) -> int:
     if (Path(args.case) / "findings.json").is_file():
         with stage("merging the verdicts into findings.json and the report"):
             written = merge_into_audit(args.case, result)
+        _renumber(result, Path(args.case) / "findings.json")
+    print_result(console(), result)
     console().print("written: " + ", ".join(str(p) for p in [*result.written, *written]), markup=False)
     return 0
+
+
+def _renumber(result, findings_path) -> None:
+    """Name each replayed cause by its id in the merged findings.json (the merge ranks the causes again)."""
+    import json
+
+    try:
+        causes = json.loads(findings_path.read_text(encoding="utf-8")).get("causes") or []
+    except (OSError, ValueError):
+        return
+    ids = {c.get("key"): c.get("id") for c in causes if isinstance(c, dict)}
+    for d in result.steps:
+        if d.get("cause_key") in ids:
+            d["cause"] = ids[d["cause_key"]]
 
 
 def print_result(out, result) -> None:

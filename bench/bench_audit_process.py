@@ -1,4 +1,4 @@
-"""Bench: whole-process audits, against ``losslint check`` and under a loaded machine (issue 24).
+"""Bench: whole-process audits, against ``losslint check`` and under a loaded machine.
 
 Each measurement is a fresh process (imports, reading, detection, writing), as a user runs it; both sides of a ratio run
 in the same bench run, alternated, best of ``--repeat``. ``.pyc`` files are written first (``compileall``) so neither

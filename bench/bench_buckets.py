@@ -21,7 +21,7 @@ from rich.table import Table
 from forensics.plan.optimal_boundaries import (
     boundary_efficiency,
     optimal_boundaries,
-    padding_efficiency,
+    packing_efficiency,
     quantile_boundaries,
 )
 from forensics.schema import MAX_LEN
@@ -69,8 +69,8 @@ def main() -> None:
                       f"{boundary_efficiency(lengths, q, args.max_len):.3f}")
     k = args.k[0]
     b = optimal_boundaries(lengths, k, args.max_len)
-    t, m, pe = measure(lambda: padding_efficiency(lengths, b, max_len=args.max_len, seeds=[0]), repeat=1)
-    table.add_row(f"padding_efficiency K={k}, 1 seed", f"{t:.3f}", f"{t / base_t:.1f}", f"{m:.1f}",
+    t, m, pe = measure(lambda: packing_efficiency(lengths, b, max_len=args.max_len, seeds=[0]), repeat=1)
+    table.add_row(f"packing_efficiency K={k}, 1 seed", f"{t:.3f}", f"{t / base_t:.1f}", f"{m:.1f}",
                   f"packing {pe.overall:.3f}")
     Console().print(table)
 

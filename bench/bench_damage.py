@@ -1,6 +1,7 @@
 """Damaged run files: rows kept and wrong values after random single-bit flips, before and after; reader speed.
 
-Before = the readers of ``--baseline`` (default ``3dba1fc``, main before issue 25: TensorBoard checksums not checked,
+Before = the readers of ``--baseline`` (default ``3dba1fc``, main before the damage checks: TensorBoard checksums not
+checked,
 ``.wandb`` reading stopped at the first damage), extracted with ``git archive`` under ``bench/out/`` (git ignores
 it). After = this working tree. Each side runs in its own subprocess (``PYTHONPATH`` = that tree).
 

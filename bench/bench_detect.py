@@ -1,10 +1,10 @@
-"""Bench of the spike detector (issue 9): offline against one pandas rolling median, online against offline.
+"""Bench of the spike detector: offline against one pandas rolling median, online against offline.
 
 A synthetic run of ``--rows`` steps (default 1,000,000) with tags: a decaying loss, six length buckets randomly
 interleaved (each its own loss level), Student-t noise, a spike every 50,000 steps and a few NaN steps.
 
 - offline: ``SpikeDetector(window=W).detect(metrics, tags)`` against ``metrics[loss].rolling(W).median()`` over the
-  same series, in the same process (target: within 3x, issue 23; 5x in issue 9);
+  same series, in the same process (target: within 3x);
 - online: the same detector fed ``update()`` in chunks of ``--chunk`` rows (default 1,000), then ``finish()``,
   against offline (target: within 2x); the findings must be identical;
 - peak memory of the offline detection (tracemalloc, Python allocations including numpy buffers) and the process's
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rows: {rows:,}  window: {args.window}  chunk: {args.chunk:,}  repeat: {args.repeat} (best)")
     print(f"{'what':<44}{'seconds':>10}{'ratio':>9}  target")
     print(f"{'pandas rolling(W).median()':<44}{t_pandas:>10.3f}{1.0:>9.2f}")
-    print(f"{'SpikeDetector.detect (offline, with tags)':<44}{t_off:>10.3f}{t_off / t_pandas:>9.2f}  <= 3x pandas (issue 23)")
+    print(f"{'SpikeDetector.detect (offline, with tags)':<44}{t_off:>10.3f}{t_off / t_pandas:>9.2f}  <= 3x pandas")
     print(f"{'SpikeDetector.update in chunks (online)':<44}{t_on:>10.3f}{t_on / t_off:>9.2f}  <= 2x offline")
     print(f"peak memory of offline detection (tracemalloc): {peak / 2**20:.1f} MiB; process peak RSS: {rss:.0f} MiB")
     hit = len(set(spikes) & set(found_spikes))

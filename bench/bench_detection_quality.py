@@ -1,4 +1,4 @@
-"""Bench of detection quality (issue 10, part 5): our detector and the frameworks' rules, one corpus, one table.
+"""Bench of detection quality: our detector and the frameworks' rules, one corpus, one table.
 
 The corpus is the project's own labelled corpus (:mod:`forensics.datasets.corpus`: runs with known spikes of six shapes,
 Gaussian and heavy-tailed noise, bucket effects, NaN steps, resumed logs, grad accumulation, level shifts); the
@@ -11,17 +11,17 @@ and samples named first). Detectors, each on the loss:
 - ``forensics, metrics only``: :func:`~forensics.detect.detect_spikes` without tags;
 - the five framework rules of :mod:`forensics.evaluation.framework_rules`, with their published parameters.
 
-Rows are ranked: first the detectors within the issue's false-event target (at most 1 per 10,000 clean steps), by
+Rows are ranked: first the detectors within the false-event target (at most 1 per 10,000 clean steps), by
 recall; then the others, by false-event rate. The target check below the table compares each of our rows with every
 rule: recall at least theirs, fewer false events than any rule of equal recall, at most 1 false event per 10,000
 clean steps. A second table splits the false events by kind of run; a third runs every detector on the real logs in
 ``../shared/data/real-logs`` (modded-nanogpt's noisy ``train_loss``; BLOOM-176B's spike at iteration 31219).
 
-**The long corpus** (``--size long``, ``long-quick``, ``long-test``; issue 23): metrics only, per noise family
+**The long corpus** (``--size long``, ``long-quick``, ``long-test``): metrics only, per noise family
 (:data:`~forensics.datasets.corpus.LONG_FAMILIES`: Gaussian, t5, t3, t2.5, t4 whose scale drifts with the lr), 220K-step
 runs with bursts, level shifts and eval rows, >= 2M clean steps per family in ``long``. It scores our detector
 without tags (fixed thresholds, and ``--false-rate R`` adds a row per calibrated rate) and the five rules, and checks
-issue 23's target per family: recall >= 90% at <= 0.1 false events per 10K clean steps, no rule better on both.
+The target per family: recall >= 90% at <= 0.1 false events per 10K clean steps, no rule better on both.
 
 Output: printed, and written as Markdown to ``--out`` (default ``bench/out/detection_quality.md``, git-ignored).
 
@@ -215,7 +215,7 @@ def real_logs(folder: Path) -> list[str]:
 
 
 # --- the long corpus: metrics only, per noise family --------------------------------------------------------------
-#: Targets on the long corpus, metrics only (issue 23).
+#: Targets on the long corpus, metrics only.
 LONG_RECALL, LONG_FALSE = 0.90, 0.1
 
 
@@ -278,7 +278,7 @@ def run_long_bench(size: str, seed: int, extra: dict[str, Callable] | None = Non
     out = [f"# Detection quality, long corpus ({size}, seed {seed}): {len(specs)} runs, {n_steps:,} steps, "
            f"{total[OURS_PLAIN].n_labels} labelled spikes, metrics only", ""]
     out += family_table({**by_family, "total": total}, names)
-    out += ["", f"## Target check (issue 23: metrics only, recall >= {pct(LONG_RECALL)} at <= {LONG_FALSE:g} "
+    out += ["", f"## Target check (metrics only, recall >= {pct(LONG_RECALL)} at <= {LONG_FALSE:g} "
                 f"false / 10K; no rule better on both)", ""]
     out += long_target_check(by_family, total)
     out += ["", "Seconds per detector: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items())]
@@ -290,7 +290,7 @@ CALIBRATION_RATES = (0.1, 1.0, 10.0)
 
 
 def run_calibration(size: str, seed: int) -> list[str]:
-    """Issue 23's check that ``false_rate`` does what it says: the long corpus's runs with no spike and no level
+    """The check that ``false_rate`` does what it says: the long corpus's runs with no spike and no level
     shift (pure noise of each family), judged as the audit judges them (loss and grad norm) with the tail alone
     (``ratio=1``: no effect-size condition); measured false events per 10K judged loss steps against the rate
     asked."""
@@ -319,7 +319,7 @@ def run_calibration(size: str, seed: int) -> list[str]:
         rows.append([fam, f"{judged_steps[fam]:,}", *cells])
     out = [f"# Calibration ({size}, seed {seed}): clean runs, false events per 10K judged steps, asked vs measured",
            ""] + md_table(header, rows)
-    out += ["", f"Worst ratio either way: {worst:.2f}x (issue 23's target: within 2x at every rate and family)."]
+    out += ["", f"Worst ratio either way: {worst:.2f}x (the target: within 2x at every rate and family)."]
     return out
 
 
@@ -365,7 +365,7 @@ def run_bench(size: str, seed: int, real: Path | None) -> list[str]:
            f"Shape columns are recall per spike shape; attribution is over hits whose label names it (n/a: the "
            f"detector names no bucket, cluster or sample).", ""]
     out += main_table(scores, seconds)
-    out += ["", "## Target check (issue 10)", ""] + target_check(scores)
+    out += ["", "## Target check", ""] + target_check(scores)
     out += ["", "metaseq's skip threshold (`--ewm-ratio-to-skip-batch`) has no published default; its row uses 1.5 "
             "(our detector's `ratio`). Other choices: " + "; ".join(
                 f"{r:g}: recall {pct(sc.recall)}, {rate(sc.false_per_10k)} false / 10K"
@@ -403,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lines = run_bench(size, args.seed, None if args.no_real_logs else args.real_logs)
     lines += ["", f"Total {time.perf_counter() - t:.1f} s. Command: `python3 bench/bench_detection_quality.py"
-              f"{' --calibration' if args.calibration else ''}{' --size ' + size if size != 'full' else ''}{' --seed ' + str(args.seed) if args.seed else ''}`"]
+              f"{' --calibration' if args.calibration else ''}{' --size ' + size if size != 'full' else ''}"
+              f"{' --seed ' + str(args.seed) if args.seed else ''}`"]
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Every row is a sampler or builder run for 2 epochs on the same samples and judged by ``check_plan(plan, samples)``,
 as a user's recorded plan would be (the token budget and batch size are read off the plan). The rows, and what the
-gate must say about each (issue 17):
+gate must say about each:
 
 - pass: HF's ``LengthGroupedSampler`` with a fresh generator seed per epoch (``transformers.trainer_pt_utils``: the
   Trainer's ``group_by_length``; mega-batches of 50 batches, fewer when the dataset would hold under 4), lhotse's
@@ -26,6 +26,10 @@ short bucket in one batch that repeats every epoch (the gate fails that, rightly
 
 Needs ``transformers`` and ``lhotse`` (``pip install -e '.[test]'``); a row whose package is missing is skipped and
 said so. The 1M lhotse rows iterate its sampler 3 times (about 2 minutes each on one core).
+
+What it measured is the README's check-plan section: the classification table, and with ``--ratios`` the table of
+retention as a multiple of the reference, which is what the gate's constants (``MULTIPLE``, ``CAP``, the two floors
+of :mod:`forensics.plan.gate.limits`) were chosen from. A change to the limits reruns both and updates the README.
 """
 
 from __future__ import annotations
@@ -144,8 +148,8 @@ def lhotse_runs(samples: pd.DataFrame, b: int, seed: int) -> dict[str, Epochs]:
 
 @dataclass(frozen=True)
 class Row:
-    """One sampler of the table: ``run(samples, B, seed)`` gives its epochs; ``expect`` the verdict the issue asks
-    for ("pass"/"fail"; "ties" where it depends on how many samples share each length: fail on the lognormal and
+    """One sampler of the table: ``run(samples, B, seed)`` gives its epochs; ``expect`` the verdict the gate must give
+    ("pass"/"fail"; "ties" where it depends on how many samples share each length: fail on the lognormal and
     bimodal mixes, stated either way on multiples of 64); ``kind`` the failure kind the gate must name."""
 
     name: str
@@ -166,7 +170,8 @@ ROWS = [
         needs="lhotse"),
     *(Row(f"bucketed shuffle, {k} buckets",
           lambda s, b, seed, k=k: [bucketed_shuffle(s, e, seed, boundaries=quantile_boundaries(s, k),
-                                                    token_budget=TOKEN_BUDGET, max_batch_size=b) for e in range(EPOCHS)],
+                                                    token_budget=TOKEN_BUDGET, max_batch_size=b)
+                                   for e in range(EPOCHS)],
           "pass") for k in (6, 16, 64)),
     Row("random shuffle", lambda s, b, seed: _by_builder(random_shuffle, s, b, seed), "pass"),
     Row("static_sorted: built once, reordered", lambda s, b, seed: _by_builder(static_sorted, s, b, seed), "fail",
@@ -201,7 +206,7 @@ def judge(row: Row, samples: pd.DataFrame, b: int, seed: int = 1) -> GateResult:
 
 
 def expected(row: Row, mix: str) -> str | None:
-    """The verdict the issue asks for on ``mix`` (None: stated, not prescribed)."""
+    """The verdict the gate must give on ``mix`` (None: stated, not prescribed)."""
     if row.expect == "ties":
         return None if mix == "ties64" else "fail"
     return row.expect
@@ -248,7 +253,7 @@ def main() -> None:
     if skipped:
         print(f"\nskipped (package not installed): {', '.join(skipped)}")
     if mismatches:
-        print("\nrows whose verdict differs from the issue's list:\n" + "\n".join(f"- {m}" for m in mismatches))
+        print("\nrows whose verdict differs from the expected one:\n" + "\n".join(f"- {m}" for m in mismatches))
         sys.exit(1)
 
 

@@ -4,7 +4,7 @@ Writes a JSONL file of ``--rows`` rows (default 1,000,000) with a step and ``--m
 10), then times, on that same file in the same run, ``pyarrow.json.read_json(path)`` (Arrow table only) and
 ``JsonlReader(path).read_all()`` (the canonical metrics table: pandas, step checked, NaN/inf counted, last write
 wins). Each measurement runs in a fresh subprocess so that its peak RSS (``ru_maxrss``) is its own; the best of
-``--repeat`` runs is reported. Target (issue 4): our time within 2x of pyarrow's.
+``--repeat`` runs is reported. Target: our time within 2x of pyarrow's.
 
     python bench/bench_jsonl.py                 # 1M rows x 10 metrics
     python bench/bench_jsonl.py --rows 100000   # quick

@@ -6,7 +6,8 @@ the same numbers for every consecutive epoch pair and for first vs last: pair re
 (batch in e, batch in e+1) per sample) and the share of identical batches. Each side runs in a fresh Python process;
 its time is the best of ``--repeat`` runs of read + compute, and its memory the process's peak RSS above what it held
 after imports (the kernel's peak mark ``VmHWM``, reset after the imports; DuckDB's allocations are invisible to
-tracemalloc, so RSS is the common yardstick). DuckDB uses every core it finds; forensics runs on one. The numbers must agree to 1e-12.
+tracemalloc, so RSS is the common yardstick). DuckDB uses every core it finds; forensics runs on one. The numbers must
+agree to 1e-12.
 
 ``--calibrate`` prints instead the table behind the gate's default limit (see :mod:`forensics.plan.gate`): for
 several dataset sizes and length distributions, the reference retention (length_grouped, seed 0, epochs 0-1), the

@@ -5,10 +5,10 @@ Generates once (cached under ``bench/out/``, which git ignores) ``--rows`` rows 
 so the first run of the default size takes a minute or two) and written as a JSONL file with the same values.
 Then times, each in a fresh subprocess (so each peak RSS is its own), best of ``--repeat``:
 
-- ``jsonl``: ``open_reader(metrics.jsonl).read_all()`` (the baseline, issue 4's reader);
+- ``jsonl``: ``open_reader(metrics.jsonl).read_all()`` (the baseline);
 - ``wandb``: ``open_reader(wandb/).read_all()`` (the compiled path: framing, CRC, protobuf wire format, values
   parsed by Arrow, config/summary, the shared reader), its numba machine code loaded before the clock as the
-  protobuf module is (``wandb_scan.warm``: a one-time cost per process, not per row);
+  protobuf module is (``scanner.warm``: a one-time cost per process, not per row);
 - ``wandb_first``: the same, the one-time load included (what a process reading one run pays);
 - ``framing``: the LevelDB-log framing and CRC alone in Python (``RecordLog.payloads``), and ``protobuf``: framing
   plus ``Record`` parsing, the exact (Python) path's floor, to show what the compiled path replaced.
@@ -99,10 +99,10 @@ def worker(kind: str, folder: str) -> None:
     import wandb.proto.wandb_internal_pb2  # noqa: F401 - imported by the reader on first use; not what is timed
 
     from forensics.sources import open_reader
-    from forensics.sources.wandb_records import RecordLog
+    from forensics.sources.wandb.record_log import RecordLog
 
     if kind == "wandb":
-        from forensics.sources.wandb_scan import warm
+        from forensics.sources.wandb.scanner import warm
 
         warm()
     folder_path = Path(folder)

@@ -1,16 +1,16 @@
-"""Whole-process timings of ``forensics ingest`` and ``forensics check-plan`` against the baselines issue 24 names.
+"""Whole-process timings of ``forensics ingest`` and ``forensics check-plan`` against their named baselines.
 
 Each side is a fresh ``python3`` subprocess timed from the outside (start-up, imports, reading, computing, writing
 and exit all count), best of ``--repeat`` runs, both sides measured in the same run, alternating:
 
 - **ingest**: ``python3 -m forensics ingest metrics.jsonl -o metrics.parquet`` against a Python process that does
-  ``pyarrow.json.read_json`` plus ``pyarrow.parquet.write_table`` of the same file (issue 24: within 1.3x). The file:
+  ``pyarrow.json.read_json`` plus ``pyarrow.parquet.write_table`` of the same file (target: within 1.3x). The file:
   ``--rows`` rows (default 1,000,000) of a step and ``--metrics`` float metrics (default 10), as ``bench_jsonl.py``
   writes it.
 - **check-plan**: ``python3 -m forensics check-plan CASE --json F`` on a case folder holding only ``plan.parquet``
   (the plan of ``bench_pair_retention.py``: ``bucketed_shuffle`` of 1.7M samples x 6 epochs, 10.2M rows) against a
   Python process running ``bench_pair_retention.py``'s DuckDB SQL over the same file (pair retention and identical
-  batches for each consecutive epoch pair and first vs last) and writing them as JSON (issue 24: at most 1.0x).
+  batches for each consecutive epoch pair and first vs last) and writing them as JSON (target: at most 1.0x).
   Both sides' numbers must agree to 1e-12.
 
 Inputs are written once to ``bench/out/`` (git ignores it). The forensics side imports the package this script

@@ -47,7 +47,8 @@ def median(values: Sequence[float]) -> float:
 
 
 class ReferenceSpikeRule:
-    """One metric's rule state; ``params`` is a dict with the fields of :data:`forensics.detect.spikes.kernel.PARAMS`."""
+    """One metric's rule state; ``params`` is a dict with the fields of
+    :data:`forensics.detect.spikes.kernel.PARAMS`."""
 
     def __init__(self, params: dict, tail_window: int = 1):
         self.p = params

@@ -22,7 +22,7 @@ def test_the_offset_that_fits_the_plan_is_named(demo_small, tmp_path, capsys, sh
     metrics = pd.read_parquet(src / "metrics.parquet")
     metrics.assign(step=metrics["step"] + shift).to_json(case / "metrics.jsonl", orient="records", lines=True)
     (case / "run.toml").write_text('metrics = ["metrics.jsonl"]\nboundaries = [0, 770, 1216, 1728, 2432, 3296, 8192]\n')
-    assert main(["audit", str(case), "--no-html"]) in (0, 1)
+    assert main(["audit", str(case), "--no-html"]) == 0
     capsys.readouterr()
     findings = json.loads((case / "findings.json").read_text())
     off = [f for f in findings["findings"] if f["kind"] == "misaligned_steps"]
@@ -35,7 +35,7 @@ def test_the_offset_that_fits_the_plan_is_named(demo_small, tmp_path, capsys, sh
     # a source that says how it counts is not second-guessed
     (case / "run.toml").write_text(f'metrics = [{{path = "metrics.jsonl", step_offset = {shift}}}]\n'
                                    'boundaries = [0, 770, 1216, 1728, 2432, 3296, 8192]\n')
-    assert main(["audit", str(case), "--no-html"]) in (0, 1)
+    assert main(["audit", str(case), "--no-html"]) == 0
     capsys.readouterr()
     findings = json.loads((case / "findings.json").read_text())
     assert not [f for f in findings["findings"] if f["kind"] == "misaligned_steps"]

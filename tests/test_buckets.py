@@ -1,5 +1,6 @@
 """Optimal bucket boundaries: exact against brute force, never worse than quantile or the story's, and the packing
-efficiency checked against the bucketed builder run for real; the ``forensics buckets`` command's JSON and exit codes."""
+efficiency checked against the bucketed builder run for real; the ``forensics buckets`` command's JSON and exit
+codes."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from forensics.plan.optimal_boundaries import (
     bucket_boundary_efficiency,
     conform_boundaries,
     optimal_boundaries,
+    packing_efficiency,
     padded_to_boundary,
-    padding_efficiency,
     quantile_boundaries,
 )
 from forensics.schema import DEFAULT_BOUNDARIES, MAX_LEN
@@ -121,7 +122,7 @@ def test_conform_boundaries_fits_the_story_boundaries_to_a_shorter_max_len():
     assert conform_boundaries(DEFAULT_BOUNDARIES, 8192) == list(DEFAULT_BOUNDARIES)
 
 
-def test_padding_efficiency_matches_bucketed_batches_built_for_real():
+def test_packing_efficiency_matches_bucketed_batches_built_for_real():
     lengths = story_lengths(3_000, 5)
     samples = pd.DataFrame({"sample_id": np.arange(500, 500 + len(lengths)), "n_tokens": lengths.astype(np.int32)})
     boundaries = optimal_boundaries(lengths, 4)
@@ -138,7 +139,7 @@ def test_padding_efficiency_matches_bucketed_batches_built_for_real():
             real_b[bucket] += sum(lens)
             padded_b[bucket] += len(lens) * max(lens)
             n_batches += 1
-    got = padding_efficiency(lengths, boundaries, token_budget=8192, seeds=[0, 1])
+    got = packing_efficiency(lengths, boundaries, token_budget=8192, seeds=[0, 1])
     assert got.batches == n_batches
     assert (got.real_tokens, got.padded_tokens) == (real, padded)
     assert got.overall == pytest.approx(real / padded)

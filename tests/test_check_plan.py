@@ -181,8 +181,8 @@ def test_single_sample_batches_have_no_composition_to_fail_on():
 def test_min_padding_efficiency_fails_the_random_shuffle_only(samples):
     random = check_plan(samples=samples, builder="random_shuffle", min_padding_efficiency=0.6)
     bucketed = check_plan(samples=samples, builder="bucketed_shuffle", min_padding_efficiency=0.6)
-    assert all(e < 0.5 for e in random.padding_efficiency)
-    assert all(e > 0.65 for e in bucketed.padding_efficiency)
+    assert all(e < 0.5 for e in random.epoch_padding_efficiency)
+    assert all(e > 0.65 for e in bucketed.epoch_padding_efficiency)
     assert not random.passed and not random.static
     assert random.failures[0].startswith("epoch 0 padding efficiency")
     assert bucketed.passed
@@ -193,7 +193,8 @@ def test_limit_is_derived_from_the_samples_and_shrinks_with_size():
     small, large = make_samples(2000, seed=1), make_samples(50_000, seed=1)
     ls, ll = derive_limits(small, length_sorted=True), derive_limits(large, length_sorted=True)
     assert derive_limits(small, length_sorted=True) == ls  # same inputs, same limits
-    assert derive_limits(large).pair_retention == pytest.approx(0.107, abs=1e-4)  # not sorted as a whole: the floor 0.1 is below 5 x 0.0214
+    # not sorted as a whole: the floor 0.1 is below 5 x 0.0214
+    assert derive_limits(large).pair_retention == pytest.approx(0.107, abs=1e-4)
     assert ls.pair_retention == 0.5  # the cap: 5 x 0.157, four mega-batches of 2K samples keep many pairs
     assert ll.pair_retention == pytest.approx(MULTIPLE * ll.reference_pair_retention)
     assert ll.pair_retention < ls.pair_retention / 4
@@ -261,7 +262,7 @@ def test_step_form_plan_gives_the_same_measures_as_the_batch_form(samples):
     by_step = assign_steps(plan, grad_accum=2, world_size=2).drop(columns=["batch_id"])
     a, b = check_plan(plan, samples), check_plan(by_step, samples)
     assert a.pair_retention == b.pair_retention and a.identical_batches == b.identical_batches
-    assert a.padding_efficiency == b.padding_efficiency
+    assert a.epoch_padding_efficiency == b.epoch_padding_efficiency
 
 
 def test_cluster_entropy_and_longest_dominant_run_on_a_hand_built_plan():
@@ -274,7 +275,7 @@ def test_cluster_entropy_and_longest_dominant_run_on_a_hand_built_plan():
     assert (mix[0].longest_dominant_run, mix[0].dominant_cluster) == (2, 0)
     assert mix[1].cluster_entropy == pytest.approx((0 + 0 + 1 + 1) / 4)
     assert (mix[1].longest_dominant_run, mix[1].dominant_cluster) == (3, 0)  # a tie goes to the smaller cluster
-    assert r.padding_efficiency == [1.0, 1.0]
+    assert r.epoch_padding_efficiency == [1.0, 1.0]
 
 
 def test_static_plan_has_lower_within_step_entropy_than_a_random_shuffle(samples):
@@ -315,7 +316,7 @@ def test_cli_bucketed_plan_exits_0_and_junit_has_no_failure(case_files, tmp_path
 
 def test_cli_epochs_limits_a_plan_to_its_first_epochs(case_files, tmp_path):
     out = tmp_path / "g.json"
-    main(["check-plan", "--plan", str(case_files["bucketed_shuffle"]), "--epochs", "2", "--json", str(out)])
+    assert main(["check-plan", "--plan", str(case_files["bucketed_shuffle"]), "--epochs", "2", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert len(data["pair_retention"]) == 1 and data["epochs"] == [0, 1]
 

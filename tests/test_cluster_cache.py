@@ -80,7 +80,9 @@ def test_a_damaged_entry_is_fitted_again(cache, samples, monkeypatch):
     (entry,) = (cache / "clusters").glob("text-*.npz")
     good = entry.read_bytes()
     calls = _fits(monkeypatch)
-    for damaged in (b"", b"half a file", good[: len(good) // 2], good[:len(good) // 3] + bytes([good[len(good) // 3] ^ 1]) + good[len(good) // 3 + 1:]):
+    third = len(good) // 3
+    flipped = good[:third] + bytes([good[third] ^ 1]) + good[third + 1:]
+    for damaged in (b"", b"half a file", good[: len(good) // 2], flipped):
         entry.write_bytes(damaged)  # empty, not an archive, cut short, one bit flipped
         again, _ = cluster_samples(samples, k=None, seed=0)
         assert again["cluster"].tolist() == first["cluster"].tolist()

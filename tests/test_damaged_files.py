@@ -24,9 +24,9 @@ pytest.importorskip("tensorboard")
 SummaryWriter = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
 
 from forensics.errors import ForensicsError  # noqa: E402
-from forensics.sources import tfrecord  # noqa: E402
-from forensics.sources.damage import Damage, damage_line  # noqa: E402
-from forensics.sources.tensorboard import TensorBoardReader  # noqa: E402
+from forensics.sources.reader.records import Damage, damage_line  # noqa: E402
+from forensics.sources.tensorboard import tfrecord  # noqa: E402
+from forensics.sources.tensorboard.event_reader import TensorBoardReader  # noqa: E402
 
 TB_STEPS = 48  # train/loss at each step, lr every 4th: 60 scalars, ~3 KB, ~25K bits
 
@@ -223,21 +223,21 @@ def wandb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HOME": str(out / "home"),
                 "WANDB_CONFIG_DIR": str(out / "config"), "WANDB_CACHE_DIR": str(out / "cache"),
                 "WANDB_DATA_DIR": str(out / "data")})
-    subprocess.run([sys.executable, str(out / "writer.py"), str(out), str(WANDB_ROWS)], env=env, check=True, timeout=120,
-                   capture_output=True)
+    subprocess.run([sys.executable, str(out / "writer.py"), str(out), str(WANDB_ROWS)], env=env, check=True,
+                   timeout=120, capture_output=True)
     (path,) = out.glob("wandb/offline-run-*/run-dmg1.wandb")
     return path
 
 
 def _record_spans(path: Path) -> list[tuple[int, int, str]]:
-    from forensics.sources.wandb_records import RecordLog
+    from forensics.sources.wandb.record_log import RecordLog
 
     log = RecordLog(path)
     return [(start, log.offset, rec.WhichOneof("record_type")) for start, rec in log.records(finished=True)]
 
 
 def _wandb_read(path: Path):
-    from forensics.sources.wandb_files import WandbRunReader
+    from forensics.sources.wandb.run_reader import WandbRunReader
 
     reader = WandbRunReader(path)
     reader.finished = True
@@ -285,7 +285,7 @@ def test_sampled_bit_flips_of_a_wandb_file_lose_only_their_record(wandb_file: Pa
 
 
 def test_live_wandb_file_waits_then_skips_the_damaged_record(wandb_file: Path, tmp_path: Path) -> None:
-    from forensics.sources.wandb_files import WandbRunReader
+    from forensics.sources.wandb.run_reader import WandbRunReader
 
     data = wandb_file.read_bytes()
     history = [(s, e) for s, e, kind in _record_spans(wandb_file) if kind == "history"]

@@ -41,7 +41,8 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium) to run the browser test")
+        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium) "
+                    "to run the browser test")
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS, timeout=30_000)
@@ -102,7 +103,7 @@ def test_dashboard_renders_live_in_chromium_with_hostile_text_shown_as_text(brow
         .flatMap(el => (el.data || []).filter(t => t.name === 'spike').flatMap(t => Array.from(t.x)))""")
     assert 254 in spike_x and 258 in spike_x
     body = page.evaluate("document.body.innerText")
-    assert "C1: batch" in body and "254" in body  # the causes, in plain text at the top
+    assert "C1: samples" in body and "254" in body  # the causes, in plain text at the top
 
     # rows appended to the log appear within the refresh interval, without a reload
     append_jsonl(demo_small / "static", case / "metrics.jsonl", 400)

@@ -43,8 +43,9 @@ def test_missing_source_is_one_line_and_exit_2(tmp_path, capsys) -> None:
     assert main(["dashboard", str(tmp_path / "nope.jsonl"), "--print-command"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope.jsonl does not exist" in err[0]
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exc:
         main(["dashboard", "--bogus"])
+    assert exc.value.code == 2
 
 
 def test_port_given_twice_is_bad_input(capsys) -> None:

@@ -227,7 +227,8 @@ def test_same_seed_gives_identical_tables_and_another_seed_differs(demo_small: P
             a = pd.read_parquet(demo_small / case / name)
             b = pd.read_parquet(tmp_path / "again" / case / name)
             pd.testing.assert_frame_equal(a, b, check_exact=True)
-        assert (demo_small / case / "labels.json").read_text() == (tmp_path / "again" / case / "labels.json").read_text()
+        again = tmp_path / "again" / case / "labels.json"
+        assert (demo_small / case / "labels.json").read_text() == again.read_text()
     other = build_demo(tmp_path / "other", scale="small", seed=1, wandb=False)
     a = pd.read_parquet(demo_small / "static" / "metrics.parquet")
     b = pd.read_parquet(tmp_path / "other" / "static" / "metrics.parquet")

@@ -1,4 +1,4 @@
-"""The gate's classification table (issue 17) at small sizes, with the real samplers: HF's LengthGroupedSampler,
+"""The gate's classification table at small sizes, with the real samplers: HF's LengthGroupedSampler,
 lhotse's DynamicBucketingSampler, the reference builders. The same rows at 2K-1M samples are
 ``bench/bench_gate_classification.py``; this file imports its rows so that the two cannot drift apart."""
 
@@ -46,7 +46,7 @@ def samples_of() -> dict:
 
 
 @pytest.mark.parametrize("name,mix,n", CASES, ids=[f"{r}|{m}|{n}" for r, m, n in CASES])
-def test_each_sampler_passes_or_fails_as_the_issue_lists(name, mix, n, samples_of):
+def test_each_sampler_passes_or_fails_as_the_table_lists(name, mix, n, samples_of):
     row = ROWS[name]
     if row.needs:
         pytest.importorskip(row.needs)

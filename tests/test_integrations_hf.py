@@ -126,7 +126,7 @@ def test_run_toml_names_the_sources_and_settings(runs, name, logging_steps, grad
 def test_corrupted_batch_is_the_spike_at_its_zero_based_step(runs):
     """The recorded step holding the six corrupted rows is, in each epoch, the highest loss once trainer_state.json
     is aligned (HF logs step s+1 for update s)."""
-    from forensics.sources.conventions import aligned_table
+    from forensics.sources.step_conventions import aligned_table
 
     run = runs["static"]
     plan = _plan(run)
@@ -216,7 +216,7 @@ def test_import_needs_no_framework():
     import subprocess
 
     code = ("import sys, forensics.integrations, forensics.integrations.hf, forensics.integrations.lightning, "
-            "forensics.integrations.torch, forensics.sources.conventions; "
+            "forensics.integrations.torch, forensics.sources.step_conventions; "
             "print(sorted(m for m in ('transformers', 'lightning', 'pytorch_lightning', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -252,7 +252,8 @@ def test_hf_datasets_tokenizer_and_prefetching_workers(tmp_path):
     class Observing(Trainer):
         def compute_loss(self, model, inputs, *args, **kwargs):
             ids, mask = inputs["input_ids"], inputs["attention_mask"]
-            self.observed.append((int(self.state.global_step), [ids[i][mask[i] == 1].tolist() for i in range(len(ids))]))
+            kept = [ids[i][mask[i] == 1].tolist() for i in range(len(ids))]
+            self.observed.append((int(self.state.global_step), kept))
             return super().compute_loss(model, inputs, *args, **kwargs)
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=tok.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2,

@@ -70,7 +70,7 @@ AUDIT = '''
 import contextlib, io, json, sys
 from forensics.cli import main
 with contextlib.redirect_stdout(io.StringIO()):
-    main(["audit", "--metrics", sys.argv[1], "--json", sys.argv[2], "--no-html"])
+    assert main(["audit", "--metrics", sys.argv[1], "--json", sys.argv[2], "--no-html"]) == 0
 print(json.dumps({m: m in sys.modules for m in WATCHED}))
 '''.replace("WATCHED", repr(REFRESH_ONLY))
 

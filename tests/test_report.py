@@ -12,6 +12,8 @@ import pytest
 from plotly.offline import get_plotlyjs
 
 from forensics.plan.buckets import bucket_index, bucket_range
+from forensics.plan.builders import static_sorted
+from forensics.plan.step_mapping import batches_to_plan
 from forensics.report import (
     build_report,
     cluster_mix_figure,
@@ -336,7 +338,7 @@ def test_nonfinite_steps_are_marked_and_carded_but_not_drawn_as_values():
             assert np.isfinite(np.asarray(trace.y, dtype=float)).all()
 
 
-# --- the figures --------------------------------------------------------------------------------------------------------
+# --- the figures -----------------------------------------------------------------------------------------------------
 def test_batch_epoch_counts_find_static_batches_in_every_epoch_and_reshuffled_ones_in_one(case: dict):
     rec = batch_epoch_counts(case["plan"])
     assert len(rec) == STEPS_PER_EPOCH and (rec["n_epochs"] == 3).all() and (rec["n_samples"] == 4).all()
@@ -351,6 +353,24 @@ def test_batch_epoch_counts_find_static_batches_in_every_epoch_and_reshuffled_on
     bars = {t.name: list(t.y) for t in fig.data}
     assert bars["batch-mate pairs kept"] == [1.0, 1.0]
     assert list(bars["distinct batches"]) == [0, 0, STEPS_PER_EPOCH]
+    assert "100% of multi-sample batches recur unchanged in all 3 epochs" in fig.layout.title.subtitle.text
+
+
+def test_batch_epoch_counts_keep_the_ranks_of_a_multi_rank_plan_apart():
+    """Two ranks with a stream each (as torch's DistributedSampler gives), both numbering their batches from 0, both
+    built once: every rank's batch recurs in all 3 epochs. Merged across ranks by batch_id, the shuffled batch order
+    of each rank would pair them differently every epoch and the plan would look rebuilt."""
+    rng = np.random.default_rng(0)
+    samples = pd.DataFrame({"sample_id": np.arange(400, dtype=np.int64),
+                            "n_tokens": rng.integers(50, 2000, 400).astype(np.int32)})
+    halves = [samples.iloc[:200].reset_index(drop=True), samples.iloc[200:].reset_index(drop=True)]
+    plan = pd.concat([batches_to_plan([static_sorted(half, e, seed=rank) for e in range(3)]).assign(rank=rank)
+                      for rank, half in enumerate(halves)], ignore_index=True)
+    rec = batch_epoch_counts(plan)
+    assert len(rec) == sum(len(static_sorted(half, 0)) for half in halves)
+    assert (rec["n_epochs"] == 3).all()
+    assert rec["n_samples"].sum() == len(samples)
+    fig = composition_figure(None, plan)
     assert "100% of multi-sample batches recur unchanged in all 3 epochs" in fig.layout.title.subtitle.text
 
 
@@ -376,7 +396,8 @@ def test_bucket_figure_titles_the_findings_share_and_draws_one_line_per_bucket(c
     figs = report_figures(**_report_inputs(case))
     assert list(figs) == ["curves", "bucket_loss", "cluster_loss", "composition", "cluster_mix"]
     fig = figs["bucket_loss"]
-    assert "bucket explains 42.0% of the detrended loss variance (as in findings.json)" in fig.layout.title.subtitle.text
+    subtitle = fig.layout.title.subtitle.text
+    assert "bucket explains 42.0% of the detrended loss variance (as in findings.json)" in subtitle
     lines = [t for t in fig.data if t.type == "scatter"]
     assert len(lines) == case["tags"]["bucket"].nunique()
     boxes = [t for t in fig.data if t.type == "box"]
@@ -430,3 +451,21 @@ def test_composition_figure_names_the_gates_epoch_pairs():
     bars = [t for t in fig.data if t.type == "bar"]
     assert list(bars[0].x) == ["1→2", "2→3", "3→5"]
     assert list(bars[0].y) == [1.0, None, 0.5]
+
+
+@pytest.mark.parametrize(("steps", "expected"), [
+    # the same remedy for three single steps: one line naming them all, logged numbers kept
+    (["Record the plan to name the batch of step 5 (logged 6).", "Record the plan to name the batch of step 9 "
+      "(logged 10)."], ["Record the plan to name the batch of steps 5 and 9 (logged 6, 10)."]),
+    # different remedies stay apart, in their order
+    (["Inspect samples 1, 2 at step 5.", "Replay step 9."], ["Inspect samples 1, 2 at step 5.", "Replay step 9."]),
+    # a step range or two steps in one line is never folded
+    (["A of steps 4-6.", "A of steps 7-9."], ["A of steps 4-6.", "A of steps 7-9."]),
+    (["A of step 1 and step 2.", "A of step 3 and step 4."], ["A of step 1 and step 2.", "A of step 3 and step 4."]),
+    # a step without a logged number
+    (["Record step 30001.", "Record step 100001.", "Record step 60001."], ["Record steps 30001, 60001 and 100001."]),
+])
+def test_next_steps_asking_the_same_of_single_steps_fold_into_one(steps, expected):
+    from forensics.report.summary import _next_steps
+
+    assert _next_steps({"causes": [{"next_step": s} for s in steps]}) == expected

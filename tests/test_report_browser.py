@@ -20,7 +20,8 @@ SCRIPT_TEXT = "<script>alert(1)</script>"
 @pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium) to run the browser test")
+        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium) "
+                    "to run the browser test")
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"], timeout=30_000)

@@ -18,7 +18,7 @@ from forensics.schema import (
     validate_samples,
     write_run_toml,
 )
-from forensics.sources.ingest import last_write_wins
+from forensics.sources.reader.rows import last_write_wins
 
 
 @pytest.fixture()

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from forensics.sources import read_metrics
-from forensics.sources.csv_export import wandb_export_names
+from forensics.sources.csv_table import wandb_export_names
 from forensics.sources.registry import open_reader
 
 

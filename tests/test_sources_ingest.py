@@ -130,3 +130,19 @@ def test_parquet_metrics_keyed_by_another_step_name(tmp_path):
     pd.DataFrame({"global_step": [0, 1, 2], "loss": [1.0, 2.0, 3.0]}).to_parquet(tmp_path / "m.parquet")
     table, _ = read_metrics([tmp_path / "m.parquet"])
     assert table["step"].tolist() == [0, 1, 2] and table["loss"].tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize(("name", "module", "not_imported"), [
+    ("WandbRunReader", "forensics.sources.wandb.run_reader", "forensics.sources.wandb.api_reader"),
+    ("WandbApiReader", "forensics.sources.wandb.api_reader", "forensics.sources.wandb.scanner"),
+])
+def test_each_wandb_reader_imports_from_its_package_without_the_other(name, module, not_imported):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (f"import sys; from forensics.sources.wandb import {name}; "
+            f"print({name}.__module__, {not_imported!r} in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent).stdout.split()
+    assert out == [module, "False"]

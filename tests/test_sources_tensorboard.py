@@ -12,7 +12,7 @@ SummaryWriter = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
 
 from forensics.sources import read_metrics  # noqa: E402
 from forensics.sources.registry import detect_format, open_reader  # noqa: E402
-from forensics.sources.tensorboard import TensorBoardReader, event_files  # noqa: E402
+from forensics.sources.tensorboard.event_reader import TensorBoardReader, event_files  # noqa: E402
 
 
 def _loss(s: int) -> float:

@@ -178,7 +178,8 @@ def test_nanogpt_iter_and_eval_lines(tmp_path):
     """nanoGPT's train.py prints ``iter N: loss X, time Yms, mfu Z%`` and ``step N: train loss X, val loss Y``."""
     log = tmp_path / "nanogpt.log"
     lines = ["step 0: train loss 10.9876, val loss 10.9901"]
-    lines += [f"iter {i}: loss {10 - i / 10:.4f}, time {120 + i:.2f}ms, mfu {30 + i / 100:.2f}%" for i in range(0, 50, 10)]
+    lines += [f"iter {i}: loss {10 - i / 10:.4f}, time {120 + i:.2f}ms, mfu {30 + i / 100:.2f}%"
+              for i in range(0, 50, 10)]
     lines += ["step 50: train loss 5.5000, val loss 5.6000", "saving checkpoint to out"]
     log.write_text("\n".join(lines) + "\n")
     table, report = read_metrics([log])

@@ -9,14 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.sources.conventions import (
+from forensics.sources.registry import open_reader
+from forensics.sources.step_conventions import (
     StepConvention,
     aligned_table,
     logging_interval,
     recognise,
     recognise_wandb,
 )
-from forensics.sources.registry import open_reader
 
 
 @pytest.fixture(scope="session")

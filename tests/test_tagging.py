@@ -209,7 +209,8 @@ def test_fast_term_counts_and_tfidf_are_scikit_learns_matrices_entry_for_entry()
     chars = list("abcABC01_ ,.!\t\n-'") + ["\u00e9", "\u03a3", "\u0130", "\u00df", "\ufffd"]
     weights = np.array([8] * 6 + [3, 3, 2, 15, 3, 3, 2, 2, 2, 2, 2] + [0.3] * 5)
     texts = np.array(["".join(rng.choice(chars, size=int(rng.integers(0, 40)), p=weights / weights.sum()))
-                      for _ in range(3000)] + ["", "a", "ab", "Question: the capital?", "\u03a3\u039f\u03a6\u039f\u03a3"],
+                      for _ in range(3000)]
+                     + ["", "a", "ab", "Question: the capital?", "\u03a3\u039f\u03a6\u039f\u03a3"],
                      dtype=object)
     model = TextClusterer(3, max_fit=3000, seed=0, chunk=700)
     model.fit(texts)

@@ -1,4 +1,4 @@
-"""Thread pools sized to the cores the process may use (issue 24): affinity, cgroup quota, the user's own setting.
+"""Thread pools sized to the cores the process may use: affinity, cgroup quota, the user's own setting.
 
 Each check runs in a fresh interpreter, since the pools are sized once, when ``forensics`` is first imported.
 """

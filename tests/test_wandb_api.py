@@ -33,7 +33,7 @@ from wandb_server import FakeRun, FakeWandbServer  # noqa: E402  (tests/ is on s
 
 from forensics.errors import ForensicsError  # noqa: E402
 from forensics.sources import open_reader  # noqa: E402
-from forensics.sources.wandb_api import RunPath, WandbApiReader, parse_run_path  # noqa: E402
+from forensics.sources.wandb.api_reader import RunPath, WandbApiReader, parse_run_path  # noqa: E402
 
 pytestmark = pytest.mark.skipif(wandb.__version__ != "0.31.0",
                                 reason=f"the server answers wandb 0.31.0's requests; installed {wandb.__version__}")

@@ -1,6 +1,6 @@
 """The ``.wandb`` reader's compiled path against its exact (protobuf, Python) path, on real runs written by ``wandb``.
 
-The compiled path (:mod:`forensics.sources.wandb_scan`) must give what the exact path gives, byte for byte: the same
+The compiled path (:mod:`forensics.sources.wandb.scanner`) must give what the exact path gives, byte for byte: the same
 table (nulls, NaN, -0.0 and all), metadata (config, summary), warnings and damaged regions, on clean runs, on runs
 full of what it hands back to Python (media, text, typed values, long and non-ASCII keys, records split over blocks
 and longer than its window, more keys than its first table holds), on damaged copies and on a copy that grows.
@@ -23,9 +23,9 @@ import pytest
 pytest.importorskip("wandb")
 pytest.importorskip("numba")
 
-import forensics.sources.wandb_files as wandb_files  # noqa: E402
-import forensics.sources.wandb_scan as wandb_scan  # noqa: E402
-from forensics.sources.wandb_files import WandbRunReader  # noqa: E402
+import forensics.sources.wandb.run_reader as run_reader  # noqa: E402
+import forensics.sources.wandb.scanner as scanner  # noqa: E402
+from forensics.sources.wandb.run_reader import WandbRunReader  # noqa: E402
 from tests.wandb_writers import isolated_env  # noqa: E402
 
 EDGE_WRITER = textwrap.dedent('''
@@ -72,7 +72,7 @@ def edge_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _read(source: Path, exact: bool, monkeypatch: pytest.MonkeyPatch, **kwargs) -> WandbRunReader:
     with monkeypatch.context() as m:
         if exact:
-            m.setattr(wandb_files, "read_run_file", lambda log, finished: log.records(finished))
+            m.setattr(run_reader, "read_run_file", lambda log, finished: log.records(finished))
         reader = WandbRunReader(source, **kwargs)
         reader.finished = True
         reader.read_all()
@@ -90,12 +90,12 @@ def assert_same_reads(a: WandbRunReader, b: WandbRunReader) -> None:
     assert a.report.rows == b.report.rows
 
 
-@pytest.mark.parametrize(("window", "ahead"), [(wandb_scan.WINDOW, False), (16 * 1024, False), (16 * 1024, True)])
+@pytest.mark.parametrize(("window", "ahead"), [(scanner.WINDOW, False), (16 * 1024, False), (16 * 1024, True)])
 def test_the_edge_run_reads_the_same_on_both_paths(edge_run: Path, window: int, ahead: bool,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """``ahead``: the next window walked on a second thread (on by itself only with two free cores)."""
-    monkeypatch.setattr(wandb_scan, "WINDOW", window)
-    monkeypatch.setattr(wandb_scan, "_two_cores", lambda: ahead)
+    monkeypatch.setattr(scanner, "WINDOW", window)
+    monkeypatch.setattr(scanner, "_two_cores", lambda: ahead)
     fast, exact = _read(edge_run, False, monkeypatch), _read(edge_run, True, monkeypatch)
     assert_same_reads(fast, exact)
     table = fast.table
@@ -124,7 +124,7 @@ def test_the_fixture_runs_read_the_same_on_both_paths(monkeypatch: pytest.Monkey
 
 def test_damaged_copies_read_the_same_on_both_paths(edge_run: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wandb_scan, "WINDOW", 64 * 1024)
+    monkeypatch.setattr(scanner, "WINDOW", 64 * 1024)
     data = edge_run.read_bytes()
     rng = np.random.default_rng(7)
     copy = tmp_path / "run-edge1.wandb"
@@ -139,8 +139,8 @@ def test_damaged_copies_read_the_same_on_both_paths(edge_run: Path, tmp_path: Pa
 
 def test_a_growing_copy_reads_each_row_once_as_the_exact_path_does(edge_run: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wandb_scan, "WINDOW", 16 * 1024)
-    monkeypatch.setattr(wandb_scan, "_two_cores", lambda: True)
+    monkeypatch.setattr(scanner, "WINDOW", 16 * 1024)
+    monkeypatch.setattr(scanner, "_two_cores", lambda: True)
     source = edge_run.read_bytes()
     copy = tmp_path / "offline-run-20250101_000000-edge1" / "run-edge1.wandb"
     copy.parent.mkdir()
@@ -162,17 +162,17 @@ def test_a_growing_copy_reads_each_row_once_as_the_exact_path_does(edge_run: Pat
 
 
 def test_the_loop_checksum_is_zlibs() -> None:
-    from forensics.sources.wandb_kernel import _crc32
+    from forensics.sources.wandb.scan_kernel import _crc32
 
     rng = np.random.default_rng(0)
     for n in [0, 1, 7, 8, 9, 15, 16, 17, 1000, 32 * 1024]:
         buf = rng.integers(0, 256, n + 5).astype(np.uint8)
         for seed in (0, zlib.crc32(b"\x01"), 0xFFFFFFFF):
-            assert _crc32(buf, 3, 3 + n, seed, wandb_scan._CRC) == zlib.crc32(buf[3:3 + n].tobytes(), seed)
+            assert _crc32(buf, 3, 3 + n, seed, scanner._CRC) == zlib.crc32(buf[3:3 + n].tobytes(), seed)
 
 
 def test_a_value_the_loop_calls_plain_is_the_number_json_reads() -> None:
-    from forensics.sources import wandb_kernel as K
+    from forensics.sources.wandb import scan_kernel as K
 
     texts = ["0", "-0", "12", "-3.5", "1e5", "1E+5", "2.5e-3", "-0.0", "NaN", "Infinity", "-Infinity", "true",
              "false", "null", "1" * 30, "0.1", "9" * 400, "-1.7976931348623157e308", "4.9e-324", "123.456e-7"]
@@ -190,7 +190,7 @@ def test_a_value_the_loop_calls_plain_is_the_number_json_reads() -> None:
                         type(None): K.V_NULL}[type(value)], text
         if kind in (K.V_INT, K.V_FLOAT):
             texts_arr = np.frombuffer(("0" if text == "-0" else text).encode(), dtype=np.uint8).copy()
-            got = wandb_scan._parse_values(texts_arr, np.array([0, len(texts_arr)], dtype=np.int64))[0]
+            got = scanner._parse_values(texts_arr, np.array([0, len(texts_arr)], dtype=np.int64))[0]
             try:
                 expected = float(want)
             except OverflowError:
@@ -203,7 +203,7 @@ def test_a_value_the_loop_calls_plain_is_the_number_json_reads() -> None:
 def _framed(payloads: list[bytes], paddings: list[int] | None = None) -> bytes:
     """A .wandb file holding ``payloads`` as records: the header, then LevelDB-log chunks over 32 KiB blocks
     (``paddings`` gets the offset of each block tail too short for a chunk header)."""
-    from forensics.sources.wandb_records import BLOCK_SIZE, FILE_HEADER, FIRST, FULL, LAST, MIDDLE
+    from forensics.sources.wandb.record_log import BLOCK_SIZE, FILE_HEADER, FIRST, FULL, LAST, MIDDLE
 
     out = bytearray(FILE_HEADER)
     for data in payloads:
@@ -310,9 +310,9 @@ def test_windows_read_ahead_join_up_at_padding_and_cuts(tmp_path: Path, monkeypa
     """Records sized so that block tails too short for a header (padding) fall where windows end; the file is cut
     at a few places (a record still being written): offsets and warnings as the exact reader's."""
 
-    monkeypatch.setattr(wandb_scan, "WINDOW", window)
-    monkeypatch.setattr(wandb_scan, "MARGIN", 16 * 1024)
-    monkeypatch.setattr(wandb_scan, "_two_cores", lambda: True)
+    monkeypatch.setattr(scanner, "WINDOW", window)
+    monkeypatch.setattr(scanner, "MARGIN", 16 * 1024)
+    monkeypatch.setattr(scanner, "_two_cores", lambda: True)
     rng = np.random.default_rng(window)
     records, at = [], 7  # ``at``: where the next record's first chunk goes (7: after the file header)
     for i in range(1500):
@@ -347,8 +347,8 @@ def test_a_small_window_that_starts_in_padding_still_moves_on(tmp_path: Path, mo
                                                                ahead: bool) -> None:
     """Rows end 3 bytes before the first block does; with a window smaller than two blocks, the next window starts in
     that padding (it looped forever, its boundary being the padding's end)."""
-    monkeypatch.setattr(wandb_scan, "WINDOW", 16 * 1024)
-    monkeypatch.setattr(wandb_scan, "_two_cores", lambda: ahead)
+    monkeypatch.setattr(scanner, "WINDOW", 16 * 1024)
+    monkeypatch.setattr(scanner, "_two_cores", lambda: ahead)
     records, at = [], 7
     while 32 * 1024 - at > 1200:
         records.append(_history(_item(b"loss", b"1"), _item(b"note", b"1" * 900), step=len(records)))

@@ -24,8 +24,8 @@ pytest.importorskip("wandb")
 
 from forensics.errors import ForensicsError  # noqa: E402
 from forensics.sources import open_reader  # noqa: E402
-from forensics.sources.wandb_files import WandbRunReader  # noqa: E402
-from forensics.sources.wandb_records import FILE_HEADER, RecordLog  # noqa: E402
+from forensics.sources.wandb.record_log import FILE_HEADER, RecordLog  # noqa: E402
+from forensics.sources.wandb.run_reader import WandbRunReader  # noqa: E402
 from tests.wandb_writers import isolated_env  # noqa: E402
 
 LIVE_WRITER = textwrap.dedent('''
@@ -148,7 +148,8 @@ def test_open_reader_dispatches_every_wandb_form(runs: Path) -> None:
         assert len(reader.read_all()) == 150
     reader = open_reader(runs / "multi" / "wandb", run_id="other1", keys=["loss"])
     got = reader.read_all()
-    assert sorted(got.columns) == ["_timestamp", "loss", "step"] and got["loss"].tolist() == [50.0 + i for i in range(10)]
+    assert sorted(got.columns) == ["_timestamp", "loss", "step"]
+    assert got["loss"].tolist() == [50.0 + i for i in range(10)]
 
 
 def test_live_run_is_read_while_it_logs(tmp_path: Path) -> None:
@@ -251,8 +252,8 @@ def test_corrupt_bytes_lose_only_their_record_with_the_offset(runs: Path, tmp_pa
     (damage,) = reader.report.damaged
     assert (damage.offset, damage.length, damage.reason, damage.steps) == (start, end - start, "checksum mismatch",
                                                                            (lost - 1, lost + 1))
-    assert any(f"1 record skipped for damage at byte offset {start}, steps {lost - 1}-{lost + 1} (checksum mismatch)" in w
-               for w in reader.report.warnings)
+    said = f"1 record skipped for damage at byte offset {start}, steps {lost - 1}-{lost + 1} (checksum mismatch)"
+    assert any(said in w for w in reader.report.warnings)
     assert len(reader.read_new()) == 0  # nothing new later
 
 

@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replay(case, audit, budget: float | None):
-    """``--replay``: the top causes through the checkpoints, merged into the audit's findings (forensics.replay_loop)."""
+    """``--replay``: the top causes through the checkpoints, merged into the audit's findings
+    (forensics.replay_loop)."""
     from forensics.replay_loop import replay_causes
     from forensics.schema import STEP
 

@@ -83,7 +83,7 @@ def render(result: GateResult) -> None:
     out.print(pairs)
     epochs = Table(title="per epoch", title_justify="left")
     cols = ["epoch", "missing", "duplicated"]
-    if result.padding_efficiency is not None:
+    if result.epoch_padding_efficiency is not None:
         cols.append("padding eff.")
     if result.cluster_mix:
         cols += ["entropy (bits)", "longest run (steps)"]
@@ -91,8 +91,8 @@ def render(result: GateResult) -> None:
         epochs.add_column(col, justify="right")
     for i, c in enumerate(result.coverage):
         row = [str(c.epoch), str(c.missing), str(c.duplicated)]
-        if result.padding_efficiency is not None:
-            row.append(f"{result.padding_efficiency[i]:.1%}")
+        if result.epoch_padding_efficiency is not None:
+            row.append(f"{result.epoch_padding_efficiency[i]:.1%}")
         if result.cluster_mix:
             m = result.cluster_mix[i] if i < len(result.cluster_mix) else None
             row += [f"{m.cluster_entropy:.2f}", f"{m.longest_dominant_run} ({escape(str(m.dominant_cluster))})"] \

@@ -72,6 +72,13 @@ def add_step_mapping_options(p: argparse.ArgumentParser) -> None:
                    help="metrics step = logged step - N (a log counting from 1 takes N = 1)")
 
 
+def add_steps_as_option(p: argparse.ArgumentParser) -> None:
+    """``--steps-as logged|canonical``: which numbering the steps a user types are in (DESIGN.md "logged step")."""
+    p.add_argument("--steps-as", choices=("canonical", "logged"), default="canonical",
+                   help="the steps given are canonical 0-based steps (default) or the run's logged steps "
+                        "(HF global_step = canonical + 1)")
+
+
 def console(stderr: bool = False) -> Console:
     """A rich console: colours on a terminal, plain text when piped."""
     return Console(file=sys.stderr if stderr else sys.stdout, highlight=False, soft_wrap=True)

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from forensics.cli.common import add_command, console
-from forensics.sources.read import ingest
+from forensics.sources.ingest import ingest
 
 
 def register(sub) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from forensics.cli.common import add_command, console, stage
+from forensics.cli.common import add_command, add_steps_as_option, console, stage
 from forensics.errors import ForensicsError
 
 
@@ -19,9 +19,7 @@ def register(sub) -> None:
                        help="steps to replay, comma-separated (canonical 0-based unless --steps-as logged)")
     which.add_argument("--from-findings", action="store_true",
                        help="every cause of CASE/findings.json with a batch (loss or grad norm), most urgent first")
-    p.add_argument("--steps-as", choices=("canonical", "logged"), default="canonical",
-                   help="read --steps as canonical 0-based steps (default) or as the run's own logged numbers "
-                   "(HF's global_step = step + 1)")
+    add_steps_as_option(p)
     p.add_argument("--max-causes", type=int, default=None, metavar="N",
                    help="with --from-findings: the N most urgent causes only (default: run.toml [replay] "
                    "max_causes, else all)")

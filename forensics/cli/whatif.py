@@ -23,7 +23,8 @@ def register(sub) -> None:
                         f"{','.join(map(str, DEFAULT_BOUNDARIES))})")
     p.add_argument("--tokens-per-s", type=float, default=STORY_TOKENS_PER_S, metavar="X",
                    help="real tokens/s measured on the static sorted plan; the others are scaled from it by padding "
-                        f"efficiency, assuming padded tokens cost the same everywhere (default {STORY_TOKENS_PER_S:,.0f})")
+                        "efficiency, assuming padded tokens cost the same everywhere "
+                        f"(default {STORY_TOKENS_PER_S:,.0f})")
     p.add_argument("--max-len", type=int, default=None, metavar="L", help=f"length cap (default {MAX_LEN})")
     p.add_argument("--max-batch-size", type=int, default=None, metavar="B",
                    help=f"samples per batch at most (default {MAX_BATCH_SIZE})")
@@ -47,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-LABELS = {"static_sorted": "static sorted", "bucketed_given": "bucketed, given", "bucketed_optimal": "bucketed, optimal",
-          "shuffle_then_sort": "shuffle-then-sort", "random_shuffle": "random"}
+LABELS = {"static_sorted": "static sorted", "bucketed_given": "bucketed, given",
+          "bucketed_optimal": "bucketed, optimal", "shuffle_then_sort": "shuffle-then-sort", "random_shuffle": "random"}
 
 
 def _k(x: float) -> str:
@@ -67,7 +68,8 @@ def _render(result, n_samples: int) -> None:
     for s in result.strategies:
         label = LABELS.get(s.name, s.name)
         cost.add_row(label, f"{s.batches_per_epoch:,.0f}", f"{s.steps_per_epoch:,.0f}",
-                     f"{100 * s.padding_efficiency:.1f}%", f"{s.tokens_per_s:,.0f}", f"{100 * s.throughput_vs_sorted:.0f}%")
+                     f"{100 * s.padding_efficiency:.1f}%", f"{s.tokens_per_s:,.0f}",
+                     f"{100 * s.throughput_vs_sorted:.0f}%")
         r, p = s.real_tokens_per_step, s.padded_tokens_per_step
         spread.add_row(label, _k(r.mean), f"{r.cv:.2f}", f"{_k(r.p5)}-{_k(r.p95)}",
                        _k(p.mean), f"{p.cv:.2f}", f"{_k(p.p5)}-{_k(p.p95)}")

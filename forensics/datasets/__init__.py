@@ -2,8 +2,10 @@
 
 :func:`build_demo` writes two case folders, ``static/`` (the story's ``static_sorted`` plan) and ``bucketed/`` (the
 fix, ``bucketed_shuffle``), over the same synthetic samples (:mod:`~forensics.datasets.samples`). A group of corrupted
-near-duplicate long samples (:mod:`~forensics.datasets.corruption`) shares batches in the static plan and spikes the loss
-at steps 254 and 258; the loss model (:mod:`~forensics.datasets.loss_model`) derives every metric from each step's batch,
+near-duplicate long samples (:mod:`~forensics.datasets.corruption`) shares batches in the static plan and spikes the
+loss
+at steps 254 and 258; the loss model (:mod:`~forensics.datasets.loss_model`) derives every metric from each step's
+batch,
 and ``labels.json`` records the ground truth.
 """
 

@@ -107,7 +107,8 @@ def build_samples(scale: str, seed: int) -> tuple[pd.DataFrame, list[int], tuple
 
 
 def build_plan(samples: pd.DataFrame, builder: str, seed: int, epochs: int = EPOCHS) -> pd.DataFrame:
-    """``epochs`` epochs of a reference builder as a canonical plan (``step``, ``epoch``, ``batch_id``, ``sample_id``)."""
+    """``epochs`` epochs of a reference builder as a canonical plan (``step``, ``epoch``, ``batch_id``,
+    ``sample_id``)."""
     fn = REFERENCE_BUILDERS[builder]
     plan = assign_steps(batches_to_plan([fn(samples, e, seed) for e in range(epochs)]), grad_accum=1, world_size=1)
     return plan[[STEP, EPOCH, BATCH_ID, SAMPLE_ID]].reset_index(drop=True)

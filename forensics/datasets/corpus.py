@@ -52,7 +52,7 @@ recurrences, and NaN steps. Everything else is clean: it holds only the loss mod
 **Sizes** (:func:`corpus_specs`): ``full`` (47 runs, ~455K steps, ~180 labelled spikes, >450K clean steps),
 ``quick`` (one run per kind, shorter) and ``test`` (a handful of short runs, for unit tests).
 
-**The long corpus** (:func:`long_corpus_specs`, :func:`make_long_run`; issue 23): metrics only, no plan, one family
+**The long corpus** (:func:`long_corpus_specs`, :func:`make_long_run`): metrics only, no plan, one family
 per noise tail (:data:`LONG_FAMILIES`), 10 runs of 220,000 steps each (>= 2M clean steps per family): one-step,
 few-step, slow-rise and grad-led spikes, bursts of 3-6 spikes, level shifts, eval rows every 500 steps in half the
 runs. Its generator was fixed (v2, commit "Long corpus v2") before any threshold was tuned on it.
@@ -523,7 +523,7 @@ def iter_corpus(specs: Sequence[RunSpec], progress: Callable[[RunSpec], None] | 
         yield make_run(spec)
 
 
-# --- the long, metrics-only corpus (issue 23) -------------------------------------------------------------------------
+# --- the long, metrics-only corpus -------------------------------------------------------------------------
 #: Noise families of the long corpus: (noise, degrees of freedom, scale drifts with the lr).
 LONG_FAMILIES: dict[str, tuple[str, float, bool]] = {
     "gauss": ("gaussian", np.inf, False),

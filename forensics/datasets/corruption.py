@@ -9,7 +9,8 @@ edits, with a run of ``<|endoftext|>`` tokens: :func:`forensics.datasets.samples
 as drawn, so they are adjacent after the sort because their lengths are; the corruption changes only their text and
 source label. Which batch lands at which step is decided by the builder's own seeded shuffle, so rather than move
 batches, :func:`place_corrupt_group` nudges the sample count (taking a longer prefix of one drawn pool, in strides
-large enough to change the number of batches and so the shuffle) until the epoch-0 batches at the spike steps are *long* batches (every sample of at least :data:`MIN_CORRUPT_TOKENS` tokens,
+large enough to change the number of batches and so the shuffle) until the epoch-0 batches at the spike steps are *long*
+batches (every sample of at least :data:`MIN_CORRUPT_TOKENS` tokens,
 3-6 samples in the batch: a duplicate group large enough to matter). The plan itself is the unmodified reference
 builder's output for the demo seed.
 

@@ -180,7 +180,7 @@ def add_stand_in(case_dir: Path, samples: pd.DataFrame, plan: pd.DataFrame) -> d
         return None
     from forensics.cache import cache_dir
 
-    tokens = dict(zip(samples[SAMPLE_ID].astype(int).tolist(), samples["input_ids"]))
+    tokens = dict(zip(samples[SAMPLE_ID].astype(int).tolist(), samples["input_ids"], strict=False))
     batches = _batches(plan, {k: [int(x) for x in v] for k, v in tokens.items()})
     entry = cache_dir() / "demo-model" / cache_key(batches)
     if not (entry / LOG).is_file():

@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.plan.buckets import bucket_index
+from forensics.plan.padding import batch_shapes
 from forensics.schema import DEFAULT_BOUNDARIES, EPOCH, MAX_LEN, N_TOKENS, SAMPLE_ID, SOURCE, STEP, TIMESTAMP
 
 LOSS = "train/loss"
@@ -167,9 +168,7 @@ def simulate(
     n_steps = int(steps.max()) + 1
     tokens = rows["tokens"].to_numpy(np.float64)
     real = np.bincount(steps, weights=tokens, minlength=n_steps)
-    n_in_batch = np.bincount(steps, minlength=n_steps)
-    longest = pd.Series(tokens).groupby(steps).max().to_numpy()
-    padded = n_in_batch * longest
+    padded = batch_shapes(steps, tokens, n_steps).padded  # the simulated run feeds one batch per step
     epoch = pd.Series(rows[EPOCH].to_numpy(np.int64)).groupby(steps).min().to_numpy()
     s = np.arange(n_steps, dtype=np.float64)
 

@@ -85,7 +85,8 @@ class Rule:
 
     ``name`` (its ``[detect.<name>]`` table), ``needs_plan`` (skipped without a plan), ``replaces`` (a kind whose
     findings this rule returns anew, enriched: attribution rewrites the spikes), ``section_name`` (the findings.json
-    section it fills: after ``detect``, ``section_`` holds it), ``explains``, ``parameter_constraints``, ``required_columns``
+    section it fills: after ``detect``, ``section_`` holds it), ``explains``, ``parameter_constraints``,
+    ``required_columns``
     (``{"metrics" | "tags" | "plan" | "samples": (column, ...)}``). After ``detect``, ``warnings_`` lists what the user
     should know.
     """

@@ -97,7 +97,8 @@ def _nonfinite_line(f: FindingDict) -> str:
 
 
 def _level_shift_line(f: FindingDict) -> str:
-    return f"level shift of {f.get('metric')} from step {f.get('step')} (new level {f.get('details', {}).get('new_level')})"
+    new_level = f.get("details", {}).get("new_level")
+    return f"level shift of {f.get('metric')} from step {f.get('step')} (new level {new_level})"
 
 
 def _misaligned_line(f: FindingDict) -> str:

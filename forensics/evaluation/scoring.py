@@ -184,7 +184,8 @@ def named_first(f: Finding, key: str) -> int | None:
     """What a finding names first for ``key`` (``bucket``, ``cluster`` or ``samples``).
 
     Bucket and cluster: the first candidate of its attribution (``details["attribution"]["buckets"]``, most likely
-    first, as :mod:`forensics.detect.rules.attribution` writes it) when there is one, else its ``bucket``/``cluster`` tag.
+    first, as :mod:`forensics.detect.rules.attribution` writes it) when there is one, else its ``bucket``/``cluster``
+    tag.
     Samples: its first suspect sample. ``None`` when it names nothing.
     """
     if key == "samples":

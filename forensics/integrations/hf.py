@@ -37,7 +37,8 @@ and at the end of training.
 - ``plan/``: Parquet parts of :class:`~forensics.plan.recorder.PlanRecorder`, one row per sample consumed:
   ``step`` (0-based optimizer step), ``micro`` (index of the micro-batch within the step under gradient
   accumulation), ``epoch`` and ``batch_id`` (the micro-batch's index in its epoch; both from the step and the
-  length of the train dataloader the Trainer builds), ``sample_id``, and ``rank`` (the process index) when there are several processes, each writing its own parts.
+  length of the train dataloader the Trainer builds), ``sample_id``, and ``rank`` (the process index) when there are
+  several processes, each writing its own parts.
   A run resumed from a checkpoint continues the same parts: the steps it replays are skipped as already recorded
   (HF's seedable sampler replays the same batches). A fresh run (starting at step 0) into a folder that already
   holds a plan is refused at its first step, so that two runs never mix.
@@ -45,7 +46,7 @@ and at the end of training.
   so that the whole run's ``log_history`` is in one place.
 - ``run.toml``: ``metrics`` (trainer_state.json, each TensorBoard run folder, each W&B run folder of this run and
   of the runs it resumed), ``plan``, ``samples``, ``step_convention = "hf-trainer"`` (HF logs ``global_step``
-  after the update, from 1; the readers recognise it per source, see :mod:`forensics.sources.conventions`),
+  after the update, from 1; the readers recognise it per source, see :mod:`forensics.sources.step_conventions`),
   ``logging_steps``, ``grad_accum``, ``world_size``, ``max_grad_norm``, ``model`` (the model's local config folder,
   written only when there is one: otherwise replay takes the architecture from the ``checkpoint-N/`` folders, which
   carry their config) and ``checkpoints`` (the output folder).
@@ -78,7 +79,7 @@ from forensics.plan.recorder import PlanRecorder, recorded_parts
 
 #: The field that carries a row's index from the dataset to ``training_step`` (removed before the model sees it).
 SAMPLE_ID_KEY = "forensics_sample_id"
-#: The step convention written to run.toml (see :mod:`forensics.sources.conventions`).
+#: The step convention written to run.toml (see :mod:`forensics.sources.step_conventions`).
 CONVENTION = "hf-trainer"
 _WHO = "forensics.integrations.hf.record"
 

@@ -15,7 +15,8 @@ the loader draws them, which Lightning's prefetching puts one batch ahead of the
 **Steps.** ``trainer.global_step`` at the start of a batch is the number of optimizer updates done, i.e. the
 0-based plan step of DESIGN.md that this batch belongs to; with ``accumulate_grad_batches`` G each update
 consumes G batches, recorded as ``micro`` 0..G-1 (a partial group at an epoch's end is its own step, as Lightning
-steps the optimizer there). ``epoch`` is ``trainer.current_epoch``; ``batch_id`` is Lightning's ``batch_idx`` (the batch's index in its
+steps the optimizer there). ``epoch`` is ``trainer.current_epoch``; ``batch_id`` is Lightning's ``batch_idx`` (the
+batch's index in its
 epoch, restored on resume, so that replayed batches are recognised and skipped by
 :class:`~forensics.plan.recorder.PlanRecorder`); ``rank`` is ``trainer.global_rank`` under several processes,
 each writing its own parts. A fresh fit (starting at step 0) into a folder that already holds a plan is refused.

@@ -35,6 +35,9 @@ from forensics.schema import SAMPLE_ID, STEP, TIMESTAMP, find_loss_key, grad_nor
 
 #: A run whose newest step is older than this many seconds (and at least 10 refresh intervals) stopped writing.
 STALE_AFTER_S = 120.0
+#: The run-level harmful samples are estimated again once this many rows (and this share of the run) have arrived
+#: since the last estimate: the estimate reads the whole run, so it runs now and then, not on every poll.
+SAMPLES_EVERY_ROWS, SAMPLES_EVERY_SHARE = 200, 0.05
 #: Kinds the online rules report as rows arrive (others come from the audit the run started from).
 LIVE_KINDS = ("spike", "nonfinite", "level_shift")
 
@@ -90,7 +93,10 @@ class LiveRun:
         self.n_refreshes = 0
         self._plan_parts: set[str] = set()
         self._sample_pos: pd.Series | None = None
-        self._found: list[tuple[str, Any]] = []  # (rule, finding) for every finding the online rules made final
+        self._found: list[tuple[str, Any]] = []
+        #: The run-level harmful samples as of the last estimate (the audit's at start), and the rows it read.
+        self.harmful_samples: list[dict[str, Any]] = []
+        self._samples_rows = 0  # (rule, finding) for every finding the online rules made final
         self._keys: set[str] = set()
 
     # --- opening --------------------------------------------------------------------------------------------------
@@ -136,6 +142,8 @@ class LiveRun:
                                                                 plan=audit.plan))
         self._plan_parts = plan_parts(self.inputs.plan)
         self._index_samples()
+        self.harmful_samples = list(self.findings.get("harmful_samples") or [])
+        self._samples_rows = len(self.metrics)
         self._build_rules()
         self._feed(self.metrics, now=None)
         stored = [c for c in self.findings.get("causes") or [] if isinstance(c, dict)]
@@ -216,8 +224,10 @@ class LiveRun:
         self._poll_plan()
         self.run.metrics = table
         before = len(self.new_findings)
-        if self._feed(new, now=self.clock()):
-            self.causes = self._explain()
+        fresh = self._feed(new, now=self.clock())
+        due = len(self.metrics) - self._samples_rows >= max(SAMPLES_EVERY_ROWS, SAMPLES_EVERY_SHARE * self._samples_rows)
+        if fresh or (due and self.run.has_plan):
+            self.causes = self._explain(samples=due)
             now = self.clock()
             for c in self.causes:
                 if str(c.get("key")) not in self._keys:
@@ -259,16 +269,24 @@ class LiveRun:
         except ForensicsError as exc:
             self.warnings.append(f"suspects of new spikes not ranked: {exc}")
 
-    def _explain(self) -> list[dict[str, Any]]:
-        """Every cause as of now: the rules that explain, over the online findings and the audit's others."""
+    def _explain(self, samples: bool = False) -> list[dict[str, Any]]:
+        """Every cause as of now: the rules that explain, over the online findings and the audit's others;
+        ``samples``: the run-level harmful samples estimated again on the rows so far (their evidence accumulates
+        as they come back: :attr:`harmful_samples`)."""
         from forensics.detect import Finding
         from forensics.detect.rules import run_rules
 
+        again = {"samples"} if samples else set()
         kept = [Finding.from_dict(f) for f in self.findings.get("findings") or []
-                if isinstance(f, dict) and f.get("kind") not in LIVE_KINDS]
-        explain = [r for r in self.rules if r.explains]
+                if isinstance(f, dict) and f.get("kind") not in LIVE_KINDS
+                and not (samples and f.get("kind") == "harmful_samples")]
+        explain = [r for r in self.rules if r.explains or r.name in again]
+        if samples:
+            self._samples_rows = len(self.metrics)
         self.run.plan = self.plan  # read now if it was left in the cache
         judged = run_rules(explain, self.run, found=kept + [_raw(f) for _, f in self._found])
+        if "harmful_samples" in judged.sections:
+            self.harmful_samples = list(judged.sections["harmful_samples"] or [])
         return list(judged.sections.get("causes") or [])
 
     def finish(self) -> dict[str, Any]:

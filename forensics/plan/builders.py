@@ -1,8 +1,9 @@
 """The reference batch builders of the story, each ``builder(samples, epoch, seed) -> list[list[sample_id]]``.
 
 All four pack greedily under the same rule so that only the *order* they feed to the packer differs: a batch is
-closed when one more sample would push ``batch_size * longest`` over ``token_budget`` (padding to the batch's longest
-sample) or the batch would exceed ``max_batch_size``. Lengths are capped at ``max_len`` first (truncation).
+closed when one more sample would push its padded tokens (``batch_size * longest``: :mod:`forensics.plan.padding`)
+over ``token_budget`` or the batch would exceed ``max_batch_size``. Lengths are capped at ``max_len`` first
+(truncation).
 
 - :func:`static_sorted` is the story's ``build_batches``: sort by length once, pack once, and each epoch only
   shuffle the order of the batches. The same samples are batch-mates in every epoch: the bug this tool exists for.
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.plan.buckets import bucket_index
+from forensics.plan.padding import padded_tokens
 from forensics.schema import DEFAULT_BOUNDARIES, MAX_BATCH_SIZE, MAX_LEN, N_TOKENS, SAMPLE_ID, TOKEN_BUDGET
 
 Builder = Callable[..., list[list[int]]]
@@ -55,7 +57,7 @@ def pack_greedy(
     longest = 0
     for i, n in enumerate(lens):
         new_longest = n if n > longest else longest
-        if size and (size + 1 > max_batch_size or (size + 1) * new_longest > token_budget):
+        if size and (size + 1 > max_batch_size or padded_tokens(size + 1, new_longest) > token_budget):
             cuts.append(i)
             size, longest = 1, n
         else:

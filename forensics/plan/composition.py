@@ -19,9 +19,9 @@ the repeat itself is reported by coverage (``duplicated``), which the gate fails
 
 Per epoch: ``coverage`` (``missing``: samples of the universe absent from the epoch; ``duplicated``: rows beyond each
 sample's first; the universe is the samples table when given, else every sample the plan names in any epoch),
-``padding_efficiency`` (real tokens / (batch size x longest), lengths capped at ``max_len``, over all rows) and, when
-the samples carry ``cluster`` or ``source``, the mean within-step cluster entropy (bits) and the longest run of
-consecutive steps with the same dominant (most frequent) cluster.
+``epoch_padding_efficiency`` (real tokens / (batch size x longest), lengths capped at ``max_len``, over all rows; the
+check-plan JSON's ``padding_efficiency``) and, when the samples carry ``cluster`` or ``source``, the mean within-step
+cluster entropy (bits) and the longest run of consecutive steps with the same dominant (most frequent) cluster.
 
 Everything is vectorised numpy over dense integer codes, so a 10M-row plan takes seconds
 (``bench/bench_pair_retention.py``).
@@ -35,8 +35,9 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.plan.step_mapping import assign_steps, batch_keys
-from forensics.schema import BATCH_ID, CLUSTER, EPOCH, MICRO, RANK, SAMPLE_ID, SOURCE, STEP
+from forensics.plan.padding import batch_shapes
+from forensics.plan.step_mapping import assign_steps
+from forensics.schema import BATCH_ID, CLUSTER, EPOCH, MICRO, RANK, SAMPLE_ID, SOURCE, STEP, batch_columns, batch_keys
 
 
 @dataclass(frozen=True)
@@ -127,13 +128,11 @@ def epoch_column(plan: pd.DataFrame) -> np.ndarray:
 
 
 def _batch_codes(plan: pd.DataFrame) -> np.ndarray:
-    """A per-row batch code increasing in plan order, equal for rows of one batch (the grouping of
-    :func:`~forensics.plan.step_mapping.batch_keys`, by integer arithmetic where it cannot overflow, since
-    pandas' multi-column grouping is the slowest step on a 10M-row plan)."""
-    if {EPOCH, BATCH_ID} <= set(plan.columns):
-        cols = [BATCH_ID] + ([RANK] if RANK in plan.columns else [])
-    else:
-        cols = [c for c in (STEP, MICRO, RANK) if c in plan.columns]
+    """A per-row batch code increasing in plan order, equal for rows of one batch within an epoch (the batch
+    identity of :func:`~forensics.schema.batches.batch_columns`, less the epoch, which :func:`membership_from_arrays`
+    splits by; by integer arithmetic where it cannot overflow, since pandas' multi-column grouping is the slowest
+    step on a 10M-row plan)."""
+    cols = [c for c in batch_columns(plan.columns) if c != EPOCH]
     arrays = [plan[c].to_numpy(np.int64) for c in cols]
     if len(arrays) == 1:
         return arrays[0]
@@ -263,16 +262,13 @@ def coverage(m: PlanMembership) -> list[EpochCoverage]:
     return [EpochCoverage(e.epoch, m.n_samples - e.present, e.rows - e.present) for e in m.epochs]
 
 
-def padding_efficiency(m: PlanMembership, lengths: np.ndarray) -> list[float]:
-    """Per epoch, real tokens / padded tokens (batch size x the batch's longest sample), over every row."""
+def epoch_padding_efficiency(m: PlanMembership, lengths: np.ndarray) -> list[float]:
+    """Per epoch of the plan as it is, real tokens / padded tokens (:mod:`forensics.plan.padding`), over every row:
+    the padding the plan's own batches cost (the buckets' packing efficiency instead simulates boundaries)."""
     out = []
     for e in m.epochs:
         lens = lengths[e.row_sample]
-        n_codes = len(e.sizes)
-        longest = np.zeros(n_codes, dtype=np.int64)
-        np.maximum.at(longest, e.row_batch, lens)
-        rows = np.bincount(e.row_batch, minlength=n_codes)
-        padded = int((rows * longest).sum())
+        padded = int(batch_shapes(e.row_batch, lens, len(e.sizes)).padded.sum())
         out.append(float(lens.sum()) / padded if padded else 1.0)
     return out
 

@@ -5,9 +5,11 @@ Two measures, because they answer different questions:
 - **boundary efficiency** (real / to-boundary padded tokens): every sample padded to its bucket's upper boundary.
   It is what :func:`optimal_boundaries` minimises exactly, and an upper bound on the padding a bucketed plan can
   suffer (a batch pads to its longest sample, which is at most the boundary).
-- **padding efficiency** (real / padded tokens of the batches): what greedy packing under the token budget reaches
-  with those boundaries, measured by running the reference builder
-  :func:`~forensics.plan.builders.bucketed_shuffle` over a few seeds. A batch pads to ``batch size x longest``.
+- **packing efficiency** (real / padded tokens of the batches; the ``buckets`` JSON's ``padding_efficiency``): what
+  greedy packing under the token budget reaches with those boundaries, measured by running the reference builder
+  :func:`~forensics.plan.builders.bucketed_shuffle` over a few seeds. A batch pads to ``batch size x longest``
+  (:mod:`forensics.plan.padding`). It is a simulation of boundaries, not a measure of a given plan: the gate's
+  per-epoch figure of a real plan is :func:`~forensics.plan.composition.epoch_padding_efficiency`.
 
 Buckets follow DESIGN.md: boundaries ``[0, b1, ..., max_len]``, bucket ``k`` holds lengths in ``(b_k, b_{k+1}]``
 after capping at ``max_len``.
@@ -24,6 +26,7 @@ import pandas as pd
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.plan.builders import bucketed_shuffle
+from forensics.plan.padding import batch_shapes
 from forensics.schema import (
     DEFAULT_BOUNDARIES,
     MAX_BATCH_SIZE,
@@ -236,19 +239,18 @@ class PackingEfficiency:
 
 
 def batch_tokens(batches: Sequence[Sequence[int]], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per batch: real tokens and padded tokens (``batch size x longest``), for batches of positions."""
+    """Per batch: real tokens and padded tokens (:mod:`forensics.plan.padding`), for batches of positions."""
     sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
     if not len(sizes):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     flat = np.fromiter((s for b in batches for s in b), dtype=np.int64, count=int(sizes.sum()))
     lens = np.asarray(lengths, dtype=np.int64)[flat]
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    real = np.add.reduceat(lens, starts)
-    padded = sizes * np.maximum.reduceat(lens, starts)
-    return real, padded
+    batch = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    real = np.bincount(batch, weights=lens, minlength=len(sizes)).astype(np.int64)
+    return real, batch_shapes(batch, lens, len(sizes)).padded
 
 
-def padding_efficiency(
+def packing_efficiency(
     lengths: np.ndarray,
     boundaries: Sequence[int],
     *,
@@ -303,7 +305,7 @@ def describe_boundaries(
     """Every figure of one set of boundaries, as the ``buckets`` JSON carries them (plain Python values)."""
     b = conform_boundaries(boundaries, max_len)
     capped = _capped(lengths, max_len)
-    packing = padding_efficiency(capped, b, token_budget=token_budget, max_len=max_len,
+    packing = packing_efficiency(capped, b, token_budget=token_budget, max_len=max_len,
                                  max_batch_size=max_batch_size, seeds=seeds)
     counts = np.bincount(bucket_index(capped, b), minlength=len(b) - 1)
     return {

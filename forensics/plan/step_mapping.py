@@ -23,7 +23,18 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.schema import BATCH, BATCH_ID, EPOCH, MICRO, RANK, RANK_SPLITS, SAMPLE_ID, STEP, RunConfig
+from forensics.schema import (
+    BATCH,
+    BATCH_ID,
+    EPOCH,
+    MICRO,
+    RANK,
+    RANK_SPLITS,
+    SAMPLE_ID,
+    STEP,
+    RunConfig,
+    batch_keys,
+)
 
 
 def batches_to_plan(batches_per_epoch: list[list[list[int]]], first_epoch: int = 0) -> pd.DataFrame:
@@ -107,21 +118,10 @@ def _dense_order(plan: pd.DataFrame, group: list[str]) -> np.ndarray:
     return merged["_pos"].to_numpy(np.int64)
 
 
-def batch_keys(plan: pd.DataFrame) -> np.ndarray:
-    """A global integer id per batch (DESIGN.md: a batch is one micro-batch on one rank).
-
-    Uses (``epoch``, ``batch_id``) when present, else (``step``, ``micro``, ``rank``) with absent columns as 0.
-    """
-    if {EPOCH, BATCH_ID} <= set(plan.columns):
-        cols = [EPOCH, BATCH_ID] + ([RANK] if RANK in plan.columns else [])
-    else:
-        cols = [c for c in (STEP, MICRO, RANK) if c in plan.columns]
-    return plan.groupby(cols, sort=True, observed=True).ngroup().to_numpy(np.int64)
-
-
 def step_plan(plan: pd.DataFrame, cfg: RunConfig) -> pd.DataFrame:
     """The canonical step-mapped plan the later stages read: ``step``, ``sample_id``, ``micro``, ``rank`` (and
-    ``epoch``, ``batch_id`` when the plan has them) plus ``batch``, a global id of each batch (:func:`batch_keys`).
+    ``epoch``, ``batch_id`` when the plan has them) plus ``batch``, a global id of each batch
+    (:func:`~forensics.schema.batches.batch_keys`).
 
     The mapping is the run configuration's (``grad_accum``, ``world_size``, ``rank_split``); an explicit ``step``
     column wins.

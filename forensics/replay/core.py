@@ -27,6 +27,7 @@ from forensics.replay.select import ReplayGroup, cause_groups, control_step, kno
 from forensics.replay.session import ReplaySession, StepPlan
 from forensics.replay.verdicts import TrainReplay, zscore
 from forensics.schema import Case, open_case
+from forensics.schema.steps import STEPS_AS, to_canonical
 
 #: What ``None`` options become when neither the command nor run.toml's ``[replay]`` table sets them.
 DEFAULTS = {"device": "auto", "mode": "eval", "seeds": 3}
@@ -70,7 +71,7 @@ def _resolved(opt: ReplayOptions, case: Case) -> ReplayOptions:
     values = {k: getattr(opt, k) if getattr(opt, k) is not None else table.get(k, DEFAULTS[k]) for k in DEFAULTS}
     if opt.max_causes is None and table.get("max_causes") is not None:
         values["max_causes"] = int(table["max_causes"])
-    if opt.steps_as not in ("canonical", "logged"):
+    if opt.steps_as not in STEPS_AS:
         raise ForensicsError(f"--steps-as must be logged or canonical; got {opt.steps_as!r}")
     if values.get("max_causes") is not None and values["max_causes"] < 1:
         raise ForensicsError(f"--max-causes must be >= 1; got {values['max_causes']}")
@@ -159,7 +160,7 @@ def _groups(opt: ReplayOptions, ses: ReplaySession, findings: dict | None, offse
     if not steps:
         raise ForensicsError("replay: name the steps (--steps 254,258) or use --from-findings")
     if opt.steps_as == "logged":
-        canonical = [s - offset for s in steps]
+        canonical = to_canonical(steps, "logged", offset)
         notes.append(f"--steps read as logged steps (the run's own numbering): {', '.join(map(str, steps))} -> "
                      f"canonical {', '.join(map(str, canonical))} (logged = canonical + {offset})")
         steps = canonical
@@ -218,7 +219,7 @@ def _train_pass(ses: ReplaySession, plans: list[StepPlan], probes: dict[int, dic
             first = ses.cache[(ck, p.step, ses.seeds[0])]
             again = ses.fwd.losses([ses.tokens[i] for i in ses.index.samples_of[p.step]], ses.seeds[0])
             ses.forward_log.append((ck, p.step, ses.seeds[0]))
-            diff = max((abs(a.mean - b.mean) for a, b in zip(first, again) if a.count), default=0.0)
+            diff = max((abs(a.mean - b.mean) for a, b in zip(first, again, strict=False) if a.count), default=0.0)
             probes.setdefault(p.step, {}).setdefault("determinism", {"max_abs_diff": 0.0, "equal": True})["train"] = {
                 "seed": ses.seeds[0], "max_abs_diff": diff,
                 "equal": bool(diff <= 1e-5 * max(1.0, batch_loss(first, ses.denom)))}

@@ -73,15 +73,15 @@ def step_result(ses: ReplaySession, p: StepPlan, probed: dict[str, Any], train: 
                  neighbour_logged_match=match, neighbour_distance=dist, neighbour_own_error=own, z=z,
                  controls_mean=float(np.mean(same)) if same else None, earlier=earlier, leave_out=leave_out,
                  step_offset=ses.step_offset,
-                 calibration=[(abs(c["step"] - c["checkpoint_step"]), abs(c["replayed"] - c["logged"]) / abs(c["logged"]))
-                              for c in calibration],
+                 calibration=[(abs(c["step"] - c["checkpoint_step"]),
+                               abs(c["replayed"] - c["logged"]) / abs(c["logged"])) for c in calibration],
                  reverse_logged=reverse, after=p.after, train=train, dropout=ses.dropout,
                  compared_in_train=ses.compare_seeds != [None], gradient_z=(g or {}).get("z"))
     if "determinism" in probed:
         m.determinism = probed["determinism"]
     if "update_probe" in probed and ses.samples is not None:
         col = "cluster" if "cluster" in ses.samples.columns else "source"
-        cl = dict(zip(ses.samples["sample_id"].tolist(), ses.samples[col].astype(str).tolist()))
+        cl = dict(zip(ses.samples["sample_id"].tolist(), ses.samples[col].astype(str).tolist(), strict=False))
         m.composition = composition_harm(probed["update_probe"], {cl[i] for i in ses.index.samples_of[s] if i in cl})
     v = decide(m)
     evidence = v.evidence

@@ -32,11 +32,11 @@ def determinism(fwd: Forwarder, seqs: list[np.ndarray], first: list, other: Forw
     """``{max_abs_diff, equal}`` of a second forward (the same dropout ``seed`` in train mode), and ``second`` with
     the other device/dtype when given."""
     again = fwd.losses(seqs, seed)
-    diff = max((abs(a.mean - b.mean) for a, b in zip(first, again) if a.count), default=0.0)
+    diff = max((abs(a.mean - b.mean) for a, b in zip(first, again, strict=False) if a.count), default=0.0)
     out: dict[str, Any] = {"max_abs_diff": diff, "equal": bool(diff <= TOL_SAME * max(1.0, batch_loss(first)))}
     if other is not None:
         theirs = other.losses(seqs, seed)
-        d2 = max((abs(a.mean - b.mean) for a, b in zip(first, theirs) if a.count), default=0.0)
+        d2 = max((abs(a.mean - b.mean) for a, b in zip(first, theirs, strict=False) if a.count), default=0.0)
         out["second"] = {"device": other.device, "dtype": other.dtype, "max_abs_diff": d2,
                          "equal": bool(d2 <= TOL_OTHER_REL * max(1.0, batch_loss(first)))}
     return out
@@ -64,7 +64,7 @@ def mixed_batch(samples: pd.DataFrame, clusters_col: str, n_tokens: int, exclude
     rng = np.random.default_rng(seed + 1)
     pools = [list(rng.permutation([int(i) for i in g["sample_id"] if int(i) not in exclude]))
              for _, g in samples.groupby(clusters_col, sort=True)]
-    lengths = dict(zip(samples["sample_id"].tolist(), samples["n_tokens"].tolist()))
+    lengths = dict(zip(samples["sample_id"].tolist(), samples["n_tokens"].tolist(), strict=False))
     out, total, k = [], 0, 0
     while total < n_tokens and any(pools):
         pool = pools[k % len(pools)]

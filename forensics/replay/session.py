@@ -131,8 +131,8 @@ class ReplaySession:
         metrics, report = read_metrics(sources, step_offset=cfg.step_offset, step_key=cfg.step_key)
         loss_key = find_loss_key(metrics.columns, cfg.loss_key)
         self.loss_key = loss_key
-        self.logged = {int(s): float(v) for s, v in zip(metrics[STEP].tolist(), metrics[loss_key].astype(float))
-                       if v == v}
+        pairs = zip(metrics[STEP].tolist(), metrics[loss_key].astype(float), strict=False)
+        self.logged = {int(s): float(v) for s, v in pairs if v == v}
         offsets = [int(a.step_offset) for a in report.alignments]
         self.source_offset = max(set(offsets), key=offsets.count) if offsets else 0
         if case.plan_path is None:

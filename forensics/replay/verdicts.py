@@ -343,8 +343,8 @@ def _compare(m: Measured, mode: str, ev: list[str]) -> Verdict:
     if m.z is not None and abs(m.z) <= Z_NORMAL and grad_ok:
         what = "its loss" + (" and its gradient norm lie" if m.gradient_z is not None else " lies")
         if m.after:
-            ev.append(f"At this later checkpoint {what} within its controls' spread (|z| <= {Z_NORMAL:g}); the model had "
-                      "trained on this batch by then and may have learned it, so this clears it less firmly than a "
+            ev.append(f"At this later checkpoint {what} within its controls' spread (|z| <= {Z_NORMAL:g}); the model "
+                      "had trained on this batch by then and may have learned it, so this clears it less firmly than a "
                       "checkpoint before the step would.")
             return _verdict("normal", "after", mode, ev)
         ev.append(f"{what[0].upper() + what[1:]} within its controls' spread (|z| <= {Z_NORMAL:g}) at the same "

@@ -14,20 +14,19 @@ from plotly.subplots import make_subplots
 from forensics.report.inputs import as_float
 from forensics.report.style import HOUSE_TEMPLATE, MUTED, QUALITATIVE, SPIKE, fit_legend
 from forensics.report.text import esc, fmt_share
-from forensics.schema import EPOCH, SAMPLE_ID, STEP
+from forensics.schema import EPOCH, SAMPLE_ID, batch_keys
 
 
 def batch_epoch_counts(plan: pd.DataFrame) -> pd.DataFrame:
     """One row per distinct batch content: ``n_epochs`` it appears in, ``first_epoch``, ``n_samples``.
 
-    A batch is one (``epoch``, ``batch_id``) or, without ``batch_id``, one (``epoch``, ``step``, ``micro``, ``rank``);
-    its content is its set of sample ids (order ignored), compared by an order-free 64-bit hash.
+    A batch is one micro-batch on one rank (:func:`~forensics.schema.batches.batch_keys`): the ranks of a
+    multi-rank plan are never merged into one batch. Its content is its set of sample ids (order ignored), compared
+    by an order-free 64-bit hash; its epoch is that of its first row (a batch lies in one epoch).
     """
     if EPOCH not in plan.columns or SAMPLE_ID not in plan.columns:
         raise ValueError("plan needs 'epoch' and 'sample_id' to compare batches across epochs")
-    keys = [EPOCH] + ([c for c in ("batch_id",) if c in plan.columns] or
-                      [c for c in (STEP, "micro", "rank") if c in plan.columns])
-    code = plan.groupby(keys, sort=True).ngroup().to_numpy(np.int64)
+    code = batch_keys(plan)
     order = np.argsort(code, kind="stable")
     code = code[order]
     mixed = _mix64(plan[SAMPLE_ID].to_numpy(np.int64)[order].astype(np.uint64))
@@ -42,6 +41,7 @@ def batch_epoch_counts(plan: pd.DataFrame) -> pd.DataFrame:
             .agg(n_epochs=(EPOCH, "nunique"), first_epoch=(EPOCH, "min"), n_samples=("n", "first"))
             .reset_index(drop=True))
 
+
 def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser: spreads sample ids over 64 bits so that sums of a set identify it."""
     with np.errstate(over="ignore"):
@@ -49,6 +49,7 @@ def _mix64(x: np.ndarray) -> np.ndarray:
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return z ^ (z >> np.uint64(31))
+
 
 def composition_figure(findings: dict | None = None, plan: pd.DataFrame | None = None) -> go.Figure:
     """Batch composition across epochs: pair retention and identical batches per epoch pair, and batch recurrence.
@@ -78,7 +79,8 @@ def composition_figure(findings: dict | None = None, plan: pd.DataFrame | None =
         fig.add_trace(go.Bar(x=pairs[:len(identical)], y=identical, name="identical batches",
                              marker_color=QUALITATIVE[1], texttemplate="%{y:.1%}", textposition="outside",
                              hovertemplate="epochs %{x}<br>identical batches %{y:.1%}<extra></extra>"), row=1, col=1)
-    limit = as_float(((pf.get("threshold") or {}) if isinstance(pf.get("threshold"), dict) else {}).get("pair_retention"))
+    threshold = pf.get("threshold") if isinstance(pf.get("threshold"), dict) else {}
+    limit = as_float(threshold.get("pair_retention"))
     if limit is not None and n_pairs:
         fig.add_hline(y=limit, line=dict(color=SPIKE, dash="dash", width=1.5), row=1, col=1,
                       annotation_text=f"gate limit {fmt_share(limit)}", annotation_position="top right",

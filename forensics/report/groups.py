@@ -177,7 +177,7 @@ def cluster_mix_figure(
                                                                  if c != -1 else "#9aa5b1"),
                                      hovertemplate=f"{name}<br>steps near %{{x}}: %{{y:.0%}}<extra></extra>"))
     binned = len(steps) and (int(steps.max()) - int(steps.min()) + 1) > n_bins
-    sub = (f"share of {unit} per cluster, in {n_bins} step bins" if binned else f"share of {unit} per cluster, per step")
+    sub = f"share of {unit} per cluster, " + (f"in {n_bins} step bins" if binned else "per step")
     fig.update_layout(template=HOUSE_TEMPLATE, height=360, legend=dict(traceorder="normal"),
                       title=dict(text="Content-cluster mix over steps",
                                  subtitle=dict(text=sub, font=dict(color=MUTED, size=11))))

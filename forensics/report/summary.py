@@ -6,6 +6,7 @@ Dataset text never reaches the terminal through markup: every value is passed th
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.console import Console
@@ -113,8 +114,10 @@ def _cause(out: Console, c: dict[str, Any], findings: dict[str, Any]) -> None:
     if replay and replay.get("verdict"):
         verdict = str(replay["verdict"])
         said = {"data": "confirmed by replay", "normal": "cleared by replay"}.get(verdict, "replay")
-        where = f"checkpoint {replay['checkpoint_step']}" + (" (after the step)" if replay.get("checkpoint") == "after"
-                                                             else "") if replay.get("checkpoint_step") is not None else ""
+        where = ""
+        if replay.get("checkpoint_step") is not None:
+            after = " (after the step)" if replay.get("checkpoint") == "after" else ""
+            where = f"checkpoint {replay['checkpoint_step']}{after}"
         out.print(f"    {said}: {escape(verdict)}" + (f" at {escape(where)}" if where else "") + (
             f" ({escape(str((replay.get('evidence') or [''])[-1]))})" if replay.get("evidence") else ""))
 
@@ -197,4 +200,26 @@ def _next_steps(findings: dict[str, Any]) -> list[str]:
         section = findings.get(kind.section)
         if isinstance(section, dict) and section.get("next_step"):
             steps.append(section["next_step"])
-    return list(dict.fromkeys(steps))[:3]
+    return _fold_same_action(list(dict.fromkeys(steps)))[:3]
+
+
+_ONE_STEP = re.compile(r"\bstep (\d+)(?: \(logged (\d+)\))?")
+
+
+def _fold_same_action(steps: list[str]) -> list[str]:
+    """Next steps that ask the same thing of different single steps become one (``... of steps 30001, 60001 and
+    100001``), so that three causes with one remedy do not fill the three lines."""
+    groups: dict[str, list[re.Match]] = {}
+    for text in steps:
+        found = list(_ONE_STEP.finditer(text))
+        key = _ONE_STEP.sub("{step}", text) if len(found) == 1 else text
+        groups.setdefault(key, []).extend(found[:1] if len(found) == 1 else [])
+    out = []
+    for key, found in groups.items():
+        if len(found) < 2:
+            out.append(key.replace("{step}", found[0].group(0)) if found else key)
+            continue
+        canonical = sorted(int(m.group(1)) for m in found)
+        offset = int(found[0].group(2)) - int(found[0].group(1)) if found[0].group(2) else 0
+        out.append(key.replace("{step}", "steps " + steps_list(canonical, offset=offset)))
+    return out

@@ -1,11 +1,14 @@
 """The tables every stage speaks (metrics, samples, plan, step tags), the case folder and the run configuration.
 
 - :mod:`forensics.schema.tables`: column names, lossless casts, validation of the samples and plan tables;
+- :mod:`forensics.schema.batches`: which plan columns name a batch (one micro-batch on one rank);
 - :mod:`forensics.schema.keys`: the one lookup of the loss, grad-norm, lr and throughput keys;
+- :mod:`forensics.schema.flat_keys`: how a value logged under nested keys is named (``opt/lr``);
 - :mod:`forensics.schema.config`: ``run.toml`` and its overrides, resolved once;
 - :mod:`forensics.schema.case`: the case folder.
 """
 
+from forensics.schema.batches import BATCH_BY_ID, BATCH_BY_STEP, batch_columns, batch_keys
 from forensics.schema.case import Case, discover_metrics, load_plan, load_samples, open_case
 from forensics.schema.config import (
     OPTIMAL,
@@ -20,6 +23,7 @@ from forensics.schema.config import (
     with_overrides,
     write_run_toml,
 )
+from forensics.schema.flat_keys import KEY_SEPARATOR, flatten_keys, nested_key
 from forensics.schema.keys import (
     GRAD_NORM_KEYS,
     LOSS_KEYS,

@@ -48,7 +48,8 @@ class Case:
         return self.config.resolve(self.config.samples)
 
     def output(self, name: str) -> Path | None:
-        """Where an output of this case goes (``findings.json``, ``report.html``, ``replay/``); None without a folder."""
+        """Where an output of this case goes (``findings.json``, ``report.html``, ``replay/``); None without a
+        folder."""
         return self.root / name if self.root is not None else None
 
     @property

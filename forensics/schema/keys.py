@@ -66,7 +66,8 @@ class Role:
     """A quantity the audit looks for, and the words that name it.
 
     ``phrases``: token sequences that name the quantity (a name must hold one contiguously); ``weaker``: phrases
-    that name a stand-in (samples per second for throughput), taken only when no phrase matches; ``loose``: strings that,
+    that name a stand-in (samples per second for throughput), taken only when no phrase matches; ``loose``: strings
+    that,
     found inside a single token, name it more weakly (``trainloss``); ``exclude``: words that make it another
     quantity; ``neutral``: words that qualify it for free beside :data:`NEUTRAL_WORDS`; ``flag``: how a user
     chooses the key when the lookup cannot; ``label``: the quantity in messages; ``note``: what the error for a

@@ -31,3 +31,35 @@ def steps_list(steps: list[Any], offset: int | None = 0, limit: int = 6) -> str:
         logged = [str(x + offset) for x in steps[:limit]]
         text += f" (logged {', '.join(logged)}{' ...' if len(steps) > limit else ''})"
     return text
+
+
+STEPS_AS = ("canonical", "logged")
+
+
+def case_logged_offset(case: Any) -> int:
+    """A case's logged step minus its canonical step: findings.json ``run.logged_offset`` when an audit wrote one,
+    else 1 for a run whose recorder saw HF Trainer numbering (``step_convention = "hf-trainer"``), else 0."""
+    import json
+
+    path = getattr(case, "findings_path", None)
+    if path is not None and path.exists():
+        try:
+            run = json.loads(path.read_text()).get("run") or {}
+        except (OSError, ValueError):
+            run = {}
+        if run.get("logged_offset") is not None:
+            return int(run["logged_offset"])
+    convention = getattr(getattr(case, "config", None), "step_convention", None)
+    return 1 if convention == "hf-trainer" else 0
+
+
+def to_canonical(steps: list[int], steps_as: str, offset: int) -> list[int]:
+    """Steps a user typed, as canonical 0-based steps: ``--steps-as logged`` subtracts the run's offset."""
+    if steps_as not in STEPS_AS:
+        raise ValueError(f"steps_as must be one of {STEPS_AS}, not {steps_as!r}")
+    return [int(s) - (offset if steps_as == "logged" else 0) for s in steps]
+
+
+def as_shown(steps: list[int], steps_as: str, offset: int) -> list[int]:
+    """Canonical steps in the numbering a printed command uses (the inverse of :func:`to_canonical`)."""
+    return [int(s) + (offset if steps_as == "logged" else 0) for s in steps]

@@ -7,7 +7,8 @@ documented dtypes, and no other module re-checks them. Bad input raises :class:`
 Tables (see DESIGN.md):
 - **metrics**: ``step`` int64, unique and sorted; any number of float64 metric columns named as logged;
   optional ``_timestamp``. NaN and inf are values, never dropped. Every source reaches this form through the
-  readers of :mod:`forensics.sources` (one validation path, built on :func:`cast_float`; null cells were never written, NaN cells were logged as NaN).
+  readers of :mod:`forensics.sources` (one validation path, built on :func:`cast_float`; null cells were never written,
+  NaN cells were logged as NaN).
 - **samples**: ``sample_id`` int64 unique, ``n_tokens`` int32; optional ``text``, ``source``, ``cluster``,
   ``token_ids``.
 - **plan**: ``sample_id`` int64 and either ``step`` or (``epoch``, ``batch_id``); optional ``micro``, ``rank``.

@@ -1,328 +1,359 @@
-"""The one place where records become metrics rows: step key, flattening, casting, rewinds, last write wins.
+"""Reading a run's metrics: one reader per source, each aligned to 0-based optimizer steps, merged on step.
 
-Every reader hands its records (:class:`~forensics.sources.records.Records`) to a :class:`MetricsAccumulator`,
-which keeps the run's table as it grows. Per metric it keeps the values and a *written* mask, so the table it hands
-out (:func:`forensics.schema.metrics_table`) tells a cell never written (null) from a logged NaN by itself.
+The entry point for every caller (CLI, audit, dashboard) is :func:`read_metrics` for a finished run and
+:class:`~forensics.sources.live.LiveMetrics` for a live one; :func:`ingest` is ``forensics ingest`` (read, merge,
+write the canonical table). The merged table carries its own meaning (null = not written, NaN = logged NaN); the
+:class:`IngestReport` beside it is only a report: counts, quirks and how each source was aligned (``run.sources`` of
+findings.json).
 
-- **step key**: the one given, else the first of :data:`~forensics.sources.records.STEP_KEYS` present (any case);
-  a format that knows where its step is (TensorBoard, text logs) names it and the user's key means nothing there.
-- **columns**: nested structs become ``a/b``; ``keys`` (names or ``fnmatch`` globs) keep a subset; a column that
-  holds text is not a metric (dropped with a warning); a column called ``step`` that is not the step key is kept
-  as ``logged_step``.
-- **rewinds**: a resumed run goes back and rewrites (step, metric) cells already written; that is recorded
-  (:class:`~forensics.schema.Rewind`), and per (step, metric) the last write wins. A metric logged late for earlier
-  steps (an eval record, a TensorBoard tag written after the others) replaces nothing and is no rewind.
+Merging (:func:`merge_on_step`): sources are merged in the order given; for a (step, metric) present in several, the
+later source wins, and a warning says how many cells were overridden; every other column is kept. Each table says by
+itself which cells were written (null = not written), so a later source never blanks out an earlier source's value
+with a gap, and a logged NaN is a value like any other.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from forensics.errors import ForensicsError
-from forensics.schema import STEP, TIMESTAMP, Rewind, metrics_table, parse_float_cells
-from forensics.sources.records import MAX_EXAMPLES, STEP_KEYS, ReaderReport, Records
-
-#: ``malformed(where, reason)``: how the accumulator reports a record it cannot read.
-Malformed = Callable[[int, str], None]
-
-
-def last_write_wins(steps: np.ndarray, values: np.ndarray, written: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Collapse repeated steps in write order: per metric, the last value written for a step wins.
-
-    Returns ``(unique sorted steps, values, written)``. A cell not written (``written`` False) never overrides one
-    that was; a step no write reached stays not written.
-    """
-    steps = np.asarray(steps, dtype=np.int64)
-    written = np.ones(len(steps), bool) if written is None else np.asarray(written, bool)
-    uniq = np.unique(steps)
-    out = np.full(len(uniq), np.nan)
-    has = np.zeros(len(uniq), bool)
-    rows = np.flatnonzero(written)
-    if len(rows):
-        order = rows[np.argsort(steps[rows], kind="stable")]
-        s = steps[order]
-        last = np.r_[s[1:] != s[:-1], True]
-        pos = np.searchsorted(uniq, s[last])
-        out[pos] = np.asarray(values, dtype=np.float64)[order[last]]
-        has[pos] = True
-    return uniq, out, has
+from forensics.schema import METRIC_DTYPE, STEP, SourceSpec, metric_columns, metric_values, metrics_table, written
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import ReaderReport
+from forensics.sources.registry import open_reader
 
 
-class MetricsAccumulator:
-    """The growing metrics table of one source: records in, the canonical table out.
+@dataclass
+class SourceAlignment:
+    """How one source's steps were aligned to optimizer steps (DESIGN.md Conventions ``step``)."""
 
-    ``malformed(where, reason)`` is called for every record that cannot be read (the reader counts it, or raises in
-    strict mode); ``report`` receives rewinds, non-finite counts and warnings.
-    """
+    source: str
+    format: str
+    step_key: str | None
+    step_offset: int
+    convention: str
+    damaged: list[Any] = field(default_factory=list)
+    logging_steps: int | None = None
+    evidence: str = ""
 
-    def __init__(self, report: ReaderReport, malformed: Malformed, *, keys: Sequence[str] | None = None,
-                 step_key: str | None = None, format_step_key: str | None = None, finished: bool = False,
-                 strict: bool = False, where_word: str = "line") -> None:
-        self.report = report
-        self._malformed = malformed
-        self.keys = list(keys) if keys else None
-        self.step_key = step_key
-        self.format_step_key = format_step_key
-        self.finished = finished
-        self.steps = np.array([], dtype=np.int64)
-        self.values: dict[str, np.ndarray] = {}
-        self.written: dict[str, np.ndarray] = {}
-        self._last_step: int | None = None
-        self._resolved_step_key: str | None = None
-        self._records_seen = 0
-        self.strict = strict
-        self._where_word = where_word
-        self._dropped: set[str] = set()
-        self._cache: pd.DataFrame | None = None
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "format": self.format, "step_key": self.step_key,
+                "step_offset": self.step_offset, "convention": self.convention, "logging_steps": self.logging_steps,
+                "evidence": self.evidence,
+                "damaged": [self._shifted(d) for d in self.damaged]}
 
-    # --- out ----------------------------------------------------------------------------------------------------
-    def table(self) -> pd.DataFrame:
-        """The whole table so far (step unique and sorted; metric columns null where not written)."""
-        if self._cache is None:
-            self._cache = metrics_table(self.steps, {c: (self.values[c], self.written[c]) for c in self.values})
-        return self._cache
-
-    def rows(self, steps: np.ndarray) -> pd.DataFrame:
-        """The current rows of ``steps`` (each present in the table)."""
-        table = self.table()
-        if len(steps) == len(table):
-            return table.copy(deep=False)
-        pos = np.searchsorted(self.steps, steps)
-        return table.iloc[pos].reset_index(drop=True)
-
-    # --- in -----------------------------------------------------------------------------------------------------
-    def ingest(self, rec: Records) -> np.ndarray:
-        """Merge one batch of records into the table; return the steps they touched (sorted)."""
-        where = rec.where
-        n = len(rec)
-        if where is None:
-            where = np.arange(self._records_seen + 1, self._records_seen + n + 1)
-        self._records_seen += n
-        columns = _columns_of(rec.table)
-        step_name = self._step_column(list(columns))
-        if step_name is None:
-            for w in where[:MAX_EXAMPLES]:
-                self._malformed(int(w), "no step")
-            self.report.malformed += max(0, n - MAX_EXAMPLES)
-            return np.array([], dtype=np.int64)
-        step_values, step_ok = _steps(columns[step_name])
-        if not step_ok.all():
-            for i in np.flatnonzero(~step_ok):
-                self._malformed(int(where[i]), f"{step_name} is missing or not a whole number")
-        steps = step_values[step_ok]
-        values: dict[str, np.ndarray] = {}
-        present: dict[str, np.ndarray] = {}
-        for name, col in columns.items():
-            if name == step_name or not self._wanted(name):
-                continue
-            arr, mask = self._as_float(name, col, where)
-            if arr is None:
-                continue
-            if not step_ok.all():
-                arr, mask = arr[step_ok], mask[step_ok]
-            values["logged_step" if name == STEP else name] = arr
-            present["logged_step" if name == STEP else name] = mask
-        self.report.rows += len(steps)
-        if not len(steps):
-            return steps
-        self._find_rewinds(steps, present)
-        for name, arr in values.items():
-            mask = present[name]
-            self.report.count_nonfinite(name, int((np.isnan(arr) & mask).sum()), int(np.isinf(arr).sum()))
-        if len(steps) > 1 and (np.diff(steps) <= 0).any():
-            uniq = np.unique(steps)
-            for name in list(values):
-                _, values[name], present[name] = last_write_wins(steps, values[name], present[name])
-            steps = uniq
-        self._merge(steps, values, present)
-        return steps
-
-    # --- the work -----------------------------------------------------------------------------------------------
-    def _step_column(self, names: list[str]) -> str | None:
-        if self.format_step_key is not None:
-            return self.format_step_key if self.format_step_key in names else None
-        if self._resolved_step_key is not None:
-            return self._resolved_step_key if self._resolved_step_key in names else None
-        lower = {n.lower(): n for n in reversed(names)}
-        if self.step_key:
-            found = self.step_key if self.step_key in names else lower.get(self.step_key.lower())
-            if found is None:
-                raise ForensicsError(f"{self.report.source}: step key '{self.step_key}' not found; "
-                                     f"the keys are {', '.join(names[:12])}")
-        else:
-            found = next((lower[k] for k in STEP_KEYS if k in lower), None)
-            if found is None:
-                message = (f"no step key found (expected one of {', '.join(STEP_KEYS)}, or give --step-key); "
-                           f"the keys are {', '.join(names[:12])}")
-                if self.finished:
-                    raise ForensicsError(f"{self.report.source}: {message}")
-                # A live file may start with records that have no step (a config line): count them, and
-                # look for the step key again in the next records.
-                self.report.warn(message)
-                return None
-        self._resolved_step_key = found
-        return found
-
-    def _wanted(self, name: str) -> bool:
-        if self.keys is None or name == TIMESTAMP:
-            return True
-        return any(name == k or fnmatch.fnmatchcase(name, k) for k in self.keys)
-
-    def _as_float(self, name: str, col: Any, where: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """A column as float64 plus its written mask. A cell that is not a number is missing, counted with its line
-        and column (bad input with ``strict``); a column without a single number is not a metric (left out, noted)."""
-        if isinstance(col, (pa.ChunkedArray, pa.Array)):
-            t = col.type
-            if pa.types.is_null(t):
-                return np.full(len(col), np.nan), np.zeros(len(col), bool)
-            if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-                mask = np.ones(len(col), bool)
-                if col.null_count:
-                    mask = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-                arr = np.asarray(col.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
-                if not mask.all():
-                    arr = arr.copy()
-                    arr[~mask] = np.nan
-                return arr, mask
-            if pa.types.is_string(t) or pa.types.is_large_string(t):
-                series = pd.Series(col.to_pylist(), dtype=object)
-            else:
-                self._drop(name, f"holds {t} values, not numbers")
-                return None, None
-        else:
-            series = col
-            if isinstance(series.dtype, pd.ArrowDtype) or pd.api.types.is_extension_array_dtype(series.dtype):
-                if pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series):
-                    mask = ~series.isna().to_numpy(dtype=bool)
-                    return series.to_numpy(dtype=np.float64, na_value=np.nan), mask
-            elif pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series):
-                return series.to_numpy(dtype=np.float64), np.ones(len(series), bool)
-        values, bad = parse_float_cells(series.reset_index(drop=True))
-        text = series.notna().to_numpy() & ~series.astype(str).str.strip().eq("").to_numpy()
-        mask = text & ~bad
-        if not mask.any():
-            example = series[text].iloc[0] if text.any() else None
-            self._drop(name, "holds no numeric value" + (f" (e.g. {example!r})" if example is not None else "")
-                       + ": not a metric")
-            return None, None
-        if bad.any():
-            rows = np.flatnonzero(bad)
-            cells = "; ".join(f"{self._where_word} {int(where[i])}: {series.iloc[i]!r}" for i in rows[:MAX_EXAMPLES])
-            if self.strict:
-                raise ForensicsError(f"{self.report.source}: column '{name}' has a cell that is not a number "
-                                     f"({cells}) (strict mode)")
-            self.report.add_cells(name, len(rows), cells)
-        return values, mask
-
-    def _drop(self, name: str, why: str) -> None:
-        if name not in self._dropped:
-            self._dropped.add(name)
-            self.report.warn(f"column '{name}' {why}; skipped")
-
-    def _find_rewinds(self, steps: np.ndarray, present: dict[str, np.ndarray]) -> None:
-        """A resumed run: the step goes backwards and rewrites (step, metric) cells already written.
-
-        ``rows_replaced`` counts the steps of the backward jump's segment that had a metric written before.
-        """
-        prev = self._last_step
-        self._last_step = int(steps[-1])
-        back = list(np.flatnonzero(steps[1:] < steps[:-1]) + 1)
-        if prev is not None and steps[0] < prev:
-            back.insert(0, 0)
-        if not back:
-            return
-        rewritten = np.zeros(len(steps), bool)
-        for name, mask in present.items():
-            if name == TIMESTAMP:
-                continue
-            rows = np.flatnonzero(mask)
-            if not len(rows):
-                continue
-            written_steps = steps[rows]
-            again = pd.Series(written_steps).duplicated(keep="first").to_numpy().copy()
-            if name in self.written and len(self.steps):
-                again |= np.isin(written_steps, self.steps[self.written[name]])
-            rewritten[rows[again]] = True
-        bounds = back + [len(steps)]
-        for i, nxt in zip(back, bounds[1:]):
-            seg = rewritten[i:nxt]
-            if seg.any():
-                n = len(np.unique(steps[i:nxt][seg]))
-                self.report.rewinds.append(Rewind(int(steps[i]), n, self.report.source))
-
-    def _merge(self, steps: np.ndarray, values: dict[str, np.ndarray], present: dict[str, np.ndarray]) -> None:
-        """Per (step, metric), the batch's written cells replace the table's; new steps and columns are added."""
-        self._cache = None
-        old = self.steps
-        n_old = len(old)
-        if not n_old:  # the first batch: its arrays become the table's (a finished file is one batch)
-            self.steps = steps.copy()
-            for c in values:
-                self.values[c], self.written[c] = values[c], present[c]
-            return
-        if steps[0] > old[-1]:  # the common case: new steps past the end
-            self.steps = np.concatenate([old, steps])
-            for c in list(self.values) + [c for c in values if c not in self.values]:
-                v_old = self.values.get(c, np.full(n_old, np.nan))
-                w_old = self.written.get(c, np.zeros(n_old, bool))
-                v_new = values.get(c, np.full(len(steps), np.nan))
-                w_new = present.get(c, np.zeros(len(steps), bool))
-                self.values[c] = np.concatenate([v_old, v_new])
-                self.written[c] = np.concatenate([w_old, w_new])
-            return
-        all_steps = np.union1d(old, steps)
-        pos_old = np.searchsorted(all_steps, old)
-        pos_new = np.searchsorted(all_steps, steps)
-        for c in list(self.values) + [c for c in values if c not in self.values]:
-            v = np.full(len(all_steps), np.nan)
-            w = np.zeros(len(all_steps), bool)
-            if c in self.values:
-                v[pos_old] = self.values[c]
-                w[pos_old] = self.written[c]
-            if c in values:
-                m = present[c]
-                v[pos_new[m]] = values[c][m]
-                w[pos_new[m]] = True
-            self.values[c], self.written[c] = v, w
-        self.steps = all_steps
+    def _shifted(self, damage: Any) -> dict[str, Any]:
+        """A damaged region with its steps as metrics steps (the reader saw logged steps)."""
+        out = dict(damage.to_json() if hasattr(damage, "to_json") else damage)
+        if out.get("steps") and self.step_offset:
+            out["steps"] = [None if s is None else int(s) - self.step_offset for s in out["steps"]]
+        return out
 
 
-def _columns_of(table: pa.Table | pd.DataFrame) -> dict[str, Any]:
-    """Name -> column, with nested structs flattened to ``a/b`` names."""
-    if isinstance(table, pd.DataFrame):
-        return {str(c): table[c] for c in table.columns}
-    out: dict[str, Any] = {}
+@dataclass
+class IngestReport:
+    """What reading found beside the rows: per-source reports and alignments, warnings for the summary (never
+    fatal) and per-metric counts of the merged table (``values``, ``nan``, ``inf``, ``missing``)."""
 
-    def add(name: str, col: pa.ChunkedArray | pa.Array) -> None:
-        if pa.types.is_struct(col.type):
-            chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
-            for i, f in enumerate(col.type):
-                children = [c.flatten()[i] for c in chunks]
-                add(f"{name}/{f.name}", pa.chunked_array(children, type=f.type))
-        else:
-            out[name] = col
+    warnings: list[str] = field(default_factory=list)
+    sources: list[ReaderReport] = field(default_factory=list)
+    alignments: list[SourceAlignment] = field(default_factory=list)
+    rows: int = 0
+    step_range: tuple[int, int] | None = None
+    metrics: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    for name, col in zip(table.column_names, table.columns):
-        add(name, col)
+    @property
+    def malformed(self) -> int:
+        return sum(r.malformed for r in self.sources)
+
+    @property
+    def rewinds(self) -> list:
+        return [rw for r in self.sources for rw in r.rewinds]
+
+    def sources_json(self) -> list[dict[str, Any]]:
+        """``run.sources`` of findings.json: one entry per source, in merge order."""
+        return [a.to_json() for a in self.alignments]
+
+    def summary_lines(self) -> list[str]:
+        """The summary ``forensics ingest`` prints: rows, step range, metrics with NaN/inf, rewinds, skipped lines."""
+        span = f"steps {self.step_range[0]}-{self.step_range[1]}" if self.step_range else "no steps"
+        lines = [f"{self.rows} rows, {span}, {len(self.metrics)} metrics from {len(self.sources)} sources"]
+        for name, c in self.metrics.items():
+            extra = [f"{c[k]} {label}" for k, label in (("nan", "NaN"), ("inf", "inf"), ("missing", "missing")) if c[k]]
+            lines.append(f"  {name}: {c['values']} values" + (f" ({', '.join(extra)})" if extra else ""))
+        for a in self.alignments:
+            if a.step_offset or a.convention != "as logged":
+                lines.append(f"  {a.source}: step = {a.step_key or 'step'} - {a.step_offset} ({a.convention})")
+        rewinds = self.rewinds
+        replaced = sum(r.rows_replaced for r in rewinds)
+        lines.append(f"rewinds: {len(rewinds)}" + (f" ({replaced} rows replaced)" if rewinds else ""))
+        lines.append(f"skipped (malformed) records: {self.malformed}")
+        return lines
+
+
+def summarize(table: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Per metric of a metrics table: finite values, logged NaN, inf and missing (never written) cells."""
+    out = {}
+    for col in metric_columns(table):
+        if isinstance(table[col].dtype, pd.ArrowDtype) and table[col].dtype == METRIC_DTYPE:
+            out[col] = _arrow_counts(table[col].array.__arrow_array__())
+            continue
+        v = table[col].to_numpy(dtype=np.float64, na_value=np.nan)
+        w = written(table, col)
+        out[col] = {"values": int(np.isfinite(v).sum()), "nan": int((np.isnan(v) & w).sum()),
+                    "inf": int(np.isinf(v).sum()), "missing": int((~w).sum())}
     return out
 
 
-def _steps(col: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Step values as int64 and a mask of the rows whose step is present and a whole number."""
-    if isinstance(col, (pa.ChunkedArray, pa.Array)):
-        if pa.types.is_integer(col.type) and not col.null_count:
-            arr = np.asarray(col.to_numpy(), dtype=np.int64)
-            return arr, np.ones(len(arr), bool)
-        col = pd.Series(col.to_pandas() if hasattr(col, "to_pandas") else col.to_pylist())
-    num = pd.to_numeric(pd.Series(col), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    ok = np.isfinite(num) & (num == np.round(num))
-    out = np.zeros(len(num), dtype=np.int64)
-    out[ok] = num[ok].astype(np.int64)
-    return out, ok
+def _arrow_counts(arr: pa.ChunkedArray | pa.Array) -> dict[str, int]:
+    """:func:`summarize`'s counts of one Arrow float64 column, by Arrow's kernels (null = never written; a null
+    is neither finite, NaN nor inf)."""
+    def count(mask: pa.ChunkedArray | pa.Array) -> int:
+        return int(pc.sum(mask).as_py() or 0)
+
+    return {"values": count(pc.is_finite(arr)), "nan": count(pc.is_nan(arr)), "inf": count(pc.is_inf(arr)),
+            "missing": int(arr.null_count)}
+
+
+def open_readers(
+    sources: Sequence[str | Path | SourceSpec],
+    *,
+    keys: Sequence[str] | None = None,
+    step_key: str | None = None,
+    pattern: str | None = None,
+    strict: bool = False,
+    run_id: str | None = None,
+) -> list[MetricsReader]:
+    """One reader per source, in the order given (which is the merge order: later wins). A
+    :class:`~forensics.schema.SourceSpec` brings its own step key and offset (run.toml ``metrics`` tables)."""
+    if not sources:
+        raise ForensicsError("no metrics source given")
+    readers = []
+    for s in sources:
+        spec = s if isinstance(s, SourceSpec) else SourceSpec(str(s))
+        reader = open_reader(spec.path, keys=keys, step_key=spec.step_key or step_key, pattern=pattern,
+                             strict=strict, run_id=run_id)
+        reader.given_offset = spec.step_offset
+        reader.given_step_key = spec.step_key or step_key
+        readers.append(reader)
+    return readers
+
+
+def alignment_of(reader: MetricsReader, step_offset: int | None) -> SourceAlignment:
+    """How ``reader``'s steps map to optimizer steps (DESIGN.md Conventions ``step``): an explicit ``step_offset``
+    or step key replaces what the source says of itself (:mod:`forensics.sources.step_conventions`: HF Trainer's
+    trainer_state.json, TensorBoard scalars and W&B runs count from 1); else the steps are taken as logged."""
+    from forensics.sources.step_conventions import recognise
+
+    damaged = list(getattr(reader.report, "damaged", []))
+    own = getattr(reader, "given_offset", None)
+    step_offset = own if own is not None else step_offset
+    if step_offset is not None or getattr(reader, "given_step_key", None):
+        how = "given"
+        return SourceAlignment(reader.source, reader.format_name, reader.step_key_used, int(step_offset or 0), how,
+                               damaged)
+    conv = recognise(reader)
+    if conv is None:
+        return SourceAlignment(reader.source, reader.format_name, reader.step_key_used, 0, "as logged", damaged)
+    return SourceAlignment(reader.source, reader.format_name, conv.step_key, conv.step_offset, conv.convention,
+                           damaged, conv.logging_steps, conv.evidence)
+
+
+def _realign(reader: MetricsReader, alignment: SourceAlignment) -> MetricsReader:
+    """The reader again with the recognised step key, when it differs from the one it used (HF's W&B
+    ``train/global_step`` instead of ``_step``)."""
+    if alignment.step_key is None or alignment.step_key == reader.step_key_used or alignment.convention == "given":
+        return reader
+    again = open_reader(reader.source, keys=reader.keys, step_key=alignment.step_key, strict=reader.strict)
+    again.given_offset = getattr(reader, "given_offset", None)
+    again.finished = reader.finished
+    again.read_all()
+    return again
+
+
+def merge_on_step(tables: Sequence[tuple[str, pd.DataFrame]]) -> tuple[pd.DataFrame, list[str]]:
+    """Merge ``(source name, metrics table)`` in order (later wins); return the table and one warning per pair of
+    sources that hold the same metric at the same steps."""
+    tables = [t for t in tables if t[1] is not None]
+    if not tables:
+        return metrics_table(np.array([], dtype=np.int64), {}), []
+    if len(tables) == 1:
+        return tables[0][1], []
+    steps = np.unique(np.concatenate([t[STEP].to_numpy(dtype=np.int64) for _, t in tables]))
+    values: dict[str, np.ndarray] = {}
+    has: dict[str, np.ndarray] = {}
+    owner: dict[str, str] = {}
+    overlaps: dict[tuple[str, str], list[tuple[str, int, int]]] = {}
+    for name, table in tables:
+        pos = np.searchsorted(steps, table[STEP].to_numpy(dtype=np.int64))
+        for col in table.columns:
+            if col == STEP:
+                continue
+            v = metric_values(table, col)
+            w = written(table, col)
+            if col not in values:
+                values[col] = np.full(len(steps), np.nan)
+                has[col] = np.zeros(len(steps), bool)
+                owner[col] = name
+            both = w & has[col][pos]
+            n_both = int(both.sum())
+            if n_both:
+                old, new = values[col][pos][both], v[both]
+                differ = int((~((old == new) | (np.isnan(old) & np.isnan(new)))).sum())
+                overlaps.setdefault((owner[col], name), []).append((col, n_both, differ))
+            values[col][pos[w]] = v[w]
+            has[col][pos[w]] = True
+            owner[col] = name
+    merged = metrics_table(steps, {c: (values[c], has[c]) for c in values})
+    return merged, _overlap_warnings(overlaps)
+
+
+def _overlap_warnings(overlaps: dict[tuple[str, str], list[tuple[str, int, int]]]) -> list[str]:
+    """One line per pair of sources: which metrics both hold at the same steps, and how many values differ."""
+    out = []
+    for (earlier, later), cols in overlaps.items():
+        shown = ", ".join(f"'{c}' ({n} steps, {d} differ)" for c, n, d in cols[:6])
+        more = f" and {len(cols) - 6} more" if len(cols) > 6 else ""
+        out.append(f"{earlier} and {later} both hold {shown}{more}; {later}'s values are kept")
+    return out
+
+
+def merge_readers(readers: list[MetricsReader], step_offset: int | None = None,
+                  keys: Sequence[str] | None = None) -> tuple[pd.DataFrame, IngestReport]:
+    """Align what each reader has read so far and merge them (in order, later wins) into the table and its report.
+
+    A reader whose source names another step key is replaced in ``readers`` by one reading that key (once: a live
+    caller keeps the list and polls the replacement from then on)."""
+    from forensics.sources.step_conventions import apply_step_offset
+
+    alignments = [alignment_of(r, step_offset) for r in readers]
+    readers[:] = [_realign(r, a) for r, a in zip(readers, alignments)]
+    tables = [(r.source, apply_step_offset(r.table, a.step_offset)) for r, a in zip(readers, alignments)]
+    merged, merge_warnings = merge_on_step(tables)
+    report = IngestReport(sources=[r.report for r in readers], alignments=alignments, rows=len(merged))
+    if len(merged):
+        report.step_range = (int(merged[STEP].iloc[0]), int(merged[STEP].iloc[-1]))
+    report.metrics = summarize(merged)
+    for r in readers:
+        if r.report.rows == 0:
+            report.warnings.append(f"{r.source}: no metrics rows found")
+        report.warnings += r.report.describe()
+    report.warnings += merge_warnings
+    if keys:
+        cols = metric_columns(merged)
+        for k in keys:
+            if not any(c == k or fnmatch.fnmatchcase(c, k) for c in cols):
+                report.warnings.append(f"key '{k}' matched no metric")
+    if len(merged) and merged[STEP].iloc[0] < 0:
+        n_neg = int((merged[STEP] < 0).sum())
+        report.warnings.append(f"{n_neg} rows have a negative step after the step offset")
+    return merged, report
+
+
+def read_metrics(
+    sources: Sequence[str | Path | SourceSpec] | str | Path,
+    *,
+    keys: Sequence[str] | None = None,
+    step_key: str | None = None,
+    step_offset: int | None = None,
+    pattern: str | None = None,
+    strict: bool = False,
+    run_id: str | None = None,
+    progress: bool = False,
+) -> tuple[pd.DataFrame, IngestReport]:
+    """Read finished sources and merge them on step into the canonical metrics table (DESIGN.md).
+
+    A later source wins a (step, metric) that several sources hold, with a warning; ``step_offset`` N makes
+    metrics step = logged step - N for every source. Bad input raises :class:`~forensics.errors.ForensicsError`;
+    data quirks (NaN/inf, rewinds, malformed lines) are kept or skipped and listed in the report.
+    """
+    if isinstance(sources, (str, Path)):
+        sources = [sources]
+    readers = open_readers(sources, keys=keys, step_key=step_key, pattern=pattern, strict=strict, run_id=run_id)
+    with _progress(progress, len(readers)) as advance:
+        for reader in readers:
+            reader.finished = True
+            reader.read_all()
+            advance(reader.source)
+            if reader.report.rows == 0:
+                raise ForensicsError(f"metrics source {reader.source} yields no rows: {empty_reason(reader)}")
+    return merge_readers(readers, step_offset, keys)
+
+
+def empty_reason(reader: MetricsReader) -> str:
+    """Why a finished source gave no rows (binary data, nothing matched, every record malformed, no file)."""
+    path = Path(reader.source)
+    if path.is_file():
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(4096)
+        except OSError as exc:
+            return f"it could not be read ({exc.strerror or exc})"
+        if not head.strip():
+            return "the file is empty"
+        if b"\x00" in head or head.decode("utf-8", errors="replace").count("\ufffd") > len(head) // 20:
+            return f"it is not text (binary data), so not a {reader.format_name} file"
+    own = getattr(reader, "empty_reason", None)
+    if callable(own):
+        return own()
+    r = reader.report
+    if r.malformed:
+        where, why = r.malformed_examples[0]
+        return f"all {r.malformed} records were malformed (first at {reader._where_word} {where}: {why})"
+    return f"it holds no {reader.format_name} records with a step and a numeric value"
+
+
+class _progress:
+    """A rich progress bar on stderr over the sources (only when asked: libraries stay quiet by default)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+        self._bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda name: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(TextColumn("reading metrics"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                             TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+        self._bar.start()
+        task = self._bar.add_task("", total=self.total)
+        return lambda name: self._bar.advance(task) if self._bar else None
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def ingest(sources: Sequence[str | Path], out: str | Path, **read_options: Any) -> tuple[pd.DataFrame, IngestReport]:
+    """``forensics ingest``: read and merge the sources (a case folder stands for its metrics sources) and write
+    the canonical metrics table to ``out`` (Parquet; never over an input). ``read_options`` are
+    :func:`read_metrics`'s."""
+    from forensics.schema import check_output, open_case, write_metrics
+    from forensics.schema.case import is_metrics_folder
+
+    out = Path(out)
+    check_output(out, (".parquet", ".pq"), "output")
+    expanded: list[str] = []
+    for s in sources:
+        p = Path(s)
+        if p.is_dir() and not is_metrics_folder(p):
+            expanded += [m.path for m in open_case(p).metrics_sources]
+        else:
+            expanded.append(str(s))
+    if out.resolve() in {Path(s).resolve() for s in expanded if not str(s).startswith("wandb://")}:
+        raise ForensicsError(f"output {out} is one of the sources; inputs are never overwritten")
+    table, report = read_metrics(expanded, **read_options)
+    write_metrics(table, out)
+    return table, report

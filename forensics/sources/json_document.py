@@ -12,8 +12,8 @@ from pathlib import Path
 
 from forensics.errors import ForensicsError
 from forensics.sources.jsonl import records_from_objects
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Records
 
 #: Keys under which a document keeps its records, tried in order (``log_history``: HF Trainer).
 RECORD_KEYS = ("log_history", "history", "records", "logs")

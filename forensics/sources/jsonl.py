@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records
-from forensics.sources.tail import LazyLineNumbers, TailedFile, line_numbers
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Records
+from forensics.sources.reader.tail import LazyLineNumbers, TailedFile, line_numbers
 
 #: Lines per small block when a big block fails and is retried in pieces.
 _RETRY_LINES = 1024
@@ -166,8 +166,8 @@ def records_from_objects(objs: list[dict], where: list[int], reader: MetricsRead
                     or pa.types.is_null(columns[k].type)):
                 raise pa.ArrowInvalid("not a scalar")
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            # text and numbers mixed: as text, which the ingest engine parses cell by cell (a cell that is not a
-            # number is missing, counted with its line)
+            # text and numbers mixed: as text, which the row accumulator (reader/rows.py) parses cell by cell (a
+            # cell that is not a number is missing, counted with its line)
             columns[k] = pa.array([None if v is None else (repr(float(v)) if isinstance(v, (bool, int, float))
                                                           else str(v)) for v in raw], pa.string())
     return Records(pa.table(columns), np.asarray(where, dtype=np.int64))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.schema import STEP, metrics_table
-from forensics.sources.read import IngestReport, merge_readers, open_readers
+from forensics.sources.ingest import IngestReport, merge_readers, open_readers
 
 
 class LiveMetrics:

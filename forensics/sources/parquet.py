@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 
 from forensics.errors import ForensicsError
 from forensics.schema import STEP
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import STEP_KEYS, Records
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import STEP_KEYS, Records
 
 
 class ParquetReader(MetricsReader):

@@ -31,12 +31,12 @@ class Format:
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("jsonl", "forensics.sources.jsonl:JsonlReader", (".jsonl", ".ndjson")),
     Format("json", "forensics.sources.json_document:JsonDocumentReader", (".json",)),
-    Format("csv", "forensics.sources.csv_export:CsvReader", (".csv", ".tsv"), ("include_minmax",)),
-    Format("tensorboard", "forensics.sources.tensorboard:TensorBoardReader"),
+    Format("csv", "forensics.sources.csv_table:CsvReader", (".csv", ".tsv"), ("include_minmax",)),
+    Format("tensorboard", "forensics.sources.tensorboard.event_reader:TensorBoardReader"),
     Format("text", "forensics.sources.text_log:TextLogReader", (".log", ".txt", ".out", ".err"), ("pattern",)),
     Format("parquet", "forensics.sources.parquet:ParquetReader", (".parquet", ".pq")),
-    Format("wandb", "forensics.sources.wandb_files:WandbRunReader", (".wandb",), ("run_id",)),
-    Format("wandb-api", "forensics.sources.wandb_api:WandbApiReader"),
+    Format("wandb", "forensics.sources.wandb.run_reader:WandbRunReader", (".wandb",), ("run_id",)),
+    Format("wandb-api", "forensics.sources.wandb.api_reader:WandbApiReader"),
 )}
 
 
@@ -119,7 +119,7 @@ def open_reader(
     strict: bool = False,
     **options: Any,
 ) -> Any:
-    """The reader for a source (format detected unless given), a :class:`~forensics.sources.reader.MetricsReader`.
+    """The reader for a source (format detected unless given), a :class:`~forensics.sources.reader.base.MetricsReader`.
 
     ``options`` (``pattern``, ``run_id``, ``include_minmax``) reach the formats that accept them; others ignore them.
     """

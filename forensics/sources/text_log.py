@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 
 from forensics.errors import ForensicsError
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records, sparse_columns
-from forensics.sources.tail import TailedFile
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Records, sparse_columns
+from forensics.sources.reader.tail import TailedFile
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
 _VALUE = re.compile(rf"(?P<num>{_NUMBER})(?P<unit>[A-Za-z%µ]*)", re.IGNORECASE)

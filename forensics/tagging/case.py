@@ -31,6 +31,7 @@ from forensics.schema import (
     TEXT,
     Case,
     RunConfig,
+    batch_columns,
     check_output,
     load_plan,
     load_samples,
@@ -218,9 +219,10 @@ def tag_case_folder(
 
 def batch_gap_warnings(plan: pd.DataFrame, limit: int = 3) -> list[str]:
     """Batch ids missing inside an epoch (per rank): what a crashed recorder's unflushed part leaves behind."""
-    if not {EPOCH, BATCH_ID} <= set(plan.columns) or plan.empty:
+    batch = batch_columns(plan.columns)
+    if BATCH_ID not in batch or plan.empty:
         return []
-    group = [EPOCH] + ([RANK] if RANK in plan.columns else [])
+    group = [c for c in batch if c != BATCH_ID]  # one batch-id stream per epoch and rank
     keys = plan[group + [BATCH_ID]].drop_duplicates().sort_values(group + [BATCH_ID])
     prev = keys.groupby(group, sort=False)[BATCH_ID].shift(1)
     gap = keys[BATCH_ID] - prev.fillna(-1).astype(np.int64) - 1

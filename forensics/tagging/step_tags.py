@@ -3,9 +3,9 @@
 Definitions the rest of the tool relies on (DESIGN.md Conventions):
 
 - lengths are capped at ``max_len`` first (what the trainer sees);
-- a batch (one micro-batch on one rank, :func:`~forensics.plan.step_mapping.batch_keys`) is padded to its longest
-  sample: its padded tokens are ``batch size x longest``; a step's ``padded_tokens`` sum over its batches, and
-  ``padding_ratio`` = (padded - real) / padded, 0-1;
+- a batch (one micro-batch on one rank, :func:`~forensics.schema.batches.batch_keys`) is padded to its longest
+  sample (:mod:`forensics.plan.padding`): its padded tokens are ``batch size x longest``; a step's ``padded_tokens``
+  sum over its batches, and ``padding_ratio`` = (padded - real) / padded, 0-1;
 - a step's composition counts *samples*: ``bucket`` / ``cluster`` is the one most of its samples fall in (ties: the
   lowest id), ``*_share`` is that fraction, ``*_entropy`` the Shannon entropy of the whole mix in bits, and
   ``bucket_share_<k>`` the share of every bucket;
@@ -28,8 +28,8 @@ import pandas as pd
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index, bucket_range
 from forensics.plan.builders import capped_lengths
-from forensics.plan.step_mapping import batch_keys
-from forensics.schema import CLUSTER, EPOCH, MAX_LEN, SAMPLE_ID, STEP
+from forensics.plan.padding import batch_shapes
+from forensics.schema import CLUSTER, EPOCH, MAX_LEN, SAMPLE_ID, STEP, batch_keys
 from forensics.stats import run_lengths, steps_since_seen
 from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER
 
@@ -108,16 +108,13 @@ def tag_steps(
     real = np.bincount(step_idx, weights=lens, minlength=n_steps).astype(np.int64)
     # --- per batch: padded to its longest sample --------------------------------------------------------------------
     bk = batch_keys(plan) if len(plan) else np.zeros(0, np.int64)
-    n_batch = int(bk.max()) + 1 if len(bk) else 0
-    size = np.bincount(bk, minlength=n_batch)
-    longest = np.zeros(n_batch, dtype=np.int64)
-    np.maximum.at(longest, bk, lens)
-    batch_step = np.zeros(n_batch, dtype=np.int64)
+    shapes = batch_shapes(bk, lens)
+    batch_step = np.zeros(len(shapes.size), dtype=np.int64)
     batch_step[bk] = step_idx
     padded = real.copy() if packed else \
-        np.bincount(batch_step, weights=size * longest, minlength=n_steps).astype(np.int64)
+        np.bincount(batch_step, weights=shapes.padded, minlength=n_steps).astype(np.int64)
     n_batches = np.bincount(batch_step, minlength=n_steps)
-    del lens, bk, longest, size, batch_step
+    del lens, bk, shapes, batch_step
     # --- composition ----------------------------------------------------------------------------------------------
     bpairs = _Pairs.count_pairs(step_idx, sample_bucket[pos], n_steps, n_buckets)
     cpairs = _Pairs.count_pairs(step_idx, sample_cluster[pos], n_steps, len(cluster_values))

@@ -68,6 +68,12 @@ def render(run: LiveRun, interval_s: float, paused: bool) -> None:
                     + "\n".join(f"- {md(x)}" for x in lines[:50]))
     elif run.started:
         st.markdown(f"**{label}:** no spike found ({md(run.findings_source)}).")
+    if run.harmful_samples:
+        rows = [f"sample {h.get('sample_id')}: {h.get('reason')}" for h in run.harmful_samples[:10]]
+        more = len(run.harmful_samples) - len(rows)
+        st.markdown(f"**Harmful samples** ({len(run.harmful_samples)}, raised the loss each time they were consumed"
+                    f"{f'; {more} more in findings.json' if more > 0 else ''}):\n\n"
+                    + "\n".join(f"- {md(x)}" for x in rows))
     if run.new_causes:
         new = [f"{clock(n.found_at)} · {n.cause.get('kind')} cause, steps {steps_text(n.cause.get('steps') or [], 6)}"
                f" ({n.cause.get('severity')}): {n.cause.get('summary')}" for n in reversed(run.new_causes)]

@@ -60,6 +60,23 @@ def _same_cause(g: Finding, event: list[Finding]) -> bool:
     return not (mine and theirs) or bool(mine & theirs)
 
 
+def _narrowed(f: Finding, keep: list[int], run: RunTables) -> Finding:
+    """The harmful-samples finding for the samples no other cause tells (its steps theirs only)."""
+    import copy
+
+    rows = [r for r in run.sections.get("harmful_samples") or [] if r.get("sample_id") in set(keep)]
+    out = copy.copy(f)
+    out.suspect_samples = list(keep)
+    steps = sorted({int(s) for r in rows for s in r.get("steps") or []})
+    out.details = {**f.details, "steps": steps, "count": len(keep)}
+    n = len(keep)
+    out.evidence = [f"{n} more sample{'s' if n != 1 else ''} ({', '.join(map(str, keep[:8]))}) raised the loss each "
+                    f"time {'they were' if n != 1 else 'it was'} consumed, beside the ones the returning batches "
+                    f"hold (steps {', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''})."]
+    out.evidence += [e for e in f.evidence[1:] if any(e.startswith(f"sample {i}:") for i in keep)]
+    return out
+
+
 def cause_key(kind: str, steps: list[int], samples: list[int]) -> str:
     """A cause's stable identity: its kind, its first step and its first event's suspect samples (sorted, so that
     re-ranking them keeps the key; the first event's, so that the cause keeps its key as later events join it).
@@ -190,6 +207,7 @@ class CauseRule(Rule):
                 # the loss answered in another batch (the plan says so): the loss did not follow this one
                 support_of(g).pop("grad_norm", None)
                 support_of(g)["explained"] = NOT_FOLLOWED
+                support_of(g)["not_followed"] = True
                 continue
             if host is None:
                 events.append([g])
@@ -270,10 +288,21 @@ class CauseRule(Rule):
         that cause tells them: one batch coming back)."""
         harmful = set(f.suspect_samples)
         led = [c for c in causes if c["kind"] == "batch" and harmful & set(c["suspect_samples"][:3])]
-        if len(led) == 1 and harmful <= set(led[0]["suspect_samples"][:SUSPECTS_READ]):
+        # batches coming back (a static plan) tell their samples best as batches: they keep their causes
+        coming_back = [c for c in led if c["details"]["recurs"] and c["details"]["static_plan"]]
+        for c in coming_back:
+            c["details"]["harmful_samples"] = sorted(harmful & set(c["suspect_samples"][:SUSPECTS_READ]))
+        told = {i for c in coming_back for i in c["suspect_samples"][:SUSPECTS_READ]}
+        led = [c for c in led if c not in coming_back]
+        if harmful <= told and coming_back:
+            coming_back[0]["_members"].append(f)
+            return causes
+        if len(led) == 1 and harmful - told <= set(led[0]["suspect_samples"][:SUSPECTS_READ]):
             led[0]["details"]["harmful_samples"] = sorted(harmful)
             led[0]["_members"].append(f)
             return causes
+        if told:  # what the returning batches do not tell
+            f = _narrowed(f, sorted(harmful - told, key=f.suspect_samples.index), run)
         cause = self._finding_cause("samples", f, run)
         for c in led:
             cause["_members"] += c["_members"]

@@ -55,7 +55,8 @@ def cause_verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
         rank = {v: i for i, v in enumerate(PRIORITY)}
         pick = min((e for e in entries if e.get("verdict") != "normal"),
                    key=lambda e: rank.get(str(e.get("verdict")), len(PRIORITY)))
-    top = (pick.get("leave_out") or {}).get("sample_ids") or [x.get("sample_id") for x in (pick.get("samples") or [])[:3]]
+    top = ((pick.get("leave_out") or {}).get("sample_ids")
+           or [x.get("sample_id") for x in (pick.get("samples") or [])[:3]])
     return {"verdict": str(pick["verdict"]), "step": int(pick["step"]), "checkpoint_step": pick.get("checkpoint_step"),
             "samples": [int(i) for i in top if i is not None],
             "checkpoint": pick.get("checkpoint", "before"), "confidence": pick.get("confidence"),
@@ -176,16 +177,17 @@ def replayed_next_step(cause: dict[str, Any], rv: dict[str, Any], case: str | No
         replayed = sorted(int(x) for x in rv.get("steps") or {})
         weak = " (at a checkpoint after the step: the model may have learned the batch since)" \
             if rv.get("checkpoint") == "after" else ""
-        return (f"Replay clears step{'s' if len(replayed) > 1 else ''} {steps_list(replayed, offset)}: the batch's loss lies within its same-bucket controls' "
-                f"spread{weak}; nothing in these samples to fix.")
+        plural = "s" if len(replayed) > 1 else ""
+        return (f"Replay clears step{plural} {steps_list(replayed, offset)}: the batch's loss lies within its "
+                f"same-bucket controls' spread{weak}; nothing in these samples to fix.")
     if v == "misaligned":
         fix = next((e for e in rv.get("evidence") or [] if "step_offset" in e), "")
         hint = fix[fix.index("set step_offset"):].rstrip(".") if "set step_offset" in fix else "fix the step offset"
         again = f"forensics audit {path}" if path else "the audit"
         return f"Replay says metrics and plan are joined one step off at {at}: {hint} in run.toml, then run {again}."
     if v == "nondeterministic":
-        return (f"Replay of {at} is not deterministic (the same forward disagrees with itself): make the model's forward "
-                "deterministic (no unseeded randomness, deterministic kernels), then replay again.")
+        return (f"Replay of {at} is not deterministic (the same forward disagrees with itself): make the model's "
+                "forward deterministic (no unseeded randomness, deterministic kernels), then replay again.")
     if v == "not-reproduced":
         why = next((e for e in rv.get("evidence") or [] if e.startswith("The other batches")), "")
         return (f"Replay of {at} does not give back the logged loss in eval or train mode: check that the tokens, "

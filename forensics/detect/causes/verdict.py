@@ -22,11 +22,12 @@ def verdict(findings: dict, loss_key: str | None = None) -> str:
         text = findings.get(key)
         if isinstance(text, str) and text.strip():
             return text.strip()
-    causes = [c for c in findings.get("causes") or [] if isinstance(c, dict)]
+    # only a cause at warning or above is named: what is info (explained, recorded) never is the verdict
+    causes = [c for c in findings.get("causes") or [] if isinstance(c, dict) and c.get("severity") != "info"]
     run = findings.get("run") or {}
     loss = loss_key or run.get("loss_key") or "the loss"
     if not causes:
-        if findings.get("spikes") or findings.get("nonfinite") or "causes" not in findings:
+        if "causes" not in findings:
             return _listing(findings, loss_key)
         return _all_clear(findings, loss)
     batch = [c for c in causes if c.get("kind") == "batch"]
@@ -65,13 +66,18 @@ def _all_clear(findings: dict, loss: str) -> str:
     run = findings.get("run") or {}
     unjudged = run.get("not_judged") or []
     analysed = run.get("analysed_metrics") or [loss]
-    info = [f for f in findings.get("findings") or [] if isinstance(f, dict) and f.get("severity") != "critical"]
+    info = [f for f in findings.get("findings") or [] if isinstance(f, dict) and f.get("severity") == "info"]
     if unjudged:
         names = ", ".join(str(u.get("metric")) for u in unjudged)
         return f"No spike found, but not every metric could be judged ({names}: too few values); nothing is cleared."
-    text = f"No spike and no NaN/inf in {', '.join(map(str, analysed))} over {run.get('steps', 0):,} steps"
+    spikes = findings.get("spikes") or []
+    if spikes:
+        text = (f"No fault found in {', '.join(map(str, analysed))} over {run.get('steps', 0):,} steps: "
+                f"{len(spikes)} spike{'s' if len(spikes) != 1 else ''} explained or not followed by the loss")
+    else:
+        text = f"No spike and no NaN/inf in {', '.join(map(str, analysed))} over {run.get('steps', 0):,} steps"
     if info:
-        text += f" ({len(info)} lesser finding{'s' if len(info) > 1 else ''} recorded)"
+        text += f" ({len(info)} finding{'s' if len(info) > 1 else ''} recorded as info)"
     return text + "."
 
 

@@ -152,8 +152,8 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
     Near-duplicates are counted over the whole dataset up to ``dataset_limit`` samples (a random subset of that
     many, the suspects always in it, beyond)."""
     ids = sorted({int(i) for i in ids})
-    if not ids or not len(samples):
-        return ContentEvidence(pd.DataFrame())
+    if not ids or not len(samples) or not ({"input_ids", "token_ids", TEXT} & set(samples.columns)):
+        return ContentEvidence(pd.DataFrame())  # nothing to read: no tokens, no text
     rng = np.random.default_rng(seed)
     smp = samples.drop_duplicates(SAMPLE_ID).reset_index(drop=True)
     pos = pd.Series(np.arange(len(smp)), index=smp[SAMPLE_ID].to_numpy(np.int64))

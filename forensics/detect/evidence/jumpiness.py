@@ -1,4 +1,5 @@
-"""Bucket-explained jumpiness: how much of the loss's step-to-step wobble the step's length bucket (or cluster) explains.
+"""Bucket-explained jumpiness: how much of the loss's step-to-step wobble the step's length bucket (or cluster)
+explains.
 
 A plan whose batches each come from one length bucket makes the loss jump between bucket levels (long sequences have
 a lower per-token loss): the curve looks unstable while nothing is wrong. This module measures it:

@@ -98,7 +98,8 @@ def precedence(
     tps_change: float = 0.2,
 ) -> list[dict[str, Any]]:
     """One dict per spike (in the order given): ``step``, ``grad_norm`` (``leads``/``with``/``lags``/``none``),
-    ``lead_steps``, ``grad_norm_first_step``, ``grad_norm_baseline`` (and ``grad_norm_baseline_rows``), ``grad_norm_peak`` (largest value in the window),
+    ``lead_steps``, ``grad_norm_first_step``, ``grad_norm_baseline`` (and ``grad_norm_baseline_rows``),
+    ``grad_norm_peak`` (largest value in the window),
     ``grad_norm_peak_ratio``, ``lr``, ``lr_change`` (``{kind, step, relative}``), ``tokens_per_s`` (``{value,
     baseline, ratio, anomaly}`` or null), ``columns`` (which metrics were used) and ``evidence`` (sentences)."""
     cols = metric_columns(metrics)

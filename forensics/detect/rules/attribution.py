@@ -9,10 +9,12 @@ writes it onto a copy of the finding:
    tail ``P(X >= k | n, q)``; the buckets (clusters) present in the spike's batch are ranked by that p-value, then
    by their share of the batch. Evidence reads "bucket 5 (3296, 8192]: 8% of steps but 4 of 4 spikes (p = 4e-05);
    all 3 samples of this batch".
-2. **Samples**, most suspect first: samples over-represented in spike batches (:func:`~forensics.detect.rules.recurrence.
+2. **Samples**, most suspect first: samples over-represented in spike batches
+(:func:`~forensics.detect.rules.recurrence.
    sample_enrichment`, in two spike batches or more, lowest p-value first), then the first-cut ranking of
    :mod:`forensics.detect.evidence.suspects` (recurrence, then length/cluster outlyingness and near-duplicates).
-3. **Recurrence**: where the same batch came back and what the loss did there (:func:`~forensics.detect.rules.recurrence.
+3. **Recurrence**: where the same batch came back and what the loss did there
+(:func:`~forensics.detect.rules.recurrence.
    batch_recurrence`), written to the finding's flat ``recurrence`` list (``epoch``, ``step``, ``value``,
    ``baseline``, ``ratio``, ``overlap``, ``jaccard``, ``is_spike``) that the report draws.
 4. **Precedence**: grad norm before/with/after the loss, lr and tokens/s (:mod:`forensics.detect.evidence.precedence`).

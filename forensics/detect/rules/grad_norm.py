@@ -32,7 +32,8 @@ NOT_FOLLOWED = "not_followed"
 def unfollowed(found: list[Finding], grad: str | None) -> list[Finding]:
     """The grad-norm spikes the loss did not follow."""
     return [f for f in found if f.kind == "spike" and grad is not None and f.metric == grad
-            and (f.details.get("support") or {}).get("explained") == NOT_FOLLOWED]
+            and ((f.details.get("support") or {}).get("explained") == NOT_FOLLOWED
+                 or (f.details.get("support") or {}).get("not_followed"))]
 
 
 class GradNormRule(Rule):
@@ -101,6 +102,12 @@ class GradNormRule(Rule):
             evidence.append(f"A clipping threshold of {suggested:.3g} (the {100 * self.quantile:g}th percentile of "
                             f"the quiet steps) would clip {100 * details['suggested_clipped_share']:.1f}% of steps.")
         evidence += [f"They concentrate in {w}." for w in clustered]
+        small = [f for f in spikes if (f.details.get("batch_size") or {}).get("n_samples") is not None]
+        if small:
+            b = small[0].details["batch_size"]
+            evidence.append(f"{len(small)} of them on small batches ({b['words']}): a mean over few samples has a "
+                            "larger gradient norm.")
+            details["small_batches"] = [int(f.peak_step if f.peak_step is not None else f.step) for f in small]
         return Finding(kind="grad_norm_spikes", step=first, end_step=last, metric=grad, value=ratio,
                        severity=INFO, evidence=evidence, details={**details, "support": support,
                                                                   "confidence": 1.0 - 0.5 / max(len(spikes), 1)},

@@ -29,41 +29,15 @@ carries them (cause kind ``samples``): several appearances that agree are its se
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
-import scipy.sparse as sp
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.evidence.content import content_evidence
 from forensics.detect.findings import INFO, Finding
 from forensics.detect.params import at_least, fraction, positive
-from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, STEP
+from forensics.schema import N_TOKENS, SAMPLE_ID, STEP
 from forensics.schema.steps import steps_list
-from forensics.stats import MAD_TO_SD, rolling_median
 
-#: A cluster holding less than this share of the samples is not a covariate (a small family of corrupted samples
-#: may be a cluster of its own: its share would explain them away).
-COVARIATE_CLUSTER_SHARE = 0.05
-#: Huber's constant (robust SDs) for the tag fit's weights.
-HUBER_C = 1.5
-#: The ridge penalty that shares a step's excess among the samples with content evidence, in units of a typical such
-#: sample's squared token shares (3: several corrupted samples of one batch keep a share each; measured on the
-#: length-grouped fixture run whose longest samples are corrupted: 1 lists 7 of 10, 3 and 10 list 8, no clean one).
-RIDGE = 3.0
-#: The share of steps the tag fit is made on in the end (the best-fitting ones: trimmed squares).
-TRIM_KEEP = 0.8
-
-
-def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
-    """Benjamini-Hochberg q-values of ``p``."""
-    n = len(p)
-    if not n:
-        return p
-    order = np.argsort(p)
-    ranked = p[order] * n / np.arange(1, n + 1)
-    q = np.minimum.accumulate(ranked[::-1])[::-1]
-    out = np.empty(n)
-    out[order] = np.minimum(q, 1.0)
-    return out
+__all__ = ["HarmfulSamplesRule"]
 
 
 class HarmfulSamplesRule(Rule):
@@ -71,7 +45,7 @@ class HarmfulSamplesRule(Rule):
 
     Parameters: ``q`` 0.05 (the false-discovery limit), ``window`` 101 (logged values in the trend's rolling median),
     ``permutations`` 20 (random re-assignments of the residuals for the null), ``max_pursuit`` 200 (samples the
-    greedy pursuit may take), ``max_listed`` 50, ``seed`` 0.
+    greedy pursuit may take), ``max_listed`` 50, ``seed`` 1.
     """
 
     name = "samples"
@@ -97,6 +71,9 @@ class HarmfulSamplesRule(Rule):
         if not run.has_plan:
             return []
         self.check_inputs(run)
+        # the estimator needs scipy's sparse matrices: imported only when a plan is there to estimate from
+        from forensics.detect.evidence.sample_effects import estimate
+
         est = estimate(run, window=self.window, permutations=self.permutations, max_pursuit=self.max_pursuit,
                        seed=self.seed)
         if est is None:
@@ -105,26 +82,31 @@ class HarmfulSamplesRule(Rule):
         if listed.empty:
             return []
         content = content_evidence(run.samples, listed[SAMPLE_ID].tolist())
+        last = int(run.metrics[STEP].max())
+        plan = run.plan[run.plan[SAMPLE_ID].isin(listed[SAMPLE_ID]) & (run.plan[STEP] <= last)]
+        consumed = plan.groupby(SAMPLE_ID)[STEP].apply(lambda x: sorted(set(int(v) for v in x))).to_dict()
         rows = []
         for r in listed.itertuples():
             sid = int(r.sample_id)
-            steps = [int(s) for s in r.steps]
+            steps = consumed.get(sid) or [int(s) for s in r.steps]  # every step that consumed it
             reason = (f"consumed {r.appearances} times (steps {steps_list(steps, run.logged_offset)}); the loss was "
                       f"{100 * r.effect:.0f}% above what its trend and tags expect each time it was there on average "
                       f"(z = {r.z:.1f}, q = {r.q:.2g})")
             if r.block > 1:
-                reason += f"; always in the same steps as {r.block - 1} other sample(s), which the run cannot tell apart"
+                reason += (f"; always in the same steps as {r.block - 1} other sample(s), which the run cannot "
+                           "tell apart")
             if content.flagged(sid):
                 reason += "; " + "; ".join(content.reasons[sid])
-            rows.append({"sample_id": sid, "appearances": int(r.appearances), "steps": steps,
+            rows.append({"sample_id": sid, "appearances": len(steps), "steps": steps,
                          "logged_steps": [s + run.logged_offset for s in steps], "effect": float(r.effect),
                          "z": float(r.z), "q": float(r.q), "reason": reason,
                          "content": list(content.reasons.get(sid, []))})
         rows.sort(key=lambda x: (not x["content"], -x["effect"]))
         self.section_ = rows
         all_steps = sorted({s for x in rows for s in x["steps"]})
-        agree = sum(x["appearances"] >= 2 for x in rows)
-        support = {"critical": True} if agree >= 1 and rows[0]["appearances"] >= 2 else {}
+        # a second line of evidence: the samples' own content, or several samples whose appearances all agree
+        repeated = [x for x in rows if x["appearances"] >= 2]
+        support = {"critical": True} if any(x["content"] for x in repeated) or len(repeated) >= 2 else {}
         n = len(rows)
         ids = ", ".join(str(x["sample_id"]) for x in rows[:8]) + (" ..." if n > 8 else "")
         summary = (f"{n} sample{'s' if n != 1 else ''} ({ids}) raised the loss each time they were consumed (steps "
@@ -137,233 +119,4 @@ class HarmfulSamplesRule(Rule):
                         details={"steps": all_steps, "support": support, "count": n,
                                  "confidence": float(1.0 - min(x["q"] for x in rows))})]
 
-
-def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_pursuit: int = 200,
-             seed: int = 1) -> pd.DataFrame | None:
-    """Per sample of the plan: ``appearances``, ``steps``, ``effect``, ``z``, ``p``, ``q``, ``block``, ``content``
-    (module docstring); None when the run is too short to say anything (fewer than 50 logged values)."""
-    rows = run.written_rows(run.loss_key)
-    steps = rows[STEP].to_numpy(np.int64)
-    loss = rows[run.loss_key].to_numpy(np.float64, na_value=np.nan)
-    ok = np.isfinite(loss) & (loss > 0)
-    steps, loss = steps[ok], loss[ok]
-    if len(steps) < 50:
-        return None
-    y = np.log(loss)
-    e = y - rolling_median(y, min(window, max(5, len(y) // 4) | 1))
-    w, ids, counts, step_lists = _membership(run, steps)
-    if w.shape[1] == 0:
-        return None
-    content = content_evidence(run.samples, ids, seed=seed)
-    flagged = np.array([content.flagged(int(i)) for i in ids], dtype=bool)
-    x = _covariates(run, steps, w, ids)
-    beta = np.zeros(w.shape[1])
-    gamma = np.zeros(x.shape[1])
-    for _ in range(3):  # the tags' fit and the sample effects, each with the other held
-        gamma = _huber(x, e - w @ beta)
-        beta = _pursuit(w, e - x @ gamma, max_pursuit, first=flagged)
-    r = e - x @ gamma
-    sigma = _robust_sd(r - w @ beta)
-    z = _scores(w, r, beta, flagged, sigma)
-    rng = np.random.default_rng(seed)
-    norms = np.sqrt(np.asarray(w.multiply(w).sum(axis=0)).ravel())
-    norms = np.where(norms > 0, norms, np.inf)
-    r_final = r - w @ beta
-    wt = w.T.tocsr()
-    null = np.concatenate([(wt @ rng.permutation(r_final)) / (sigma * norms) for _ in range(permutations)])
-    null = np.sort(null[np.isfinite(null)])
-    p = (1.0 + len(null) - np.searchsorted(null, z, side="left")) / (1.0 + len(null))
-    p = np.where(np.isfinite(z), p, 1.0)
-    q = np.ones(len(p))
-    for family in (flagged, ~flagged):  # stratified by the content evidence: each family's false discoveries <= q
-        q[family] = benjamini_hochberg(p[family])
-    shared = _shared_by_batch(w, r / sigma, z) & ~flagged
-    q = np.where(shared, 1.0, q)
-    contributions = w.multiply(beta[None, :]).tocsc()
-    effect = np.zeros(len(ids))
-    for j in np.flatnonzero(beta > 0):
-        col = contributions.getcol(j).data
-        effect[j] = float(np.mean(np.expm1(col))) if len(col) else 0.0
-    return pd.DataFrame({SAMPLE_ID: ids, "appearances": counts, "steps": step_lists, "effect": effect, "z": z,
-                         "p": p, "q": q, "block": _blocks(w), "content": flagged, "batch_level": shared})
-
-
-def _shared_by_batch(w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, share: float = 0.5) -> np.ndarray:
-    """Samples whose excess their batch-mates share: the median score of the other samples of its steps (each on
-    the run's residuals alone) reaches half its own. Such an excess is the batch's, a tag effect (long QA batches
-    that are harder), not the sample's; a corrupted sample's random batch-mates score near 0."""
-    a = (w > 0).astype(np.float64).tocsr()
-    counts = np.asarray(a.sum(axis=0)).ravel()
-    marginal = (a.T @ r) / np.sqrt(np.maximum(counts, 1.0))
-    out = np.zeros(len(z), bool)
-    candidates = np.flatnonzero(z > 2.0)
-    if not len(candidates):
-        return out
-    ac = a.tocsc()
-    for j in candidates:
-        rows = ac.indices[ac.indptr[j]:ac.indptr[j + 1]]
-        mates = np.setdiff1d(a[rows].indices, [j])
-        if len(mates) and float(np.median(marginal[mates])) >= share * float(marginal[j]):
-            out[j] = True
-    return out
-
-
-def _scores(w: sp.csr_matrix, r: np.ndarray, beta: np.ndarray, flagged: np.ndarray, sigma: float) -> np.ndarray:
-    """Each sample's score with its co-members' effects removed: a sample without content evidence after every
-    selected one (its own effect put back); one with content evidence after the samples without any, and sharing
-    its steps' excess with the other such samples by a non-negative ridge fit (two corrupted samples of one batch
-    do not explain each other away)."""
-    from scipy.optimize import lsq_linear
-
-    wt = w.T.tocsr()
-    norms2 = np.asarray(w.multiply(w).sum(axis=0)).ravel()
-    norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
-    z = (wt @ (r - w @ beta) + norms2 * beta) / (sigma * norms)
-    if not flagged.any():
-        return z
-    r_flag = r - w @ np.where(flagged, 0.0, beta)
-    marginal = (wt @ r_flag) / (sigma * norms)
-    chosen = np.flatnonzero(flagged & (marginal > 1.0))
-    z = np.where(flagged, marginal, z)
-    if len(chosen):
-        wc = w.tocsc()[:, chosen]
-        lam = RIDGE * float(np.median(norms2[chosen]))
-        stacked = sp.vstack([wc, sp.identity(len(chosen)) * np.sqrt(lam)]).tocsr()
-        b = lsq_linear(stacked, np.concatenate([r_flag, np.zeros(len(chosen))]), bounds=(0, np.inf)).x
-        rest = r_flag - wc @ b
-        z[chosen] = (wt[chosen] @ rest + norms2[chosen] * b) / (sigma * norms[chosen])
-    return z
-
-
-def _membership(run: RunTables, steps: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray, list]:
-    """The logged steps x samples matrix of token shares (a logged value covers its window's steps)."""
-    plan = run.plan[[STEP, SAMPLE_ID]]
-    smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)[N_TOKENS]
-    tokens = smp.reindex(plan[SAMPLE_ID].to_numpy()).to_numpy(np.float64)
-    tokens = np.where(np.isfinite(tokens) & (tokens > 0), tokens, 1.0)
-    every = max(1, int(run.logging_steps))
-    pstep = plan[STEP].to_numpy(np.int64)
-    # plan step -> the logged row whose window holds it (the first logged step at or after it, within the window)
-    row = np.searchsorted(steps, pstep, side="left")
-    inside = row < len(steps)
-    inside[inside] &= steps[row[inside]] - pstep[inside] < every
-    ids, col = np.unique(plan[SAMPLE_ID].to_numpy(np.int64)[inside], return_inverse=True)
-    r, t = row[inside], tokens[inside]
-    total = np.bincount(r, weights=t, minlength=len(steps))
-    w = sp.csr_matrix((t / total[r], (r, col)), shape=(len(steps), len(ids)))
-    w.sum_duplicates()
-    appear = sp.csr_matrix((np.ones(len(r)), (r, col)), shape=(len(steps), len(ids)))
-    appear.sum_duplicates()
-    csc = appear.tocsc()
-    step_lists = [steps[csc.indices[csc.indptr[j]:csc.indptr[j + 1]]].tolist() for j in range(len(ids))]
-    counts = np.array([len(s) for s in step_lists], np.int64)
-    return w, ids, counts, step_lists
-
-
-def _covariates(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray) -> np.ndarray:
-    """Intercept, mean log sample length, log samples per step, shares of the large clusters."""
-    smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
-    loglen = np.log(np.maximum(smp[N_TOKENS].reindex(ids).to_numpy(np.float64), 1.0))
-    m = w @ loglen
-    m = m - np.mean(m)
-    n_samples = np.asarray((w > 0).sum(axis=1)).ravel().astype(np.float64)
-    cols = [np.ones(len(steps)), m, np.log(np.maximum(n_samples, 1.0))]
-    if CLUSTER in smp.columns:
-        clusters = smp[CLUSTER].reindex(ids).to_numpy()
-        shares = pd.Series(clusters).value_counts(normalize=True)
-        for c in shares.index[shares >= COVARIATE_CLUSTER_SHARE][1:]:  # the largest is the intercept's
-            cols.append(w @ (clusters == c).astype(np.float64))
-    x = np.column_stack(cols)
-    keep = [0] + [k for k in range(1, x.shape[1]) if np.std(x[:, k]) > 1e-12]
-    return x[:, keep]
-
-
-def _robust_sd(r: np.ndarray) -> float:
-    r = r[np.isfinite(r)]
-    if not len(r):
-        return 1.0
-    return max(float(np.median(np.abs(r - np.median(r)))) * MAD_TO_SD, 1e-9)
-
-
-def _huber(x: np.ndarray, y: np.ndarray, iterations: int = 20, keep: float = TRIM_KEEP) -> np.ndarray:
-    """Huber-weighted least squares, then trimmed: refitted on the ``keep`` share of steps it fits best until that
-    set stops changing (least trimmed squares' concentration steps). The trimming is what a few corrupted steps at
-    the end of the length range cannot pull (a high-leverage point draws a Huber fit towards itself)."""
-    gamma = _huber_weighted(x, y, iterations)
-    ok = np.isfinite(y)
-    xs, ys = x[ok], y[ok]
-    h = max(x.shape[1] + 1, int(keep * len(ys)))
-    chosen = None
-    for _ in range(10):
-        r = np.abs(ys - xs @ gamma)
-        idx = np.sort(np.argpartition(r, h - 1)[:h])
-        if chosen is not None and np.array_equal(idx, chosen):
-            break
-        chosen = idx
-        gamma = np.linalg.lstsq(xs[idx], ys[idx], rcond=None)[0]
-    return gamma
-
-
-def _huber_weighted(x: np.ndarray, y: np.ndarray, iterations: int = 20) -> np.ndarray:
-    """Huber-weighted least squares (iteratively reweighted)."""
-    ok = np.isfinite(y)
-    x, y = x[ok], y[ok]
-    gamma = np.linalg.lstsq(x, y, rcond=None)[0]
-    for _ in range(iterations):
-        r = y - x @ gamma
-        s = _robust_sd(r)
-        a = np.abs(r) / (HUBER_C * s)
-        wts = np.where(a <= 1, 1.0, 1.0 / np.maximum(a, 1e-12))
-        sw = np.sqrt(wts)
-        new = np.linalg.lstsq(x * sw[:, None], y * sw, rcond=None)[0]
-        if np.allclose(new, gamma, atol=1e-10):
-            break
-        gamma = new
-    return gamma
-
-
-def _pursuit(w: sp.csr_matrix, r: np.ndarray, max_pursuit: int, first: np.ndarray | None = None) -> np.ndarray:
-    """Non-negative pursuit of the sample effects (module docstring): the sample whose steps hold the most excess
-    is taken, all taken samples' effects are refitted together (non-negative least squares), and again; samples
-    with content evidence (``first``) are taken first, the rest only for what those leave."""
-    from statistics import NormalDist
-
-    from scipy.optimize import lsq_linear
-
-    sigma = _robust_sd(r)
-    wt = w.T.tocsr()
-    wc = w.tocsc()
-    norms2 = np.asarray(w.multiply(w).sum(axis=0)).ravel()
-    norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
-    beta = np.zeros(w.shape[1])
-    taken: list[int] = []
-    resid = r.copy()
-    # a score a clean sample reaches by chance over the plan's samples (a Gaussian's: the stopping rule)
-    stop = NormalDist().inv_cdf(1.0 - 0.05 / max(w.shape[1], 1))
-    phase_one = first is not None and bool(first.any())
-    while len(taken) < max_pursuit:
-        score = (wt @ resid) / (sigma * norms)
-        score[taken] = -np.inf
-        if phase_one:
-            score[~first] = -np.inf
-        j = int(np.argmax(score))
-        if not score[j] >= stop:
-            if phase_one:
-                phase_one = False
-                continue
-            break
-        taken.append(j)
-        fit = lsq_linear(wc[:, taken], r, bounds=(0, np.inf)).x
-        beta[:] = 0.0
-        beta[taken] = fit
-        resid = r - wc[:, taken] @ fit
-    return beta
-
-
-def _blocks(w: sp.csr_matrix) -> np.ndarray:
-    """For each sample: how many samples (itself included) share exactly its set of steps."""
-    csc = (w > 0).tocsc()
-    keys = [tuple(csc.indices[csc.indptr[j]:csc.indptr[j + 1]].tolist()) for j in range(w.shape[1])]
-    counts = pd.Series(keys).map(pd.Series(keys).value_counts())
-    return counts.to_numpy(np.int64)
 

@@ -2,7 +2,8 @@
 
 A plan whose batches each come from one length bucket makes the loss jump between bucket levels. When the batch
 order is random that jumpiness is white noise around the trend: harmless, measured by ``bucket_variance_share``
-(:mod:`forensics.detect.evidence.jumpiness`) and not an oscillation. When a sampler cycles through the buckets (or content
+(:mod:`forensics.detect.evidence.jumpiness`) and not an oscillation. When a sampler cycles through the buckets (or
+content
 clusters) in a fixed order the same levels come back every ``P`` steps and the loss *swings* with period ``P``: that
 is an oscillation, and so is a periodic swing with any other cause (a data-loader shard cycle, an lr schedule with
 restarts).
@@ -53,7 +54,7 @@ import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.evidence.jumpiness import bucket_variance_share
-from forensics.detect.findings import CRITICAL, Finding
+from forensics.detect.findings import Finding
 from forensics.detect.params import Param, fraction, positive
 from forensics.detect.tags import BUCKET, StepLookup
 from forensics.errors import ForensicsError
@@ -281,7 +282,8 @@ def detect_oscillation(
 
     Keys: ``detected`` (module docstring), ``bucket_variance_share``, ``cluster_variance_share`` (0-1 or null),
     ``period`` (steps; null when not detected), ``strength`` (share of the detrended variance in the period's
-    profile; see the module docstring), ``strength_beyond_bucket``, ``aligned_with`` (``"bucket"``, ``"cluster"`` or null), ``p_value``, ``autocorrelation`` (at lag
+    profile; see the module docstring), ``strength_beyond_bucket``, ``aligned_with`` (``"bucket"``, ``"cluster"`` or
+    null), ``p_value``, ``autocorrelation`` (at lag
     ``period``), ``candidate_period`` (the strongest period tested, even when not detected), ``explained_by``
     (when detected, per tags column: the share of the period's profile its offsets explain), ``window``,
     ``evidence`` (sentences with the numbers) and ``next_step``.
@@ -483,7 +485,9 @@ class OscillationRule(Rule):
             return []
         steps = run.metrics["step"]
         return [Finding(kind="oscillation", step=int(steps.iloc[0]), end_step=int(steps.iloc[-1]),
-                        metric=run.loss_key, severity=CRITICAL,
-                        evidence=list(osc.get("evidence") or []), next_step=osc.get("next_step"),
+                        metric=run.loss_key, evidence=list(osc.get("evidence") or []), next_step=osc.get("next_step"),
                         details={"period": osc.get("period"), "strength": osc.get("strength"),
-                                 "confidence": 1.0 - float(osc.get("p_value") or 0.0)})]
+                                 "confidence": 1.0 - float(osc.get("p_value") or 0.0),
+                                 # a periodic line the buckets (or clusters) explain is the batch mix, not a fault
+                                 "support": ({"explained": str(osc["aligned_with"])}
+                                             if osc.get("aligned_with") in (BUCKET, CLUSTER) else {})})]

@@ -8,7 +8,8 @@ wherever that batch returns; if it was bad luck of the step, it does not. Two me
 whose sample set has a Jaccard similarity of at least ``min_jaccard`` (default 0.8: the same batch, or most of it)
 with it is a recurrence, with its ``epoch``, ``jaccard``, ``overlap`` (share of the spike's samples present),
 ``value`` (the metric there), ``baseline`` and ``ratio`` = value / baseline. The baseline is the one
-:mod:`forensics.detect.evidence.jumpiness` defines: the centred rolling median (``window`` steps) plus the median residual of
+:mod:`forensics.detect.evidence.jumpiness` defines: the centred rolling median (``window`` steps) plus the median
+residual of
 the step's bucket when tags are given, so a long-sequence batch is compared with long-sequence steps.
 
 **Sample enrichment** (:func:`sample_enrichment`). If spike steps were ordinary steps drawn at random, the number of

@@ -8,7 +8,7 @@ where a descent flattens). With ``trend=False`` it is the plain median of the la
 
 **Two conditions together** flag a step:
 
-- a robust score ``(value - baseline) / (1.4826 * MAD) >= z``, the MAD being the median absolute residual of the
+- a robust score ``(value - baseline) / (MAD_TO_SD * MAD) >= z`` (``forensics.stats.MAD_TO_SD``), the MAD being the median absolute residual of the
   last ``window`` accepted steps about their baselines (the local noise);
 - a relative jump ``value - baseline >= (ratio - 1) * |baseline|`` (and ``>= min_jump``, an absolute margin for
   metrics near 0).
@@ -91,7 +91,7 @@ The jump condition (``ratio``, ``min_jump``) always applies; the score must then
     off   = m_b - mean of m_k over the buckets known so far                      (0 without a bucket)
     T     = trend of the last W accepted values of y = x - off (see "The baseline")
     base  = T + off
-    scale = 1.4826 * median |x - base| over the last W accepted steps            (MAD about the baseline)
+    scale = MAD_TO_SD * median |x - base| over the last W accepted steps            (MAD about the baseline)
     flag  = (x - base) / scale >= z  and  x - base >= max((ratio - 1) * |base|, min_jump)
             (or the same with z_large and ratio_large, with buckets)
 

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.detect.causes.severity import assign_severities
+from forensics.detect.evidence.batch_size import judge_batch_size
 from forensics.detect.findings import Finding
 from forensics.detect.spikes.detector import JOINT_LEAD, SpikeDetector
 from forensics.detect.tags import BUCKET, BUCKET_RANGE, attach_tags
@@ -204,6 +205,7 @@ class SpikeDriver:
             if joint is not None:
                 f.details["joint"] = joint
             _joint_support(f, joint, self.grad_norm_key)
+            judge_batch_size([f], self.tags_)
             if self.logging_steps > 1:
                 cover_window(f, self.logging_steps)
         assign_severities([f])
@@ -222,6 +224,7 @@ def _joint_support(f: Finding, joint: str | None, grad: str | None) -> None:
             support["loss_weak"] = True
         else:
             support["explained"] = "not_followed"
+            support["not_followed"] = True
 
 
 def _written_rows(rows: pd.DataFrame, metric: str) -> pd.DataFrame:

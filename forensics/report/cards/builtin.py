@@ -109,7 +109,8 @@ def nonfinite_card(items: list[dict]) -> str:
         f'<article class="card finding nonfinite" data-kind="nonfinite" data-step="{first}">',
         f'<header><span class="badge alert">non-finite</span><h3>{len(items)} NaN/inf value'
         f'{"s" if len(items) != 1 else ""}<small> · steps {first}–{last}</small></h3></header>',
-        numbers_block([("metrics", esc(", ".join(metrics))), ("first step", fmt_num(first)), ("last step", fmt_num(last))]),
+        numbers_block([("metrics", esc(", ".join(metrics))), ("first step", fmt_num(first)),
+                       ("last step", fmt_num(last))]),
         f'<div class="scroll"><table><thead><tr><th>step</th><th>metric</th><th>value</th></tr></thead>'
         f"<tbody>{rows}</tbody></table></div>",
         f'<p class="muted">… and {more} more.</p>' if more > 0 else "",
@@ -129,7 +130,8 @@ def oscillation_card(osc: dict) -> str:
     detected = bool(osc.get("detected"))
     share = osc.get("bucket_variance_share")
     explained = share is not None and share >= JUMPINESS_SHARE
-    title = "Oscillation detected" if detected else "Jumpiness explained by the batch mix" if explained else "Oscillation"
+    title = ("Oscillation detected" if detected else "Jumpiness explained by the batch mix" if explained
+             else "Oscillation")
     shown = {"detected", "bucket_variance_share", "cluster_variance_share", "evidence", "next_step"}
     numbers = numbers_block([
         ("detected", "yes" if detected else "no"),
@@ -262,7 +264,8 @@ def cause_card(
         lead = next((s for s in events.get(first, []) if s.get("metric") == loss_key), events.get(first, [lead])[0])
         start = int(lead["step"])
         end = int(lead["end_step"]) if lead.get("end_step") is not None else start
-        batch = batch_table(lead, first, start, end, lookup, batches, names) + recurrence_table(lead, str(lead.get("metric")))
+        batch = (batch_table(lead, first, start, end, lookup, batches, names)
+                 + recurrence_table(lead, str(lead.get("metric"))))
     steps = cause.get("events") or cause.get("steps") or []
     logged = cause.get("logged_steps") or []
     offset = int(logged[0]) - int(cause["steps"][0]) if logged and cause.get("steps") else 0
@@ -294,7 +297,8 @@ def _replay_rows(results: list[dict]) -> str:
     rows = "".join(
         f"<tr><td>{esc(r.get('step'))}</td><td><b>{esc(r.get('verdict'))}</b></td>"
         f"<td>{esc(r.get('checkpoint_step'))}</td><td>{esc(fmt_num(r.get('logged')))} / "
-        f"{esc(fmt_num(r.get('replayed')))}</td><td>{prose(' '.join(map(str, (r.get('evidence') or [])[:3])))}</td></tr>"
+        f"{esc(fmt_num(r.get('replayed')))}</td>"
+        f"<td>{prose(' '.join(map(str, (r.get('evidence') or [])[:3])))}</td></tr>"
         for r in results)
     return (f'<section><h4>Replay (forensics replay)</h4><div class="scroll"><table class="replay"><thead><tr>'
             f"<th>step</th><th>verdict</th><th>checkpoint</th><th>logged / replayed</th><th>evidence</th></tr></thead>"

@@ -9,12 +9,12 @@ back flat arrays: per row its byte offset and step, per value its row, key and J
 afterwards, by Arrow, all at once), and per summary key only its last update or removal.
 
 It does nothing irregular. It stops before the first chunk that fails a check and at the end of the bytes it was
-given; :func:`read_run_file` then lets :class:`~forensics.sources.wandb_records.RecordLog` (the exact reader, which
+given; :func:`read_run_file` then lets :class:`~forensics.sources.wandb.record_log.RecordLog` (the exact reader, which
 resynchronises after damage and waits on a record still being written) read from there, one record, and carries on
 here. Records whose meaning needs Python are handed over whole, as payloads, in file order: config, run and exit
 records, records it cannot walk, and history rows that are not all plain numbers (text, media, lists, typed values,
 a non-UTF-8 key). So a row is read by exactly one of the two paths, with the same result, and the Python path
-(:meth:`~forensics.sources.wandb_files.WandbRunReader._history_row`) stays the definition of what a row holds.
+(:meth:`~forensics.sources.wandb.run_reader.WandbRunReader._history_row`) stays the definition of what a row holds.
 What it does not check, where protobuf would: the fields of records it skips (telemetry, stats, output) and the
 strings of fields it ignores; their checksums verified, so only a broken writer could make them differ.
 """
@@ -35,10 +35,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from forensics.errors import ForensicsError
-from forensics.sources import wandb_kernel as K
-from forensics.sources.damage import Damage
-from forensics.sources.wandb_kernel import END, FULL_TABLE, HANDED, LIMIT
-from forensics.sources.wandb_records import _TYPE_CRC, RecordLog, record_class, wandb_protos
+from forensics.sources.reader.records import Damage
+from forensics.sources.wandb import scan_kernel as K
+from forensics.sources.wandb.record_log import _TYPE_CRC, RecordLog, record_class, wandb_protos
+from forensics.sources.wandb.scan_kernel import END, FULL_TABLE, HANDED, LIMIT
 
 #: Bytes read per compiled pass (a record longer than this doubles it for the pass that needs it).
 WINDOW = 8 << 20
@@ -51,7 +51,7 @@ _TABLE_SLOTS = 4096
 
 @lru_cache(maxsize=1)
 def field_numbers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The protobuf field numbers the loop needs (``wandb_kernel.F_*``), the ``record_type`` oneof's members, and
+    """The protobuf field numbers the loop needs (``scan_kernel.F_*``), the ``record_type`` oneof's members, and
     HistoryItem's typed values, from the installed ``wandb_internal_pb2`` (so a wandb that renumbered would still be
     read right); last in the numbers, the longest integer text Python's json reads (``F_INT_DIGITS``)."""
     pb = wandb_protos()
@@ -97,7 +97,7 @@ class ScanBatch:
     """What one compiled pass read: rows, their values, the last summary operations, and the records it handed over.
 
     ``row_offset``/``row_step``: each row's byte offset and ``HistoryStep.num``. ``item_*``: one entry per value, its
-    row (index into the rows), its key (index into ``keys``) and its kind (``wandb_kernel.V_*``); ``values``: float64
+    row (index into the rows), its key (index into ``keys``) and its kind (``scan_kernel.V_*``); ``values``: float64
     (a null's is a placeholder). ``summary``: per key the pass touched, ``(last operation (S_UPDATE or S_REMOVE),
     rank of its first update since its last removal (-1 for none), whether the pass removed it, SummaryItem
     bytes)``. ``handed``: ``(start, end, payload)`` of each record for the Python path, in file order (only the last

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 
 from forensics.errors import ForensicsError
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records
-from forensics.sources.tail import TailedFile
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Records
+from forensics.sources.reader.tail import TailedFile
 
 _WANDB_COLUMN = re.compile(r"^(?P<run>.+?) - (?P<key>.+?)(?P<band>__MIN|__MAX)?$")
 

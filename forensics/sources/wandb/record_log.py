@@ -15,6 +15,11 @@ wandb 0.30 removed its Python reader, so this module reads the format directly (
 reading stops cleanly before it and resumes there next time. Damage (a bad checksum, an impossible length or type, a
 split record out of its block structure) loses only the damaged record: reading resumes at the next record whose own
 checksum verifies, and :attr:`RecordLog.damaged` lists each skipped region.
+
+Decoding what the records hold is here too, because both W&B readers need it: an item's flat key and value, the
+numeric leaves of a logged value (text and media are dropped and counted), which keys are W&B's own bookkeeping
+(:data:`WANDB_STEP`, :data:`KEPT_INTERNAL`), and rows -> an Arrow table. The run-file reader and the public API
+reader decode the same way, so a run reads the same from its file and from the server.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from forensics.errors import ForensicsError, require
-from forensics.sources.damage import Damage
+from forensics.sources.reader.records import Damage
 
 HEADER_IDENT = b":W&B"
 HEADER_MAGIC = 0xBEE1
@@ -49,6 +54,13 @@ _WINDOW_BLOCKS = 64
 #: Candidate offsets tested per read while resynchronising after damage.
 _RESYNC_WINDOW = 1 << 16
 
+#: The step W&B counts itself; a logged metric named ``step`` is a metric unless ``step_key`` says otherwise.
+WANDB_STEP = "_step"
+#: Internal keys kept: the step and the wall-clock time of the row.
+KEPT_INTERNAL = ("_step", "_timestamp")
+#: A history key ending so names the type of a media object logged under the key before it.
+MEDIA_MARK = "/_type"
+
 
 class RecordLog:
     """Reads the records of one ``.wandb`` file, from where the last read stopped.
@@ -56,8 +68,8 @@ class RecordLog:
     ``offset`` is the byte after the last complete record returned or damaged region skipped (0 before the header
     has been read). ``tail_bytes`` is how many bytes past ``offset`` were present at the last read but did not yet
     form a complete record: normal for a run still being written, a truncation for a finished one. ``damaged``
-    lists the regions skipped so far (:class:`~forensics.sources.damage.Damage`, steps not filled in: the framing
-    does not know them). A chunk that fails its checks (checksum, type, length within its block, the block
+    lists the regions skipped so far (:class:`~forensics.sources.reader.records.Damage`, steps not filled in: the
+    framing does not know them). A chunk that fails its checks (checksum, type, length within its block, the block
     structure of split records) loses its record only: reading resumes at the next FULL or FIRST chunk whose own
     checksum verifies, found by scanning forward byte by byte (not only at the next block, as LevelDB's reader does).
     A failed chunk with nothing verifiable after it is, while the file may still grow, left for the next read (the
@@ -90,7 +102,8 @@ class RecordLog:
             try:
                 rec.ParseFromString(payload)
             except Exception as exc:  # protobuf's DecodeError: the checksum passed, so the writer wrote it so
-                self.damaged.append(Damage(start, self.offset - start, f"record does not decode as a W&B Record: {exc}"))
+                self.damaged.append(Damage(start, self.offset - start,
+                                           f"record does not decode as a W&B Record: {exc}"))
                 continue
             yield start, rec
 

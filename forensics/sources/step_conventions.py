@@ -19,6 +19,9 @@ here, each from evidence the reader already holds after a read (column names, ``
 
 Sources recognised by nothing here (JSONL, CSV, text logs of unknown origin) get ``None``: their convention is the
 caller's to give (``--step-offset``/``--step-key``) or to check from the data.
+
+An offset, recognised or given, is applied in one place, :func:`apply_step_offset`; :func:`aligned_table` reads one
+source and returns its table aligned by what it says of itself.
 """
 
 from __future__ import annotations
@@ -128,7 +131,6 @@ def aligned_table(source: str | Path, *, finished: bool = True, **reader_options
     last write winning. ``reader_options`` go to :func:`~forensics.sources.registry.open_reader` (not ``step_key``:
     a given key is the caller's convention, not a recognised one).
     """
-    from forensics.sources.merge import apply_step_offset
     from forensics.sources.registry import open_reader
 
     reader = open_reader(source, **reader_options)
@@ -142,6 +144,15 @@ def aligned_table(source: str | Path, *, finished: bool = True, **reader_options
         reader.finished = finished
         reader.read_all()
     return apply_step_offset(reader.table, convention.step_offset), convention
+
+
+def apply_step_offset(table: pd.DataFrame, step_offset: int) -> pd.DataFrame:
+    """Metrics step = logged step - N (DESIGN.md Conventions); the table is not modified in place."""
+    if not step_offset:
+        return table
+    out = table.copy()
+    out[STEP] = out[STEP].to_numpy(dtype=np.int64) - np.int64(step_offset)
+    return out
 
 
 def logging_interval(steps: np.ndarray) -> int | None:

@@ -1,10 +1,17 @@
-"""What a reader hands over and what it reports: records in write order, and the reader's report.
+"""What a reader hands over and what it reports: records in write order, the damage it skipped, and its report.
 
-These are plain data, shared by the readers, the ingest engine and the merge; they import nothing of theirs.
+These are plain data, shared by the readers, the row accumulator and the merge; they import nothing of theirs.
+
+Damage: a record whose checksums (or structure) fail is never read (no value of it can be trusted) and never filled
+in: the steps it held stay missing in the metrics table. The readers skip only the damaged bytes and carry on at the
+next record whose own checksums verify, so one bad byte costs one record, not the rest of the run. Each skipped region
+is one :class:`Damage`; :attr:`ReaderReport.damaged` lists them per source, and :func:`damage_line` is the one warning
+line a source gets for all of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +25,8 @@ from forensics.schema import Rewind
 STEP_KEYS = ("step", "_step", "global_step", "iter", "iteration")
 #: Malformed records quoted in a report (all are counted).
 MAX_EXAMPLES = 5
+#: Damaged regions quoted in the warning line (all are counted, and all are in ``ReaderReport.damaged``).
+MAX_QUOTED = 5
 
 
 @dataclass
@@ -51,6 +60,60 @@ def sparse_columns(n_rows: int, cells: dict[str, dict[int, float]]) -> dict[str,
     return columns
 
 
+@dataclass(frozen=True)
+class Damage:
+    """One skipped region of a file.
+
+    ``offset``: the byte where the damaged record starts (for a record split over blocks, where its first chunk
+    starts). ``length``: bytes skipped up to the next record that verifies (None while unknown). ``reason``: the
+    first check that failed (``"data checksum mismatch"``, ...). ``steps``: the steps of the last record read before
+    and the first read after the region (either None at a file's start or end): the lost values lie in between.
+    ``file``: which file of the source, when a source is a folder of files.
+    """
+
+    offset: int
+    length: int | None
+    reason: str
+    steps: tuple[int | None, int | None] | None = None
+    file: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict for ``findings.json`` (``run.sources[].damaged``)."""
+        return {
+            "file": self.file,
+            "offset": self.offset,
+            "length": self.length,
+            "reason": self.reason,
+            "steps": None if self.steps is None else list(self.steps),
+        }
+
+
+def describe_steps(steps: tuple[int | None, int | None] | None) -> str:
+    """``steps a-b``, ``before step b``, ``after step a`` or ``steps unknown``."""
+    low, high = steps if steps is not None else (None, None)
+    if low is not None and high is not None:
+        return f"steps {low}-{high}"
+    if high is not None:
+        return f"before step {high}"
+    if low is not None:
+        return f"after step {low}"
+    return "steps unknown"
+
+
+def damage_line(damages: Sequence[Damage]) -> str | None:
+    """The warning for a source, e.g. ``2 records skipped for damage at byte offsets 29969, steps 219-220; 40960,
+    steps 298-299 (data checksum mismatch): ...`` (None if there is no damage)."""
+    if not damages:
+        return None
+    shown = "; ".join(f"{d.file + ':' if d.file else ''}{d.offset}, {describe_steps(d.steps)}"
+                      for d in damages[:MAX_QUOTED])
+    more = f" and {len(damages) - MAX_QUOTED} more" if len(damages) > MAX_QUOTED else ""
+    reasons = "; ".join(sorted({d.reason for d in damages}))
+    n = len(damages)
+    return (f"{n} record{'s' if n != 1 else ''} skipped for damage at byte offset{'s' if n != 1 else ''} "
+            f"{shown}{more} ({reasons}): a value logged in that range is missing, never filled in")
+
+
 @dataclass
 class ReaderReport:
     """What one reader found beside its rows: counts and quirks for the summary, never fatal on their own.
@@ -70,8 +133,8 @@ class ReaderReport:
     nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
-    #: Regions skipped because their checksums failed (:class:`forensics.sources.damage.Damage`), in file order.
-    damaged: list = field(default_factory=list)
+    #: Regions skipped because their checksums failed (:class:`Damage`), in file order.
+    damaged: list[Damage] = field(default_factory=list)
     #: Per column, cells that are not numbers (kept as missing): ``{column: [count, examples]}``.
     bad_cells: dict[str, list] = field(default_factory=dict)
 

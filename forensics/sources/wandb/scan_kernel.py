@@ -1,4 +1,4 @@
-"""The compiled loop of :mod:`forensics.sources.wandb_scan`: one pass over the bytes of a ``.wandb`` file.
+"""The compiled loop of :mod:`forensics.sources.wandb.scanner`: one pass over the bytes of a ``.wandb`` file.
 
 Everything is plain integer work on a ``uint8`` array: chunk headers, slicing-by-8 CRC-32, protobuf varints and
 length-delimited fields, and two small open-addressing hash tables keyed by bytes (history keys to dense ids, summary
@@ -13,7 +13,7 @@ import numpy as np
 from forensics._numba import compiled
 
 #: Compiled without numba's reference counting (as the detection kernel): nothing inside allocates, the caller
-#: passes every buffer sized for the worst case of the bytes it hands over (:func:`forensics.sources.wandb_scan`),
+#: passes every buffer sized for the worst case of the bytes it hands over (:func:`forensics.sources.wandb.scanner`),
 #: and counting references on each array at each call was half of the loop's time (measured: 0.25 s -> 0.13 s per
 #: 8 MiB with the helpers inlined alone).
 _jit = compiled()
@@ -185,13 +185,17 @@ _NULL = np.frombuffer(b"null", np.uint8).copy()
 _TYPE_MARK = np.frombuffer(b"/_type", np.uint8).copy()
 
 
+#: 0xF0F0F0F0F0F0F0F0 as a signed 64-bit word: the high nibble of each of eight bytes.
+_HIGH_NIBBLES = -1085102592571150096
+
+
 @_jit
 def _digits(buf, p, hi):
     """The position after the run of ASCII digits at ``p``: eight bytes at a time while they are all digits (the
     check of simdjson's ``is_made_of_eight_digits_fast``), then byte by byte."""
     while p + 8 <= hi:
         w = _word(buf, p, 8)
-        if ((w & -1085102592571150096) | (((w + 0x0606060606060606) & -1085102592571150096) >> 4)) != 0x3333333333333333:
+        if ((w & _HIGH_NIBBLES) | (((w + 0x0606060606060606) & _HIGH_NIBBLES) >> 4)) != 0x3333333333333333:
             break
         p += 8
     while p < hi and 48 <= buf[p] <= 57:

@@ -7,7 +7,7 @@ start again from 0: the folders of one run id are read in time order and merged 
 (last write of a step wins, the rewind is reported). Without ``run_id`` the newest run id in the folder is read.
 
 Live use: each file is read from the byte offset where the last read stopped; a record the writer has not finished
-is left for the next :meth:`~forensics.sources.reader.MetricsReader.read_new`, and new folders of the run (a resume
+is left for the next :meth:`~forensics.sources.reader.base.MetricsReader.read_new`, and new folders of the run (a resume
 started while watching) are picked up. A damaged record is skipped (its values stay missing; reading resumes at the
 next record that verifies) and listed in ``report.damaged`` with the steps either side of it.
 """
@@ -27,11 +27,12 @@ import numpy as np
 import pyarrow as pa
 
 from forensics.errors import ForensicsError
-from forensics.sources.damage import Damage
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records
-from forensics.sources.wandb_kernel import S_UPDATE
-from forensics.sources.wandb_records import (
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Damage, Records
+from forensics.sources.wandb.record_log import (
+    KEPT_INTERNAL,
+    MEDIA_MARK,
+    WANDB_STEP,
     RecordLog,
     flatten_numeric,
     is_internal,
@@ -39,15 +40,8 @@ from forensics.sources.wandb_records import (
     item_value,
     summary_item_class,
 )
-from forensics.sources.wandb_scan import ScanBatch, handed_record, read_run_file, rows_table_of
-
-#: The step W&B counts itself; a logged metric named ``step`` is a metric unless ``step_key`` says otherwise.
-WANDB_STEP = "_step"
-#: Internal keys kept: the step and the wall-clock time of the row.
-KEPT_INTERNAL = ("_step", "_timestamp")
-
-#: A history key ending so names the type of a media object logged under the key before it.
-MEDIA_MARK = "/_type"
+from forensics.sources.wandb.scan_kernel import S_UPDATE
+from forensics.sources.wandb.scanner import ScanBatch, handed_record, read_run_file, rows_table_of
 
 _FOLDER = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-(.+)$")
 _FILE = re.compile(r"^run-(.+)\.wandb$")
@@ -107,7 +101,8 @@ def find_run_files(source: str | Path) -> list[RunFile]:
 def choose_run(files: Sequence[RunFile], run_id: str | None, source: str) -> list[RunFile]:
     """The files of one run id in time order: ``run_id`` if given, else the run whose latest folder is newest."""
     if not files:
-        raise ForensicsError(f"W&B source {source} holds no .wandb run files (expected wandb/offline-run-*/run-*.wandb)")
+        raise ForensicsError(f"W&B source {source} holds no .wandb run files "
+                             "(expected wandb/offline-run-*/run-*.wandb)")
     ids = sorted({f.run_id for f in files})
     if run_id is None:
         run_id = max(files, key=lambda f: f.order).run_id

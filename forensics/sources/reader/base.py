@@ -2,7 +2,7 @@
 
 A reader turns one source (a file, a folder, a run) into the metrics table of DESIGN.md. Subclasses only say how
 to get the records written since their last call (:meth:`MetricsReader._read_records`); turning records into rows
-happens once, in :class:`~forensics.sources.ingest.MetricsAccumulator`.
+happens once, in :class:`~forensics.sources.reader.rows.MetricsAccumulator`.
 
 Live use: a reader remembers where it stopped (a byte offset per file, or the last record), so
 :meth:`MetricsReader.read_new` returns only the rows that changed since the previous call; an incomplete last record
@@ -18,16 +18,16 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.sources.ingest import MetricsAccumulator
-from forensics.sources.records import ReaderReport, Records
+from forensics.sources.reader.records import ReaderReport, Records, damage_line
+from forensics.sources.reader.rows import MetricsAccumulator
 
 
 class MetricsReader:
     """Base class of every reader. Constructing one reads nothing; :meth:`read_new` reads what is there.
 
     ``keys``: metric names (or ``fnmatch`` globs) to keep, default all. ``step_key``: the column holding the step,
-    default the first of :data:`~forensics.sources.records.STEP_KEYS` present. ``strict``: a malformed record raises
-    :class:`ForensicsError` instead of being skipped and counted.
+    default the first of :data:`~forensics.sources.reader.records.STEP_KEYS` present. ``strict``: a malformed record
+    raises :class:`ForensicsError` instead of being skipped and counted.
     """
 
     #: Short name of the format, for messages and summaries.
@@ -115,8 +115,6 @@ class MetricsReader:
     def _publish_damage(self) -> None:
         """Report the damaged regions found so far (``self._damages``): ``report.damaged`` and one warning line that
         replaces the previous one; with ``strict`` damage is bad input."""
-        from forensics.sources.damage import damage_line
-
         self.report.damaged = list(self._damages)
         old = getattr(self, "_damage_warning", None)
         if old in self.report.warnings:

@@ -2,9 +2,9 @@
 
 TensorBoard's ``EventAccumulator`` keeps a random 10,000 scalars per tag by default, which can hide exactly the
 spikes this tool looks for, and it is ~10x slower than reading the files. So this module reads the TFRecord framing
-itself (:mod:`forensics.sources.tfrecord`: both checksums of every record verified, a damaged record skipped and
-reading resumed at the next record that verifies) and decodes each payload with TensorBoard's own ``Event``
-protobuf. Both scalar encodings are read: ``simple_value`` (PyTorch's ``SummaryWriter``, TF1) and
+itself (:mod:`forensics.sources.tensorboard.tfrecord`: both checksums of every record verified, a damaged record
+skipped and reading resumed at the next record that verifies) and decodes each payload with TensorBoard's own
+``Event`` protobuf. Both scalar encodings are read: ``simple_value`` (PyTorch's ``SummaryWriter``, TF1) and
 0-d tensors of the scalars plugin (TF2 ``tf.summary.scalar``, whose plugin metadata comes only with a tag's first
 value).
 
@@ -26,10 +26,9 @@ import pyarrow as pa
 
 from forensics.errors import ForensicsError, require
 from forensics.schema import TIMESTAMP
-from forensics.sources import tfrecord
-from forensics.sources.damage import Damage
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records, sparse_columns
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Damage, Records, sparse_columns
+from forensics.sources.tensorboard import tfrecord
 
 _FILE_TIME = re.compile(r"events\.out\.tfevents\.(\d+)")
 
@@ -50,8 +49,9 @@ def event_files(folder: Path) -> list[Path]:
 class TensorBoardReader(MetricsReader):
     """Reads one event file or a folder of them, live or finished; every scalar event is kept.
 
-    Every record's two checksums are checked (:mod:`forensics.sources.tfrecord`); a damaged record is skipped, its
-    values stay missing, and :attr:`report.damaged <forensics.sources.records.ReaderReport.damaged>` says where.
+    Every record's two checksums are checked (:mod:`forensics.sources.tensorboard.tfrecord`); a damaged record is
+    skipped, its values stay missing, and
+    :attr:`report.damaged <forensics.sources.reader.records.ReaderReport.damaged>` says where.
     """
 
     format_name = "tensorboard"

@@ -29,10 +29,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from forensics.errors import ForensicsError, require
-from forensics.sources.reader import MetricsReader
-from forensics.sources.records import Records
-from forensics.sources.wandb_files import KEPT_INTERNAL, WANDB_STEP
-from forensics.sources.wandb_records import flatten_numeric, is_internal, rows_table
+from forensics.sources.reader.base import MetricsReader
+from forensics.sources.reader.records import Records
+from forensics.sources.wandb.record_log import KEPT_INTERNAL, WANDB_STEP, flatten_numeric, is_internal, rows_table
 
 #: Seconds the client waits for one GraphQL answer: a dead host or network fails in seconds, not minutes.
 DEFAULT_TIMEOUT = 10
@@ -212,7 +211,8 @@ class WandbApiReader(MetricsReader):
             "last_step": last_step, "url": self._safe_base_url(),
         }
         if self._dropped_values:
-            shown = ", ".join(f"'{k}' ({n})" for k, n in sorted(self._dropped_values.items(), key=lambda kv: -kv[1])[:5])
+            most = sorted(self._dropped_values.items(), key=lambda kv: -kv[1])[:5]
+            shown = ", ".join(f"'{k}' ({n})" for k, n in most)
             self.report.warnings = [w for w in self.report.warnings if "non-numeric history values" not in w]
             self.report.warn(f"{sum(self._dropped_values.values())} non-numeric history values dropped "
                              f"(text, media, lists): {shown}")

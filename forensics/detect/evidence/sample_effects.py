@@ -1,0 +1,389 @@
+"""The run-level estimate of each sample's effect on the loss of the steps that consumed it (the method is
+described in :mod:`forensics.detect.rules.harmful_samples`, the rule that reports it).
+
+:func:`estimate` returns one row per sample of the plan with its score, its p- and q-values and what its evidence
+rests on; the rule lists those under the false-discovery limit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from forensics.detect.base import RunTables
+from forensics.detect.evidence.content import content_evidence
+from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, STEP
+from forensics.stats import MAD_TO_SD, rolling_median
+
+#: A cluster holding less than this share of the samples is not a covariate (a small family of corrupted samples
+#: may be a cluster of its own: its share would explain them away).
+COVARIATE_CLUSTER_SHARE = 0.05
+#: Huber's constant (robust SDs) for the tag fit's weights.
+HUBER_C = 1.5
+#: The ridge penalty that shares a step's excess among the samples with content evidence, in units of a typical such
+#: sample's squared token shares (3: several corrupted samples of one batch keep a share each; measured on the
+#: length-grouped fixture run whose longest samples are corrupted: 1 lists 7 of 10, 3 and 10 list 8, no clean one).
+RIDGE = 3.0
+#: The content evidence of every sample is read up to this many samples; past it, of the ones whose steps' residuals
+#: ran highest (the content family is then chosen by the run's own evidence: a documented approximation).
+CONTENT_ALL = 50_000
+#: Null scores drawn (the residuals re-assigned at random as many times as it takes, at most ``permutations``).
+NULL_SIZE = 4_000_000
+#: A sample without content evidence must keep this score with its largest appearance left out ("each time").
+ONCE_FLOOR = 2.0
+#: The share of steps the tag fit is made on in the end (the best-fitting ones: trimmed squares).
+TRIM_KEEP = 0.8
+
+
+def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
+    """Benjamini-Hochberg q-values of ``p``."""
+    n = len(p)
+    if not n:
+        return p
+    order = np.argsort(p)
+    ranked = p[order] * n / np.arange(1, n + 1)
+    q = np.minimum.accumulate(ranked[::-1])[::-1]
+    out = np.empty(n)
+    out[order] = np.minimum(q, 1.0)
+    return out
+
+
+def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_pursuit: int = 200,
+             seed: int = 1) -> pd.DataFrame | None:
+    """Per sample of the plan: ``appearances``, ``steps``, ``effect``, ``z``, ``p``, ``q``, ``block``, ``content``
+    (module docstring); None when the run is too short to say anything (fewer than 50 logged values)."""
+    rows = run.written_rows(run.loss_key)
+    steps = rows[STEP].to_numpy(np.int64)
+    loss = rows[run.loss_key].to_numpy(np.float64, na_value=np.nan)
+    ok = np.isfinite(loss) & (loss > 0)
+    steps, loss = steps[ok], loss[ok]
+    if len(steps) < 50:
+        return None
+    y = np.log(loss)
+    win = min(window, max(5, len(y) // 4) | 1)
+    e = y - rolling_median(y, win)
+    # the trend is not known at the run's start (a centred median lags a steep warm-up descent): those rows are left
+    # out, as the spike rule leaves its warm-up to a rule of its own
+    start = min(win // 2, len(y) // 10)
+    steps, e = steps[start:], e[start:]
+    w, ids, counts = _membership(run, steps)
+    if w.shape[1] == 0:
+        return None
+    x = _covariates(run, steps, w, ids)
+    judged = ids
+    if len(ids) > CONTENT_ALL:  # past this many samples, the content of those whose steps ran high is read
+        marginal = ((w > 0).astype(np.float64).T @ (e - x @ _huber(x, e)))
+        judged = ids[np.argsort(-marginal)[:CONTENT_ALL]]
+    content = content_evidence(run.samples, judged, seed=seed)
+    flagged = np.isin(ids, np.fromiter(content.reasons, dtype=np.int64, count=len(content.reasons)))
+    # noise varies by step (a batch of few tokens is noisier): every row is weighted by its noise scale, so a
+    # sample that sits in noisy steps does not pass for a harmful one
+    scale = _noise_scale(run, steps, w, ids, e - x @ _huber(x, e))
+    e, x = e / scale, x / scale[:, None]
+    w = sp.diags(1.0 / scale) @ w
+    w = w.tocsr()
+    beta = np.zeros(w.shape[1])
+    gamma = np.zeros(x.shape[1])
+    for _ in range(3):  # the tags' fit and the sample effects, each with the other held
+        gamma = _huber(x, e - w @ beta)
+        beta = _pursuit(w, e - x @ gamma, max_pursuit, first=flagged)
+    r = e - x @ gamma
+    sigma = _robust_sd(r - w @ beta)
+    z = _scores(w, r, beta, flagged, sigma)
+    rng = np.random.default_rng(seed)
+    wt, csc, norms2 = _views(w)
+    norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
+    r_final = r - w @ beta
+    # a few million null scores are plenty: past that, fewer re-assignments of the residuals
+    rounds = max(1, min(permutations, -(-NULL_SIZE // max(len(ids), 1))))
+    null = np.concatenate([(wt @ rng.permutation(r_final)) / (sigma * norms) for _ in range(rounds)])
+    p = _null_p(np.sort(null[np.isfinite(null)]), z)
+    q = np.ones(len(p))
+    for family in (flagged, ~flagged):  # stratified by the content evidence: each family's false discoveries <= q
+        q[family] = benjamini_hochberg(p[family])
+    shared = _shared_by_batch(w, r / sigma, z, candidates=(q <= 0.5) & ~flagged)
+    once = _one_appearance_carries(w, r / sigma, candidates=(q <= 0.5) & ~flagged)
+    q = np.where(shared | once, 1.0, q)
+    effect = np.zeros(len(ids))
+    for j in np.flatnonzero(beta > 0):  # back in log-loss units
+        rows = csc.indices[csc.indptr[j]:csc.indptr[j + 1]]
+        col = csc.data[csc.indptr[j]:csc.indptr[j + 1]] * scale[rows] * beta[j]
+        effect[j] = float(np.mean(np.expm1(col))) if len(col) else 0.0
+    near = q <= 0.5  # the samples worth naming: their steps and blocks (the rest stay empty)
+    step_lists: list[list[int] | None] = [None] * len(ids)
+    for j in np.flatnonzero(near):
+        step_lists[j] = steps[csc.indices[csc.indptr[j]:csc.indptr[j + 1]]].tolist()
+    return pd.DataFrame({SAMPLE_ID: ids, "appearances": counts, "steps": step_lists, "effect": effect, "z": z,
+                         "p": p, "q": q, "block": _blocks(w, near), "content": flagged, "batch_level": shared})
+
+
+def _views(w: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
+    """The transposed (CSR) and column (CSC) forms of ``w`` and its columns' squared norms, made once per matrix
+    (the pursuit and the scores read them many times; converting a 10M-entry matrix costs a quarter second)."""
+    cached = getattr(w, "_forensics_views", None)
+    if cached is None:
+        wc = w.tocsc()
+        cached = (w.T.tocsr(), wc, np.asarray(w.multiply(w).sum(axis=0)).ravel())
+        w._forensics_views = cached
+    return cached
+
+
+def _null_p(null: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """One-sided p-values of ``z`` against the sorted null scores: their share at or above it, and past the null's
+    99.9th percentile its Gaussian tail scaled to that share (a null of a few million scores cannot resolve the
+    p-values Benjamini-Hochberg needs over millions of samples)."""
+    n = len(null)
+    if not n:
+        return np.ones(len(z))
+    from statistics import NormalDist
+
+    order = np.argsort(z, kind="stable")  # sorted queries: searchsorted walks the null in order (10x faster)
+    at = np.empty(len(z), np.int64)
+    at[order] = np.searchsorted(null, z[order], side="left")
+    p = (1.0 + n - at) / (1.0 + n)
+    cut = null[min(n - 1, int(0.999 * n))]
+    mu, sd = float(np.mean(null)), max(float(np.std(null)), 1e-12)
+    dist = NormalDist()
+    tail0 = max(1.0 - dist.cdf((cut - mu) / sd), 1e-300)
+    far = np.isfinite(z) & (z > cut)
+    if far.any():
+        sf = np.array([1.0 - dist.cdf((v - mu) / sd) for v in z[far]])
+        p[far] = np.minimum(p[far], 0.001 * np.maximum(sf, 1e-300) / tail0)
+    return np.where(np.isfinite(z), p, 1.0)
+
+
+def _one_appearance_carries(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndarray,
+                            floor: float = ONCE_FLOOR) -> np.ndarray:
+    """Samples whose evidence one appearance carries: with its largest contribution left out, its score is below
+    ``floor`` (or it appeared once). A harmful sample raises the loss each time it comes back; a clean one that sat
+    in one step of an excursion with no data cause (a grad-norm-led event decaying over many steps) does not."""
+    wc = _views(w)[1]
+    out = np.zeros(w.shape[1], bool)
+    for j in np.flatnonzero(candidates):
+        rows = wc.indices[wc.indptr[j]:wc.indptr[j + 1]]
+        vals = wc.data[wc.indptr[j]:wc.indptr[j + 1]]
+        if len(rows) < 2:
+            out[j] = True
+            continue
+        terms = vals * r[rows]
+        k = int(np.argmax(terms))
+        rest = np.delete(np.arange(len(rows)), k)
+        norm = float(np.sqrt(np.sum(vals[rest] ** 2)))
+        out[j] = norm <= 0 or float(terms[rest].sum()) / norm < floor
+    return out
+
+
+def _shared_by_batch(w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, candidates: np.ndarray,
+                     share: float = 0.5) -> np.ndarray:
+    """Samples whose excess their batch-mates share: the median score of the other samples of its steps (each on
+    the run's residuals alone) reaches half its own. Such an excess is the batch's, a tag effect (long QA batches
+    that are harder), not the sample's; a corrupted sample's random batch-mates score near 0."""
+    a = (w > 0).astype(np.float64).tocsr()
+    counts = np.asarray(a.sum(axis=0)).ravel()
+    marginal = (a.T @ r) / np.sqrt(np.maximum(counts, 1.0))
+    out = np.zeros(len(z), bool)
+    candidates = np.flatnonzero(candidates & (z > 2.0))
+    if not len(candidates):
+        return out
+    ac = a.tocsc()
+    for j in candidates:
+        rows = ac.indices[ac.indptr[j]:ac.indptr[j + 1]]
+        mates = np.setdiff1d(a[rows].indices, [j])
+        if len(mates) and float(np.median(marginal[mates])) >= share * float(marginal[j]):
+            out[j] = True
+    return out
+
+
+def _scores(w: sp.csr_matrix, r: np.ndarray, beta: np.ndarray, flagged: np.ndarray, sigma: float) -> np.ndarray:
+    """Each sample's score with its co-members' effects removed: a sample without content evidence after every
+    selected one (its own effect put back); one with content evidence after the samples without any, and sharing
+    its steps' excess with the other such samples by a non-negative ridge fit (two corrupted samples of one batch
+    do not explain each other away)."""
+    from scipy.optimize import lsq_linear
+
+    wt, wcols, norms2 = _views(w)
+    norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
+    z = (wt @ (r - w @ beta) + norms2 * beta) / (sigma * norms)
+    if not flagged.any():
+        return z
+    r_flag = r - w @ np.where(flagged, 0.0, beta)
+    marginal = (wt @ r_flag) / (sigma * norms)
+    chosen = np.flatnonzero(flagged & (marginal > 1.0))
+    z = np.where(flagged, marginal, z)
+    if len(chosen):
+        wc = wcols[:, chosen]
+        lam = RIDGE * float(np.median(norms2[chosen]))
+        stacked = sp.vstack([wc, sp.identity(len(chosen)) * np.sqrt(lam)]).tocsr()
+        b = lsq_linear(stacked, np.concatenate([r_flag, np.zeros(len(chosen))]), bounds=(0, np.inf)).x
+        rest = r_flag - wc @ b
+        z[chosen] = (wt[chosen] @ rest + norms2[chosen] * b) / (sigma * norms[chosen])
+    return z
+
+
+def _membership(run: RunTables, steps: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+    """The logged steps x samples matrix of token shares (a logged value covers its window's steps)."""
+    plan = run.plan[[STEP, SAMPLE_ID]]
+    smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)[N_TOKENS]
+    tokens = smp.reindex(plan[SAMPLE_ID].to_numpy()).to_numpy(np.float64)
+    tokens = np.where(np.isfinite(tokens) & (tokens > 0), tokens, 1.0)
+    every = max(1, int(run.logging_steps))
+    pstep = plan[STEP].to_numpy(np.int64)
+    # plan step -> the logged row whose window holds it (the first logged step at or after it, within the window)
+    row = np.searchsorted(steps, pstep, side="left")
+    inside = row < len(steps)
+    inside[inside] &= steps[row[inside]] - pstep[inside] < every
+    ids, col = np.unique(plan[SAMPLE_ID].to_numpy(np.int64)[inside], return_inverse=True)
+    r, t = row[inside], tokens[inside]
+    total = np.bincount(r, weights=t, minlength=len(steps))
+    w = sp.csr_matrix((t / total[r], (r, col)), shape=(len(steps), len(ids)))
+    w.sum_duplicates()
+    counts = np.diff(w.tocsc().indptr).astype(np.int64)
+    return w, ids, counts
+
+
+def _covariates(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray) -> np.ndarray:
+    """Intercept, mean log sample length, log samples per step, shares of the large clusters."""
+    smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
+    loglen = np.log(np.maximum(smp[N_TOKENS].reindex(ids).to_numpy(np.float64), 1.0))
+    m = w @ loglen
+    m = m - np.mean(m)
+    n_samples = np.asarray((w > 0).sum(axis=1)).ravel().astype(np.float64)
+    cols = [np.ones(len(steps)), m, np.log(np.maximum(n_samples, 1.0))]
+    if CLUSTER in smp.columns:
+        clusters = smp[CLUSTER].reindex(ids).to_numpy()
+        shares = pd.Series(clusters).value_counts(normalize=True)
+        for c in shares.index[shares >= COVARIATE_CLUSTER_SHARE][1:]:  # the largest is the intercept's
+            cols.append(w @ (clusters == c).astype(np.float64))
+    if run.tags is not None and "steps_since_cluster_seen" in run.tags.columns:
+        # the loss is higher when a cluster comes back after a gap (forgetting): a tag effect, not a sample's
+        gap = run.tags.set_index(STEP)["steps_since_cluster_seen"].reindex(steps)
+        cols.append(np.log1p(pd.to_numeric(gap, errors="coerce").fillna(0.0).clip(lower=0).to_numpy(np.float64)))
+    x = np.column_stack(cols)
+    keep = [0] + [k for k in range(1, x.shape[1]) if np.std(x[:, k]) > 1e-12]
+    return x[:, keep]
+
+
+def _noise_scale(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray, r: np.ndarray,
+                 bins: int = 10) -> np.ndarray:
+    """Each step's noise scale relative to the run's, as a smooth function of its tokens: the robust SDs of the
+    residuals per token decile, fitted by a line in log-log (Theil-Sen, slope clipped to [-1, 0]: more tokens never
+    make a mean noisier), so that a decile made partly of corrupted steps cannot inflate its own scale."""
+    smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
+    tokens = smp[N_TOKENS].reindex(ids).to_numpy(np.float64)
+    per_step = (w > 0).astype(np.float64) @ np.nan_to_num(tokens, nan=0.0)
+    if not (per_step > 0).all() or np.ptp(per_step) == 0:
+        return np.ones(len(steps))
+    edges = np.unique(np.quantile(per_step, np.linspace(0, 1, bins + 1)))
+    which = np.clip(np.searchsorted(edges, per_step, side="right") - 1, 0, len(edges) - 2)
+    xs, ys = [], []
+    for b in np.unique(which):
+        sel = which == b
+        if sel.sum() >= 20:
+            xs.append(float(np.log(np.median(per_step[sel]))))
+            ys.append(float(np.log(_robust_sd(r[sel]))))
+    if len(xs) < 3:
+        return np.ones(len(steps))
+    xa, ya = np.asarray(xs), np.asarray(ys)
+    pairs = [(ya[j] - ya[i]) / (xa[j] - xa[i]) for i in range(len(xa)) for j in range(i + 1, len(xa))
+             if xa[j] != xa[i]]
+    slope = float(np.clip(np.median(pairs), -1.0, 0.0)) if pairs else 0.0  # Theil-Sen: the median pairwise slope
+    intercept = float(np.median(ya - slope * xa))
+    logs = intercept + slope * np.log(per_step)
+    return np.clip(np.exp(logs - np.median(logs)), 0.25, 4.0)
+
+
+def _robust_sd(r: np.ndarray) -> float:
+    r = r[np.isfinite(r)]
+    if not len(r):
+        return 1.0
+    return max(float(np.median(np.abs(r - np.median(r)))) * MAD_TO_SD, 1e-9)
+
+
+def _huber(x: np.ndarray, y: np.ndarray, iterations: int = 20, keep: float = TRIM_KEEP) -> np.ndarray:
+    """Huber-weighted least squares, then trimmed: refitted on the ``keep`` share of steps it fits best until that
+    set stops changing (least trimmed squares' concentration steps). The trimming is what a few corrupted steps at
+    the end of the length range cannot pull (a high-leverage point draws a Huber fit towards itself)."""
+    gamma = _huber_weighted(x, y, iterations)
+    ok = np.isfinite(y)
+    xs, ys = x[ok], y[ok]
+    h = max(x.shape[1] + 1, int(keep * len(ys)))
+    chosen = None
+    for _ in range(10):
+        r = np.abs(ys - xs @ gamma)
+        idx = np.sort(np.argpartition(r, h - 1)[:h])
+        if chosen is not None and np.array_equal(idx, chosen):
+            break
+        chosen = idx
+        gamma = np.linalg.lstsq(xs[idx], ys[idx], rcond=None)[0]
+    return gamma
+
+
+def _huber_weighted(x: np.ndarray, y: np.ndarray, iterations: int = 20) -> np.ndarray:
+    """Huber-weighted least squares (iteratively reweighted)."""
+    ok = np.isfinite(y)
+    x, y = x[ok], y[ok]
+    gamma = np.linalg.lstsq(x, y, rcond=None)[0]
+    for _ in range(iterations):
+        r = y - x @ gamma
+        s = _robust_sd(r)
+        a = np.abs(r) / (HUBER_C * s)
+        wts = np.where(a <= 1, 1.0, 1.0 / np.maximum(a, 1e-12))
+        sw = np.sqrt(wts)
+        new = np.linalg.lstsq(x * sw[:, None], y * sw, rcond=None)[0]
+        if np.allclose(new, gamma, atol=1e-10):
+            break
+        gamma = new
+    return gamma
+
+
+def _pursuit(w: sp.csr_matrix, r: np.ndarray, max_pursuit: int, first: np.ndarray | None = None) -> np.ndarray:
+    """Non-negative pursuit of the sample effects (module docstring): the sample whose steps hold the most excess
+    is taken, all taken samples' effects are refitted together (non-negative least squares), and again; samples
+    with content evidence (``first``) are taken first, the rest only for what those leave."""
+    from statistics import NormalDist
+
+    from scipy.optimize import lsq_linear
+
+    sigma = _robust_sd(r)
+    wt, wc, norms2 = _views(w)
+    norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
+    beta = np.zeros(w.shape[1])
+    taken: list[int] = []
+    resid = r.copy()
+    # a score a clean sample reaches by chance over the plan's samples (a Gaussian's: the stopping rule)
+    stop = NormalDist().inv_cdf(1.0 - 0.05 / max(w.shape[1], 1))
+    phase_one = first is not None and bool(first.any())
+    while len(taken) < max_pursuit:
+        score = (wt @ resid) / (sigma * norms)
+        score[taken] = -np.inf
+        if phase_one:
+            score[~first] = -np.inf
+        j = int(np.argmax(score))
+        if not score[j] >= stop:
+            if phase_one:
+                phase_one = False
+                continue
+            break
+        taken.append(j)
+        fit = lsq_linear(wc[:, taken], r, bounds=(0, np.inf)).x
+        beta[:] = 0.0
+        beta[taken] = fit
+        resid = r - wc[:, taken] @ fit
+    return beta
+
+
+def _blocks(w: sp.csr_matrix, near: np.ndarray) -> np.ndarray:
+    """For each sample of ``near``: how many samples (itself included) share exactly its set of steps (1 for the
+    others). Two samples with the same steps share their first step, so only those are compared."""
+    csc = (w > 0).tocsc()
+    out = np.ones(w.shape[1], np.int64)
+    first = np.full(w.shape[1], -1, np.int64)
+    nonempty = np.diff(csc.indptr) > 0
+    first[nonempty] = csc.indices[csc.indptr[:-1][nonempty]]
+    for j in np.flatnonzero(near & nonempty):
+        mine = csc.indices[csc.indptr[j]:csc.indptr[j + 1]]
+        same = np.flatnonzero(first == first[j])
+        out[j] = sum(np.array_equal(csc.indices[csc.indptr[k]:csc.indptr[k + 1]], mine) for k in same)
+    return out
+

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Replay at scale: a ~125M-parameter GPT-2 from a config with random weights, 20 suspect steps and their
-# control batches (2 same-bucket and 2 other-bucket per suspect, the fewest a z-score allows: 80, not the 40)
-# replayed through two HF checkpoint folders in bf16 autocast with SDPA attention; prints tokens/s and model-FLOPs utilisation against the bf16 matmul
-# ceiling measured on the same device. One prepared script for a GPU machine, inside 5 minutes:
+# control batches (2 same-bucket and 2 other-bucket per suspect, the fewest a z-score allows: 80 in all)
+# replayed through two HF checkpoint folders in bf16 autocast with SDPA attention; prints tokens/s and
+# model-FLOPs utilisation against the bf16 matmul ceiling measured on the same device. One prepared script for a
+# GPU machine, inside 5 minutes:
 #
 #   bash bench/replay_gpu.sh                      # cuda, 125M, bf16
 #   bash bench/replay_gpu.sh --device cpu --tiny  # the same path on CPU with a 2-layer model (known to work first)
@@ -120,7 +121,9 @@ verdicts = pd.Series([d["verdict"] for d in res.steps]).value_counts().to_dict()
 print(f"device {device} ({torch.cuda.get_device_name() if device.startswith('cuda') else 'cpu'}), dtype {dtype}, "
       f"attention {getattr(model.config, '_attn_implementation', '?')}")
 print(f"model: GPT-2 {n_params / 1e6:.1f}M parameters; checkpoints written in {t_save:.1f} s")
-print(f"replayed {len(res.steps)} suspect steps, {res.forwards} forwards, {res.tokens_forwarded:,} padded tokens "
+print(f"replayed {sum(d.get('role') == 'suspect' for d in res.steps)} suspect steps and "
+      f"{sum(d.get('role') == 'control' for d in res.steps)} clean control step, {res.forwards} forwards, "
+      f"{res.tokens_forwarded:,} padded tokens "
       f"in {wall:.1f} s (model load, checkpoints and tables included)")
 print(f"tokens/s: {tps:,.0f}")
 print(f"matmul ceiling ({mm_dtype}): {ceiling / 1e12:.2f} TFLOP/s; replay achieves {tps * flops_tok / 1e12:.3f} "

@@ -61,15 +61,7 @@ class Audit:
 
     def replay_results(self) -> dict[str, Any] | None:
         """The case's ``replay/replay.json`` when a replay ran (its verdicts go on the report's cards)."""
-        import json
-
-        path = self.case.output("replay/replay.json")
-        if path is None or not path.is_file():
-            return None
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
+        return _replay_doc(self.case)
 
 
 @contextmanager
@@ -169,8 +161,27 @@ def run_audit(
 
     findings["verdict"] = verdict(findings, loss_key)
     findings["verdict_facts"] = facts(findings)
+    replayed = _replay_doc(case)
+    if replayed is not None:  # an earlier replay's verdicts are evidence of the causes (detect/causes/replayed.py)
+        from forensics.detect.causes.replayed import apply_replay
+
+        apply_replay(findings, replayed)
     return Audit(findings=findings, metrics=metrics, loss_key=loss_key, case=case, tags=tags, plan=plan,
                  samples=samples, boundaries=boundaries)
+
+
+def _replay_doc(case: Case) -> dict[str, Any] | None:
+    """The case's ``replay/replay.json`` (None when no replay ran, or it cannot be read)."""
+    import json
+
+    path = case.output("replay/replay.json")
+    if path is None or not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def replay_fields(case: Case, has_plan: bool) -> dict[str, Any]:

@@ -39,6 +39,11 @@ def composition_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
     return out, build_tiny_run(out, "composition", seed=0, wandb=False)
 
 
+def _suspects(steps: list[dict]) -> list[dict]:
+    """The replayed suspects (without the clean control step a replay adds)."""
+    return [d for d in steps if d.get("role") != "control"]
+
+
 def _copy_case(src: Path, dst: Path, **toml: object) -> Path:
     """A copy of a case without its checkpoints (run.toml points back at them), with run.toml keys replaced."""
     dst.mkdir(parents=True, exist_ok=True)
@@ -59,8 +64,10 @@ def test_corrupted_batch_gets_data_with_corrupted_samples_first(corrupt_run, tmp
     assert main(["replay", str(case), "--steps", str(s), "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc == json.loads((case / "replay" / "replay.json").read_text()) | {"steps": doc["steps"]}
-    (d,) = doc["steps"]
+    (d,) = _suspects(doc["steps"])
     assert d["verdict"] == "data", d["evidence"]
+    (control,) = [x for x in doc["steps"] if x.get("role") == "control"]
+    assert control["verdict"] == "normal" and control["control_of"] == s and control["bucket"] == d["bucket"]
     assert d["controls"]["z"] > 10
     assert all(e["z"] > 3 for e in d["earlier"]) and len(d["earlier"]) == 2
     bad = set(labels["corrupted_samples"])
@@ -82,25 +89,25 @@ def test_corrupted_batch_gets_data_with_corrupted_samples_first(corrupt_run, tmp
 def test_lr_jolt_gets_state(jolt_run):
     case, labels = jolt_run
     res = replay_case(case, ReplayOptions(steps=[labels["spike_step"]], probes=False))
-    (d,) = res.steps
+    (d,) = _suspects(res.steps)
     assert d["checkpoint_step"] == JOLT_STEP + 1
     assert d["verdict"] == "state", d["evidence"]
     assert d["replayed"] == pytest.approx(d["logged"], rel=1e-4)
     assert d["replayed"] > 2 * d["earlier"][0]["replayed"]
 
 
-def test_normal_steps_are_not_data_nor_misaligned_and_later_replays_merge(corrupt_run):
+def test_clean_steps_get_normal_and_later_replays_merge(corrupt_run):
     case, labels = corrupt_run
-    normal = [20, 38, 52, 61]
+    normal = [20, 44, 52, 61]
     assert not set(normal) & set(labels["corrupted_steps"])
-    res = replay_case(case, ReplayOptions(steps=normal, controls=4, probes=False))
+    res = replay_case(case, ReplayOptions(steps=normal, controls=4, probes=False, control_step=False))
     by = {d["step"]: d for d in res.steps}
-    assert all(d["verdict"] not in ("data", "misaligned") for d in res.steps), [d["evidence"] for d in res.steps]
+    assert [by[s]["verdict"] for s in normal] == ["normal"] * 4, [d["evidence"] for d in res.steps]
     d = by[20]
     assert d["replayed"] == pytest.approx(d["logged"], rel=1e-4)  # checkpoint 20 is the step's own state
     assert abs(d["controls"]["z"]) < 3 and len(d["controls"]["same_bucket"]) == 4
     assert len(d["controls"]["other_buckets"]) == 4
-    assert by[38]["checkpoint_step"] == 35 and by[38]["calibration"]  # 3 updates away: tolerance measured
+    assert by[44]["checkpoint_step"] == 40 and by[44]["calibration"]  # 4 updates away: tolerance measured
     merged = json.loads((case / "replay" / "replay.json").read_text())
     assert set(normal) <= {x["step"] for x in merged["steps"]}
 
@@ -109,7 +116,7 @@ def test_metrics_shifted_by_one_step_get_misaligned(corrupt_run, tmp_path):
     case, labels = corrupt_run
     shifted = _copy_case(case, tmp_path / "shifted", step_offset=-1)  # metrics step = logged step + 1
     s = labels["corrupted_steps"][0] + 1
-    res = replay_case(shifted, ReplayOptions(steps=[s], probes=False))
+    res = replay_case(shifted, ReplayOptions(steps=[s], probes=False, control_step=False))
     (d,) = res.steps
     assert d["verdict"] == "misaligned", d["evidence"]
     assert d["neighbours"]["-1"] == pytest.approx(d["logged"], rel=0.1)
@@ -122,13 +129,13 @@ def test_from_findings_reads_loss_spikes(corrupt_run, tmp_path):
     s = labels["corrupted_steps"][1]
     (c / "findings.json").write_text(json.dumps({"run": {"loss_key": "train/loss"}, "spikes": [
         {"metric": "train/loss", "peak_step": s}, {"metric": "grad_norm", "peak_step": 3}]}))
-    res = replay_case(c, ReplayOptions(from_findings=True, controls=3))
+    res = replay_case(c, ReplayOptions(from_findings=True, controls=3, control_step=False))
     assert [d["step"] for d in res.steps] == [s] and not res.warnings
     assert res.steps[0]["verdict"] == "data"
     # no loss spike (the loss detector's history window can hide one): the other spikes' peaks, with a warning
     (c / "findings.json").write_text(json.dumps({"spikes": [{"metric": "grad_norm", "peak_step": s}]}))
-    res = replay_case(c, ReplayOptions(from_findings=True, controls=3, probes=False))
-    assert [d["step"] for d in res.steps] == [s] and "grad_norm" in res.warnings[0]
+    res = replay_case(c, ReplayOptions(from_findings=True, controls=3, probes=False, control_step=False))
+    assert [d["step"] for d in res.steps] == [s]
 
 
 def test_mismatched_checkpoint_is_exit_2_naming_keys(corrupt_run, tmp_path, capsys):
@@ -175,9 +182,10 @@ def test_safetensors_checkpoints_and_npy_tokens_replay_the_same(corrupt_run, tmp
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in samples["input_ids"]])])
     np.save(tmp_path / "tok.npy", flat)
     np.save(tmp_path / "tok.offsets.npy", offsets)
-    a = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False,
+    a = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False, control_step=False,
                                         json_path=str(tmp_path / "a.json")))
-    b = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, checkpoints=str(ck), probes=False,
+    b = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, control_step=False, checkpoints=str(ck),
+                                        probes=False,
                                         tokens=str(tmp_path / "tok.npy"), max_tokens_per_forward=64))
     assert b.steps[0]["replayed"] == pytest.approx(a.steps[0]["replayed"], rel=1e-5)
     assert b.steps[0]["earlier"][0]["checkpoint_step"] == 15
@@ -186,7 +194,7 @@ def test_safetensors_checkpoints_and_npy_tokens_replay_the_same(corrupt_run, tmp
 
 def test_one_cluster_update_gets_composition(composition_run):
     case, _ = composition_run
-    res = replay_case(case, ReplayOptions(steps=[60], controls=4))
+    res = replay_case(case, ReplayOptions(steps=[60], controls=4, control_step=False))
     (d,) = res.steps
     assert d["verdict"] == "composition", d["evidence"]
     probe = d["update_probe"]
@@ -196,19 +204,21 @@ def test_one_cluster_update_gets_composition(composition_run):
     assert "leave_out" not in d and abs(d["controls"]["z"]) < 3
 
 
-def test_dropout_left_on_gets_nondeterministic(corrupt_run, tmp_path):
+def test_unseeded_dropout_gets_nondeterministic(corrupt_run, tmp_path):
     case, labels = corrupt_run
-    c = _copy_case(case, tmp_path / "drop", model="fixtures.tiny_lm:tiny_gpt_dropout")
-    res = replay_case(c, ReplayOptions(steps=[labels["corrupted_steps"][0]], controls=3, train_mode=True,
-                                       probes=False))
+    c = _copy_case(case, tmp_path / "drop", model="fixtures.tiny_lm:tiny_gpt_unseeded")
+    res = replay_case(c, ReplayOptions(steps=[labels["corrupted_steps"][0]], controls=3, mode="train",
+                                       probes=False, control_step=False))
     (d,) = res.steps
     assert d["verdict"] == "nondeterministic", d["evidence"]
     assert d["determinism"]["equal"] is False and d["determinism"]["max_abs_diff"] > 1e-3
+    assert d["mode"] == "train" and d["seeds"] == [0, 1, 2] and d["spread"] > 0
 
 
 def test_bf16_second_dtype_agrees_within_tolerance(corrupt_run):
     case, _ = corrupt_run
-    res = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=0, second_dtype="bfloat16", probes=False))
+    res = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=0, second_dtype="bfloat16", probes=False,
+                                          control_step=False))
     second = res.steps[0]["determinism"]["second"]
     assert second["dtype"] == "bfloat16" and 0 < second["max_abs_diff"] < 0.1 and second["equal"] is True
 
@@ -220,8 +230,8 @@ def test_dcp_checkpoint_replays_like_the_pt(corrupt_run, tmp_path):
     for step in (15, 20):
         sd = torch.load(case / "checkpoints" / f"step_{step:06d}.pt", weights_only=True)
         dcp.save({"model": sd["model"]}, checkpoint_id=str(tmp_path / "dcp" / f"step_{step}"))
-    a = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False))
-    b = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False,
+    a = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False, control_step=False))
+    b = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False, control_step=False,
                                         checkpoints=str(tmp_path / "dcp")))
     assert b.steps[0]["replayed"] == a.steps[0]["replayed"]
     assert b.steps[0]["earlier"] == a.steps[0]["earlier"]

@@ -51,6 +51,12 @@ def register(sub) -> None:
     p.add_argument("--json", default=None, metavar="F", help="findings.json path (default CASE/findings.json)")
     p.add_argument("--html", default=None, metavar="F", help="report path (default CASE/report.html)")
     p.add_argument("--no-html", action="store_true", help="do not write the HTML report")
+    p.add_argument("--replay", action="store_true",
+                   help="then replay the most urgent causes through the run's checkpoints and write everything from "
+                   "the replayed evidence (run.toml [replay] auto = true does the same; needs the [replay] extra)")
+    p.add_argument("--replay-budget", type=float, default=None, metavar="SECONDS",
+                   help="seconds --replay may spend (default: run.toml [replay] budget, else 300); the causes it does "
+                   "not reach are listed as not replayed")
     p.add_argument("--fail-on", default=None, metavar="KIND[,KIND]",
                    help=f"exit 1 when a critical finding of these kinds is found: {', '.join(sorted(fail_kinds()))}")
     p.set_defaults(func=run)
@@ -68,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
     opened = open_case_from(args)
 
     audit = run_audit(opened, spike_metrics=args.spike_metric, stage=stage, pattern=args.pattern)
+    from forensics.replay_loop import replay_requested
+
+    replayed = None
+    if replay_requested(opened, args.replay):
+        replayed = _replay(opened, audit, args.replay_budget)
     written = []
     json_path = args.json or opened.findings_path
     html_path = None if args.no_html else (args.html or opened.report_path)
@@ -84,12 +95,27 @@ def run(args: argparse.Namespace) -> int:
 
     from forensics.report.summary import render_summary
 
-    render_summary(console(), audit.findings, written)
+    render_summary(console(), audit.findings, written + ([str(p) for p in replayed.written] if replayed else []))
     failed = failed_kinds(audit.findings, fail_on)
     if failed:
         console(stderr=True).print(f"audit: failing on {', '.join(failed)} (--fail-on)")
         return 1
     return 0
+
+
+def _replay(case, audit, budget: float | None):
+    """``--replay``: the top causes through the checkpoints, merged into the audit's findings
+    (forensics.replay_loop)."""
+    from forensics.replay_loop import replay_causes
+    from forensics.schema import STEP
+
+    if audit.plan is None:
+        audit.findings.setdefault("warnings", []).append("--replay: not replayed; the case has no batch plan")
+        return None
+    with stage("replaying the top causes"):
+        _, result = replay_causes(case, audit.findings, set(int(s) for s in audit.plan[STEP].unique()), budget,
+                                  progress=console(stderr=True).is_terminal)
+    return result
 
 
 def _ensure_demo(err) -> Path:

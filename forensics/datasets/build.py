@@ -9,8 +9,11 @@ Steps (all seeded by ``seed``, so the same seed gives the same tables):
    world size 1 and grad accumulation 1, so one batch is one optimizer step; map batches to steps with
    :func:`~forensics.plan.step_mapping.assign_steps`.
 4. Simulate the metrics from each plan's batches (:mod:`forensics.datasets.loss_model`) and label its spikes.
-5. Write ``samples.parquet``, ``plan.parquet``, ``metrics.parquet``, ``metrics.jsonl`` (the same values, one JSON
-   object per step), ``run.toml``, ``labels.json`` and, when ``wandb`` is installed, a W&B offline run in ``wandb/``.
+5. Write ``samples.parquet`` (with ``input_ids``: the token ids of each text), ``plan.parquet``, ``metrics.parquet``,
+   ``metrics.jsonl`` (the same values, one JSON object per step), ``run.toml``, ``labels.json`` and, when ``wandb`` is
+   installed, a W&B offline run in ``wandb/``; the static case also gets the stand-in model a replay needs
+   (:mod:`forensics.datasets.demo_model`: a tiny real LM trained on its first batches, cached by content, with
+   checkpoints in ``replay-model/``).
 
 Scales: ``full`` is the story's run (about 52,000 static steps over 6 epochs, ~8,700 batches per epoch); ``small``
 (~600 batches per epoch) keeps the same mechanism, spikes included, for tests. The bucketed plan packs each bucket
@@ -32,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.datasets.corruption import place_corrupt_group
+from forensics.datasets.demo_model import add_stand_in, with_tokens
 from forensics.datasets.loss_model import LOSS, LossModelParams, Simulation, label_spikes, simulate
 from forensics.datasets.samples import corrupt_text, sample_lengths_and_sources, samples_from_pool
 from forensics.datasets.wandb_writer import WandbJob, wandb_available, write_wandb_runs
@@ -149,7 +153,7 @@ def _labels(name: str, builder: str, seed: int, scale: str, sim: Simulation, pla
 
 
 def write_case(case_dir: Path, samples: pd.DataFrame, plan: pd.DataFrame, sim: Simulation,
-               labels: dict[str, Any]) -> None:
+               labels: dict[str, Any], run_keys: dict[str, Any] | None = None) -> None:
     """Write one case folder's tables, ``run.toml`` and ``labels.json`` (the W&B run is written separately).
 
     The W&B run of an earlier demo in the same folder (recognised by its ``labels.json``) is removed first, so that
@@ -166,7 +170,7 @@ def write_case(case_dir: Path, samples: pd.DataFrame, plan: pd.DataFrame, sim: S
                     "grad_accum": 1, "world_size": 1, "rank_split": "round_robin", "loss_key": LOSS,
                     "boundaries": list(DEFAULT_BOUNDARIES), "token_budget": TOKEN_BUDGET, "max_len": MAX_LEN,
                     # the forgetting signature read on the simulator's own time scale (labels.json 'forgetting')
-                    "detect": {"forgetting": {"tau": float(labels["forgetting"]["tau_steps"])}}},
+                    "detect": {"forgetting": {"tau": float(labels["forgetting"]["tau_steps"])}}, **(run_keys or {})},
                    case_dir / "run.toml")
     (case_dir / "labels.json").write_text(json.dumps(labels, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
@@ -200,6 +204,7 @@ def build_demo(
     t0 = time.perf_counter()
     progress("samples", 0, 1)
     samples, corrupt_ids, groups = build_samples(scale, seed)
+    samples = with_tokens(samples)
     timings["samples"] = time.perf_counter() - t0
     summary: dict[str, Any] = {"out": str(out), "scale": scale, "seed": seed, "n_samples": len(samples),
                                "cases": {}, "seconds": timings}
@@ -214,7 +219,14 @@ def build_demo(
         sim = simulate(plan, samples, corrupt_ids, params, seed=[int(seed), 202, index])
         labels = _labels(name, builder, seed, scale, sim, plan, corrupt_ids, groups, params)
         case_dir = out / name
-        write_case(case_dir, samples, plan, sim, labels)
+        run_keys = None
+        if name == "static":  # the story's case carries the stand-in model a replay needs
+            progress("static: stand-in model for replay", 0, 1)
+            t_model = time.perf_counter()
+            run_keys = add_stand_in(case_dir, samples, plan)
+            timings["stand_in"] = time.perf_counter() - t_model
+            summary["stand_in"] = run_keys is not None
+        write_case(case_dir, samples, plan, sim, labels, run_keys)
         sims[name] = (case_dir, sim, labels)
         timings[name] = time.perf_counter() - t
         summary["cases"][name] = {

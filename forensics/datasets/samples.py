@@ -88,6 +88,13 @@ FILLER_WORDS: tuple[str, ...] = _words(
 CORRUPT_PATTERN = "<|endoftext|> <|endoftext|> \ufffd\ufffd\ufffd"
 
 
+#: The scraped file the corrupted near-duplicates copy (each copy changes two of its words).
+CORRUPT_FILE: tuple[str, ...] = (
+    "def", "parse_config", "(", "self", ",", "buffer", ")", ":", "return", "self", ".", "module", "(", "buffer", ")",
+    CORRUPT_PATTERN, "import", "struct", "bytes", "iterator", CORRUPT_PATTERN, "raise", "exception", "null",
+    "pointer")
+
+
 def sample_lengths_and_sources(n: int, rng: np.random.Generator, max_len: int = MAX_LEN) -> tuple[np.ndarray,
                                                                                                   np.ndarray]:
     """``n`` whole-number lengths in ``[MIN_TOKENS, max_len]`` and the source index of each (into :data:`SOURCES`)."""
@@ -143,9 +150,7 @@ def samples_from_pool(lengths: np.ndarray, source: np.ndarray, n: int, rng: np.r
 def corrupt_text(count: int, rng: np.random.Generator) -> list[str]:
     """``count`` near-duplicate corrupted code snippets: one file, a few words changed per copy."""
     code = next(s for s in SOURCES if s.name == "code")
-    base = ["def", "parse_config", "(", "self", ",", "buffer", ")", ":", "return", "self", ".", "module", "(",
-            "buffer", ")", CORRUPT_PATTERN, "import", "struct", "bytes", "iterator", CORRUPT_PATTERN, "raise",
-            "exception", "null", "pointer"]
+    base = list(CORRUPT_FILE)
     out = []
     for _ in range(count):
         words = list(base)

@@ -113,7 +113,7 @@ class StepIndex:
         samples_of = {int(s): g[SAMPLE_ID].astype(np.int64).tolist() for s, g in p.groupby(STEP, sort=True)}
         bucket_of: dict[int, int] = {}
         if samples is not None:
-            n_tok = dict(zip(samples[SAMPLE_ID].tolist(), samples[N_TOKENS].tolist()))
+            n_tok = dict(zip(samples[SAMPLE_ID].tolist(), samples[N_TOKENS].tolist(), strict=False))
             steps = p[STEP].to_numpy(np.int64)
             lengths = np.array([n_tok.get(int(s), 0) for s in p[SAMPLE_ID].tolist()], dtype=np.int64)
             b = bucket_index(lengths, boundaries)
@@ -121,7 +121,7 @@ class StepIndex:
             counts = frame.value_counts().reset_index(name="n").sort_values(["step", "n", "bucket"],
                                                                              ascending=[True, False, True])
             bucket_of = {int(s): int(bk) for s, bk in zip(*counts.drop_duplicates("step")[["step", "bucket"]]
-                                                           .to_numpy().T)}
+                                                           .to_numpy().T, strict=False)}
         return cls(samples_of, bucket_of)
 
     def has(self, step: int) -> bool:

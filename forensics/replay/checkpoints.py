@@ -6,7 +6,8 @@ batch saw (HF ``checkpoint-N/`` counts ``global_step`` the same way). Layouts un
 - a folder of HF ``checkpoint-N/`` folders (weights in ``model.safetensors``, a sharded index, or ``pytorch_model.bin``;
   ``optimizer.pt`` beside), or one such folder;
 - a folder of ``.safetensors`` / ``.pt`` / ``.pth`` / ``.bin`` state dicts, the step the last number in the name
-  (``step_000030.pt``, ``ckpt-30.safetensors``), or given by ``manifest.json`` (``{"checkpoints": [{"path", "step"}]}``);
+  (``step_000030.pt``, ``ckpt-30.safetensors``), or given by ``manifest.json``
+  (``{"checkpoints": [{"path", "step"}]}``);
 - a ``.pt`` may hold ``{"model": state_dict, "optimizer": optimizer_state, ...}`` (the usual training-loop layout);
 - sharded ``torch.distributed.checkpoint`` (DCP) folders (a ``.metadata`` file beside the shards), gathered into one
   process with torch's own ``dcp_to_torch_save`` and then read like a ``.pt``.
@@ -259,3 +260,8 @@ def nearest_before(checkpoints: list[Checkpoint], step: int) -> Checkpoint | Non
         if c.step <= step:
             best = c
     return best
+
+
+def nearest_after(checkpoints: list[Checkpoint], step: int) -> Checkpoint | None:
+    """The earliest checkpoint saved after ``step`` (for a step with none at or before it)."""
+    return next((c for c in checkpoints if c.step > step), None)

@@ -47,7 +47,12 @@ def batch_loss(losses: list[SampleLoss], denominator: str = "predicted") -> floa
 
 
 class Forwarder:
-    """Runs batches through ``model`` on ``device`` in ``dtype`` (bf16 by autocast), without autograd."""
+    """Runs batches through ``model`` on ``device`` in ``dtype`` (bf16 by autocast), without autograd.
+
+    The model stays in eval mode; :meth:`losses` with a ``seed`` runs one forward in train mode (dropout on) with
+    torch's generators seeded by it, so the same seed gives the same dropout masks and a second forward with it is
+    a determinism check like any other.
+    """
 
     def __init__(self, model: LoadedModel, device: str, dtype: str, max_tokens: int, pad_id: int,
                  pad_side: str) -> None:
@@ -64,8 +69,21 @@ class Forwarder:
             return torch.autocast(device_type=self.device.split(":")[0], dtype=torch.bfloat16)
         return nullcontext()
 
-    def losses(self, seqs: list[np.ndarray]) -> list[SampleLoss]:
-        """Per-sample losses of ``seqs`` (in order), micro-batched to the token limit."""
+    def losses(self, seqs: list[np.ndarray], seed: int | None = None) -> list[SampleLoss]:
+        """Per-sample losses of ``seqs`` (in order), micro-batched to the token limit; in train mode with dropout
+        seeded by ``seed`` when given, else in eval mode."""
+        if seed is None:
+            return self._losses(seqs)
+        torch = _torch.torch()
+        module = self.model.module
+        torch.manual_seed(int(seed))  # seeds the CPU and every CUDA generator
+        module.train(True)
+        try:
+            return self._losses(seqs)
+        finally:
+            module.train(False)
+
+    def _losses(self, seqs: list[np.ndarray]) -> list[SampleLoss]:
         out: list[SampleLoss] = []
         for chunk in self._chunks(seqs, self.max_tokens):
             out += self._run(chunk)

@@ -41,21 +41,51 @@ class LoadedModel:
         return out if _torch.torch().is_tensor(out) else out.logits
 
 
-def load_model(spec: str | None, base: Path, hf_config_dir: Path | None = None) -> LoadedModel:
-    """Build the model named by ``spec`` (relative paths against ``base``), else from ``hf_config_dir``."""
+def load_model(spec: str | None, base: Path, hf_config_dir: Path | None = None,
+               checkpoints: Path | None = None) -> tuple[LoadedModel, str | None]:
+    """Build the model named by ``spec`` (relative paths against ``base``), else from ``hf_config_dir`` (an HF
+    ``checkpoint-N/`` folder); returns it and a note when the architecture came from a checkpoint instead of a
+    named folder that has no config (HF Trainer's output folder before ``trainer.save_model()``).
+
+    ``checkpoints``: the folder the checkpoints were looked for in (named in the error when no model is found)."""
+    note = None
     if spec:
         folder = Path(spec) if Path(spec).is_absolute() else base / spec
+        if folder.is_dir() and (folder / "config.json").exists():
+            return _hf_model(folder), None
         if folder.is_dir():
-            if not (folder / "config.json").exists():
-                raise ForensicsError(f"model folder {folder} has no config.json (expected a Hugging Face model folder)")
-            return _hf_model(folder)
-        if ":" in spec:
-            return _factory_model(spec, base)
-        raise ForensicsError(f"model {spec!r}: expected a Hugging Face model folder or module:factory")
+            if hf_config_dir is None:
+                raise ForensicsError(_no_model(base, checkpoints, f"model folder {folder} has no config.json"))
+            note = (f"model folder {folder} has no config.json (saved only by trainer.save_model()): the architecture "
+                    f"is taken from {hf_config_dir / 'config.json'}")
+        elif ":" in spec:
+            return _factory_model(spec, base), None
+        else:
+            raise ForensicsError(f"model {spec!r}: expected a Hugging Face model folder or module:factory")
     if hf_config_dir is not None:
-        return _hf_model(hf_config_dir)
-    raise ForensicsError("no model: give --model (an HF model folder or module:factory), set 'model' in run.toml, "
-                         "or point --checkpoints at HF checkpoint-N/ folders (they carry their config)")
+        return _hf_model(hf_config_dir), note
+    raise ForensicsError(_no_model(base, checkpoints, "no model"))
+
+
+def _no_model(base: Path, checkpoints: Path | None, what: str) -> str:
+    """One line: what is missing, the folders looked in, the flag to pass."""
+    where = [str(base)] + ([f"{checkpoints}/checkpoint-N/"] if checkpoints is not None else [])
+    return (f"{what}: found no config.json in {' or '.join(where)}; pass --model (an HF model folder with "
+            "config.json, or module:factory), or set 'model' in run.toml")
+
+
+def dropout_rate(module: Any) -> float:
+    """The largest dropout probability the model applies in train mode (``nn.Dropout`` modules, and the config's
+    ``*dropout*``/``*pdrop*`` values for models that call dropout functionally); 0 when it has none, so a
+    train-mode replay cannot differ from an eval-mode one."""
+    torch = _torch.torch()
+    rates = [float(m.p) for m in module.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
+    config = getattr(module, "config", None)
+    if config is not None:
+        for key, value in vars(config).items():
+            if ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                rates.append(float(value))
+    return max([r for r in rates if 0 <= r < 1], default=0.0)
 
 
 def _hf_model(folder: Path) -> LoadedModel:

@@ -27,14 +27,16 @@ TOL_OTHER_REL = 0.02
 PROBE_PER_CLUSTER = 16
 
 
-def determinism(fwd: Forwarder, seqs: list[np.ndarray], first: list, other: Forwarder | None) -> dict[str, Any]:
-    """``{max_abs_diff, equal}`` of a second forward (and ``second`` with the other device/dtype when given)."""
-    again = fwd.losses(seqs)
-    diff = max((abs(a.mean - b.mean) for a, b in zip(first, again) if a.count), default=0.0)
+def determinism(fwd: Forwarder, seqs: list[np.ndarray], first: list, other: Forwarder | None,
+                seed: int | None = None) -> dict[str, Any]:
+    """``{max_abs_diff, equal}`` of a second forward (the same dropout ``seed`` in train mode), and ``second`` with
+    the other device/dtype when given."""
+    again = fwd.losses(seqs, seed)
+    diff = max((abs(a.mean - b.mean) for a, b in zip(first, again, strict=False) if a.count), default=0.0)
     out: dict[str, Any] = {"max_abs_diff": diff, "equal": bool(diff <= TOL_SAME * max(1.0, batch_loss(first)))}
     if other is not None:
-        theirs = other.losses(seqs)
-        d2 = max((abs(a.mean - b.mean) for a, b in zip(first, theirs) if a.count), default=0.0)
+        theirs = other.losses(seqs, seed)
+        d2 = max((abs(a.mean - b.mean) for a, b in zip(first, theirs, strict=False) if a.count), default=0.0)
         out["second"] = {"device": other.device, "dtype": other.dtype, "max_abs_diff": d2,
                          "equal": bool(d2 <= TOL_OTHER_REL * max(1.0, batch_loss(first)))}
     return out
@@ -62,7 +64,7 @@ def mixed_batch(samples: pd.DataFrame, clusters_col: str, n_tokens: int, exclude
     rng = np.random.default_rng(seed + 1)
     pools = [list(rng.permutation([int(i) for i in g["sample_id"] if int(i) not in exclude]))
              for _, g in samples.groupby(clusters_col, sort=True)]
-    lengths = dict(zip(samples["sample_id"].tolist(), samples["n_tokens"].tolist()))
+    lengths = dict(zip(samples["sample_id"].tolist(), samples["n_tokens"].tolist(), strict=False))
     out, total, k = [], 0, 0
     while total < n_tokens and any(pools):
         pool = pools[k % len(pools)]
@@ -147,11 +149,13 @@ def update_probe(fwd: Forwarder, opt_state: dict[str, Any], restore: Any, suspec
     return out
 
 
-def composition_harm(probe: dict, batch_clusters: set[str]) -> tuple[float, float] | None:
-    """Mean probe-loss change on the clusters the batch does not hold: after the suspect's update, after the mixed."""
+def composition_harm(probe: dict, batch_clusters: set[str]) -> tuple[float, float, float] | None:
+    """Mean probe-loss change on the clusters the batch does not hold after the suspect's update and after the mixed
+    one, and their mean loss before either (the yardstick of a relative change)."""
     others = [c for c in probe["per_cluster"] if c not in batch_clusters]
     if not others:
         return None
     h = float(np.mean([probe["per_cluster"][c] for c in others]))
     m = float(np.mean([probe["mixed"][c] for c in others]))
-    return (h, m) if math.isfinite(h) and math.isfinite(m) else None
+    b = float(np.mean([probe["before"][c] for c in others])) if "before" in probe else math.nan
+    return (h, m, b) if math.isfinite(h) and math.isfinite(m) and math.isfinite(b) and b > 0 else None

@@ -1,4 +1,5 @@
-"""The result of a replay: replay.json's shape (DESIGN.md), JSON-safe numbers, merging with an earlier file."""
+"""The result of a replay: replay.json's shape (DESIGN.md), JSON-safe numbers, merging with an earlier file, and
+the table a person reads (integer steps, ``-`` for none, the run's own step numbers beside the canonical ones)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-#: replay.json's shape; raised when a key changes meaning.
-VERSION = 1
+#: replay.json's shape; raised when a key changes meaning (2: mode, seeds, spread, confidence, role, checkpoint).
+VERSION = 2
 
 
 @dataclass
 class ReplayResult:
-    """The verdicts of one replay (``steps`` as in replay.json) and where they were written."""
+    """The verdicts of one replay (``steps`` as in replay.json) and where they were written.
+
+    ``groups``: the causes (or hand-given steps) replayed; ``not_replayed``: those the budget did not reach;
+    ``forward_log``: every forward as (checkpoint, step, dropout seed or None), in order."""
 
     steps: list[dict[str, Any]]
     device: str
@@ -26,9 +30,17 @@ class ReplayResult:
     forwards: int = 0
     tokens_forwarded: int = 0
     warnings: list[str] = field(default_factory=list)
+    logged_offset: int = 0
+    steps_as: str = "canonical"
+    forward_log: list[tuple[int, int, int | None]] = field(default_factory=list)
+    seconds: float = 0.0
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    not_replayed: list[dict[str, Any]] = field(default_factory=list)
+    budget_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": VERSION, "device": self.device, "dtype": self.dtype, "steps": self.steps}
+        return {"version": VERSION, "device": self.device, "dtype": self.dtype, "logged_offset": self.logged_offset,
+                "steps": self.steps}
 
 
 def json_safe(x: Any) -> Any:
@@ -44,27 +56,58 @@ def json_safe(x: Any) -> Any:
     return x
 
 
-def merge_write(path: Path, result: ReplayResult) -> None:
-    """Write replay.json, keeping the steps an earlier replay wrote and this one did not redo."""
-    old: list[dict] = []
-    if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding="utf-8")).get("steps", [])
-        except (ValueError, AttributeError):
-            old = []
+def read_replay(path: Path) -> dict[str, Any] | None:
+    """An earlier replay.json (None when there is none or it cannot be read: it is only merged into)."""
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def merge_write(path: Path, result: ReplayResult) -> dict[str, Any]:
+    """Write replay.json, keeping the steps an earlier replay wrote and this one did not redo; returns it."""
+    old = (read_replay(path) or {}).get("steps") or []
     new_steps = {d["step"] for d in result.steps}
-    merged = sorted([d for d in old if d.get("step") not in new_steps] + result.steps, key=lambda d: d["step"])
+    merged = sorted([d for d in old if isinstance(d, dict) and d.get("step") not in new_steps] + result.steps,
+                    key=lambda d: d["step"])
     doc = result.to_json() | {"steps": merged}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return doc
+
+
+def _step(step: Any) -> str:
+    return "-" if step is None or (isinstance(step, float) and not math.isfinite(step)) else str(int(step))
+
+
+def _num(x: Any, digits: int = 3) -> str:
+    if x is None or isinstance(x, str) or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.{digits}f}"
 
 
 def steps_table(result: ReplayResult) -> pd.DataFrame:
-    """One row per replayed step for a terminal table (the CLI renders it)."""
+    """One row per replayed step for a terminal table: every cell already text (integers for steps, ``-`` for
+    none, the logged step beside the canonical one when the run numbers its steps otherwise)."""
+    offset = result.logged_offset
     rows = []
     for d in result.steps:
         c = d.get("controls") or {}
-        rows.append({"step": d["step"], "verdict": d["verdict"], "checkpoint": d.get("checkpoint_step"),
-                     "logged": d.get("logged"), "replayed": d.get("replayed"), "z": c.get("z"),
-                     "top samples": ", ".join(str(x["sample_id"]) for x in (d.get("samples") or [])[:3])})
+        ck = _step(d.get("checkpoint_step"))
+        if d.get("checkpoint") == "after" and ck != "-":
+            ck += " (after)"
+        row = {"step": _step(d["step"])}
+        if offset:
+            row["logged step"] = _step(d.get("logged_step", d["step"] + offset))
+        role = d.get("role", "suspect")
+        row |= {"role": f"control of {d['control_of']}" if role == "control" and d.get("control_of") is not None
+                else (f"cause {d['cause']}" if d.get("cause") else role),
+                "verdict": str(d["verdict"]), "mode": str(d.get("mode") or "-"), "checkpoint": ck,
+                "logged loss": _num(d.get("logged")), "replayed": _num(d.get("replayed")),
+                "z": _num(c.get("z"), 1),
+                "top samples": ", ".join(str(x["sample_id"]) for x in (d.get("samples") or [])[:3]) or "-"}
+        rows.append(row)
     return pd.DataFrame(rows)

@@ -54,6 +54,10 @@ def render_summary(out: Console, findings: dict[str, Any], written: list[str] | 
             _cause(out, c, findings)
         for line in fold_causes(causes[MAX_CAUSES:]):
             out.print(f"  {escape(line)}")
+    for g in (findings.get("replay") or {}).get("not_replayed") or []:
+        steps = ", ".join(map(str, g.get("steps") or []))
+        out.print(f"  [dim]not replayed: {escape(str(g.get('cause')))} (steps {escape(steps)}): "
+                  f"{escape(str(g.get('why')))}[/]")
     others = _other_findings(findings)
     if others:
         out.print("\n[bold]other findings[/]")
@@ -108,8 +112,14 @@ def _cause(out: Console, c: dict[str, Any], findings: dict[str, Any]) -> None:
     out.print(f"    {escape(str(c.get('summary', '')))}")
     replay = c.get("replay") if isinstance(c.get("replay"), dict) else None
     if replay and replay.get("verdict"):
-        out.print(f"    confirmed by replay: {escape(str(replay['verdict']))}" + (
-            f" ({escape(str((replay.get('evidence') or [''])[0]))})" if replay.get("evidence") else ""))
+        verdict = str(replay["verdict"])
+        said = {"data": "confirmed by replay", "normal": "cleared by replay"}.get(verdict, "replay")
+        where = ""
+        if replay.get("checkpoint_step") is not None:
+            after = " (after the step)" if replay.get("checkpoint") == "after" else ""
+            where = f"checkpoint {replay['checkpoint_step']}{after}"
+        out.print(f"    {said}: {escape(verdict)}" + (f" at {escape(where)}" if where else "") + (
+            f" ({escape(str((replay.get('evidence') or [''])[-1]))})" if replay.get("evidence") else ""))
 
 
 def _other_findings(findings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

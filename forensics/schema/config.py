@@ -102,7 +102,9 @@ class RunConfig:
     engine: str = "auto"
     memory_limit: str | None = None
     scheduler: str | None = None
-    #: The ``[replay]`` table: ``auto`` (replay the top causes after every audit), ``budget`` (seconds).
+    #: The ``[replay]`` table: ``auto`` (replay the top causes after every audit), ``budget`` (seconds), ``max_causes``,
+    #: ``device``, ``mode`` (eval | train), ``seeds``, and ``metrics``: the source(s) holding the loss logged by the
+    #: run that wrote the checkpoints, when it is not the case's own (the demo's stand-in model).
     replay: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     detect: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
     #: Where each key not left at its default came from (run.toml's path, ``--set`` or ``option``): so a command can
@@ -153,7 +155,8 @@ _CHOICES = {"pad_side": ("left", "right"), "loss_denominator": ("labels", "predi
             "engine": ("auto", "pandas", "duckdb", "dask")}
 _POSITIVE_REALS = ("max_grad_norm", "device_memory_gb")
 #: The ``[replay]`` table's keys and their types.
-REPLAY_KEYS = {"auto": bool, "budget": (int, float), "max_causes": int, "device": str, "mode": str, "seeds": int}
+REPLAY_KEYS = {"auto": bool, "budget": (int, float), "max_causes": int, "device": str, "mode": str, "seeds": int,
+               "metrics": (str, list)}
 
 
 # --- checks --------------------------------------------------------------------------------------------------------
@@ -362,15 +365,20 @@ def with_overrides(cfg: RunConfig, **changes: Any) -> RunConfig:
 
 def write_run_toml(cfg: RunConfig | Mapping[str, Any], path: str | Path, extra: Mapping[str, Any] | None = None,
                    header: str = "") -> Path:
-    """Write ``run.toml`` (plain TOML by hand: flat scalars and lists, plus the ``[detect.<rule>]`` tables), only the
+    """Write ``run.toml`` (plain TOML by hand: flat scalars and lists, tables such as ``[replay]``, and the
+    ``[detect.<rule>]`` tables), only the
     keys given (None left out: the defaults of DESIGN.md apply), atomically (a crash never leaves half a file)."""
     import os
 
     data = dict(cfg.to_toml_dict() if isinstance(cfg, RunConfig) else cfg)
     data.update(extra or {})
     detect = data.pop("detect", None) or {}
+    tables = {k: data.pop(k) for k in [k for k, v in data.items() if isinstance(v, Mapping)]}
     lines = [f"# {line}" for line in header.splitlines()]
     lines += [f"{k} = {_toml_value(v)}" for k, v in data.items() if v is not None]
+    for name, table in tables.items():  # [replay] and other tables of scalars
+        lines.append(f"\n[{name}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None]
     for rule, params in detect.items():
         lines.append(f"\n[detect.{rule}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in params.items()]

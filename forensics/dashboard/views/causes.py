@@ -7,7 +7,6 @@ event. Live findings join the list as their own rows.
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 import pandas as pd
@@ -105,8 +104,15 @@ def card(run: LiveRun, row: dict[str, Any]) -> None:
                                 "spike again": "yes" if r.get("is_spike") else "no"} for r in rec]))
     if row.get("next_step"):
         st.markdown(f"**Next step:** {md(row['next_step'])}")
-    if peak is not None and run.target.case is not None:
-        st.code(f"forensics replay {shlex.quote(str(run.target.case))} --steps {peak}", language="bash")
+    tables = getattr(run, "run", None)
+    if peak is not None and tables is not None and not row.get("replay"):
+        from forensics.detect.causes.wording import replay_command
+
+        command = replay_command(tables, [peak])  # only a command that can run on this case
+        if command:
+            st.code(command, language="bash")
+        elif tables.replay_missing:
+            st.caption(f"A replay would confirm it but needs {tables.replay_missing}.")
     results = replay_results(run, row.get("steps") or [])
     if results:
         st.markdown("**Replay results** (replay/replay.json):")

@@ -22,11 +22,27 @@ def _ids(ids: list[int], limit: int = NAMED) -> str:
     return ", ".join(map(str, ids[:limit])) + (f" +{len(ids) - limit}" if len(ids) > limit else "")
 
 
+def command_exists(name: str) -> bool:
+    """Whether ``forensics NAME`` is a command of this install (a next step names only commands that can run)."""
+    import importlib.util
+
+    return importlib.util.find_spec(f"forensics.cli.{name.replace('-', '_')}") is not None
+
+
 def replay_command(run: RunTables, steps: list[int]) -> str | None:
-    """``forensics replay CASE --steps S`` as it can be run on this case, or None when it cannot."""
+    """``forensics replay CASE --steps S`` as it can be run on this case, or None when it cannot; with
+    ``--steps-as canonical`` when the run numbers its steps otherwise (the step words show both numbers)."""
     if not run.replay_ready or not run.case_path or not steps:
         return None
-    return f"forensics replay {shlex.quote(run.case_path)} --steps {','.join(map(str, steps[:4]))}"
+    which = " --steps-as canonical" if run.logged_offset else ""
+    return f"forensics replay {shlex.quote(run.case_path)} --steps {','.join(map(str, steps[:4]))}{which}"
+
+
+def skip_command(case: str | None) -> str | None:
+    """``forensics skip CASE --format ids ...`` when this install has the command (else None: say it in words)."""
+    if not case or not command_exists("skip"):
+        return None
+    return f"forensics skip {case} --format ids --min-severity warning -o skip.json"
 
 
 def plan_link(gate: dict | None) -> str | None:
@@ -117,8 +133,13 @@ def finding_next_step(kind: str, f: Finding, gate: dict | None, run: RunTables) 
         command = replay_command(run, steps)
         if command:
             parts.append(f"replay the steps that consumed them (`{command}`)")
-        case = shlex.quote(run.case_path) if run.case_path else "CASE"
-        parts.append(f"to train without them, `forensics skip {case} --format ids --min-severity warning -o "
-                     "skip.json` writes their ids for forensics.integrations.exclude_samples")
+        elif run.replay_missing:
+            parts.append(f"a replay would confirm it but needs {run.replay_missing}")
+        command = skip_command(shlex.quote(run.case_path) if run.case_path else None)
+        if command:
+            parts.append(f"to train without them, `{command}` writes their ids for "
+                         "forensics.integrations.exclude_samples")
+        else:
+            parts.append("to train without them, drop the sample ids that findings.json harmful_samples lists")
         return "; ".join(parts) + "."
     return f.next_step

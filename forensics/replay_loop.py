@@ -1,0 +1,123 @@
+"""The loop from "there was a spike" to "replay says it was the data": an audit, a replay of its top causes within
+a time budget, and the findings, summary, report and next steps written again from the replayed evidence.
+
+Two ways in, one merge (:func:`forensics.detect.causes.replayed.apply_replay`):
+
+- ``forensics audit CASE --replay`` (or run.toml ``[replay] auto = true``): :func:`replay_causes` after the audit
+  replays the most urgent causes with a batch (``[replay] max_causes``, default :data:`MAX_CAUSES`) within the budget
+  (``--replay-budget``, run.toml ``[replay] budget``, default :data:`BUDGET_S` seconds) and merges the verdicts into
+  the audit's findings before anything is written; the causes it did not reach are listed as not replayed.
+- ``forensics replay CASE ...``: :func:`merge_into_audit` merges the replay.json it just wrote into the case's
+  findings.json and re-renders its report.html, so a later replay lands in the same files the audit wrote.
+
+Like every product module besides the stages, this one talks to them through their tables and files only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from forensics.errors import ForensicsError
+from forensics.schema import Case, open_case
+
+#: Seconds ``audit --replay`` may spend replaying (run.toml ``[replay] budget``).
+BUDGET_S = 300.0
+#: Causes ``audit --replay`` replays at most (run.toml ``[replay] max_causes``).
+MAX_CAUSES = 5
+
+
+def replay_requested(case: Case, flag: bool) -> bool:
+    """``--replay``, or run.toml ``[replay] auto = true``."""
+    return bool(flag or (case.config.replay or {}).get("auto"))
+
+
+def replay_causes(case: Case, findings: dict[str, Any], plan_steps: set[int], budget_s: float | None = None,
+                  progress: bool = False, device: str | None = None) -> tuple[dict[str, Any], Any]:
+    """Replay the top causes of ``findings`` (the audit's, not yet written; ``plan_steps``: the steps its plan
+    holds) and merge the verdicts into them; returns the findings and the :class:`~forensics.replay.ReplayResult`
+    (None when nothing could be replayed: why is added to the findings' warnings)."""
+    from forensics.replay.readiness import replay_readiness
+
+    ready = replay_readiness(case)
+    if not ready.ok:
+        findings.setdefault("warnings", []).append(f"--replay: not replayed; the case lacks {ready.words()}")
+        return findings, None
+    from forensics.replay import ReplayOptions, replay_case
+    from forensics.replay.select import cause_groups
+
+    table = dict(case.config.replay or {})
+    budget = float(budget_s if budget_s is not None else table.get("budget", BUDGET_S))
+    if budget <= 0:
+        raise ForensicsError(f"--replay-budget must be > 0 seconds; got {budget:g}")
+    max_causes = int(table.get("max_causes") or MAX_CAUSES)
+    groups = cause_groups(findings, plan_steps.__contains__)
+    keys = {str(c.get("id")): c.get("key") for c in findings.get("causes") or []}
+    chosen, rest = groups[:max_causes], groups[max_causes:]
+    if not chosen:
+        findings.setdefault("warnings", []).append("--replay: no cause with a batch to replay")
+        return findings, None
+    result = replay_case(case, ReplayOptions(groups=chosen, budget_s=budget, progress=progress, device=device,
+                                             findings=findings))
+    not_replayed = [{"cause": g["cause"], "key": keys.get(str(g["cause"])), "steps": g["steps"],
+                     "why": f"the replay budget ({budget:g} s) was spent"} for g in result.not_replayed]
+    not_replayed += [{"cause": g.cause, "key": keys.get(str(g.cause)), "steps": g.steps,
+                      "why": f"past the {max_causes} most urgent causes ([replay] max_causes)"} for g in rest]
+    from forensics.detect.causes.replayed import apply_replay
+    from forensics.replay.result import read_replay
+
+    apply_replay(findings, read_replay(case.root / "replay" / "replay.json"), not_replayed)
+    return findings, result
+
+
+def merge_into_audit(case_dir: str | Path | Case, result: Any) -> list[Path]:
+    """Merge the case's replay.json into its findings.json and re-render its report.html (when an audit wrote them);
+    returns the files written."""
+    case = case_dir if isinstance(case_dir, Case) else open_case(case_dir)
+    path = case.findings_path
+    if path is None or not path.is_file():
+        return []
+    try:
+        findings = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ForensicsError(f"{path} is not valid JSON: {exc}") from exc
+    from forensics.detect.causes.replayed import apply_replay
+    from forensics.replay.result import read_replay
+
+    replay = read_replay(case.root / "replay" / "replay.json")
+    apply_replay(findings, replay)
+    _write_json(case, findings)
+    written = [path]
+    report = case.report_path
+    if report is not None and report.is_file():
+        write_case_report(case, findings, replay, report)
+        written.append(report)
+    return written
+
+
+def write_case_report(case: Case, findings: dict[str, Any], replay: dict[str, Any] | None, path: Path) -> None:
+    """The report of ``findings`` with the case's tables read again (the metrics, the plan and its tags)."""
+    from forensics.plan import step_plan
+    from forensics.report import write_report
+    from forensics.schema import load_plan, load_samples
+    from forensics.sources import read_metrics
+
+    cfg = case.config
+    metrics, _ = read_metrics(case.metrics_sources, step_offset=cfg.step_offset, step_key=cfg.step_key)
+    tags = samples = plan = None
+    if cfg.plan and cfg.samples:
+        from forensics.tagging import tag_run
+
+        samples = load_samples(case.samples_path)
+        plan = step_plan(load_plan(case.plan_path, samples), cfg)
+        tagged = tag_run(plan, samples, cfg)
+        tags, samples = tagged.tags, tagged.samples
+    write_report(path, findings, metrics, tags=tags, samples=samples, plan=plan,
+                 loss_key=(findings.get("run") or {}).get("loss_key"), replay=replay)
+
+
+def _write_json(case: Case, findings: dict[str, Any]) -> None:
+    path = case.findings_path
+    if path is not None:
+        path.write_text(json.dumps(findings, indent=2, allow_nan=False) + "\n", encoding="utf-8")

@@ -27,12 +27,24 @@ def _check_contract(doc: dict) -> None:
     assert all(set(s) == SPIKE_KEYS for s in doc["spikes"] + doc["removed"])
 
 
-def test_the_demos_story_spikes_are_removed_by_the_bucketed_fix(demo_small: Path, tmp_path: Path, capsys):
-    out_json = tmp_path / "compare.json"
-    code, out, _ = compare([str(demo_small / "static"), str(demo_small / "bucketed"), "--json", str(out_json)],
-                           capsys)
+@pytest.fixture(scope="module")
+def demo_compared(demo_small: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict, str]:
+    """The demo's static and bucketed cases compared once: exit code, stdout, compare.json, compare.html."""
+    import contextlib
+    import io
+
+    out_dir = tmp_path_factory.mktemp("demo-compare")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["compare", str(demo_small / "static"), str(demo_small / "bucketed"),
+                     "--json", str(out_dir / "compare.json"), "--html", str(out_dir / "compare.html")])
+    return (code, stdout.getvalue(), json.loads((out_dir / "compare.json").read_text()),
+            (out_dir / "compare.html").read_text(encoding="utf-8"))
+
+
+def test_the_demos_story_spikes_are_removed_by_the_bucketed_fix(demo_compared):
+    code, out, doc, _ = demo_compared
     assert code == 0
-    doc = json.loads(out_json.read_text())
     _check_contract(doc)
     assert [(r["name"], r["steps"]) for r in doc["runs"]] == [("static", 3504), ("bucketed", 4614)]
     assert [(s["step"], s["logged_step"], s["class"], s["runs"]) for s in doc["spikes"]] == [
@@ -134,3 +146,36 @@ def test_the_help_has_an_example(capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--help"])
     assert "example:\n  forensics compare forensics-demo/static forensics-demo/bucketed" in capsys.readouterr().out
+
+
+def _figure(page: str) -> dict:
+    start = page.index('<script type="application/json" id="compare-figures">') + len(
+        '<script type="application/json" id="compare-figures">')
+    return json.loads(page[start:page.index("</script>", start)])["compare"]
+
+
+def test_compare_html_overlays_both_losses_and_marks_the_spikes_by_class(demo_compared):
+    page = demo_compared[3]
+    fig = _figure(page)
+    assert [t["name"] for t in fig["data"]] == ["static", "bucketed", "vanished spikes"]
+    markers = fig["data"][2]
+    # static spiked at each batch again in a later epoch (the same samples: one data position); bucketed is marked
+    # at the anchor's step, where its order had put other samples
+    assert list(markers["x"]) == [254, 754, 254, 258, 1107, 258]
+    assert markers["text"] == ["static: spiked (vanished)"] * 2 + ["bucketed: moved (vanished)"] + [
+        "static: spiked (vanished)"] * 2 + ["bucketed: moved (vanished)"]
+    assert "<script src" not in page and "<link" not in page  # offline: plotly inlined, nothing fetched
+    assert '<td class="cls vanished">vanished (removed)</td>' in page
+    assert "&lt;|endoftext|&gt;" in page and "<|endoftext|>" not in page
+
+
+def test_compare_html_escapes_names_it_is_given(tmp_path: Path, capsys):
+    a = _log(tmp_path / "a.jsonl", {150: 2.0}, seed=0)
+    b = _log(tmp_path / "b.jsonl", {150: 2.0}, seed=1)
+    page_path = tmp_path / "c.html"
+    code, _, _ = compare([str(a), str(b), "--name", "</script><b>a", "--name", "b&c", "--html", str(page_path)],
+                         capsys)
+    assert code == 0
+    page = page_path.read_text(encoding="utf-8")
+    assert "</script><b>a" not in page and "&lt;/script&gt;&lt;b&gt;a" in page and "b&amp;c" in page
+    assert [t["name"] for t in _figure(page)["data"]] == ["</script><b>a", "b&c", "recurring spikes"]

@@ -75,6 +75,7 @@ class ComparedRun:
     spikes: list[Spike]
     plan: StepSamples | None = None
     sample_tokens: pd.Series | None = None
+    sample_text: pd.Series | None = None
     jumpiness_share: float | None = None
     tokens_per_s: float | None = None
     tokens_key: str | None = None
@@ -165,10 +166,13 @@ def load_run(source: str, name: str, *, sets: Sequence[str] = (),
     tokens = None
     if samples is not None and "n_tokens" in samples.columns:
         tokens = pd.Series(samples["n_tokens"].to_numpy(), index=samples["sample_id"].to_numpy())
+    text = None
+    if samples is not None and "text" in samples.columns:
+        text = pd.Series(samples["text"].to_numpy(), index=samples["sample_id"].to_numpy())
     return ComparedRun(
         name=name, source=source, case=case.root, loss_key=loss_key, steps=steps, values=values,
         logged_offset=int(run_section.get("logged_offset") or 0), spikes=spikes,
-        plan=StepSamples(plan) if plan is not None else None, sample_tokens=tokens,
+        plan=StepSamples(plan) if plan is not None else None, sample_tokens=tokens, sample_text=text,
         jumpiness_share=float(share) if isinstance(share, (int, float)) else None, tokens_per_s=tps,
         tokens_key=tokens_key, findings_from="reused" if reused is not None else "audited",
         warnings=list(case.warnings))

@@ -4,10 +4,8 @@ render (the terminal summary, compare.json, compare.html)."""
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-from forensics.cli.common import add_command, console
+from forensics.cli.common import add_command, console, write_json
 
 EXAMPLE = ("forensics compare forensics-demo/static forensics-demo/bucketed --json compare.json --html compare.html\n"
            "  forensics compare run_a/train.log run_b/train.log --same-order   (two logs, same data order, no plan)")
@@ -42,9 +40,8 @@ def run(args: argparse.Namespace) -> int:
     for line in result.lines():
         out.print(line, markup=False)
     if args.json:
-        path = Path(args.json)
-        path.write_text(json.dumps(result.to_json(), indent=1) + "\n", encoding="utf-8")
-        err.print(f"wrote {path}", markup=False)
+        write_json(result.to_json(), args.json)
+        err.print(f"wrote {args.json}", markup=False)
     if args.html:
         from forensics.compare.html import write_compare_html
 

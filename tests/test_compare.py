@@ -27,6 +27,10 @@ def _check_contract(doc: dict) -> None:
     assert all(set(s) == SPIKE_KEYS for s in doc["spikes"] + doc["removed"])
 
 
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
 @pytest.fixture(scope="module")
 def demo_compared(demo_small: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict, str]:
     """The demo's static and bucketed cases compared once: exit code, stdout, compare.json, compare.html."""
@@ -34,10 +38,12 @@ def demo_compared(demo_small: Path, tmp_path_factory: pytest.TempPathFactory) ->
     import io
 
     out_dir = tmp_path_factory.mktemp("demo-compare")
+    before = _tree(demo_small)
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
         code = main(["compare", str(demo_small / "static"), str(demo_small / "bucketed"),
                      "--json", str(out_dir / "compare.json"), "--html", str(out_dir / "compare.html")])
+    assert _tree(demo_small) == before  # nothing written into the runs compared
     return (code, stdout.getvalue(), json.loads((out_dir / "compare.json").read_text()),
             (out_dir / "compare.html").read_text(encoding="utf-8"))
 

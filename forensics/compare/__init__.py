@@ -8,11 +8,10 @@
 - :mod:`~forensics.compare.classes`: the one rule that classes a position ``recurring``, ``vanished`` or
   ``unique``;
 - :mod:`~forensics.compare.result`: compare.json and the before/after pair;
-- :mod:`~forensics.compare.evidence`: what the audit of a case reads back from its compare.json (a recurring
-  spike is a second line of evidence of a data cause, a unique one lowers its confidence);
+- :mod:`~forensics.compare.html`: compare.html (the curves overlaid, the spikes marked by class);
 - :mod:`~forensics.compare.core`: :func:`compare_runs`, the library behind ``forensics compare``.
 
-Names resolve on first use, so the audit reading :mod:`~forensics.compare.evidence` imports nothing else of it.
+Names resolve on first use, so importing the package costs nothing until one is used.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import Any
 
 _WHERE = {
     "compare_runs": "core", "Comparison": "result", "ComparedRun": "runs", "load_run": "runs",
-    "classify": "classes", "align": "align", "StepSamples": "positions", "comparison_evidence": "evidence",
+    "classify": "classes", "align": "align", "StepSamples": "positions", "build_compare_html": "html",
 }
 
 __all__ = sorted(_WHERE)

@@ -37,6 +37,7 @@ BUILTIN_RULES = (
     "forensics.detect.rules.lr_schedule:LrScheduleRule",
     "forensics.detect.rules.restart:RestartRule",
     "forensics.detect.rules.crash:CrashRule",
+    "forensics.detect.rules.throughput:ThroughputRule",
     "forensics.detect.causes.grouping:CauseRule",
 )
 _REGISTERED: dict[str, type[Rule]] = {}

@@ -11,6 +11,7 @@ import pytest
 
 from forensics.audit import run_audit
 from forensics.detect.base import RunTables
+from forensics.detect.rules.memory import MemoryRule
 from forensics.detect.rules.throughput import ThroughputRule, find_slowdown, speed_metric
 from forensics.schema import open_case
 
@@ -93,3 +94,56 @@ def test_real_logs_have_no_slowdown_and_no_leak(name, metric):
     findings = run_audit(open_case(None, overrides={"metrics": [str(REAL / name)]})).findings
     assert _kinds(findings, "throughput") == [] and _kinds(findings, "memory") == []
     assert findings["health"]["throughput"].get("metric") == metric
+
+
+def _line_with_r2(n: int, slope: float, start: float, r2: float) -> np.ndarray:
+    """A line plus a residual orthogonal to it, scaled so the fitted line explains exactly ``r2`` of the variance."""
+    x = np.arange(n, dtype=float)
+    e = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)
+    basis = np.c_[np.ones(n), x]
+    e -= basis @ np.linalg.lstsq(basis, e, rcond=None)[0]
+    line = start + slope * x
+    var_line = float(((line - line.mean()) ** 2).sum())
+    return line + e * np.sqrt(var_line * (1 - r2) / r2 / float((e ** 2).sum()))
+
+
+@pytest.mark.parametrize("rise, found", [(0.099, False), (0.101, True)])
+def test_memory_growth_boundary(rise, found):
+    # 200 values, the first 20 skipped: the line over steps 20-199 rises by `rise` of its level at step 20
+    mem = np.r_[np.full(20, 10.0), 10.0 + 10.0 * rise * np.arange(180) / 179]
+    out = MemoryRule(growth=0.1, r2=0.8).detect(_run(memory_allocated=mem))
+    assert [(f.step, round(f.details["growth"], 4)) for f in out] == ([(20, rise)] if found else [])
+
+
+@pytest.mark.parametrize("r2, found", [(0.79, False), (0.81, True)])
+def test_memory_r2_boundary(r2, found):
+    mem = np.r_[np.full(20, 10.0), _line_with_r2(180, 0.02, 10.0, r2)]
+    out = MemoryRule(growth=0.1, r2=0.8).detect(_run(gpu_mem=mem))
+    assert [(f.details["metric"], f.details["r2"]) for f in out] == ([("gpu_mem", r2)] if found else [])
+
+
+@pytest.mark.parametrize("device_gb, unit_values, projected", [
+    (80.0, 1.0, 7000),  # GiB: 10 + 0.01 * step reaches 80 at step 7000
+    (80.0, 1024.0, 7000),  # the same in MiB (read from the size)
+    (None, 1.0, 399),  # no device memory: the step of the largest value
+    (12.0, 1.0, 200),  # already reached: the first logged step at or above it
+])
+def test_memory_projected_step(device_gb, unit_values, projected):
+    mem = (10.0 + 0.01 * np.arange(400)) * unit_values
+    run = _run(mem=mem)
+    run.device_memory_gb = device_gb
+    out = MemoryRule().detect(run)
+    assert [(f.details["projected_step"], round(f.details["slope_per_step"] / unit_values, 6)) for f in out] == [
+        (projected, 0.01)]
+
+
+def test_memory_leak_in_a_jsonl_audit(tmp_path):
+    rng = np.random.default_rng(5)
+    rows = [{"step": s, "loss": 3.0 - s / 3000 + float(rng.normal(0, 0.01)),
+             "memory_allocated": float((2.0 if s == 0 else 30.0 + 0.01 * s) + rng.normal(0, 0.05))}
+            for s in range(2000)]
+    peak = max(rows, key=lambda r: r["memory_allocated"])["step"]
+    found = _kinds(_audit(tmp_path, rows), "memory")
+    assert [(f["step"], f["severity"], f["details"]["metric"], round(f["details"]["slope_per_step"], 3),
+             f["details"]["projected_step"]) for f in found] == [(200, "warning", "memory_allocated", 0.01, peak)]
+    assert peak == 1996

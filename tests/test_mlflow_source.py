@@ -111,3 +111,21 @@ def test_store_with_two_runs_asks_for_one(tmp_path):
     _log(root, [_rows(5)])
     with pytest.raises(ForensicsError, match="holds 2 runs"):
         open_reader(root)
+
+
+def test_audit_cli_reads_a_run_id_with_mlflow_uri(store, tmp_path):
+    import subprocess
+    import sys
+
+    root, run_id = store
+    out = tmp_path / "f.json"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    r = subprocess.run([sys.executable, "-m", "forensics", "audit", "--metrics", f"mlflow:{run_id}", "--mlflow-uri",
+                        str(root), "--json", str(out), "--no-html"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    found = json.loads(out.read_text())
+    assert (found["run"]["loss_key"], [f["step"] for f in found["findings"] if f["kind"] == "spike"]) == ("loss", [60])
+    bad = subprocess.run([sys.executable, "-m", "forensics", "audit", "--metrics", f"mlflow:{run_id}", "--no-html",
+                          "--json", str(out)], env=env, capture_output=True, text=True)
+    assert (bad.returncode, bad.stderr.strip().splitlines()[-1].split(";")[0]) == (
+        2, f"forensics: error: MLflow source 'mlflow:{run_id}': no tracking URI")

@@ -9,11 +9,13 @@ from forensics.audit import failed_kinds, parse_fail_on, run_audit
 from forensics.cli.common import (
     add_case_argument,
     add_command,
+    add_mlflow_uri_option,
     add_step_mapping_options,
     clusters_option,
     console,
     open_case_from,
     stage,
+    use_mlflow_uri,
     write_json,
 )
 from forensics.detect.kinds import fail_kinds
@@ -36,6 +38,7 @@ def register(sub) -> None:
     add_step_mapping_options(p)
     p.add_argument("--pattern", default=None, metavar="REGEX",
                    help="text logs: a regex with a group 'step' and one named group per metric (as ingest takes it)")
+    add_mlflow_uri_option(p)
     p.add_argument("--step-key", default=None, metavar="K",
                    help="the key holding the step in every source (default: what each source says of itself)")
     p.add_argument("--loss-key", default=None, metavar="K", help="the loss column (default: found by name, "
@@ -64,6 +67,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fail_on = parse_fail_on(args.fail_on)
+    use_mlflow_uri(args)
     check_output(args.json, (".json",), "--json")
     check_output(args.html, (".html", ".htm"), "--html")
     err = console(stderr=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -60,6 +61,20 @@ def clusters_option(text: str) -> int | str | None:
     if text == "auto":
         return None
     return int(text) if text.strip().lstrip("-").isdigit() else text
+
+
+def add_mlflow_uri_option(p: argparse.ArgumentParser) -> None:
+    """``--mlflow-uri``: where ``mlflow:RUN_ID`` sources live (default ``MLFLOW_TRACKING_URI``)."""
+    p.add_argument("--mlflow-uri", default=None, metavar="URI",
+                   help="MLflow tracking URI of mlflow:RUN_ID sources: a server, sqlite:///mlflow.db or a mlruns/ "
+                        "folder (default: MLFLOW_TRACKING_URI)")
+
+
+def use_mlflow_uri(args: argparse.Namespace) -> None:
+    """Make ``--mlflow-uri`` the tracking URI the MLflow reader sees (this process's ``MLFLOW_TRACKING_URI``), so
+    every reader of the command, however deep, reads the same one."""
+    if getattr(args, "mlflow_uri", None):
+        os.environ["MLFLOW_TRACKING_URI"] = args.mlflow_uri
 
 
 def add_step_mapping_options(p: argparse.ArgumentParser) -> None:

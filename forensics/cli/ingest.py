@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forensics.cli.common import add_command, console
+from forensics.cli.common import add_command, add_mlflow_uri_option, console, use_mlflow_uri
 from forensics.sources.ingest import ingest
 
 
 def register(sub) -> None:
     p = add_command(
         sub, "ingest",
-        "Read metrics (JSONL, CSV, TensorBoard, text logs, W&B) into one canonical metrics.parquet.",
+        "Read metrics (JSONL, CSV, TensorBoard, text logs, W&B, MLflow) into one canonical metrics.parquet.",
         "forensics ingest train.log wandb/offline-run-20250101_000000-abc123 -o metrics.parquet",
     )
     p.add_argument("sources", nargs="+", metavar="SOURCE",
@@ -28,10 +28,12 @@ def register(sub) -> None:
                    help="text logs: a regex with a group 'step' and one named group per metric")
     p.add_argument("--strict", action="store_true", help="a malformed line is an error (exit 2), not skipped")
     p.add_argument("--run-id", default=None, metavar="ID", help="W&B: the run to read from a folder of several")
+    add_mlflow_uri_option(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    use_mlflow_uri(args)
     table, report = ingest(args.sources, args.out, keys=args.keys, step_key=args.step_key,
                            step_offset=args.step_offset, pattern=args.pattern, strict=args.strict, run_id=args.run_id,
                            progress=sys.stderr.isatty())

@@ -62,7 +62,7 @@ class Case:
 
 
 def _is_remote(path: str) -> bool:
-    return path.startswith(("wandb://", "http://", "https://"))
+    return path.startswith(("wandb://", "http://", "https://", "mlflow:"))
 
 
 def is_metrics_folder(root: Path) -> bool:

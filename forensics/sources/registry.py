@@ -37,6 +37,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("parquet", "forensics.sources.parquet:ParquetReader", (".parquet", ".pq")),
     Format("wandb", "forensics.sources.wandb.run_reader:WandbRunReader", (".wandb",), ("run_id",)),
     Format("wandb-api", "forensics.sources.wandb.api_reader:WandbApiReader"),
+    Format("mlflow", "forensics.sources.mlflow:MlflowReader", (), ("tracking_uri",)),
 )}
 
 
@@ -74,6 +75,10 @@ def detect_format(source: str | Path) -> str:
     s = str(source)
     if is_wandb_api_source(s):
         return "wandb-api"
+    from forensics.sources.mlflow import is_mlflow_source
+
+    if is_mlflow_source(s):
+        return "mlflow"
     path = Path(s)
     if not path.exists():
         raise ForensicsError(f"metrics source {s} does not exist")
@@ -121,12 +126,13 @@ def open_reader(
 ) -> Any:
     """The reader for a source (format detected unless given), a :class:`~forensics.sources.reader.base.MetricsReader`.
 
-    ``options`` (``pattern``, ``run_id``, ``include_minmax``) reach the formats that accept them; others ignore them.
+    ``options`` (``pattern``, ``run_id``, ``include_minmax``, ``tracking_uri``) reach the formats that accept them;
+    others ignore them.
     """
     fmt = format or detect_format(source)
     if fmt not in FORMATS:
         raise ForensicsError(f"unknown metrics format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    if fmt != "wandb-api" and not Path(source).exists():
+    if fmt not in ("wandb-api", "mlflow") and not Path(source).exists():
         raise ForensicsError(f"metrics source {source} does not exist")
     entry = FORMATS[fmt]
     module, cls = entry.reader.split(":")

@@ -37,6 +37,8 @@ BUILTIN_RULES = (
     "forensics.detect.rules.lr_schedule:LrScheduleRule",
     "forensics.detect.rules.restart:RestartRule",
     "forensics.detect.rules.crash:CrashRule",
+    "forensics.detect.rules.throughput:ThroughputRule",
+    "forensics.detect.rules.memory:MemoryRule",
     "forensics.detect.causes.grouping:CauseRule",
 )
 _REGISTERED: dict[str, type[Rule]] = {}

@@ -228,7 +228,8 @@ class LiveRun:
         self.run.metrics = table
         before = len(self.new_findings)
         fresh = self._feed(new, now=self.clock())
-        due = len(self.metrics) - self._samples_rows >= max(SAMPLES_EVERY_ROWS, SAMPLES_EVERY_SHARE * self._samples_rows)
+        grown = len(self.metrics) - self._samples_rows
+        due = grown >= max(SAMPLES_EVERY_ROWS, SAMPLES_EVERY_SHARE * self._samples_rows)
         if fresh or (due and self.run.has_plan):
             self.causes = self._explain(samples=due)
             now = self.clock()

@@ -172,16 +172,10 @@ def run_audit(
 
 def _replay_doc(case: Case) -> dict[str, Any] | None:
     """The case's ``replay/replay.json`` (None when no replay ran, or it cannot be read)."""
-    import json
+    from forensics.replay.result import read_replay
 
     path = case.output("replay/replay.json")
-    if path is None or not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    return read_replay(path) if path is not None else None
 
 
 def replay_fields(case: Case, has_plan: bool) -> dict[str, Any]:

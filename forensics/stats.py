@@ -179,3 +179,19 @@ def t_ppf(q: float, dof: float) -> float:
     from scipy.special import stdtrit
 
     return float(stdtrit(dof, q))
+
+
+class DisjointSets:
+    """Union-find over ``0..n-1``: the groups that pairwise links form (events into causes, spikes across runs)."""
+
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def join(self, a: int, b: int) -> None:
+        self.parent[self.find(a)] = self.find(b)

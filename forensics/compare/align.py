@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from forensics.compare.classes import ECHOED, HELD, MOVED, SPIKED, UNKNOWN, UNREACHED, classify, echoes
 from forensics.compare.positions import SAME_SAMPLES
 from forensics.compare.runs import ComparedRun, Spike
+from forensics.stats import DisjointSets
 
 BY = ("step", "data")
 
@@ -54,20 +55,6 @@ def _spans_meet(a: Spike, b: Spike, tolerance: int) -> bool:
     return a.step - tolerance <= b.end_step and b.step - tolerance <= a.end_step
 
 
-class _Union:
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
-
-    def find(self, i: int) -> int:
-        while self.parent[i] != i:
-            self.parent[i] = self.parent[self.parent[i]]
-            i = self.parent[i]
-        return i
-
-    def join(self, a: int, b: int) -> None:
-        self.parent[self.find(a)] = self.find(b)
-
-
 def align(runs: Sequence[ComparedRun], by: str = "step", same_order: bool = False, tolerance: int = 0
           ) -> list[Position]:
     """Every data position where some run spiked, in order of its anchor's step (module docstring)."""
@@ -75,7 +62,7 @@ def align(runs: Sequence[ComparedRun], by: str = "step", same_order: bool = Fals
         raise ValueError(f"by must be one of {BY}; got {by!r}")
     nodes = [(r, s) for r, run in enumerate(runs) for s in run.spikes]
     samples = [runs[r].plan.samples_at(s.position_steps) if runs[r].plan is not None else None for r, s in nodes]
-    u = _Union(len(nodes))
+    u = DisjointSets(len(nodes))
     for i, (ri, a) in enumerate(nodes):
         for j in range(i + 1, len(nodes)):
             rj, b = nodes[j]

@@ -33,6 +33,7 @@ from forensics.detect.findings import CRITICAL, SEVERITIES, Finding
 from forensics.detect.params import fraction
 from forensics.detect.rules.grad_norm import NOT_FOLLOWED, unfollowed
 from forensics.detect.spikes.kernel_state import JOINT_LEAD
+from forensics.stats import DisjointSets
 
 #: Run-level finding kinds that are causes of their own, and the cause kind each becomes.
 CAUSE_KINDS = {
@@ -84,20 +85,6 @@ def cause_key(kind: str, steps: list[int], samples: list[int]) -> str:
     ids = sorted({int(s) for s in samples})
     digest = hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:10] if ids else "-"
     return f"{kind}:{steps[0] if steps else '-'}:{digest}"
-
-
-class _Union:
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
-
-    def find(self, i: int) -> int:
-        while self.parent[i] != i:
-            self.parent[i] = self.parent[self.parent[i]]
-            i = self.parent[i]
-        return i
-
-    def join(self, a: int, b: int) -> None:
-        self.parent[self.find(a)] = self.find(b)
 
 
 class CauseRule(Rule):
@@ -221,7 +208,7 @@ class CauseRule(Rule):
     def _join(self, events: list[list[Finding]]) -> list[list[list[Finding]]]:
         """Events of the same samples joined (module docstring): cores that meet, recurrence, or mostly the same
         suspects."""
-        u = _Union(len(events))
+        u = DisjointSets(len(events))
         samples = [set().union(*(set(f.suspect_samples[:SUSPECTS_READ]) for f in e)) for e in events]
         times: dict[int, int] = {}
         for s in samples:

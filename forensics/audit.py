@@ -161,6 +161,11 @@ def run_audit(
 
     findings["verdict"] = verdict(findings, loss_key)
     findings["verdict_facts"] = facts(findings)
+    compared = _compare_doc(case)
+    if compared is not None:  # another run's spikes at the same data are evidence too (detect/causes/compared.py)
+        from forensics.detect.causes.compared import apply_compare
+
+        apply_compare(findings, compared)
     replayed = _replay_doc(case)
     if replayed is not None:  # an earlier replay's verdicts are evidence of the causes (detect/causes/replayed.py)
         from forensics.detect.causes.replayed import apply_replay
@@ -168,6 +173,15 @@ def run_audit(
         apply_replay(findings, replayed)
     return Audit(findings=findings, metrics=metrics, loss_key=loss_key, case=case, tags=tags, plan=plan,
                  samples=samples, boundaries=boundaries)
+
+
+def _compare_doc(case: Case) -> dict[str, Any] | None:
+    """The case's ``compare.json`` that ``forensics compare`` left (None when it compared no such case)."""
+    from forensics.detect.causes.compared import COMPARE_FILE
+    from forensics.replay.result import read_replay
+
+    path = case.output(COMPARE_FILE)
+    return read_replay(path) if path is not None else None
 
 
 def _replay_doc(case: Case) -> dict[str, Any] | None:

@@ -86,6 +86,8 @@ def merge_into_audit(case_dir: str | Path | Case, result: Any) -> list[Path]:
     from forensics.replay.result import read_replay
 
     replay = read_replay(case.root / "replay" / "replay.json")
+    # the folder replayed, as the user named it: a case copied or moved since its audit prints its own path
+    findings.setdefault("run", {})["case"] = str(case_dir if not isinstance(case_dir, Case) else case.root)
     apply_replay(findings, replay)
     _write_json(case, findings)
     written = [path]

@@ -12,7 +12,7 @@ import pytest
 from forensics.cli import main
 
 CONTRACT_KEYS = {"runs", "spikes", "removed", "before_after", "summary"}
-SPIKE_KEYS = {"step", "logged_step", "runs", "class", "data_position", "values"}
+SPIKE_KEYS = {"step", "logged_step", "runs", "class", "data_position", "values", "states"}
 
 
 def compare(args: list[str], capsys) -> tuple[int, str, str]:

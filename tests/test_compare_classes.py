@@ -142,3 +142,67 @@ def test_by_data_the_epochs_a_static_plan_repeats_a_batch_in_are_one_position():
     runs = [_run("a", {10: 6.0, 60: 6.0}, plan), _run("b", {}, _plan({}))]
     (pos,) = align(runs, by="data")
     assert (pos.steps[0], pos.cls) == ([10, 60], "vanished")
+
+
+# --- the classes as evidence of the audit's causes ------------------------------------------------------------------
+def _jsonl_case(folder, spikes: dict[int, tuple[float, float]]):
+    """A case folder whose run.toml names one JSONL log: ``spikes`` = {step: (loss factor, grad-norm factor)}."""
+    import json
+
+    rng = np.random.default_rng(11)
+    folder.mkdir(parents=True)
+    rows = []
+    for s in range(300):
+        loss, gn = (3.0 - s / 300) * (1 + 0.01 * rng.standard_normal()), 1.0 + 0.02 * rng.standard_normal()
+        f_loss, f_gn = spikes.get(s, (1.0, 1.0))
+        rows.append({"step": s, "loss": round(loss * f_loss, 6), "grad_norm": round(gn * f_gn, 6)})
+    (folder / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (folder / "run.toml").write_text('metrics = "m.jsonl"\n')
+    return folder
+
+
+def _severity_at(findings, step):
+    (cause,) = [c for c in findings["causes"] if step in c["steps"]]
+    return cause["severity"], cause.get("compare")
+
+
+def test_a_recurring_spike_is_data_evidence_and_a_held_unique_one_is_evidence_against(tmp_path, capsys):
+    import json
+
+    from forensics.cli import main
+
+    a = _jsonl_case(tmp_path / "a", {60: (2.0, 3.0), 150: (2.0, 1.0)})  # 60: loss and grad norm; 150: loss alone
+    b = _jsonl_case(tmp_path / "b", {150: (2.0, 1.0)})                   # the same data order: 150 spikes again
+    assert main(["audit", str(a), "--no-html"]) == 0
+    alone = json.loads((a / "findings.json").read_text())
+    assert _severity_at(alone, 60) == ("critical", None) and _severity_at(alone, 150) == ("warning", None)
+
+    assert main(["compare", str(a), str(b), "--same-order", "--json", str(a / "compare.json")]) == 0
+    assert json.loads((a / "compare.json").read_text())["this_run"] == "a"
+    assert main(["audit", str(a), "--no-html"]) == 0
+    capsys.readouterr()
+    compared = json.loads((a / "findings.json").read_text())
+    assert _severity_at(compared, 60) == ("warning", ["unique_held"])   # b read the same data and did not spike
+    assert _severity_at(compared, 150) == ("critical", ["recurring"])   # b spiked on the same data
+    assert compared["causes"][0]["steps"] == [150]
+
+
+@pytest.mark.parametrize("compare, lines, expected", [
+    ("recurring", {}, "critical"), (None, {}, "warning"), ("unique_held", {}, "warning"),
+    ("unique_held", {"grad_norm": True}, "warning"), (None, {"grad_norm": True}, "critical"),
+    ("unique_held", {"grad_norm": True, "content": True}, "critical"), ("vanished", {}, "warning"),
+])
+def test_compare_evidence_boundaries(compare, lines, expected):
+    from forensics.detect.causes.severity import severity_of
+
+    support = {"moved": True, **lines, **({"compare": compare} if compare else {})}
+    assert severity_of("spike", support) == expected
+
+
+def test_a_compare_json_not_written_for_this_case_changes_nothing():
+    from forensics.detect.causes.compared import compared_steps
+
+    doc = {"spikes": [{"step": 5, "runs": ["a", "b"], "class": "recurring", "states": {}}]}
+    assert compared_steps(doc) == {}
+    assert compared_steps(doc | {"this_run": "a"}) == {5: "recurring"}
+    assert compared_steps(doc | {"this_run": "c"}) == {}

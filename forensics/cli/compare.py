@@ -4,6 +4,7 @@ render (the terminal summary, compare.json, compare.html)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from forensics.cli.common import add_command, console, write_json
 
@@ -23,7 +24,9 @@ def register(sub) -> None:
                    help="the runs read the data in the same order (for runs without a plan)")
     p.add_argument("--name", action="append", default=None, metavar="NAME",
                    help="a name per RUN, in order (repeatable; default: the folder or file names)")
-    p.add_argument("--json", default=None, metavar="F", help="write compare.json to F")
+    p.add_argument("--json", default=None, metavar="F",
+                   help="write compare.json to F; as CASE/compare.json of a case compared, that case's next audit "
+                        "counts a recurring spike as data evidence and a unique one (same data, no spike) against")
     p.add_argument("--html", default=None, metavar="F", help="write compare.html (curves and spike classes) to F")
     p.set_defaults(func=run)
 
@@ -40,8 +43,14 @@ def run(args: argparse.Namespace) -> int:
     for line in result.lines():
         out.print(line, markup=False)
     if args.json:
-        write_json(result.to_json(), args.json)
-        err.print(f"wrote {args.json}", markup=False)
+        doc = result.to_json()
+        this_run = next((r.name for r in result.runs if r.case is not None
+                         and Path(r.case).resolve() == Path(args.json).resolve().parent), None)
+        if this_run is not None:  # left in a case folder: that case's next audit weighs its causes with it
+            doc["this_run"] = this_run
+        write_json(doc, args.json)
+        err.print(f"wrote {args.json}" + (f" (the next `forensics audit {Path(args.json).parent}` counts its "
+                                          "classes as evidence)" if this_run else ""), markup=False)
     if args.html:
         from forensics.compare.html import write_compare_html
 

@@ -1,13 +1,15 @@
 """The comparison as compare.json (DESIGN.md Contracts, ``forensics compare``) and its before/after pair.
 
-``{runs: [{name, source, steps}], spikes: [{step, logged_step, runs, class, data_position, values}], removed:
-[...], before_after: {jumpiness_share, tokens_per_s}, summary}``, keys exactly as the Contract:
+``{runs: [{name, source, steps}], spikes: [{step, logged_step, runs, class, data_position, values, states}],
+removed: [...], before_after: {jumpiness_share, tokens_per_s}, summary}``, the Contract's keys plus ``states``:
 
 - ``steps`` (of a run): how many steps logged its loss;
 - ``step`` / ``logged_step``: the anchor's step (the first run, in RUN order, that spiked there) canonical and as
   that run logs it; ``runs``: the runs that have the spike there (spiked, or ``echoed``: rose there like the
   anchor under their own detector's threshold; :mod:`forensics.compare.classes`); ``values``: every run's loss
-  there (its peak where it spiked, null where it did not reach);
+  there (its peak where it spiked, null where it did not reach); ``states``: every run's state there
+  (:data:`forensics.compare.classes.STATES`), what the audit reads to weigh a class as evidence
+  (:mod:`forensics.detect.causes.compared`);
 - ``data_position`` (with plans, else null): the samples (``n_samples``, the first 20 ``sample_ids``), each run's
   best ``overlap`` with them, and ``consumed_at``: where a run whose order ``moved`` them consumed them (``[]``:
   never, they were left out);
@@ -105,7 +107,7 @@ class Comparison:
         return out
 
     def position_json(self, p: Position) -> dict[str, Any]:
-        """One spike position of compare.json: exactly the Contract's keys (module docstring)."""
+        """One spike position of compare.json: the Contract's keys and ``states`` (module docstring)."""
         names = [r.name for r in self.runs]
         anchor = self.runs[p.anchor_run]
         data = None
@@ -119,6 +121,7 @@ class Comparison:
             "step": p.anchor.step, "logged_step": p.anchor.step + anchor.logged_offset,
             "runs": [names[r] for r, s in sorted(p.states.items()) if s in _THERE], "class": p.cls,
             "data_position": data, "values": {names[r]: p.values.get(r) for r in range(len(names))},
+            "states": {names[r]: st for r, st in sorted(p.states.items())},
         }
 
     def summary(self) -> dict[str, Any]:

@@ -74,7 +74,7 @@ def apply_replay(findings: dict[str, Any], replay: dict[str, Any] | None,
     run = findings.get("run") or {}
     offset = int(run.get("logged_offset") or 0)
     case = run.get("case")
-    members = _members(findings)
+    members = members_of(findings)
     for c in causes:
         if c.get("kind") not in BATCH_KINDS:
             continue
@@ -108,7 +108,7 @@ def apply_replay(findings: dict[str, Any], replay: dict[str, Any] | None,
     return findings
 
 
-def _members(findings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def members_of(findings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """The finding dicts each cause tells, by cause id, from every list of findings (``findings``, ``spikes``, ...:
     the same finding may be written in several)."""
     out: dict[str, list[dict[str, Any]]] = {}
@@ -122,6 +122,17 @@ def _members(findings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _rank(findings: dict[str, Any], causes: list[dict[str, Any]], not_replayed: list[dict[str, Any]] | None) -> None:
+    """Rank and renumber the causes (:func:`renumber`), then findings.json's ``replay`` section."""
+    order = renumber(findings, causes)
+    section = findings.setdefault("replay", {})
+    section["causes"] = {c["id"]: c["replay"]["verdict"] for c in order if isinstance(c.get("replay"), dict)}
+    if not_replayed is not None:
+        keys = {str(c.get("key")): c["id"] for c in order}
+        section["not_replayed"] = [{"cause": keys.get(str(g.get("key")), g.get("cause")), "steps": g.get("steps"),
+                                    "why": g.get("why", "the replay budget was spent")} for g in not_replayed]
+
+
+def renumber(findings: dict[str, Any], causes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rank the causes as the cause rule does and renumber them; every ``cause`` reference follows."""
     order = sorted(causes, key=lambda c: (-SEVERITIES.index(str(c.get("severity"))), -round(float(c.get("confidence")
                                                                                                  or 0), 3),
@@ -138,12 +149,7 @@ def _rank(findings: dict[str, Any], causes: list[dict[str, Any]], not_replayed: 
             if isinstance(d, dict) and id(d) not in seen and d.get("cause") in new_id:
                 seen.add(id(d))
                 d["cause"] = new_id[d["cause"]]
-    section = findings.setdefault("replay", {})
-    section["causes"] = {c["id"]: c["replay"]["verdict"] for c in order if isinstance(c.get("replay"), dict)}
-    if not_replayed is not None:
-        keys = {str(c.get("key")): c["id"] for c in order}
-        section["not_replayed"] = [{"cause": keys.get(str(g.get("key")), g.get("cause")), "steps": g.get("steps"),
-                                    "why": g.get("why", "the replay budget was spent")} for g in not_replayed]
+    return order
 
 
 def _data_words(rv: dict[str, Any], offset: int) -> str:

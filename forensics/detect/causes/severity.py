@@ -9,6 +9,8 @@ The lines of evidence a finding may carry (``support`` keys; a rule sets those i
 - ``recurs``: the same samples spiked the loss again elsewhere (a batch coming back, a re-paired micro-batch);
 - ``content``: the batch's suspect samples carry content evidence (near-duplicates, repetition, noise);
 - ``replay``: the replay verdict of its step (``data`` agrees; ``normal`` clears it);
+- ``compare``: what another run says of the same data (``recurring``: it spiked there too, a second line;
+  ``unique_held``: it consumed the same data and did not spike, one line less; :mod:`.compared`);
 - ``explained``: what explains it without a fault (``batch_size``, ``bucket``, ``cluster``, ``not_followed``);
 - ``nonfinite``: ``training`` (NaN/inf in a training quantity: critical by itself) or ``context``.
 
@@ -58,6 +60,7 @@ def severity_of(kind: str, support: Mapping[str, Any] | None, given: str = INFO)
         if not s.get("moved"):
             return INFO
         lines = sum(bool(s.get(k)) for k in SECOND_LINES) + (s.get("replay") == "data")
+        lines += {"recurring": 1, "unique_held": -1}.get(str(s.get("compare")), 0)
         if lines >= 1:
             return CRITICAL
         return WARNING

@@ -15,6 +15,7 @@ alert is never held (the person or scheduler behind the sink needs it now). Each
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -119,7 +120,8 @@ class CommandSink(Sink):
 
 
 #: The mutation ``wandb.alert`` sends (through wandb-core) for a run: here sent for a run another process writes,
-#: through the public API's client, so that alerting never resumes (and so never disturbs) the training run.
+#: straight to the configured server's GraphQL endpoint with the configured key, so that alerting never resumes (and
+#: so never disturbs) the training run, and a server that is down is one failure the delivery retries.
 WANDB_ALERT = """mutation NotifyScriptableRunAlert($entityName: String!, $projectName: String!, $runName: String!,
   $title: String!, $text: String!, $severity: AlertSeverity = INFO, $waitDuration: Duration) {
   notifyScriptableRunAlert(input: {entityName: $entityName, projectName: $projectName, runName: $runName,
@@ -132,42 +134,46 @@ class WandbSink(Sink):
     """A W&B alert on the watched run (W&B shows it on the run page and sends it by e-mail or Slack as the user's
     settings say). Needs a W&B run path source and a key (``WANDB_API_KEY`` or ``wandb login``)."""
 
-    def __init__(self, run_path: str) -> None:
+    def __init__(self, run_path: str, base_url: str, api_key: str) -> None:
         from forensics.sources.wandb.api_reader import parse_run_path
 
         self.run_path = parse_run_path(run_path)
+        self.base_url, self.api_key = base_url.rstrip("/"), api_key
         self.name = f"wandb ({self.run_path})"
-        self._api: Any = None
 
     def send(self, body: dict[str, Any]) -> None:
-        from wandb_gql import gql
-
-        if self._api is None:
-            import wandb
-
-            self._api = wandb.Api(timeout=int(SEND_TIMEOUT_S), api_key=wandb_api_key())
         rp = self.run_path
-        self._api.client.execute(gql(WANDB_ALERT), variable_values={
+        variables = {
             "entityName": rp.entity, "projectName": rp.project, "runName": rp.run_id,
             "title": f"{body['severity']}: {body['cause']} at step {_span(body['logged_steps'] or [0])}",
             "text": body["text"] + "".join(f"\n- {e}" for e in body["evidence"]),
-            "severity": WANDB_LEVELS.get(body["severity"], "INFO")})
+            "severity": WANDB_LEVELS.get(body["severity"], "INFO")}
+        auth = base64.b64encode(f"api:{self.api_key}".encode()).decode()
+        req = urllib.request.Request(f"{self.base_url}/graphql", method="POST",
+                                     data=json.dumps({"query": WANDB_ALERT, "variables": variables}).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Basic {auth}"})
+        with urllib.request.urlopen(req, timeout=SEND_TIMEOUT_S) as resp:
+            answer = json.loads(resp.read() or b"{}")
+        if answer.get("errors") or not (answer.get("data") or {}).get("notifyScriptableRunAlert"):
+            raise OSError(f"W&B refused the alert: {json.dumps(answer.get('errors') or answer)[:200]}")
 
 
-def wandb_api_key() -> str | None:
-    """The configured W&B key for the configured server, never prompting; None when there is none."""
+def wandb_server() -> tuple[str, str | None]:
+    """The W&B server the client is configured for (``WANDB_BASE_URL`` or ``wandb login --host``) and its key, never
+    prompting; the key is None when there is none."""
+    from wandb import env
+    from wandb.sdk import wandb_setup
+
+    base = env.get_base_url(wandb_setup.singleton().settings.base_url).rstrip("/")
     try:
-        from wandb import env
-        from wandb.sdk import wandb_setup
         from wandb.sdk.lib.wbauth import authenticate
 
-        base = env.get_base_url(wandb_setup.singleton().settings.base_url).rstrip("/")
         auth = authenticate.authenticate_session(host=base, source="forensics", prompt=False, update_session=False)
-    except ImportError:
-        return os.environ.get("WANDB_API_KEY")
+    except ImportError:  # pragma: no cover - a wandb other than the pinned one
+        return base, os.environ.get("WANDB_API_KEY")
     except Exception:  # noqa: BLE001 - a broken W&B configuration reads as no key: the caller says so in one line
-        return None
-    return getattr(auth, "api_key", None) if auth is not None else None
+        return base, None
+    return base, getattr(auth, "api_key", None) if auth is not None else None
 
 
 def parse_sink(spec: str, wandb_sources: list[str], warn: Callable[[str], None]) -> Sink | None:
@@ -187,10 +193,11 @@ def parse_sink(spec: str, wandb_sources: list[str], warn: Callable[[str], None])
         if not wandb_sources:
             warn("--alert wandb: the watched source is not a W&B run (entity/project/run_id); no W&B alerts")
             return None
-        if not wandb_api_key():
-            warn("--alert wandb: no W&B API key (set WANDB_API_KEY or run `wandb login`); no W&B alerts")
+        base, key = wandb_server()
+        if not key:
+            warn(f"--alert wandb: no W&B API key for {base} (set WANDB_API_KEY or run `wandb login`); no W&B alerts")
             return None
-        return WandbSink(wandb_sources[0])
+        return WandbSink(wandb_sources[0], base, key)
     if eq and kind == "webhook":
         if not value.startswith(("http://", "https://")) or len(value.split("://", 1)[1]) == 0:
             raise ForensicsError(f"watch: --alert {spec!r}: expected webhook=URL with an http:// or https:// URL")

@@ -386,3 +386,33 @@ def test_wandb_alert_goes_to_the_watched_wandb_run(tmp_path):
     a = alerts[0]
     assert (a["entityName"], a["projectName"], a["runName"], a["severity"]) == ("acme", "drafter", "w1", "WARN")
     assert a["title"] == "warning: event at step 310" and "loss spiked at step 310" in a["text"]
+
+
+def test_a_batch_coming_back_joins_its_cause_and_is_not_alerted_again(demo_small, tmp_path, webhook):
+    """The demo's planned run tailed from step 200: the batch of step 254 spikes again at 754; its cause grows (same
+    key), so the webhook gets it once, with the steps it had when it was new."""
+    import shutil
+
+    src = demo_small / "static"
+    case = tmp_path / "case"
+    case.mkdir()
+    for name in ("plan.parquet", "samples.parquet"):
+        shutil.copy(src / name, case / name)
+    (case / "run.toml").write_text((src / "run.toml").read_text().replace('metrics = ["metrics.parquet"]',
+                                                                          'metrics = ["metrics.jsonl"]'))
+    lines = (src / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (case / "metrics.jsonl").write_text("".join(lines[:200]))
+    w = Watcher(str(case), *hook_args(webhook, "--min-severity", "critical"))
+    with (case / "metrics.jsonl").open("a") as fh:
+        fh.write("".join(lines[200:262]))
+    webhook.wait_for(2, timeout=20)  # the batches of 254 and 258
+    assert sorted(b["steps"][0] for _, b in webhook.received) == [254, 258]
+    with (case / "metrics.jsonl").open("a") as fh:
+        fh.write("".join(lines[262:800]))
+    time.sleep(6 * INTERVAL)
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.wait() == 0
+    first = [b for _, b in webhook.received if 254 in b["steps"]]
+    assert len(first) == 1 and first[0]["key"] == "batch:254:c1bc105f40" and first[0]["steps"] == [254]
+    assert len(webhook.keys()) == len(set(webhook.keys()))
+    assert not [b for _, b in webhook.received if 754 in b["steps"]]

@@ -2,9 +2,10 @@
 
 :class:`Watch` opens the run with :class:`forensics.live.LiveRun` (the same loop the dashboard runs), refreshes it
 every ``interval_s``, and for each cause key it has not told yet (the audit's grouping decides what one cause is:
-the same cause growing with more steps keeps its key and is not told again) at ``min_severity`` or above prints
-one line and queues one alert body (:func:`forensics.live.alerts.alert_body`) to every sink
-(:class:`forensics.live.alerts.Delivery`: a sink that is down is retried in the background; the tail never waits).
+the same cause growing with more steps keeps its key and is not told again) at ``min_severity`` or above (a cause
+first seen below it is told when it reaches it) prints one line and queues one alert body
+(:func:`forensics.live.alerts.alert_body`) to every sink (:class:`forensics.live.alerts.Delivery`: a sink that is
+down is retried in the background; the tail never waits).
 
 A source whose steps go back (the writer restarted from a checkpoint) is a ``restart`` cause, told once, as the
 audit tells it; the rewritten steps are not spikes. Exit rules: 1 on the first cause at or above ``exit_on``; 0 when
@@ -117,8 +118,10 @@ class Watch:
             live.refresh()
             if len(live.metrics) != last_rows:
                 last_rows, grown_at = len(live.metrics), self.clock()
-            for n in live.new_causes:
-                self._tell(n.cause)
+            # every current cause, not only the new keys: a cause first seen below --min-severity is told when its
+            # evidence makes it reach it (a batch coming back turns a warning critical)
+            for c in sorted(live.causes, key=lambda c: (c.get("steps") or [-1])[0]):
+                self._tell(c)
             self._check_restarts()
             if (code := self._exit_code()) is not None:
                 return code

@@ -168,13 +168,15 @@ def test_jsonl_each_new_cause_is_alerted_once_within_two_intervals_and_growth_is
     assert len(w.alerts()) == 2
 
 
-def test_a_rewind_is_one_restart_alert_not_a_storm_of_spikes(run_log, webhook):
-    """The writer restarts from an earlier checkpoint: steps 260-339 are written again, from a higher loss."""
+@pytest.mark.parametrize("mode", ["a", "w"])
+def test_a_rewind_is_one_restart_alert_not_a_storm_of_spikes(run_log, webhook, mode):
+    """The writer restarts from an earlier checkpoint: steps 260-339 are written again, from a higher loss, appended
+    to the log (``a``) or in a log the restarted writer began anew (``w``)."""
     path, rng = run_log
     w = Watcher(str(path), *hook_args(webhook, "--until-idle", "2.5", "--min-severity", "info"))
     append(path, range(300, 340), rng)
     time.sleep(2 * INTERVAL)
-    with path.open("a") as fh:  # the restarted writer resumes at step 260 with the loss of step 160
+    with path.open(mode) as fh:  # the restarted writer resumes at step 260 with the loss of step 160
         fh.write("".join(json.dumps({"step": s, "loss": loss(s - 100, rng)}) + "\n" for s in range(260, 340)))
     assert w.wait() == 0
     assert webhook.keys() == ["restart:260:-"]
@@ -421,3 +423,66 @@ def test_a_batch_coming_back_joins_its_cause_and_is_not_alerted_again(demo_small
     assert [b["key"] for b in batches()] == ["batch:254:c1bc105f40", "batch:258:1e9de38003"]
     assert len(webhook.keys()) == len(set(webhook.keys()))
     assert not [b for _, b in webhook.received if 754 in b["steps"]]
+
+
+# --- delivery ------------------------------------------------------------------------------------------------------
+class Recorder:
+    """A sink that keeps what it got and when (``down_until``: it fails before then)."""
+
+    name = "recorder"
+
+    def __init__(self, down_until: float = 0.0) -> None:
+        self.got: list[tuple[float, str]] = []
+        self.down_until = down_until
+        self.tries = 0
+
+    def send(self, body: dict) -> None:
+        self.tries += 1
+        if time.monotonic() < self.down_until:
+            raise OSError("down")
+        self.got.append((time.monotonic(), body["key"]))
+
+
+def body(key: str, severity: str) -> dict:
+    from forensics.live.alerts import alert_body
+
+    return alert_body({"kind": "event", "key": key, "severity": severity, "steps": [1], "summary": "s"}, "run")
+
+
+def test_the_quiet_period_holds_warnings_sends_critical_at_once_and_then_the_held_together():
+    from forensics.live.alerts import Delivery
+
+    sink = Recorder()
+    delivery = Delivery([sink], quiet_period_s=1.0, warn=lambda line: None)
+    t0 = time.monotonic()
+    delivery.submit(body("a", "warning"))
+    time.sleep(0.2)
+    delivery.submit(body("b", "warning"))
+    delivery.submit(body("c", "warning"))
+    time.sleep(0.2)
+    assert [k for _, k in sink.got] == ["a"]  # b and c are held
+    delivery.submit(body("d", "critical"))  # goes now, and takes what was held with it
+    time.sleep(0.2)
+    assert [k for _, k in sink.got] == ["a", "b", "c", "d"] and sink.got[-1][0] - t0 < 0.8
+    delivery.submit(body("e", "warning"))
+    time.sleep(0.3)
+    assert len(sink.got) == 4
+    assert delivery.close(grace_s=5) == 0  # closing sends what is held
+    assert [k for _, k in sink.got] == ["a", "b", "c", "d", "e"]
+
+
+def test_a_sink_that_is_down_is_retried_with_backoff_in_order_and_never_blocks_submit():
+    from forensics.live.alerts import Backoff, Delivery
+
+    sink = Recorder(down_until=time.monotonic() + 1.0)
+    warned: list[str] = []
+    delivery = Delivery([sink], quiet_period_s=0, backoff=Backoff(0.1, 0.4), warn=warned.append)
+    t0 = time.monotonic()
+    for k in "abc":
+        delivery.submit(body(k, "warning"))
+    assert time.monotonic() - t0 < 0.05
+    assert delivery.close(grace_s=5) == 0
+    assert [k for _, k in sink.got] == ["a", "b", "c"]
+    assert sink.tries == 4 + 3  # failures at 0, 0.1, 0.3, 0.7 s (backoff 0.1, 0.2, 0.4), a at 1.1 s, then b, c
+    assert warned == ["forensics watch: alert to recorder failed (down); retrying with backoff",
+                      "forensics watch: alert to recorder delivered again after failures"]

@@ -168,19 +168,26 @@ def test_jsonl_each_new_cause_is_alerted_once_within_two_intervals_and_growth_is
     assert len(w.alerts()) == 2
 
 
-@pytest.mark.parametrize("mode", ["a", "w"])
+@pytest.mark.parametrize("mode", ["a", "w", "gone"])
 def test_a_rewind_is_one_restart_alert_not_a_storm_of_spikes(run_log, webhook, mode):
     """The writer restarts from an earlier checkpoint: steps 260-339 are written again, from a higher loss, appended
-    to the log (``a``) or in a log the restarted writer began anew (``w``)."""
+    to the log (``a``), in a log the restarted writer began anew (``w``), or after the log was gone for a while."""
     path, rng = run_log
     w = Watcher(str(path), *hook_args(webhook, "--until-idle", "2.5", "--min-severity", "info"))
     append(path, range(300, 340), rng)
     time.sleep(2 * INTERVAL)
+    gone = mode == "gone"
+    if gone:
+        path.unlink()
+        time.sleep(3 * INTERVAL)
+        mode = "w"
     with path.open(mode) as fh:  # the restarted writer resumes at step 260 with the loss of step 160
         fh.write("".join(json.dumps({"step": s, "loss": loss(s - 100, rng)}) + "\n" for s in range(260, 340)))
     assert w.wait() == 0
     assert webhook.keys() == ["restart:260:-"]
     assert "went back from step 339 to 260" in webhook.received[0][1]["evidence"][0]
+    err = w.proc.stderr.read()
+    assert (err.count("no longer exists; polling on"), err.count("readable again")) == ((1, 1) if gone else (0, 0))
 
 
 def test_a_webhook_down_for_seconds_loses_no_alert(run_log):

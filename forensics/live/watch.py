@@ -85,6 +85,7 @@ class Watch:
         self.live: LiveRun | None = None
         self._rewinds: set[tuple] = set()
         self._delivery: Delivery | None = None
+        self._failing: str | None = None
 
     # --- the loop -------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -115,7 +116,8 @@ class Watch:
         if (code := self._exit_code()) is not None:
             return code
         while not self.stop.wait(opt.interval_s):
-            live.refresh()
+            if not self._refresh(live):
+                continue
             if len(live.metrics) != last_rows:
                 last_rows, grown_at = len(live.metrics), self.clock()
             # every current cause, not only the new keys: a cause first seen below --min-severity is told when its
@@ -130,6 +132,22 @@ class Watch:
                 return EXIT_CLEAN
         self.out(f"stopped ({self.stop_reason or 'asked to'}); {len(self.told)} causes told")
         return EXIT_CLEAN
+
+    def _refresh(self, live: LiveRun) -> bool:
+        """One poll; a source that is gone for a while (a writer restarting replaces its log) is one message, and
+        the watch keeps polling until it is back (or ``until_idle_s`` ends the watch)."""
+        try:
+            live.refresh()
+        except (ForensicsError, OSError) as exc:
+            text = str(exc)
+            if text != self._failing:
+                self.warn(f"forensics watch: {text}; polling on")
+                self._failing = text
+            return False
+        if self._failing is not None:
+            self.warn("forensics watch: the source is readable again")
+            self._failing = None
+        return True
 
     def _exit_code(self) -> int | None:
         exit_on = self.options.exit_on

@@ -244,11 +244,13 @@ def test_exit_on_critical_exits_1_on_the_first_critical_cause(run_log, webhook):
 
 def test_exit_on_critical_exits_0_when_the_source_ends_clean(run_log, webhook):
     path, rng = run_log
-    w = Watcher(str(path), *hook_args(webhook, "--exit-on", "critical", "--until-idle", "2"))
+    w = Watcher(str(path), *hook_args(webhook, "--exit-on", "critical", "--until-idle", "2", "--alert", "terminal"))
     append(path, range(300, 330), rng, spike={310: 9.0})
     assert w.wait() == 0
     assert webhook.keys() == ["event:310:-"]
     assert w.lines[-1] == "idle: no new rows for 2s; 1 causes told"
+    alerts = [line for line in w.proc.stderr.read().splitlines() if line.startswith("ALERT ")]
+    assert alerts == [f"ALERT {webhook.received[0][1]['text']}"]  # the terminal sink, on stderr
 
 
 def test_cmd_sink_gets_the_body_on_stdin(run_log, tmp_path):

@@ -95,3 +95,35 @@ def test_audit_takes_pattern(tmp_path):
                         r"it (?P<step>\d+) L=(?P<loss>[\d.]+)", "--json", str(out)], env=env, capture_output=True)
     assert r.returncode == 0
     assert json.loads(out.read_text())["run"]["loss_key"] == "loss"
+
+
+def test_resumed_text_log_is_one_restart(tmp_path):
+    lines = [f"step {s} loss {2.0 - s * 0.001:.4f}" for s in range(1, 121)]
+    lines += [f"step {s} loss {2.0 - s * 0.001:.4f}" for s in range(101, 200)]  # resumed from checkpoint 100
+    found = _kinds(_audit(tmp_path, "train.log", "\n".join(lines) + "\n"), "restart")
+    assert [(f["details"]["last_step"], f["details"]["resumed_at"], f["severity"]) for f in found] == [
+        (120, 101, "info")]
+
+
+def test_resumed_wandb_offline_run_is_one_restart_with_other_values(wandb_runs):
+    """The writer's ``resumed1``: 60 steps, then resumed with the same id from step 0 logging 1000 + i."""
+    findings = run_audit(open_case(None, overrides={"metrics": [str(wandb_runs / "multi" / "wandb")]})).findings
+    found = _kinds(findings, "restart")
+    assert [(f["details"]["last_step"], f["details"]["resumed_at"], f["severity"]) for f in found] == [
+        (59, 0, "warning")]
+
+
+@pytest.mark.parametrize("name", ["divergence", "overfitting", "plateau", "lr-schedule", "restart", "throughput",
+                                  "memory", "crash"])
+def test_every_run_health_kind_is_a_fail_on_name(name):
+    from forensics.audit import parse_fail_on
+
+    assert parse_fail_on(name) == [name]
+
+
+def test_fail_on_crash_exits_1_on_a_log_ending_in_an_oom(tmp_path, capsys):
+    from forensics.cli import main
+
+    (tmp_path / "train.log").write_text(OOM_TAIL)
+    assert main(["audit", "--metrics", str(tmp_path / "train.log"), "--no-html", "--fail-on", "crash"]) == 1
+    assert "(oom) after step 1399" in capsys.readouterr().out

@@ -194,3 +194,33 @@ def test_the_learning_rate_at_a_spike_is_in_its_evidence(audited):
     lr = health_run("spike").metrics.set_index("step")["lr"]
     assert spike["step"] == 2010 and spike["details"]["lr"] == pytest.approx(float(lr[2010]), rel=1e-12)
     assert "The learning rate at step 2010: lr 0.0001 (33% of its peak 0.0003)." in spike["evidence"]
+
+
+def _megatron_excerpt(template: str, losses: list[float], first: int = 7000, every: int = 10) -> str:
+    import re
+
+    lines = []
+    for k, loss in enumerate(losses):
+        line = re.sub(r"iteration\s+\d+/", f"iteration {first + every * k:8d}/", template)
+        lines.append(re.sub(r"lm loss: [0-9.E+-]+", f"lm loss: {loss:.6E}", line))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("extra_spike, spikes", [(None, []), (33, [7329])])
+def test_a_diverging_megatron_excerpt_is_one_divergence_and_only_spikes_above_its_new_level(
+        real_logs_dir, tmp_path, extra_spike, spikes):
+    """A Megatron log excerpt (every 10th iteration) whose loss goes from 6.4 to 11.4 and stays: the divergence is
+    the one cause; a value at the new level is not a spike against the old one, a jump 1.8x above it still is."""
+    template = (real_logs_dir / "bloom-176b-tr11-megatron.log").read_text().splitlines()[0]
+    rng = np.random.default_rng(1)
+    k = np.arange(40)
+    level = np.where(k < 25, 6.4, np.minimum(11.4, 6.4 + 1.5 * (k - 24)))
+    losses = level * (1 + 0.01 * rng.standard_normal(40))
+    if extra_spike is not None:
+        losses[extra_spike] *= 1.8
+    (tmp_path / "train.log").write_text(_megatron_excerpt(template, losses.tolist()))
+    findings = run_audit(open_case(None, overrides={"metrics": [str(tmp_path / "train.log")]})).findings
+    (div,) = [f for f in findings["findings"] if f["kind"] == "divergence"]
+    assert (div["step"], div["logged_step"], div["severity"]) == (7249, 7250, "critical")
+    assert [s["peak_step"] for s in findings["spikes"] if s["metric"] == "lm loss"] == spikes
+    assert findings["causes"][0]["kind"] == "divergence"

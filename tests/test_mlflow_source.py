@@ -129,3 +129,13 @@ def test_audit_cli_reads_a_run_id_with_mlflow_uri(store, tmp_path):
                           "--json", str(out)], env=env, capture_output=True, text=True)
     assert (bad.returncode, bad.stderr.strip().splitlines()[-1].split(";")[0]) == (
         2, f"forensics: error: MLflow source 'mlflow:{run_id}': no tracking URI")
+
+
+def test_the_live_loop_reads_an_mlflow_run_id(store, monkeypatch):
+    from forensics.live import LiveRun, resolve_target
+
+    root, run_id = store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", root.as_uri())
+    run = LiveRun(resolve_target([f"mlflow:{run_id}"], command="watch")).start()
+    assert len(run.metrics) == 120 and run.loss_key == "loss"
+    assert [(f["kind"], f["step"]) for f in run.findings["findings"] if f["kind"] == "spike"] == [("spike", 60)]

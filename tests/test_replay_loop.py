@@ -244,3 +244,23 @@ def _stand_in_loss(root: Path, step: int) -> float:
         if row["step"] == step:
             return row["train/loss"]
     raise AssertionError(step)
+
+
+def test_hf_run_shows_logged_steps_and_its_printed_replay_command_replays_the_step_it_names(audited, tmp_path,
+                                                                                            capsys):
+    case = _copy(audited, tmp_path / "out")
+    assert main(["audit", str(case), "--no-html"]) == 0
+    summary = capsys.readouterr().out
+    findings = _read(case / "findings.json")
+    assert findings["run"]["logged_offset"] == 1
+    spikes = findings["spikes"]
+    assert spikes and all(s["logged_step"] == s["step"] + 1 for s in spikes)
+    first = spikes[0]["step"]
+    assert f"{first} (logged {first + 1})" in summary
+    command = _commands(summary)[0]
+    named = [int(s) for s in shlex.split(command)[shlex.split(command).index("--steps") + 1].split(",")]
+    assert main(shlex.split(command)[1:]) == 0, command  # as printed
+    capsys.readouterr()
+    replayed = [d for d in _read(case / "replay/replay.json")["steps"] if d.get("role") != "control"]
+    assert sorted(d["step"] for d in replayed) == sorted(named)
+    assert all(d["logged_step"] == d["step"] + 1 for d in replayed)

@@ -61,7 +61,7 @@ def test_megatron_lines_with_keys_that_contain_spaces(tmp_path):
     body = [_megatron_line(31216 + i, 115311, x, g) for i, (x, g) in enumerate(zip(losses, norms))]
     path.write_text("\n".join(["> building GPT model ...", *body, "[after training is done]"]) + "\n")
     df, report = read_metrics([path])
-    assert df["step"].tolist() == [31216, 31217, 31218, 31219]
+    assert df["step"].tolist() == [31215, 31216, 31217, 31218]  # Megatron prints N after update N
     assert df["lm loss"].tolist() == losses
     assert df["grad norm"].tolist() == norms
     assert df["consumed samples"].tolist() == [float(i * 2048) for i in range(31216, 31220)]
@@ -156,12 +156,12 @@ def test_modded_nanogpt_log_parses_every_step(real_logs_dir):
 
 def test_bloom_megatron_log_parses_every_iteration(real_logs_dir):
     df, report = read_metrics([real_logs_dir / "bloom-176b-tr11-megatron.log"])
-    assert df["step"].tolist() == [12695, *range(31214, 31223), 31250, 31251, 45000]
+    assert df["step"].tolist() == [12694, *range(31213, 31222), 31249, 31250, 44999]
     by_step = df.set_index("step")
-    assert by_step["lm loss"][31219] == 5.098124
-    assert by_step["lm loss"][31214] == 2.198845
-    assert by_step["grad norm"].loc[31214:31219].tolist() == [0.242, 0.947, 2.390, 15.886, 145.119, 960.351]
-    assert by_step["lm loss value"][45000] == 2.327091  # the validation line at 45000
+    assert by_step["lm loss"][31218] == 5.098124  # printed as iteration 31219
+    assert by_step["lm loss"][31213] == 2.198845
+    assert by_step["grad norm"].loc[31213:31218].tolist() == [0.242, 0.947, 2.390, 15.886, 145.119, 960.351]
+    assert by_step["lm loss value"][44999] == 2.327091  # the validation line at iteration 45000
     assert int(df["lm loss"].notna().sum()) == 13
     assert report.malformed == 0
 

@@ -135,3 +135,11 @@ register_kind(FindingKind("divergence", "divergence", fail_on="divergence", line
 register_kind(FindingKind("overfitting", "overfitting", fail_on="overfitting", line=_health_line))
 register_kind(FindingKind("plateau", "plateau / not learning", fail_on="plateau", line=_health_line))
 register_kind(FindingKind("lr_schedule", "learning-rate schedule", fail_on="lr-schedule", line=_health_line))
+register_kind(FindingKind("restart", "restart", fail_on="restart",
+                          line=lambda f: f"restart: step {f['details']['last_step']} -> "
+                                         f"{f['details']['resumed_at']} ({f.get('severity')})"))
+register_kind(FindingKind("throughput", "throughput slowdown", fail_on="throughput", line=_health_line))
+register_kind(FindingKind("memory", "memory growth", fail_on="memory", line=_health_line))
+register_kind(FindingKind("crash", "crash", fail_on="crash",
+                          line=lambda f: f"crash ({f['details']['what']}) after step {f.get('step')}: "
+                                         f"{f['details']['line']}"))

@@ -10,4 +10,12 @@ One module per framework, each importing its framework only inside its functions
 What they write is the case folder of DESIGN.md: ``plan/`` (Parquet parts of
 :class:`~forensics.plan.recorder.PlanRecorder`: ``step``, ``micro``, ``epoch``, ``batch_id``, ``sample_id``, and
 ``rank`` under several processes), ``samples.parquet`` and ``run.toml``.
+
+After an audit, the other way: :mod:`forensics.integrations.skip_lists` turns findings.json into the steps and
+samples to skip (``forensics skip``), and :func:`exclude_samples` (:mod:`forensics.integrations.exclude`) drops the
+samples of such a list from a dataset or a Lightning DataModule in one line.
 """
+
+from forensics.integrations.exclude import exclude_samples
+
+__all__ = ["exclude_samples"]

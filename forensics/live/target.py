@@ -12,6 +12,8 @@ from pathlib import Path
 from forensics.errors import ForensicsError
 
 #: Files whose presence makes a folder a case folder (else a folder given is a metrics source, e.g. ``wandb/``).
+#: Sources that name a run on a server rather than a local path (W&B's API, an MLflow run id).
+REMOTE_PREFIXES = ("wandb://", "https://", "mlflow:")
 CASE_MARKERS = ("run.toml", "plan.parquet", "samples.parquet", "metrics.parquet", "findings.json", "plan")
 
 
@@ -43,7 +45,7 @@ def resolve_target(args: Sequence[str], command: str = "dashboard") -> Target:
     for a in args:
         if is_case_folder(a):
             raise ForensicsError(f"{command}: {a} is a case folder; give it alone, not with other sources")
-        if not Path(a).exists() and a.count("/") != 2 and not a.startswith(("wandb://", "https://")):
+        if not Path(a).exists() and a.count("/") != 2 and not a.startswith(REMOTE_PREFIXES):
             raise ForensicsError(f"{command}: {a} does not exist (expected a case folder, a log file or folder, "
-                                 "or a W&B run path entity/project/run_id)")
+                                 "a W&B run path entity/project/run_id, or mlflow:RUN_ID)")
     return Target(sources=args)

@@ -17,6 +17,11 @@ here, each from evidence the reader already holds after a read (column names, ``
   count; it is used only when the run logs no step of its own (``"wandb-own-step"`` names the key the run logs,
   offset 0; ``"wandb-step"`` is ``_step`` itself, offset 0).
 
+- **Megatron-LM's iteration lines** (``"megatron"``): a text log whose rows carry ``consumed samples`` and
+  ``lm loss``. Megatron increments ``iteration`` after the update and prints it, so ``iteration N`` is the N-th
+  update, counting from 1: ``step_offset = 1``, and the logged step is the number Megatron prints (and its
+  ``--iterations-to-skip`` reads in core_v0.17.0 and later).
+
 Sources recognised by nothing here (JSONL, CSV, text logs of unknown origin) get ``None``: their convention is the
 caller's to give (``--step-offset``/``--step-key``) or to check from the data.
 
@@ -38,6 +43,9 @@ from forensics.schema import STEP
 HF_TRAINER = "hf-trainer"
 WANDB_OWN_STEP = "wandb-own-step"
 WANDB_STEP = "wandb-step"
+MEGATRON = "megatron"
+#: Columns of Megatron-LM's ``training_log`` line that no other known text log prints together.
+MEGATRON_COLUMNS = ("consumed samples", "lm loss")
 #: The step key HF's WandbCallback adds to every W&B log call.
 HF_WANDB_STEP = "train/global_step"
 #: Tags of HF's TensorBoardCallback (``rewrite_logs`` prefixes the Trainer's log keys with ``train/``).
@@ -104,6 +112,15 @@ def recognise_wandb(table: pd.DataFrame, config: dict[str, Any] | None, step_key
     return StepConvention("_step", 0, WANDB_STEP, None, "W&B run logs no step of its own: _step (one per log call)")
 
 
+def recognise_megatron(table: pd.DataFrame) -> StepConvention | None:
+    """Megatron-LM's ``iteration N/ M | consumed samples: ... | lm loss: ...`` lines (module docstring)."""
+    if not set(MEGATRON_COLUMNS) <= set(table.columns):
+        return None
+    return StepConvention(STEP, 1, MEGATRON, None,
+                          "Megatron-LM iteration lines (consumed samples, lm loss): iteration N is printed after the "
+                          "N-th update")
+
+
 def recognise(reader: Any) -> StepConvention | None:
     """The step convention of one reader's source, from what the reader read (it reads now if it has not yet).
 
@@ -119,6 +136,8 @@ def recognise(reader: Any) -> StepConvention | None:
         return recognise_tensorboard(reader.table)
     if fmt in ("wandb", "wandb-api"):
         return recognise_wandb(reader.table, reader.report.metadata.get("config"), reader.step_key)
+    if fmt == "text":
+        return recognise_megatron(reader.table)
     return None
 
 

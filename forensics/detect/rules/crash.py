@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
-from forensics.detect.kinds import FindingKind, register_kind
 from forensics.schema import STEP
 from forensics.sources.crash_logs import crash_lines
 
@@ -45,6 +44,3 @@ class CrashRule(Rule):
         return out
 
 
-register_kind(FindingKind("crash", "crash", fail_on="crash",
-                          line=lambda f: f"crash ({f['details']['what']}) after step {f.get('step')}: "
-                                         f"{f['details']['line']}"))

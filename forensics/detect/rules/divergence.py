@@ -13,7 +13,9 @@ The finding (``critical`` by default, a cause of its own) names ``onset_step``, 
 ``resume_checkpoint`` (the last checkpoint at least max(10 steps, 1% of the run) before the onset, else the last
 healthy step: :func:`forensics.detect.health.resume_point`), and the ``lr`` and ``grad_norm`` at the onset. It takes
 the place of the spike rule's ``level_shift`` of the loss (and of the grad norm that went with it) for the same rise
-(those findings are dropped from the list the rules share), so the rise is told once.
+(those findings are dropped from the list the rules share), so the rise is told once; so are the loss's spikes after
+the onset that stay within ``rise`` of the diverged level: a causal baseline still at the old level calls the new
+level a spike, and a spike well above the new level is still told.
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ from forensics.schema.steps import step_span
 
 #: The fewest finite loss values the rule judges.
 MIN_VALUES = 20
+
+
+def _within_diverged_level(f: Finding, loss_key: str | None, onset: int, level: float, rise: float) -> bool:
+    """A loss spike after the onset whose peak is no more than ``rise`` above the diverged level: the divergence."""
+    value = f.value if isinstance(f.value, (int, float)) else None
+    return (f.kind == "spike" and f.metric == loss_key and f.step > onset and value is not None
+            and math.isfinite(value) and value <= level * (1 + rise))
 
 
 def smoothed(values: np.ndarray, share: float) -> np.ndarray:
@@ -118,7 +127,8 @@ class DivergenceRule(Rule):
         if found is not None:  # the same rise, told once: the divergence takes the place of the loss's level shift
             trained = {run.loss_key, run.grad_norm_key, *run.analysed}
             found[:] = [f for f in found if not (f.kind == "level_shift" and f.metric in trained
-                                                 and f.step >= onset - hold)]
+                                                 and f.step >= onset - hold)
+                        and not _within_diverged_level(f, run.loss_key, onset, hit["level"], self.rise)]
         offset = run.logged_offset
         where = step_span(onset, offset=offset)
         lr_text = lr_words(lr_at, lr_peak)

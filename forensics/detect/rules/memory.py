@@ -26,7 +26,6 @@ import numpy as np
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
 from forensics.detect.health import HEALTH, Series, judged_section, series
-from forensics.detect.kinds import FindingKind, register_kind
 from forensics.detect.params import fraction, positive
 from forensics.schema import metric_columns
 from forensics.schema.keys import EVAL_WORDS, Role, choose_key, tokens
@@ -150,5 +149,3 @@ class MemoryRule(Rule):
                      "support": {}})]
 
 
-register_kind(FindingKind("memory", "memory growth", fail_on="memory",
-                          line=lambda f: str((f.get("evidence") or ["memory"])[0]) + f" ({f.get('severity')})"))

@@ -12,7 +12,6 @@ import numpy as np
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
-from forensics.detect.kinds import FindingKind, register_kind
 from forensics.detect.params import positive
 
 
@@ -58,6 +57,3 @@ class RestartRule(Rule):
         return out
 
 
-register_kind(FindingKind("restart", "restart", fail_on="restart",
-                          line=lambda f: f"restart: step {f['details']['last_step']} -> "
-                                         f"{f['details']['resumed_at']} ({f.get('severity')})"))

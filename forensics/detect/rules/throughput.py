@@ -24,7 +24,6 @@ import pandas as pd
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
 from forensics.detect.health import HEALTH, judged_section, series
-from forensics.detect.kinds import FindingKind, register_kind
 from forensics.detect.params import at_least, fraction
 from forensics.schema import metric_columns
 from forensics.schema.keys import EVAL_WORDS, THROUGHPUT, Role, choose_key, tokens
@@ -144,5 +143,3 @@ class ThroughputRule(Rule):
                      "higher_is_faster": higher, "support": {}})]
 
 
-register_kind(FindingKind("throughput", "throughput slowdown", fail_on="throughput",
-                          line=lambda f: str((f.get("evidence") or ["throughput"])[0]) + f" ({f.get('severity')})"))

@@ -14,6 +14,8 @@ Requests the client sends (learned by logging them), and the answers given here:
 - ``GET /export/<run>.parquet`` with ``Range: bytes=a-b`` headers: the export (the client reads it like object storage);
 - ``POST /graphql`` ``query HistoryPage(minStep, maxStep, pageSize)``: rows with minStep <= _step < maxStep, each a
   JSON text (NaN and Infinity written as JavaScript literals, as they pass through the client unparsed);
+- ``POST /graphql`` ``mutation NotifyScriptableRunAlert``: a run alert (``wandb.alert``'s request), answered
+  ``success``;
 - ``POST /sdk/otel/v1/metrics``: the client's telemetry, accepted and ignored.
 
 With ``api_key`` set, a request carrying another key gets 401 ``user is not logged in``, as W&B answers.
@@ -127,6 +129,8 @@ class FakeWandbServer:
         """(operation name, JSON answer) for one GraphQL request."""
         if re.search(r"query (Viewer|GetDefaultEntity)\b", query):
             return "Viewer", {"data": {"viewer": VIEWER}}
+        if "NotifyScriptableRunAlert" in query:  # what wandb.alert sends; recorded in ``queries``
+            return "NotifyScriptableRunAlert", {"data": {"notifyScriptableRunAlert": {"success": True}}}
         name, run = self._run(variables)
         if "RunHistoryKeys" in query:
             return "RunHistoryKeys", {"data": {"project": {"run": run and {"historyKeys": run.history_keys()}}}}

@@ -495,3 +495,26 @@ def test_a_sink_that_is_down_is_retried_with_backoff_in_order_and_never_blocks_s
     assert sink.tries == 4 + 3  # failures at 0, 0.1, 0.3, 0.7 s (backoff 0.1, 0.2, 0.4), a at 1.1 s, then b, c
     assert warned == ["forensics watch: alert to recorder failed (down); retrying with backoff",
                       "forensics watch: alert to recorder delivered again after failures"]
+
+
+def test_a_log_not_written_yet_is_waited_for_and_a_path_in_no_folder_is_not(tmp_path):
+    from forensics.live.watch import not_yet_written, wait_for
+
+    later, typo = tmp_path / "train.jsonl", tmp_path / "no-such-dir" / "train.jsonl"
+    assert not_yet_written([str(later), str(typo), "mlflow:abc", "wandb://e/p/r"]) == [str(later)]
+    said, naps = [], []
+
+    def sleep(s):
+        naps.append(s)
+        if len(naps) == 3:
+            later.write_text("")
+
+    assert wait_for([str(later)], 0.5, None, said.append, sleep=sleep) is True
+    assert naps == [0.5, 0.5, 0.5] and said == [f"forensics watch: waiting for {later} to appear (polling every 0.5s)"]
+    now = [0.0]
+
+    def tick(s):
+        now[0] += s
+
+    assert wait_for([str(tmp_path / "never")], 1.0, 3.0, said.append, sleep=tick, clock=lambda: now[0]) is False
+    assert now[0] == 3.0

@@ -56,7 +56,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from forensics.live import resolve_target
     from forensics.live.alerts import Backoff, parse_sink
-    from forensics.live.watch import Watch, WatchOptions
+    from forensics.live.watch import Watch, WatchOptions, not_yet_written, wait_for
     from forensics.sources.registry import is_wandb_api_source
 
     def warn(line: str) -> None:
@@ -66,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
                            quiet_period_s=args.quiet_period, exit_on=args.exit_on, until_idle_s=args.until_idle,
                            dashboard_url=args.dashboard_url, backoff=Backoff(args.backoff, args.backoff_max),
                            grace_s=args.grace, alert_existing=args.alert_existing)
+    if not wait_for(not_yet_written(list(args.targets)), args.interval, args.until_idle, warn):
+        print(f"forensics watch: nothing appeared in {args.until_idle:g}s (--until-idle); nothing to watch")
+        return 0
     target = resolve_target(args.targets, command="watch")
     sources = list(target.sources)
     if target.case is not None:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from forensics.detect.findings import SEVERITIES, WARNING
@@ -236,3 +237,26 @@ def restart_causes(live: LiveRun, rewinds: list[Any]) -> list[dict[str, Any]]:
     params = tables.rule_params
     judged = run_rules([RestartRule(**params.get("restart", {})), CauseRule(**params.get("causes", {}))], tables)
     return [c for c in judged.sections.get("causes") or [] if c.get("kind") == "restart"]
+
+
+def not_yet_written(targets: list[str]) -> list[str]:
+    """Local sources a run has not created yet: missing, in a folder that exists (a watch started with the job
+    waits for them; a path in no folder at all is a typo, left to the target check's one-line error)."""
+    from forensics.live.target import REMOTE_PREFIXES
+
+    return [t for t in targets if not t.startswith(REMOTE_PREFIXES) and not Path(t).exists()
+            and Path(t).parent.is_dir() and Path(t).parent != Path(t)]
+
+
+def wait_for(paths: list[str], interval_s: float, until_s: float | None, warn: Callable[[str], None],
+             sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> bool:
+    """Poll until every path exists (True), or ``until_s`` seconds pass first (False); says once that it waits."""
+    if not paths:
+        return True
+    warn(f"forensics watch: waiting for {', '.join(paths)} to appear (polling every {interval_s:g}s)")
+    start = clock()
+    while any(not Path(p).exists() for p in paths):
+        if until_s is not None and clock() - start >= until_s:
+            return False
+        sleep(interval_s)
+    return True

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's fixtures/, run from anywhere
 from fixtures.tiny_lm import PAD_ID, build_tiny_run, tiny_gpt
 from forensics.replay import ReplayOptions, replay_case
 

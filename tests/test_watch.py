@@ -518,3 +518,16 @@ def test_a_log_not_written_yet_is_waited_for_and_a_path_in_no_folder_is_not(tmp_
 
     assert wait_for([str(tmp_path / "never")], 1.0, 3.0, said.append, sleep=tick, clock=lambda: now[0]) is False
     assert now[0] == 3.0
+
+
+@pytest.mark.parametrize("summary, shown", [
+    ("plain words", "plain words"), ("cluster '<!channel> & co'", "cluster '&lt;!channel&gt; &amp; co'"),
+    ("a <https://x|link>", "a &lt;https://x|link&gt;"),
+])
+def test_dataset_text_in_the_slack_line_is_escaped_and_the_body_keeps_it(summary, shown):
+    from forensics.live.alerts import alert_body
+
+    body = alert_body({"kind": "batch", "key": "batch:1:x", "severity": "critical", "steps": [1], "summary": summary},
+                      run="r", dashboard="http://127.0.0.1:8501")
+    assert body["summary"] == summary
+    assert body["text"] == f"[critical] batch at step 1: {shown} (run r; key batch:1:x) <http://127.0.0.1:8501|dashboard>"

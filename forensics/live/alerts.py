@@ -47,12 +47,19 @@ def alert_body(cause: dict[str, Any], run: str, dashboard: str | None = None,
     severity = str(cause.get("severity") or "info")
     summary = str(cause.get("summary") or "")
     where = f" at step {_span(logged)}" if logged else ""
-    text = f"[{severity}] {cause.get('kind')}{where}: {summary} (run {run}; key {cause.get('key')})"
+    text = f"[{severity}] {cause.get('kind')}{where}: {slack_escape(summary)} (run {slack_escape(run)}; key " \
+           f"{cause.get('key')})"
     if dashboard:
         text += f" <{dashboard}|dashboard>"
     return {"cause": str(cause.get("kind")), "key": str(cause.get("key")), "severity": severity, "steps": steps,
             "logged_steps": logged, "summary": summary, "evidence": list(evidence or [])[:EVIDENCE_LINES],
             "run": run, "dashboard": dashboard, "text": text}
+
+
+def slack_escape(text: str) -> str:
+    """Text for a Slack-compatible ``text`` field: its control characters ``&``, ``<`` and ``>`` escaped, so that a
+    cluster name or sample text quoted in a summary is shown, not read as a link or a mention."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _span(steps: list[int]) -> str:

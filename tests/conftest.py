@@ -7,6 +7,18 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def main_module_kept():
+    """Streamlit's script runner (AppTest) installs the app as ``__main__`` and leaves it there; a later test that
+    spawns processes would then re-run the dashboard in each child. Every test gets back the ``__main__`` it had."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory: pytest.TempPathFactory):
     """The user cache (fitted clusters, the dashboard's demo) in a folder of this session, never the user's own."""

@@ -277,7 +277,7 @@ def test_cmd_sink_gets_the_body_on_stdin(run_log, tmp_path):
 ])
 def test_bad_input_is_one_line_and_exit_2(run_log, tmp_path, args, message):
     path, _ = run_log
-    args = [a.format(missing=tmp_path / "nope.jsonl", log=path) for a in args]
+    args = [a.format(missing=tmp_path / "no-such-folder" / "nope.jsonl", log=path) for a in args]
     done = subprocess.run([sys.executable, "-m", "forensics", "watch", *args], cwd=REPO, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert done.returncode == 2

@@ -339,33 +339,69 @@ def run_calibration(size: str, seed: int) -> list[str]:
     """The check that ``false_rate`` does what it says: the long corpus's runs with no spike and no level
     shift (pure noise of each family), judged as the audit judges them (loss and grad norm) with the tail alone
     (``ratio=1``: no effect-size condition); measured false events per 10K judged loss steps against the rate
-    asked."""
+    asked.
+
+    The events are counted by the rule that decided them (``details.tail.decided_by``). The tail's are the promise
+    ``false_rate`` makes, counted wherever they fall. The observed-maximum rule's (a jump of at least 1.5x past the
+    largest score of the run's clean history, where the fitted tail extrapolates) are counted as the heavy-tailed
+    family's bench counts them: one at a noise step that itself moved the loss by
+    ``NOISE_SPIKE_FACTOR`` x or more is as large as a spike (no rule can tell it from one) and is reported on its
+    own line, not as a false event; one anywhere else is a false event."""
     specs = [replace(sp, spikes=(), level_shifts=0) for sp in long_corpus_specs(size, seed)]
-    counts = {(f, r): 0 for f in LONG_FAMILIES for r in CALIBRATION_RATES}
+    keys = [(f, r) for f in LONG_FAMILIES for r in CALIBRATION_RATES]
+    tail, past_max, spike_sized = dict.fromkeys(keys, 0), dict.fromkeys(keys, 0), dict.fromkeys(keys, 0)
     judged_steps = dict.fromkeys(LONG_FAMILIES, 0)
+    noise_steps = dict.fromkeys(LONG_FAMILIES, 0)
     with progress_bar() as progress:
         task = progress.add_task("clean runs", total=len(specs))
         for spec in specs:
             progress.update(task, description=f"{spec.name:12s}")
-            metrics = make_long_run(spec).metrics
+            run = make_long_run(spec)
+            metrics = run.metrics
             judged_steps[spec.family] += int(metrics[LOSS].notna().sum())
+            factor = metrics[LOSS].to_numpy(np.float64) / run.baseline
+            noise = np.flatnonzero(factor >= NOISE_SPIKE_FACTOR)
+            noise_steps[spec.family] += len(noise)
             for r in CALIBRATION_RATES:
                 found = detect_spikes(metrics, [LOSS, GRAD_NORM], false_rate=r, ratio=1.0)
-                counts[(spec.family, r)] += sum(f.kind == "spike" and f.metric == LOSS for f in found)
+                for f in found:
+                    if f.kind != "spike" or f.metric != LOSS:
+                        continue
+                    if (f.details.get("tail") or {}).get("decided_by") != "observed_max":
+                        tail[(spec.family, r)] += 1
+                    elif len(noise) and np.abs(noise - f.step).min() <= MARGIN:
+                        spike_sized[(spec.family, r)] += 1
+                    else:
+                        past_max[(spec.family, r)] += 1
             progress.advance(task)
-    header = ["family", "clean loss steps", *[f"asked {r:g} / 10K: measured (ratio)" for r in CALIBRATION_RATES]]
-    rows, worst = [], 1.0
+    header = ["family", "clean loss steps", *[f"asked {r:g} / 10K: measured (ratio; tail + past max)"
+                                              for r in CALIBRATION_RATES]]
+    rows, worst, worst_all = [], 1.0, 1.0
     for fam in LONG_FAMILIES:
         cells = []
         for r in CALIBRATION_RATES:
-            measured = counts[(fam, r)] / judged_steps[fam] * 1e4
+            key = (fam, r)
+            false = tail[key] + past_max[key]
+            measured = false / judged_steps[fam] * 1e4
             ratio = measured / r
             worst = max(worst, ratio, 1.0 / ratio if ratio > 0 else math.inf)
-            cells.append(f"{measured:.3f} ({ratio:.2f}x, {counts[(fam, r)]} events)")
+            ratio_all = (false + spike_sized[key]) / judged_steps[fam] * 1e4 / r
+            worst_all = max(worst_all, ratio_all, 1.0 / ratio_all if ratio_all > 0 else math.inf)
+            cells.append(f"{measured:.3f} ({ratio:.2f}x; {tail[key]} + {past_max[key]})")
         rows.append([fam, f"{judged_steps[fam]:,}", *cells])
+    sized = ["family", f"noise steps >= {NOISE_SPIKE_FACTOR:g}x",
+             *[f"asked {r:g} / 10K: flagged past the observed max" for r in CALIBRATION_RATES]]
+    sized_rows = [[fam, f"{noise_steps[fam]:,}", *[str(spike_sized[(fam, r)]) for r in CALIBRATION_RATES]]
+                  for fam in LONG_FAMILIES]
     out = [f"# Calibration ({size}, seed {seed}): clean runs, false events per 10K judged steps, asked vs measured",
-           ""] + md_table(header, rows)
-    out += ["", f"Worst ratio either way: {worst:.2f}x (the target: within 2x at every rate and family)."]
+           "", "Each cell: the rate measured, its ratio to the rate asked, and the events (decided by the fitted "
+           "tail + by the observed-maximum rule away from spike-sized noise).", ""] + md_table(header, rows)
+    out += ["", f"Worst ratio either way: {worst:.2f}x (the target: within 1.6x at every rate and family).",
+            "", f"## Spike-sized noise: steps where the noise alone moved the loss by {NOISE_SPIKE_FACTOR:g}x or more",
+            "", "Flagged by the observed-maximum rule there: a jump past anything the run's clean history showed, "
+            "as large as a labelled spike (the heavy-tailed family's bench counts these the same way).", ""]
+    out += md_table(sized, sized_rows)
+    out += ["", f"Counting these as false events too, the worst ratio either way: {worst_all:.2f}x."]
     return out
 
 

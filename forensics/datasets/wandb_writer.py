@@ -83,6 +83,9 @@ def write_wandb_run(
         console="off", silent=True, x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True,
         disable_git=True, save_code=False, x_save_requirements=False, disable_job_creation=True,
     )
+    # A W&B service this process already runs (the user's own runs, or an earlier writer's) is theirs: kept, not
+    # torn down with ours.
+    had_service = "WANDB_SERVICE" in os.environ
     with isolated_wandb_env(case_dir):
         run = wandb.init(dir=str(case_dir), mode="offline", project=PROJECT, name=name, config=config,
                          settings=settings, reinit="create_new")
@@ -97,7 +100,8 @@ def write_wandb_run(
             folder = Path(run.dir).parent
         finally:
             run.finish()
-        wandb.teardown()
+        if not had_service:
+            wandb.teardown()
     if on_row is not None:
         on_row(len(steps))
     return folder

@@ -1,15 +1,22 @@
-"""Bench: check-plan and tag per engine on synthetic plans of 10M, 30M and 100M rows, time and peak RSS.
+"""Bench: check-plan, tag and audit per engine on synthetic plans of 10M, 30M and 100M rows, time and peak RSS.
 
 The plans (:mod:`fixtures.scale_plan`): 5M samples on 8 ranks with 2 micro-batches per step, the story's bucketed
 fix, 2, 6 and 20 epochs (10M, 30M, 100M rows), written once to ``bench/out/scale/`` as the recorder's flat folder;
 the smaller plans are the larger one's first epochs (links to its parts), so their verdicts must agree. Each run is
 the real command (``python -m forensics check-plan|tag ... --engine E --memory-limit M``) in a fresh process; its
 time is wall-clock, its memory the process's peak RSS (``ru_maxrss`` of the child, which is what the machine must
-hold, DuckDB's own allocations included). Ratios are against the pandas engine in the same run.
+hold, DuckDB's own allocations included). Ratios are against the pandas engine in the same run. The audit's case
+is the plan with a seeded metrics file of 20K steps (a decaying loss with two spikes, and its grad norm): the plan
+runs far ahead of the metrics, as a live run's does.
+
+Each engine's outputs are compared with pandas' at the same size (``same``: the gate's JSON, the tag table and the
+audit's findings.json equal, exactly), the largest plan's verdict with the smallest plan's pandas verdict
+(``verdict``), and the engine ``auto`` picks for each plan under the bench's memory limit is printed (``auto``).
 
     python3 bench/bench_scale.py                          # 10M and 30M per engine, 100M on DuckDB under 4GB
     python3 bench/bench_scale.py --rows 10 --engines pandas,duckdb
     python3 bench/bench_scale.py --rows 100 --engines duckdb --memory-limit 4GB
+    python3 bench/bench_scale.py --rows 10 --engines pandas,duckdb,dask --commands audit
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out" / "scale"
 N_SAMPLES = 5_000_000
 EPOCHS_FOR = {10: 2, 30: 6, 100: 20}  # million rows -> epochs of N_SAMPLES
+BOUNDARIES = (0, 770, 1216, 1728, 2432, 3296, 8192)  # the story's (fixtures.scale_plan.BOUNDARIES)
+AUDIT_STEPS = 20_000
+COMMANDS = ("check-plan", "tag", "audit")
 
 
 def build(max_epochs: int) -> Path:
@@ -49,6 +59,29 @@ def build(max_epochs: int) -> Path:
     return full
 
 
+def audit_case(plan: Path, size: int) -> Path:
+    """A case folder for the audit: the plan and samples where they lie, and the seeded 20K-step metrics."""
+    import numpy as np
+    import pandas as pd
+
+    metrics = OUT / "metrics-20k.parquet"
+    if not metrics.exists():
+        rng = np.random.default_rng(20)
+        step = np.arange(AUDIT_STEPS, dtype=np.int64)
+        loss = 1.2 + 2.0 * np.exp(-step / 3000) + rng.normal(0, 0.01, AUDIT_STEPS)
+        grad = 0.8 + 0.05 * rng.standard_normal(AUDIT_STEPS)
+        for at in (7_000, 15_000):
+            loss[at] *= 3.0
+            grad[at] *= 6.0
+        pd.DataFrame({"step": step, "loss": loss, "grad_norm": grad}).to_parquet(metrics, index=False)
+    case = OUT / f"case-{size}M"
+    case.mkdir(exist_ok=True)
+    (case / "run.toml").write_text(f'metrics = ["{metrics}"]\nplan = "{plan}"\n'
+                                   f'samples = "{OUT / "samples.parquet"}"\n'
+                                   f"boundaries = {list(BOUNDARIES)}\ntoken_budget = 16384\nmax_len = 8192\n")
+    return case
+
+
 def prefix(full: Path, epochs: int) -> Path:
     sys.path.insert(0, str(ROOT))
     from fixtures.scale_plan import prefix_folder
@@ -69,11 +102,27 @@ def run(cmd: list[str]) -> dict:
             "err": err.strip().splitlines()[-1] if rc not in (0, 1) and err.strip() else ""}
 
 
+def outputs_equal(size: int, engine: str, command: str) -> bool | None:
+    """Whether an engine's gate JSON (check-plan) or tag table (tag) is exactly pandas' at the same size (None:
+    pandas not run at that size)."""
+    import pyarrow.parquet as pq
+
+    name = {"check-plan": "gate-{size}M-{engine}.json", "tag": "tags-{size}M-{engine}.parquet",
+            "audit": "findings-{size}M-{engine}.json"}[command]
+    ours, ref = (OUT / name.format(size=size, engine=e) for e in (engine, "pandas"))
+    if not (ours.exists() and ref.exists()):
+        return None
+    if command != "tag":
+        return json.loads(ours.read_text()) == json.loads(ref.read_text())
+    return pq.read_table(ours).equals(pq.read_table(ref))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="10,30,100", help="plan sizes in million rows (10, 30, 100)")
     ap.add_argument("--engines", default="pandas,duckdb", help="engines to run (pandas, duckdb, dask)")
     ap.add_argument("--memory-limit", default="4GB", help="--memory-limit of every run")
+    ap.add_argument("--commands", default=",".join(COMMANDS), help="commands to run (check-plan, tag, audit)")
     ap.add_argument("--pandas-max", type=int, default=30, help="largest plan (M rows) the pandas engine runs")
     ap.add_argument("--json", default=str(OUT / "bench_scale.json"))
     args = ap.parse_args()
@@ -81,17 +130,25 @@ def main() -> None:
     full = build(max(EPOCHS_FOR[s] for s in sizes))
     samples = OUT / "samples.parquet"
     results = []
+    from forensics.engine import choose_engine
+
     for size in sizes:
         plan = prefix(full, EPOCHS_FOR[size]) if EPOCHS_FOR[size] < max(EPOCHS_FOR[s] for s in sizes) else full
+        print(json.dumps({"rows_M": size, "auto": choose_engine("auto", plan, args.memory_limit)}), flush=True)
         for engine in args.engines.split(","):
             if engine == "pandas" and size > args.pandas_max:
                 continue
             base = ["--plan", str(plan), "--samples", str(samples), "--engine", engine,
                     "--memory-limit", args.memory_limit]
             gate_json = OUT / f"gate-{size}M-{engine}.json"
-            for what, cmd in (("check-plan", ["check-plan", *base, "--json", str(gate_json)]),
-                              ("tag", ["tag", *base, "--boundaries", "0,770,1216,1728,2432,3296,8192",
-                                       "-o", str(OUT / f"tags-{size}M-{engine}.parquet")])):
+            commands = {"check-plan": ["check-plan", *base, "--json", str(gate_json)],
+                        "tag": ["tag", *base, "--boundaries", ",".join(map(str, BOUNDARIES)),
+                                "-o", str(OUT / f"tags-{size}M-{engine}.parquet")],
+                        "audit": ["audit", str(audit_case(plan, size)), "--engine", engine, "--memory-limit",
+                                  args.memory_limit, "--no-html", "--json",
+                                  str(OUT / f"findings-{size}M-{engine}.json")]}
+            for what in args.commands.split(","):
+                cmd = commands[what]
                 r = run([sys.executable, "-m", "forensics", *cmd])
                 if what == "check-plan" and gate_json.exists() and r["rc"] in (0, 1):
                     r["passed"] = json.loads(gate_json.read_text())["passed"]
@@ -104,11 +161,19 @@ def main() -> None:
         if ref and ref["s"]:
             row["time_vs_pandas"] = round(row["s"] / ref["s"], 2)
             row["rss_vs_pandas"] = round(row["rss_gb"] / ref["rss_gb"], 2)
+        if row["engine"] != "pandas":
+            row["same"] = outputs_equal(row["rows_M"], row["engine"], row["command"])
+    smallest = next((r for r in results if r["engine"] == "pandas" and r["command"] == "check-plan"), None)
+    for row in results:
+        if smallest and row["command"] == "check-plan" and row["rows_M"] == max(sizes) and "passed" in row:
+            row["verdict"] = "same" if row["passed"] == smallest.get("passed") else "differs"
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"{'rows':>5} {'engine':8} {'command':11} {'s':>8} {'RSS GB':>7} {'t/pd':>5} {'rss/pd':>6} passed")
+    print(f"{'rows':>5} {'engine':8} {'command':11} {'s':>8} {'RSS GB':>7} {'t/pd':>5} {'rss/pd':>6} "
+          "passed same verdict")
     for r in results:
         print(f"{r['rows_M']:>4}M {r['engine']:8} {r['command']:11} {r['s']:8.1f} {r['rss_gb']:7.2f} "
-              f"{r.get('time_vs_pandas', ''):>5} {r.get('rss_vs_pandas', ''):>6} {r.get('passed', '')} {r['err']}")
+              f"{r.get('time_vs_pandas', ''):>5} {r.get('rss_vs_pandas', ''):>6} {str(r.get('passed', '')):>6} "
+              f"{str(r.get('same', '')):>5} {r.get('verdict', '')} {r['err']}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from forensics.schema import (
     load_plan,
     load_samples,
     metric_columns,
+    validate_plan,
     written,
 )
 from forensics.schema.keys import KeyChoice, choose_key, key_choices_section
@@ -111,41 +112,50 @@ def run_audit(
     eval_choice = eval_loss_choice(cols, counts, loss_key, cfg.eval_loss_key)
     analysed = _analysed_metrics(metrics, loss_key, spike_metrics, grad_key)
 
-    samples = plan = tags = None
-    boundaries = list(cfg.boundaries) if cfg.boundaries else None
-    if cfg.plan:
-        from forensics.plan import step_plan
-        from forensics.tagging import tag_run
+    with _plan_engine(case) as engine:  # None: the plan is loaded whole (pandas)
+        samples = plan = tags = None
+        boundaries = list(cfg.boundaries) if cfg.boundaries else None
+        plan_fields: dict[str, Any] = {}
+        if cfg.plan:
+            from forensics.plan import step_plan
+            from forensics.tagging import tag_run
 
-        with stage("loading the plan"):
-            samples = load_samples(case.samples_path)
-            plan = step_plan(load_plan(case.plan_path, samples), cfg)
-        with stage("tagging steps (buckets, clusters)"):
-            tagged = tag_run(plan, samples, cfg)
-        tags, samples, boundaries = tagged.tags, tagged.samples, tagged.boundaries
-        warnings += tagged.warnings
-        warnings += alignment_warnings(metrics[STEP].to_numpy(), plan[STEP].to_numpy())
+            with stage("loading the plan" if engine is None else f"reading the plan's logged steps ({engine.name})"):
+                samples = load_samples(case.samples_path)
+                if engine is None:
+                    plan = step_plan(load_plan(case.plan_path, samples), cfg)
+                else:  # a plan too large to load: the steps the metrics reach in memory, the rest through the engine
+                    last = int(metrics[STEP].max())
+                    rows = validate_plan(engine.rows_until(case.plan_path, last), str(case.plan_path), samples)
+                    plan = step_plan(rows, cfg)
+                    plan_fields = {"plan_until": last, "plan_after": _later_steps(engine, case.plan_path, last)}
+            with stage("tagging steps (buckets, clusters)"):
+                tagged = tag_run(plan if engine is None else case.plan_path, samples, cfg, engine=engine)
+            tags, samples, boundaries = tagged.tags, tagged.samples, tagged.boundaries
+            warnings += tagged.warnings
+            warnings += alignment_warnings(metrics[STEP].to_numpy(), tags[STEP].to_numpy())
 
-    sections: dict[str, Any] = {}
-    if plan is not None:
-        sections.update(_plan_sections(plan, samples, boundaries, cfg, case, stage, warnings))
-    else:
-        sections["plan"] = None
+        sections: dict[str, Any] = {}
+        if plan is not None:
+            sections.update(_plan_sections(plan if engine is None else case.plan_path, samples, boundaries, cfg, case,
+                                           stage, warnings, engine))
+        else:
+            sections["plan"] = None
 
-    from forensics.detect import Findings
-    from forensics.detect.base import RunTables
-    from forensics.detect.rules import run_rules
+        from forensics.detect import Findings
+        from forensics.detect.base import RunTables
+        from forensics.detect.rules import run_rules
 
-    run = RunTables(metrics=metrics, loss_key=loss_key, analysed=analysed,
-                    grad_norm_key=grad_key, tags=tags, plan=plan, samples=samples,
-                    boundaries=boundaries, max_len=cfg.max_len, sections=sections,
-                    steps_known=all(a.convention != "as logged" for a in report.alignments),
-                    logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
-                    max_grad_norm=cfg.max_grad_norm,
-                    rule_params={k: dict(v) for k, v in cfg.detect.items()}, eval_loss_key=eval_choice.key,
-                    **replay_fields(case, plan is not None), **checkpoint_fields(case, warnings),
-                    **health_fields(case, report))
-    judged = run_rules(rules, run, stage=stage)
+        run = RunTables(metrics=metrics, loss_key=loss_key, analysed=analysed,
+                        grad_norm_key=grad_key, tags=tags, plan=plan, samples=samples,
+                        boundaries=boundaries, max_len=cfg.max_len, sections=sections,
+                        steps_known=all(a.convention != "as logged" for a in report.alignments),
+                        logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
+                        max_grad_norm=cfg.max_grad_norm,
+                        rule_params={k: dict(v) for k, v in cfg.detect.items()}, eval_loss_key=eval_choice.key,
+                        **replay_fields(case, plan is not None), **checkpoint_fields(case, warnings),
+                        **health_fields(case, report), **plan_fields)
+        judged = run_rules(rules, run, stage=stage)
     found = judged.found
     sections.update(judged.sections)
     warnings += judged.warnings
@@ -173,6 +183,33 @@ def run_audit(
         apply_replay(findings, replayed)
     return Audit(findings=findings, metrics=metrics, loss_key=loss_key, case=case, tags=tags, plan=plan,
                  samples=samples, boundaries=boundaries)
+
+
+@contextmanager
+def _plan_engine(case: Case) -> Iterator[Any]:
+    """The engine that reads a plan too large to load (DESIGN.md engines: ``auto`` picks by the plan's size), open
+    for the whole audit; None when the plan is loaded whole (pandas), or there is no plan."""
+    if not case.config.plan:
+        yield None
+        return
+    from forensics.engine import engine_of
+
+    engine = engine_of(case.config, case.plan_path)
+    if engine.name == "pandas":
+        yield None
+        return
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def _later_steps(engine: Any, plan_path: Any, last: int) -> Callable[[Sequence[int]], pd.DataFrame]:
+    """The rows of the steps after ``last`` that hold any of some samples (the later returns of a spike batch)."""
+    def later(sample_ids: Sequence[int]) -> pd.DataFrame:
+        return engine.steps_after_holding(plan_path, sample_ids, last)
+
+    return later
 
 
 def _compare_doc(case: Case) -> dict[str, Any] | None:
@@ -249,9 +286,10 @@ def logging_steps(cfg: RunConfig, report: Any) -> int:
     return int(said[-1]) if said else 1
 
 
-def _plan_sections(plan: pd.DataFrame, samples: pd.DataFrame, boundaries: list[int], cfg: RunConfig, case: Case,
-                   stage: Callable[[str], Any], warnings: list[str]) -> dict[str, Any]:
-    """The plan stage's typed results as findings.json sections: the gate (``plan``) and the what-if."""
+def _plan_sections(plan: Any, samples: pd.DataFrame, boundaries: list[int], cfg: RunConfig, case: Case,
+                   stage: Callable[[str], Any], warnings: list[str], engine: Any = None) -> dict[str, Any]:
+    """The plan stage's typed results as findings.json sections: the gate (``plan``) and the what-if. ``plan``: the
+    step-mapped plan, or the plan's path that ``engine`` reads."""
     from forensics.plan.gate import check_plan
     from forensics.plan.whatif import whatif
 
@@ -260,7 +298,8 @@ def _plan_sections(plan: pd.DataFrame, samples: pd.DataFrame, boundaries: list[i
         try:
             out["plan"] = check_plan(plan, samples, token_budget=cfg.token_budget, max_len=cfg.max_len,
                                      boundaries=boundaries, grad_accum=cfg.grad_accum, world_size=cfg.world_size,
-                                     rank_split=cfg.rank_split, source=str(case.plan_path)).to_json()
+                                     rank_split=cfg.rank_split, source=str(case.plan_path),
+                                     engine=engine).to_json()
         except ForensicsError as exc:  # e.g. a single-epoch plan: the gate has nothing to compare
             out["plan"] = {"static": None, "pair_retention": [], "note": str(exc)}
             warnings.append(f"batch composition not checked: {exc}")

@@ -89,6 +89,75 @@ def test_same_tags_gate_and_lookups(seeded: dict, engine: str, layout: str, make
         eng.close()
 
 
+@pytest.mark.parametrize(("engine", "layout"), TABLE)
+def test_rows_of_the_logged_steps_and_a_batchs_later_returns_keep_the_plans_order(seeded: dict, engine: str,
+                                                                                 layout: str, make_engine) -> None:
+    """What an audit holds of a plan too large to load: every row up to the metrics' last step, and the later steps
+    holding given samples, both as the plan reads whole (same rows, same order, every column)."""
+    src = _source(seeded, layout)
+    plan = seeded["plan"] if layout == "memory" else load_plan(src)
+    last = int(plan["step"].max()) // 3
+    ids = [7, 11, 3999]
+    later = plan[plan["step"] > last]
+    want_later = later[later["step"].isin(later.loc[later["sample_id"].isin(ids), "step"])].reset_index(drop=True)
+    eng = make_engine(engine)
+    try:
+        got = eng.rows_until(src, last)
+        pd.testing.assert_frame_equal(got, plan[plan["step"] <= last].reset_index(drop=True), check_dtype=False)
+        pd.testing.assert_frame_equal(eng.steps_after_holding(src, ids, last), want_later, check_dtype=False)
+        assert 0 < len(got) < len(plan)
+        assert want_later["step"].nunique() == 6  # 3 samples, each in the 2 later epochs
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_plan_without_steps_cannot_be_read_step_by_step(seeded: dict, engine: str, make_engine,
+                                                         tmp_path: Path) -> None:
+    path = tmp_path / "batches.parquet"
+    seeded["plan"][["epoch", "batch_id", "sample_id"]].to_parquet(path, index=False)
+    eng = make_engine(engine)
+    try:
+        with pytest.raises(ForensicsError, match=r"^plan: needs a 'step' column to be read step by step"):
+            eng.rows_until(path, 10)
+    finally:
+        eng.close()
+
+
+@pytest.fixture(scope="module")
+def plan_ahead(demo_small: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's static case with its metrics cut at step 1200 of 3504: the plan runs ahead of them, and the spike
+    batches of steps 254 and 258 come back after the metrics end (where only the plan knows them)."""
+    import shutil
+
+    case = tmp_path_factory.mktemp("plan-ahead") / "static"
+    shutil.copytree(demo_small / "static", case, ignore=shutil.ignore_patterns("wandb"))
+    metrics = pd.read_parquet(case / "metrics.parquet")
+    metrics[metrics["step"] <= 1200].to_parquet(case / "metrics.parquet", index=False)
+    return case
+
+
+def test_the_audit_gives_the_same_findings_on_every_engine(plan_ahead: Path, tmp_path: Path) -> None:
+    """``forensics audit --engine E``: DuckDB and Dask read the plan where it lies (the logged steps, and the later
+    steps a spike batch comes back at) and give the findings pandas gives with the whole plan loaded."""
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).parents[1]))}
+    found = {}
+    for engine in ENGINES:
+        out = tmp_path / f"{engine}.json"
+        res = subprocess.run([sys.executable, "-m", "forensics", "audit", str(plan_ahead), "--engine", engine,
+                              "--memory-limit", "2GB", "--json", str(out), "--no-html"], env=env,
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        found[engine] = json.loads(out.read_text())
+    ref = found["pandas"]
+    assert ref["recurrence"]["spikes"][0]["peak_step"] == 254
+    returns = [r["step"] for r in ref["recurrence"]["spikes"][0]["recurrences"]]
+    assert max(returns) > 1200  # a return only the plan knows: past the metrics' last step
+    assert any("ahead of the metrics" in w for w in ref["warnings"])
+    assert found["duckdb"] == ref
+    assert found["dask"] == ref
+
+
 def test_the_seeded_gate_passes_with_these_figures(seeded: dict) -> None:
     g = seeded["gate"]
     assert g["passed"] is True

@@ -9,6 +9,7 @@ from forensics.audit import failed_kinds, parse_fail_on, run_audit
 from forensics.cli.common import (
     add_case_argument,
     add_command,
+    add_engine_options,
     add_mlflow_uri_option,
     add_step_mapping_options,
     clusters_option,
@@ -36,6 +37,7 @@ def register(sub) -> None:
     p.add_argument("--plan", default=None, help="plan table (Parquet/CSV/JSONL, or a recorder folder)")
     p.add_argument("--samples", default=None, help="samples table (Parquet/CSV/JSONL)")
     add_step_mapping_options(p)
+    add_engine_options(p)
     p.add_argument("--pattern", default=None, metavar="REGEX",
                    help="text logs: a regex with a group 'step' and one named group per metric (as ingest takes it)")
     add_mlflow_uri_option(p)

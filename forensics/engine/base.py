@@ -16,15 +16,19 @@ given as a small coded table (:func:`forensics.engine.finish.sample_codes`): ``s
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 #: A plan in memory or where it lies on disk.
 PlanInput = pd.DataFrame | str | Path
+
+#: Rows of a samples table handed to a chunk function at a time (:meth:`Engine.map_sample_chunks`).
+CHUNK_ROWS = 50_000
 
 #: The columns of a coded samples table that are not labels.
 SAMPLE_BASE = ("sample_id", "length")
@@ -128,6 +132,29 @@ class Engine(ABC):
     def steps_holding(self, plan: PlanInput, sample_ids: Sequence[int]) -> pd.DataFrame:
         """Every (``step``, ``sample_id``) row of the plan whose sample is one of ``sample_ids``, sorted, distinct:
         the lookup recurrence and attribution make for a set of suspects."""
+
+    @abstractmethod
+    def rows_until(self, plan: PlanInput, last_step: int) -> pd.DataFrame:
+        """Every row of a plan with ``step`` whose step is at most ``last_step``, every column, in the plan's own
+        order (its parts as :func:`forensics.schema.load_plan` reads them, each part's rows as written): what an
+        audit of a plan too large to load holds in memory, the steps its metrics reach."""
+
+    @abstractmethod
+    def steps_after_holding(self, plan: PlanInput, sample_ids: Sequence[int], after_step: int) -> pd.DataFrame:
+        """Every row of each step after ``after_step`` that holds one of ``sample_ids``, every column, in the plan's
+        own order: where a spike's batch comes back past the steps an audit holds (:meth:`rows_until`)."""
+
+    def map_sample_chunks(self, samples: str | Path, columns: Sequence[str],
+                          fn: Callable[[pd.DataFrame, int], Any], chunk: int = CHUNK_ROWS) -> list[Any]:
+        """``fn(rows, start)`` over ``columns`` of a samples table too large to load with its texts, chunk by chunk
+        in the table's order (``start``: the chunk's first row), the results in that order. This default reads the
+        columns whole and cuts them (the in-memory engine); DuckDB streams them, Dask runs ``fn`` per partition on
+        its workers."""
+        from forensics.schema import read_table
+
+        table = read_table(samples, "samples", columns=list(columns))[list(columns)]
+        return [fn(table.iloc[start:start + chunk].reset_index(drop=True), start)
+                for start in range(0, max(len(table), 1), chunk)]
 
     def close(self) -> None:
         """Release what the engine holds (connections, clients); nothing by default."""

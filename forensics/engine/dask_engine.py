@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.engine.base import (
+    CHUNK_ROWS,
     SAMPLE_BASE,
     Engine,
     EpochCounts,
@@ -258,6 +259,37 @@ class DaskEngine(Engine):
         ids = np.asarray(list(sample_ids), np.int64)
         got = frame[frame[SAMPLE_ID].isin(ids)][[STEP, SAMPLE_ID]].drop_duplicates().compute()
         return got.sort_values([STEP, SAMPLE_ID], ignore_index=True).astype(np.int64)
+
+    def rows_until(self, plan: PlanInput, last_step: int) -> pd.DataFrame:
+        frame = self._stepped(plan)
+        return frame[frame[STEP] <= last_step].compute().reset_index(drop=True)
+
+    def steps_after_holding(self, plan: PlanInput, sample_ids: Sequence[int], after_step: int) -> pd.DataFrame:
+        frame = self._stepped(plan)
+        later = frame[frame[STEP] > after_step]
+        steps = later[later[SAMPLE_ID].isin(np.asarray(list(sample_ids), np.int64))][STEP].unique().compute()
+        return later[later[STEP].isin(steps.to_numpy(np.int64))].compute().reset_index(drop=True)
+
+    def map_sample_chunks(self, samples, columns, fn, chunk: int = CHUNK_ROWS) -> list:
+        """``fn`` runs on the workers, one task per partition of the samples' Parquet (its first row from the
+        partitions' lengths); only the results come back."""
+        import dask
+
+        if parquet_parts(samples) is None:  # CSV or JSONL: read whole
+            return super().map_sample_chunks(samples, columns, fn, chunk)
+        frame = self._frame(samples)[list(columns)]
+        lengths = frame.map_partitions(len).compute()
+        starts = np.concatenate([[0], np.cumsum(np.asarray(lengths, np.int64))[:-1]]).tolist()
+        tasks = [dask.delayed(fn)(part, int(start)) for part, start in zip(frame.to_delayed(), starts)]
+        return list(dask.compute(*tasks))
+
+    def _stepped(self, plan: PlanInput):
+        """The plan's frame (partitions in the plan's order); one without ``step`` is bad input."""
+        frame = self._frame(plan)
+        if STEP not in frame.columns:
+            raise ForensicsError("plan: needs a 'step' column to be read step by step (the recorder writes it); "
+                                 "map (epoch, batch_id) plans to steps first")
+        return frame
 
     def close(self) -> None:
         if self._own_client:

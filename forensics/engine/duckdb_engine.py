@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.engine.base import (
+    CHUNK_ROWS,
     SAMPLE_BASE,
     Engine,
     EpochCounts,
@@ -245,6 +246,67 @@ class DuckDBEngine(Engine):
         got = self._df(f"SELECT DISTINCT step, sample_id FROM {rel} WHERE sample_id IN (SELECT sample_id FROM {ids}) "
                        "ORDER BY 1, 2")
         return got.astype(np.int64).reset_index(drop=True)
+
+    def rows_until(self, plan: PlanInput, last_step: int) -> pd.DataFrame:
+        return self._ordered_rows(plan, lambda rel: f"step <= {int(last_step)}")
+
+    def steps_after_holding(self, plan: PlanInput, sample_ids: Sequence[int], after_step: int) -> pd.DataFrame:
+        ids = self._samples(pd.DataFrame({SAMPLE_ID: np.asarray(list(sample_ids), np.int64)}))
+        after = int(after_step)
+        return self._ordered_rows(plan, lambda rel: (
+            f"step > {after} AND step IN (SELECT DISTINCT step FROM {rel} WHERE step > {after} "
+            f"AND sample_id IN (SELECT sample_id FROM {ids}))"))
+
+    def _ordered_rows(self, plan: PlanInput, where) -> pd.DataFrame:
+        """The plan's rows that ``where(relation)`` (an SQL condition) keeps, every column, in the plan's own order:
+        its parts as listed (:func:`forensics.engine.source.parquet_parts`), each part's rows as written."""
+        parts = None if isinstance(plan, pd.DataFrame) else parquet_parts(plan)
+        rel = self._relation(plan)
+        cols = self._columns(rel)
+        if STEP not in cols:
+            raise ForensicsError("plan: needs a 'step' column to be read step by step (the recorder writes it); "
+                                 "map (epoch, batch_id) plans to steps first")
+        picked = ", ".join(f"p.{_ident(c)}" for c in cols)
+        if parts is None:  # in memory, or not Parquet: the rows in the table's order
+            from forensics.engine.pandas_engine import load
+
+            self._n += 1
+            rows = f"rows_{self._n}"
+            table = load(plan)
+            self.con.register(rows, table.assign(_row=np.arange(len(table))))
+            return self._df(f"SELECT {picked} FROM {rows} p WHERE {where(rel)} ORDER BY p._row")
+        files, hive = parts
+        self._n += 1
+        order = f"files_{self._n}"
+        self.con.register(order, pd.DataFrame({"filename": files, "file_index": np.arange(len(files))}))
+        listing = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
+        source = (f"read_parquet({listing}, hive_partitioning = {str(hive).lower()}, union_by_name = true, "
+                  "filename = true, file_row_number = true)")
+        return self._df(f"SELECT {picked} FROM {source} p LEFT JOIN {order} f USING (filename) WHERE {where(rel)} "
+                        "ORDER BY f.file_index NULLS LAST, p.filename, p.file_row_number")
+
+    def map_sample_chunks(self, samples, columns, fn, chunk: int = CHUNK_ROWS) -> list:
+        parts = parquet_parts(samples)
+        if parts is None:  # CSV or JSONL: read whole
+            return super().map_sample_chunks(samples, columns, fn, chunk)
+        files, hive = parts
+        listing = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
+        picked = ", ".join(_ident(c) for c in columns)
+        # a plain scan keeps the files' row order while preserve_insertion_order holds (off for the aggregations,
+        # whose order nothing reads): on for this scan, so the texts stream in order without a sort
+        self.con.execute("SET preserve_insertion_order = true")
+        try:
+            rel = self.con.sql(f"SELECT {picked} FROM read_parquet({listing}, hive_partitioning = "
+                               f"{str(hive).lower()}, union_by_name = true)")
+            reader = rel.to_arrow_reader(chunk) if hasattr(rel, "to_arrow_reader") else rel.fetch_record_batch(chunk)
+            out, start = [], 0
+            for batch in reader:
+                rows = batch.to_pandas()
+                out.append(fn(rows, start))
+                start += len(rows)
+        finally:
+            self.con.execute("SET preserve_insertion_order = false")
+        return out or [fn(pd.DataFrame({c: pd.Series([], dtype=object) for c in columns}), 0)]
 
     def close(self) -> None:
         self.con.close()

@@ -16,6 +16,13 @@ from forensics.schema import EPOCH, SAMPLE_ID, STEP, batch_keys
 LABEL_BASE = (SAMPLE_ID, "length")
 
 
+def _with_steps(plan: pd.DataFrame) -> pd.DataFrame:
+    if STEP not in plan.columns:
+        raise ForensicsError("plan: needs a 'step' column to be read step by step (the recorder writes it); "
+                             "map (epoch, batch_id) plans to steps first")
+    return plan
+
+
 def load(plan: PlanInput, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """The plan as a table (a path is read and validated as every command reads it)."""
     if isinstance(plan, pd.DataFrame):
@@ -29,6 +36,16 @@ class PandasEngine(Engine):
     """The plan in memory (see the module docstring)."""
 
     name = "pandas"
+
+    def rows_until(self, plan: PlanInput, last_step: int) -> pd.DataFrame:
+        table = _with_steps(load(plan))
+        return table[table[STEP].to_numpy() <= last_step].reset_index(drop=True)
+
+    def steps_after_holding(self, plan: PlanInput, sample_ids: Sequence[int], after_step: int) -> pd.DataFrame:
+        table = _with_steps(load(plan))
+        later = table[table[STEP].to_numpy() > after_step]
+        steps = later.loc[later[SAMPLE_ID].isin(np.asarray(list(sample_ids), np.int64)), STEP].unique()
+        return later[later[STEP].isin(steps)].reset_index(drop=True)
 
     def plan_columns(self, plan: PlanInput) -> list[str]:
         return list(load(plan).columns)

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from forensics.errors import ForensicsError
+from forensics.schema.tables import hive_parts
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -57,7 +58,7 @@ def parquet_parts(path: str | Path) -> tuple[list[str], bool] | None:
     flat = sorted(p.glob("*.parquet"))
     if flat:
         return [str(f) for f in flat], False
-    nested = sorted(f for f in p.rglob("*.parquet") if all("=" in part for part in f.relative_to(p).parts[:-1]))
+    nested = hive_parts(p)
     if not nested:
         raise ForensicsError(f"plan folder {p} holds no .parquet parts")
     return [str(f) for f in nested], True

@@ -69,6 +69,7 @@ from forensics.schema.tables import (
     cast_float,
     cast_int,
     check_output,
+    hive_parts,
     metric_array,
     metric_columns,
     metric_values,

@@ -91,21 +91,30 @@ def _read_hive(path: Path, what: str, columns: Sequence[str] | None,
                required: Callable[[Sequence[str]], bool] | None) -> pd.DataFrame:
     """A hive-partitioned folder (``epoch=E/part.parquet``): each part with its folders' ``key=value`` as columns
     (integers when they read as integers), parts in the order of those values, then of their names."""
-    def values(f: Path) -> dict[str, object]:
-        pairs = [part.split("=", 1) for part in f.relative_to(path).parts[:-1]]
-        return {k: int(v) if v.lstrip("-").isdigit() else v for k, v in pairs}
-
-    parts = [f for f in path.rglob("*.parquet") if all("=" in q for q in f.relative_to(path).parts[:-1])]
+    parts = hive_parts(path)
     if not parts:
         raise ForensicsError(f"{what} folder {path} holds no .parquet parts")
-    parts.sort(key=lambda f: (tuple((k, str(type(v)), v) for k, v in values(f).items()), f.name))
     frames = []
     for f in parts:
         frame = read_table(f, what, columns, None if required is None else lambda names: True)
-        for k, v in values(f).items():
+        for k, v in hive_partition_values(f, path).items():
             frame[k] = np.int64(v) if isinstance(v, int) else v
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def hive_partition_values(file: Path, root: Path) -> dict[str, object]:
+    """The ``key=value`` folders between ``root`` and ``file``, integers when they read as integers."""
+    pairs = [part.split("=", 1) for part in file.relative_to(root).parts[:-1]]
+    return {k: int(v) if v.lstrip("-").isdigit() else v for k, v in pairs}
+
+
+def hive_parts(root: Path) -> list[Path]:
+    """The Parquet parts of a hive-partitioned folder in the order every reader takes them: by their folders'
+    values (``epoch=2`` before ``epoch=10``), then by name; an engine that keeps the plan's row order follows it."""
+    parts = [f for f in root.rglob("*.parquet") if all("=" in q for q in f.relative_to(root).parts[:-1])]
+    return sorted(parts, key=lambda f: (tuple((k, str(type(v)), v) for k, v in hive_partition_values(f, root).items()),
+                                        f.name))
 
 
 def _read_parquet(path: Path, columns: Sequence[str],

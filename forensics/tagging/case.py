@@ -30,6 +30,7 @@ from forensics.schema import (
     SOURCE,
     STEP,
     TEXT,
+    TOKEN_IDS,
     Case,
     RunConfig,
     batch_columns,
@@ -38,8 +39,10 @@ from forensics.schema import (
     load_samples,
     with_overrides,
 )
+from forensics.schema.case import parquet_column_names
 from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER, ClusterInfo, cluster_samples
 from forensics.tagging.step_tags import tag_steps
+from forensics.tagging.text_at_scale import TextColumn
 
 BUCKET = "bucket"
 
@@ -103,6 +106,7 @@ def tag_run(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     engine: Engine | None = None,
+    texts: TextColumn | None = None,
 ) -> TagResult:
     """Tag every step of a run from its step-mapped plan (:func:`forensics.plan.step_plan`) and its samples.
 
@@ -111,8 +115,11 @@ def tag_run(
     ``cluster`` column already in the samples is kept; else the text with k chosen; without text, samples with a
     ``source`` label are clustered by it; else every sample is cluster -1, with a warning. ``progress(n_done)`` is
     called while texts are clustered. ``engine`` (:mod:`forensics.engine`) counts the steps; ``step_plan`` may
-    then be the path of a plan with ``step`` that it reads (the result's ``plan`` is then None).
+    then be the path of a plan with ``step`` that it reads (the result's ``plan`` is then None). ``texts``: where the
+    samples' texts lie when ``samples`` was loaded without them (a table too large to load whole): they are then
+    clustered chunk by chunk on its engine (:mod:`forensics.tagging.text_at_scale`), to the same clusters.
     """
+    has_text = TEXT in samples.columns or texts is not None
     in_memory = isinstance(step_plan, pd.DataFrame)
     if in_memory and STEP not in step_plan.columns:
         raise ForensicsError("tagging needs the step-mapped plan (forensics.plan.step_plan): it has no 'step' column")
@@ -123,19 +130,22 @@ def tag_run(
         warnings.append(f"no bucket boundaries named (run.toml 'boundaries' or --boundaries): fitted to the samples "
                         f"({len(bounds) - 1} buckets, the least padding): {bounds}")
     cluster_by, k = cfg.cluster_by, cfg.clusters
-    if k is not None and cluster_by is None and TEXT not in samples.columns:
+    if k is not None and cluster_by is None and not has_text:
         raise ForensicsError(f"clusters = {k}: the samples have no 'text' column to cluster; "
                              "use cluster_by (--cluster-by COLUMN) for labels")
-    if cluster_by is None and k is None and TEXT not in samples.columns and CLUSTER not in samples.columns \
+    if cluster_by is None and k is None and not has_text and CLUSTER not in samples.columns \
             and SOURCE in samples.columns:
         cluster_by = SOURCE
         warnings.append("samples have no 'text' column: clusters are their 'source' labels")
     clustered = None
     no_text_reason = "samples have no 'text' column"
-    if cluster_by is not None or (TEXT in samples.columns and (k is not None or CLUSTER not in samples.columns)):
+    if cluster_by is not None or (has_text and (k is not None or CLUSTER not in samples.columns)):
         try:
-            clustered, info = cluster_samples(samples, k=k, cluster_by=cluster_by, max_fit=max_fit, seed=seed,
-                                              progress=progress)
+            if cluster_by is None and TEXT not in samples.columns and texts is not None:
+                clustered, info = _clustered_at_scale(samples, texts, k, max_fit, seed, progress)
+            else:
+                clustered, info = cluster_samples(samples, k=k, cluster_by=cluster_by, max_fit=max_fit, seed=seed,
+                                                  progress=progress)
         except ForensicsError as exc:  # texts with no words at all: tag without content clusters, and say so
             if cluster_by is not None or "hold no words" not in str(exc):
                 raise
@@ -162,6 +172,21 @@ def tag_run(
     return TagResult(tags=tags, samples=clustered, plan=step_plan if in_memory else None, boundaries=bounds,
                      clusters=info,
                      warnings=warnings)
+
+
+def _clustered_at_scale(samples: pd.DataFrame, texts: TextColumn, k: int | None, max_fit: int, seed: int,
+                        progress: Callable[[int], None] | None) -> tuple[pd.DataFrame, ClusterInfo]:
+    """``samples`` with the clusters of their texts read chunk by chunk (as :func:`cluster_samples` gives them)."""
+    from forensics.tagging.text_at_scale import cluster_text_column
+
+    labels = samples[SOURCE].astype("string").fillna("").astype(object).to_numpy() \
+        if SOURCE in samples.columns else None
+    codes, info = cluster_text_column(texts, len(samples), k, max_fit=max_fit, seed=seed, labels=labels,
+                                      progress=progress)
+    out = samples.copy()
+    out[CLUSTER] = codes
+    out[CLUSTER_NAME] = pd.array([info.names[c] for c in range(info.k)], dtype="string")[codes]
+    return out, info
 
 
 def tag_case(
@@ -205,7 +230,9 @@ def tag_case_folder(
         raise ForensicsError("tag needs a plan: give a case folder, --plan or --builder")
     if epochs < 1 or max_fit < 1:
         raise ForensicsError(f"tag: epochs and max_fit must be >= 1; got {epochs} and {max_fit}")
-    samples = load_samples(case.samples_path)
+    engine = None if builder else engine_of(cfg, case.plan_path)
+    on_engine = engine is not None and engine.name != "pandas"
+    samples = None if on_engine else load_samples(case.samples_path)
     if builder:
         params = {"token_budget": cfg.token_budget, "max_len": cfg.max_len}
         if cfg.boundaries:
@@ -213,12 +240,19 @@ def tag_case_folder(
         fn = resolve_builder(builder, **params)
         plan = rebuild_plan(samples, fn, epochs, seed)
     unused = [k for k in ("grad_accum", "world_size", "rank_split") if cfg.given.get(k) == "option"]
-    engine = None if builder else engine_of(cfg, case.plan_path)
-    if engine is not None and engine.name != "pandas":  # the engine reads the plan where it lies
+    if on_engine:  # the engine reads the plan where it lies, and the texts
         try:
             has_step = STEP in engine.plan_columns(case.plan_path)
+            # a Parquet table's texts stay where they lie: clustered chunk by chunk on the engine, never a table of
+            # them in memory (the sample tags written with --samples-out then carry no text)
+            texts = None
+            if TEXT in (parquet_column_names(case.samples_path) or []):
+                samples = load_samples(case.samples_path, without=(TEXT, TOKEN_IDS))
+                texts = TextColumn(case.samples_path, engine)
+            else:
+                samples = load_samples(case.samples_path)
             result = tag_run(case.plan_path, samples, cfg, max_fit=max_fit, seed=seed, progress=progress,
-                             engine=engine)
+                             engine=engine, texts=texts)
         finally:
             engine.close()
     else:

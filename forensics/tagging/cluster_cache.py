@@ -28,14 +28,16 @@ from forensics.cache import cache_dir, cache_enabled
 VERSION = 1
 
 
-def _versions() -> str:
-    """What else decides the clusters: the recipe's own source (any edit to it is a new key), scikit-learn's version,
-    this module's :data:`VERSION`."""
+def cache_versions() -> str:
+    """What else decides the clusters: the recipe's own source (clusters.py and text_at_scale.py: any edit to them is a
+    new key), scikit-learn's version, this module's :data:`VERSION`."""
     try:
         sklearn = metadata.version("scikit-learn")
     except metadata.PackageNotFoundError:
         sklearn = "none"
-    recipe = hashlib.blake2b((Path(__file__).parent / "clusters.py").read_bytes(), digest_size=12).hexdigest()
+    here = Path(__file__).parent
+    recipe = hashlib.blake2b(b"".join((here / f).read_bytes() for f in ("clusters.py", "text_at_scale.py")),
+                             digest_size=12).hexdigest()
     return f"recipe {recipe}, scikit-learn {sklearn}, cache v{VERSION}"
 
 
@@ -46,7 +48,7 @@ def cluster_key(texts: np.ndarray, k: int | None, max_fit: int, seed: int, label
 
     arr = pa.array(texts, pa.large_string())
     h = hashlib.blake2b(digest_size=20)
-    h.update(json.dumps([_versions(), None if k is None else int(k), int(max_fit), int(seed), len(arr)]).encode())
+    h.update(json.dumps([cache_versions(), None if k is None else int(k), int(max_fit), int(seed), len(arr)]).encode())
     for buf in arr.buffers()[1:]:  # offsets, then data (no validity buffer: the texts are filled)
         if buf is not None:
             h.update(memoryview(buf))

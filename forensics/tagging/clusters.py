@@ -17,6 +17,7 @@ builds, entry for entry. Texts with other characters go through scikit-learn's o
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -331,12 +332,32 @@ def cluster_names(texts: np.ndarray, codes: np.ndarray, names: dict[int, str | N
     """Names a person can read: the distinctive words (or, where there are too few, the first words of the
     cluster's most typical text: its most common opening), plus the dominant label (``source``) when one holds
     most of the cluster."""
+    unnamed = {c for c, name in names.items() if name is None}
+    return named_clusters(names, opening_counts(texts, codes, unnamed), codes, labels)
+
+
+def opening_counts(texts: np.ndarray, codes: np.ndarray, clusters: set[int]) -> Counter:
+    """How often each opening (the first six words) starts a text of each of ``clusters``: ``{(cluster, opening):
+    count}``; empty texts have none. Counted chunk by chunk and summed, it is the count over the whole table."""
+    counts: Counter = Counter()
+    for c in clusters:
+        counts.update((c, " ".join(str(t).split()[:6])) for t in texts[codes == c] if str(t).strip())
+    return counts
+
+
+def named_clusters(names: dict[int, str | None], openings: Counter, codes: np.ndarray,
+                   labels: np.ndarray | None = None) -> dict[int, str]:
+    """:func:`cluster_names` from the counts of :func:`opening_counts`: a cluster without distinctive words is named
+    by its most common opening (the first in sorted order among equals)."""
+    best: dict[int, tuple[int, str]] = {}
+    for (c, opening), n in openings.items():
+        if c not in best or (-n, opening) < (-best[c][0], best[c][1]):
+            best[c] = (n, opening)
     out = {}
     for c, name in names.items():
         members = np.flatnonzero(codes == c)
         if name is None:
-            words = [" ".join(str(t).split()[:6]) for t in texts[members] if str(t).strip()]
-            name = f"\u201c{pd.Series(words).mode().iloc[0]}\u2026\u201d" if words else "(no words)"
+            name = f"\u201c{best[c][1]}\u2026\u201d" if c in best else "(no words)"
         if labels is not None and len(members):
             counts = pd.Series(labels[members]).value_counts()
             if len(counts) and counts.iloc[0] >= 0.6 * len(members) and str(counts.index[0]) not in ("", "nan"):

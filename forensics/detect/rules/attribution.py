@@ -71,8 +71,12 @@ def attribute(
     top: int = 20,
     precedence_factor: float = 1.5,
     precedence_z: float = 4.0,
+    holding: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Copies of ``spikes`` (same order) with the attribution of the module docstring.
+
+    ``holding``: the steps holding a sample of a spike batch over the whole run when ``plan`` holds only the logged
+    steps of a plan too large to load (:meth:`forensics.detect.base.RunTables.plan_holding`); default ``plan``.
 
     ``tags``: the tagging stage's table; ``plan`` with ``step`` and ``sample_id``; ``samples`` with ``sample_id``,
     ``n_tokens`` and, from tagging, ``cluster``/``cluster_name`` (and ``bucket``). Without a plan only precedence and
@@ -91,7 +95,7 @@ def attribute(
         group = [f for f in out if f.metric == metric]
         _attribute_group(group, metric if metric in metrics.columns else loss_key, metrics, tags, plan, smp,
                          gate, whatif, checkpoint_every, checkpoints, min_jaccard, top,
-                         {"factor": precedence_factor, "z": precedence_z})
+                         {"factor": precedence_factor, "z": precedence_z}, holding)
     return out
 
 
@@ -107,13 +111,13 @@ def _loss_key(metrics: pd.DataFrame) -> str | None:
 def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataFrame, tags: pd.DataFrame | None,
                      plan: pd.DataFrame | None, smp: pd.DataFrame | None, gate: Any, whatif: Any,
                      every: int | None, saved: Sequence[int] | None, min_jaccard: float, top: int,
-                     prec_params: dict[str, float]) -> None:
+                     prec_params: dict[str, float], holding: pd.DataFrame | None = None) -> None:
     # precedence asks whether the grad norm moved before the loss: it means nothing for a grad-norm spike itself
     is_loss = metric is not None and metric == _loss_key(metrics)
     prec = precedence(group, metrics, **prec_params) if is_loss else [None] * len(group)
     has_plan = plan is not None and STEP in plan.columns and SAMPLE_ID in plan.columns
-    rec = batch_recurrence(group, plan, metrics if metric else None, tags, metric=metric,
-                           min_jaccard=min_jaccard) if has_plan else [None] * len(group)
+    rec = batch_recurrence(group, plan if holding is None else holding, metrics if metric else None, tags,
+                           metric=metric, min_jaccard=min_jaccard) if has_plan else [None] * len(group)
     enr = (sample_enrichment(group, plan, steps=metrics[STEP].to_numpy(np.int64)).set_index(SAMPLE_ID)
            if has_plan else None)
     ranked = (rank_all(group, plan, smp, top=None) if has_plan and smp is not None and N_TOKENS in smp.columns
@@ -387,7 +391,12 @@ class AttributionRule(Rule):
         spikes = [f for f in found or [] if f.kind == "spike"]
         if not spikes:
             return []
+        holding = None
+        if run.plan_after is not None and run.plan is not None:  # a plan read through an engine
+            peaks = [spike_span(f)[2] for f in spikes]
+            holding = run.plan_holding(run.plan.loc[run.plan[STEP].isin(peaks), SAMPLE_ID].unique())
         return attribute(spikes, run.metrics, run.tags, run.plan, run.samples, gate=run.sections.get("plan"),
+                         holding=holding,
                          whatif=run.sections.get("whatif"), boundaries=run.boundaries, max_len=run.max_len,
                          checkpoint_every=self.checkpoint_every, min_jaccard=self.min_jaccard, top=self.top,
                          precedence_factor=self.precedence_factor, precedence_z=self.precedence_z)

@@ -60,7 +60,8 @@ class CompositionRule(Rule):
         if not isinstance(gate, dict) or not gate.get("static"):
             return []
         retention = [x for x in gate.get("pair_retention") or [] if x is not None]
-        steps = run.plan["step"] if run.plan is not None else None
+        # the tags hold every step of the plan, also of one too large to load (whose ``plan`` stops at the metrics)
+        steps = run.tags["step"] if run.tags is not None else run.plan["step"] if run.plan is not None else None
         return [Finding(kind="static_plan", step=int(steps.min()) if steps is not None else 0,
                         end_step=int(steps.max()) if steps is not None else None, severity=CRITICAL,
                         value=max(retention) if retention else None,

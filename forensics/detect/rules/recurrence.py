@@ -241,14 +241,21 @@ def recurrence_report(
     metric: str | None = None,
     min_jaccard: float = MIN_JACCARD,
     top: int = 20,
+    holding: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """Both measures as one JSON-ready object: ``spikes`` (:func:`batch_recurrence`), ``enrichment`` (the ``top``
-    rows of :func:`sample_enrichment`), ``n_spike_events``, ``n_samples_tested`` and ``note`` (the multiple-testing
-    rule), ``evidence``."""
-    rec = batch_recurrence(spikes, plan, metrics, tags, metric=metric, min_jaccard=min_jaccard)
+    rows of :func:`sample_enrichment`), ``n_spike_events``, ``n_samples_tested`` (the samples of the steps that
+    could have spiked: the metrics' steps) and ``note`` (the multiple-testing rule), ``evidence``.
+
+    ``holding``: the steps (``step``, ``sample_id``, whole steps) that hold a sample of a spike batch over the
+    whole run, when ``plan`` holds only the logged steps of a plan too large to load
+    (:meth:`forensics.detect.base.RunTables.plan_holding`); default ``plan`` itself."""
+    rec = batch_recurrence(spikes, plan if holding is None else holding, metrics, tags, metric=metric,
+                           min_jaccard=min_jaccard)
     steps = metrics[STEP].to_numpy(np.int64) if metrics is not None else None
     enr = sample_enrichment(spikes, plan, steps=steps)
-    m = int(plan[SAMPLE_ID].nunique())
+    tested = plan if steps is None else plan[plan[STEP].isin(np.unique(steps))]
+    m = int(tested[SAMPLE_ID].nunique())
     evidence = [r["evidence"] for r in rec]
     shared = enr[enr["n_spike_batches"] >= 2]
     if len(shared):
@@ -259,7 +266,8 @@ def recurrence_report(
         "n_spike_events": len({spike_span(s)[2] for s in spikes}),
         "n_samples_tested": m,
         "note": (f"p: hypergeometric upper tail of a sample's count of spike batches given its exposures; "
-                 f"p_bonferroni and q_value (Benjamini-Hochberg) correct for the {m} samples of the plan."),
+                 f"p_bonferroni and q_value (Benjamini-Hochberg) correct for the {m} samples of the plan's "
+                 "logged steps."),
         "evidence": evidence,
     }
 
@@ -293,6 +301,11 @@ class RecurrenceRule(Rule):
         self.reset()
         loss_spikes = [f for f in found or [] if f.kind == "spike" and f.metric == run.loss_key]
         if loss_spikes:
+            holding = None
+            if run.plan_after is not None:  # a plan read through an engine: the later steps come from there
+                peaks = [spike_span(s)[2] for s in loss_spikes]
+                ids = run.plan.loc[run.plan[STEP].isin(peaks), SAMPLE_ID].unique()
+                holding = run.plan_holding(ids)
             self.section_ = recurrence_report(loss_spikes, run.plan, run.metrics, run.tags, metric=run.loss_key,
-                                              min_jaccard=self.min_jaccard, top=self.top)
+                                              min_jaccard=self.min_jaccard, top=self.top, holding=holding)
         return []

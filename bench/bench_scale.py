@@ -5,9 +5,9 @@ fix, 2, 6 and 20 epochs (10M, 30M, 100M rows), written once to ``bench/out/scale
 the smaller plans are the larger one's first epochs (links to its parts), so their verdicts must agree. Each run is
 the real command (``python -m forensics check-plan|tag ... --engine E --memory-limit M``) in a fresh process; its
 time is wall-clock, its memory the process's peak RSS (``ru_maxrss`` of the child, which is what the machine must
-hold, DuckDB's own allocations included). Ratios are against the pandas engine in the same run. The audit's case
-is the plan with a seeded metrics file of 20K steps (a decaying loss with two spikes, and its grad norm): the plan
-runs far ahead of the metrics, as a live run's does.
+hold, DuckDB's own allocations included; on Dask the local workers are processes of their own, not counted). Ratios
+are against the pandas engine in the same run. The audit's case is the plan with a seeded metrics file of 20K steps
+(a decaying loss with two spikes, and its grad norm): the plan runs far ahead of the metrics, as a live run's does.
 
 Each engine's outputs are compared with pandas' at the same size (``same``: the gate's JSON, the tag table and the
 audit's findings.json equal, exactly), the largest plan's verdict with the smallest plan's pandas verdict

@@ -301,3 +301,31 @@ def test_the_readmes_slurm_cluster_builds_its_job_script() -> None:
         cluster.close()
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert 'SLURMCluster(cores=8, processes=2, memory="64GB", walltime="02:00:00", queue="cpu")' in readme
+
+
+def _die(rows: pd.DataFrame, start: int) -> int:
+    """A chunk function whose worker process dies under it (as one killed for its memory does)."""
+    os._exit(1)
+
+
+def test_workers_that_die_are_one_clear_message(tmp_path: Path) -> None:
+    """A computation whose Dask workers die (the nanny kills one past its memory limit; here the process exits) is
+    bad input with the way out, never a KilledWorker traceback."""
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    from forensics.engine.dask_engine import DaskEngine
+
+    samples = tmp_path / "samples.parquet"
+    synthetic_samples(100).assign(text="a few words").to_parquet(samples, index=False)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = distributed.Client(cluster)
+        eng = DaskEngine(client=client)
+        try:
+            with pytest.raises(ForensicsError, match=r"^--engine dask: the workers died computing the plan's "
+                                                     r"map_sample_chunks \(out of memory, most often\)"):
+                eng.map_sample_chunks(samples, ["text"], _die)
+        finally:
+            client.close()
+            cluster.close()

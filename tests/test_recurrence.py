@@ -75,6 +75,19 @@ def test_report_combines_both_and_is_json_ready(static):
     json.dumps(report, allow_nan=False)
 
 
+def test_samples_tested_are_those_of_the_logged_steps_when_the_plan_runs_ahead(static):
+    """A plan ahead of its metrics: the family the p-values correct for is the samples of the steps that could have
+    spiked (the logged ones), as the enrichment itself counts them; later steps still show where a batch came back."""
+    plan, metrics = static["plan"], static["metrics"]
+    cut = metrics[metrics["step"] <= 400]  # inside the first epoch
+    report = recurrence_report(_story_spikes(static["labels"]), plan, cut, static["tags"])
+    logged = plan[plan["step"] <= 400]["sample_id"].nunique()
+    assert report["n_samples_tested"] == logged < plan["sample_id"].nunique()
+    assert f"correct for the {logged} samples" in report["note"]
+    assert min(r["step"] for r in report["spikes"][0]["recurrences"]) > 400  # returns past the metrics
+    assert report["spikes"][0]["recurrences"][-1]["value"] is None  # no loss there yet
+
+
 def test_bucketed_plan_rebuilds_batches_so_nothing_recurs(demo_small: Path):
     folder = demo_small / "bucketed"
     plan, metrics = pd.read_parquet(folder / "plan.parquet"), pd.read_parquet(folder / "metrics.parquet")

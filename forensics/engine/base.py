@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from forensics.errors import ForensicsError
+
 #: A plan in memory or where it lies on disk.
 PlanInput = pd.DataFrame | str | Path
 
@@ -105,6 +107,12 @@ class GateCounts:
     pairs: list[PairCounts]
     first_last: PairCounts
     n_samples: int
+
+
+def no_steps() -> ForensicsError:
+    """The one message of every engine asked for a plan's rows by step when the plan has no ``step`` column."""
+    return ForensicsError("plan: needs a 'step' column to be read step by step (the recorder writes it); "
+                          "map (epoch, batch_id) plans to steps first")
 
 
 class Engine(ABC):

@@ -6,6 +6,7 @@ Only the counts (:mod:`forensics.engine.base`) come back to this process. Needs 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from forensics.engine.base import (
     PairCounts,
     PlanInput,
     StepCounts,
+    no_steps,
 )
 from forensics.engine.pandas_engine import unknown_samples
 from forensics.engine.source import hive_values, memory_limit, parquet_parts
@@ -63,6 +65,22 @@ def _grouped(files: list[str]) -> list[list[str]]:
         groups[-1].append(f)
         rows += n
     return groups
+
+
+def _clear_failures(method):
+    """A computation whose workers all died (out of memory, most often) is one clear message, not a traceback."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        from distributed.scheduler import KilledWorker
+
+        try:
+            return method(self, *args, **kwargs)
+        except KilledWorker as exc:
+            raise ForensicsError(f"--engine dask: the workers died computing the plan's {method.__name__} (out of "
+                                 "memory, most often): give them more (--memory-limit for the local cluster, "
+                                 "or a cluster's own workers with --scheduler), or use --engine duckdb") from exc
+
+    return run
 
 
 class DaskEngine(Engine):
@@ -120,6 +138,7 @@ class DaskEngine(Engine):
             return frame
         return dd.from_map(_read_parts, _grouped(files), root=str(plan) if hive else None)
 
+    @_clear_failures
     def plan_columns(self, plan: PlanInput) -> list[str]:
         return list(self._frame(plan).columns)
 
@@ -137,6 +156,7 @@ class DaskEngine(Engine):
         return frame.merge(samples, on=SAMPLE_ID, how="inner")
 
     # --- per step -----------------------------------------------------------------------------------------------
+    @_clear_failures
     def step_counts(self, plan: PlanInput, samples: pd.DataFrame, packed: bool = False, tokens: bool = True,
                     keep_epochs: Sequence[int] | None = None) -> StepCounts:
         import dask
@@ -183,6 +203,7 @@ class DaskEngine(Engine):
         return StepCounts(step_values, epoch, steps["n"].to_numpy(np.int64), real, padded, n_batches, pairs)
 
     # --- per epoch and pair of epochs ---------------------------------------------------------------------------
+    @_clear_failures
     def gate_counts(self, plan: PlanInput, samples: pd.DataFrame | None, epochs: int | None = None) -> GateCounts:
         import dask
 
@@ -209,12 +230,17 @@ class DaskEngine(Engine):
             return pd.Series(c, index=part.index)
 
         frame = frame.assign(b=frame.map_partitions(code, meta=("b", "int64")))
-        first = frame.groupby([EPOCH, SAMPLE_ID]).agg(b=("b", "min"), n=("b", "count")).reset_index().persist()
+        # one group per (epoch, sample): as many as the plan has rows, so the result is spread over as many
+        # partitions as the plan (one partition of them all is what a worker's memory cannot hold)
+        spread = max(1, frame.npartitions * 4)
+        first = frame.groupby([EPOCH, SAMPLE_ID]).agg(b=("b", "min"), n=("b", "count"),
+                                                     split_out=spread).reset_index().persist()
         lazy = {"sizes": first.groupby([EPOCH, "b"]).size(),
                 "per": first.groupby(EPOCH).agg(rows=("n", "sum"), present=("b", "count"))}
         if samples is not None:
             lazy["shape"] = frame.groupby([EPOCH, "b"]).agg(n=("b", "count"), hi=("length", "max"),
-                                                            lo=("length", "min"), real=("length", "sum"))
+                                                            lo=("length", "min"), real=("length", "sum"),
+                                                            split_out=spread)
         pair_keys = list(zip(labels, labels[1:], strict=False)) + ([(labels[0], labels[-1])] if labels else [])
         for a, b in dict.fromkeys(pair_keys):
             x = first[first[EPOCH] == a][[SAMPLE_ID, "b"]]
@@ -254,22 +280,26 @@ class DaskEngine(Engine):
         return GateCounts(out, pairs, first_last, int(n_samples))
 
     # --- lookups ------------------------------------------------------------------------------------------------
+    @_clear_failures
     def steps_holding(self, plan: PlanInput, sample_ids: Sequence[int]) -> pd.DataFrame:
         frame = self._frame(plan)
         ids = np.asarray(list(sample_ids), np.int64)
         got = frame[frame[SAMPLE_ID].isin(ids)][[STEP, SAMPLE_ID]].drop_duplicates().compute()
         return got.sort_values([STEP, SAMPLE_ID], ignore_index=True).astype(np.int64)
 
+    @_clear_failures
     def rows_until(self, plan: PlanInput, last_step: int) -> pd.DataFrame:
         frame = self._stepped(plan)
         return frame[frame[STEP] <= last_step].compute().reset_index(drop=True)
 
+    @_clear_failures
     def steps_after_holding(self, plan: PlanInput, sample_ids: Sequence[int], after_step: int) -> pd.DataFrame:
         frame = self._stepped(plan)
         later = frame[frame[STEP] > after_step]
         steps = later[later[SAMPLE_ID].isin(np.asarray(list(sample_ids), np.int64))][STEP].unique().compute()
         return later[later[STEP].isin(steps.to_numpy(np.int64))].compute().reset_index(drop=True)
 
+    @_clear_failures
     def map_sample_chunks(self, samples, columns, fn, chunk: int = CHUNK_ROWS) -> list:
         """``fn`` runs on the workers, one task per partition of the samples' Parquet (its first row from the
         partitions' lengths); only the results come back."""
@@ -287,8 +317,7 @@ class DaskEngine(Engine):
         """The plan's frame (partitions in the plan's order); one without ``step`` is bad input."""
         frame = self._frame(plan)
         if STEP not in frame.columns:
-            raise ForensicsError("plan: needs a 'step' column to be read step by step (the recorder writes it); "
-                                 "map (epoch, batch_id) plans to steps first")
+            raise no_steps()
         return frame
 
     def close(self) -> None:

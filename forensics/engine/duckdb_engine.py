@@ -22,6 +22,7 @@ from forensics.engine.base import (
     PairCounts,
     PlanInput,
     StepCounts,
+    no_steps,
 )
 from forensics.engine.pandas_engine import unknown_samples
 from forensics.engine.source import memory_limit, parquet_parts
@@ -264,8 +265,7 @@ class DuckDBEngine(Engine):
         rel = self._relation(plan)
         cols = self._columns(rel)
         if STEP not in cols:
-            raise ForensicsError("plan: needs a 'step' column to be read step by step (the recorder writes it); "
-                                 "map (epoch, batch_id) plans to steps first")
+            raise no_steps()
         picked = ", ".join(f"p.{_ident(c)}" for c in cols)
         if parts is None:  # in memory, or not Parquet: the rows in the table's order
             from forensics.engine.pandas_engine import load

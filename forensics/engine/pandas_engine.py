@@ -9,7 +9,16 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from forensics.engine.base import Engine, EpochCounts, GateCounts, LabelPairs, PairCounts, PlanInput, StepCounts
+from forensics.engine.base import (
+    Engine,
+    EpochCounts,
+    GateCounts,
+    LabelPairs,
+    PairCounts,
+    PlanInput,
+    StepCounts,
+    no_steps,
+)
 from forensics.errors import ForensicsError
 from forensics.schema import EPOCH, SAMPLE_ID, STEP, batch_keys
 
@@ -18,8 +27,7 @@ LABEL_BASE = (SAMPLE_ID, "length")
 
 def _with_steps(plan: pd.DataFrame) -> pd.DataFrame:
     if STEP not in plan.columns:
-        raise ForensicsError("plan: needs a 'step' column to be read step by step (the recorder writes it); "
-                             "map (epoch, batch_id) plans to steps first")
+        raise no_steps()
     return plan
 
 

@@ -76,8 +76,8 @@ def audit_case(plan: Path, size: int) -> Path:
         pd.DataFrame({"step": step, "loss": loss, "grad_norm": grad}).to_parquet(metrics, index=False)
     case = OUT / f"case-{size}M"
     case.mkdir(exist_ok=True)
-    (case / "run.toml").write_text(f'metrics = ["{metrics}"]\nplan = "{plan}"\n'
-                                   f'samples = "{OUT / "samples.parquet"}"\n'
+    (case / "run.toml").write_text(f"metrics = [{json.dumps(str(metrics))}]\nplan = {json.dumps(str(plan))}\n"
+                                   f"samples = {json.dumps(str(OUT / 'samples.parquet'))}\n"
                                    f"boundaries = {list(BOUNDARIES)}\ntoken_budget = 16384\nmax_len = 8192\n")
     return case
 
@@ -91,20 +91,24 @@ def prefix(full: Path, epochs: int) -> Path:
 
 def run(cmd: list[str]) -> dict:
     """One command in a fresh process: exit code, wall seconds, peak RSS (GB)."""
+    import tempfile
+
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    err = proc.stderr.read() if proc.stderr else ""
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty command never blocks on it
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        log.seek(0)
+        err = log.read()
     rc = os.waitstatus_to_exitcode(status)
     return {"rc": rc, "s": round(wall, 2), "rss_gb": round(usage.ru_maxrss / 2**20, 2),
             "err": err.strip().splitlines()[-1] if rc not in (0, 1) and err.strip() else ""}
 
 
 def outputs_equal(size: int, engine: str, command: str) -> bool | None:
-    """Whether an engine's gate JSON (check-plan) or tag table (tag) is exactly pandas' at the same size (None:
-    pandas not run at that size)."""
+    """Whether an engine's gate JSON (check-plan), tag table (tag) or findings.json (audit) is exactly pandas' at the
+    same size (None: an output is missing: pandas not run at that size, or a run failed)."""
     import pyarrow.parquet as pq
 
     name = {"check-plan": "gate-{size}M-{engine}.json", "tag": "tags-{size}M-{engine}.parquet",
@@ -147,8 +151,11 @@ def main() -> None:
                         "audit": ["audit", str(audit_case(plan, size)), "--engine", engine, "--memory-limit",
                                   args.memory_limit, "--no-html", "--json",
                                   str(OUT / f"findings-{size}M-{engine}.json")]}
+            outputs = {"check-plan": gate_json, "tag": OUT / f"tags-{size}M-{engine}.parquet",
+                       "audit": OUT / f"findings-{size}M-{engine}.json"}
             for what in args.commands.split(","):
                 cmd = commands[what]
+                outputs[what].unlink(missing_ok=True)  # a failed run must not be judged by an older run's output
                 r = run([sys.executable, "-m", "forensics", *cmd])
                 if what == "check-plan" and gate_json.exists() and r["rc"] in (0, 1):
                     r["passed"] = json.loads(gate_json.read_text())["passed"]

@@ -112,13 +112,14 @@ def run_audit(
     eval_choice = eval_loss_choice(cols, counts, loss_key, cfg.eval_loss_key)
     analysed = _analysed_metrics(metrics, loss_key, spike_metrics, grad_key)
 
-    with _plan_engine(case) as engine:  # None: the plan is loaded whole (pandas)
+    with _plan_engine(case, warnings) as engine:  # None: the plan is loaded whole (pandas)
         samples = plan = tags = None
         boundaries = list(cfg.boundaries) if cfg.boundaries else None
         plan_fields: dict[str, Any] = {}
         if cfg.plan:
             from forensics.plan import step_plan
             from forensics.tagging import tag_run
+            from forensics.tagging.case import batch_gap_warnings
 
             with stage("loading the plan" if engine is None else f"reading the plan's logged steps ({engine.name})"):
                 samples = load_samples(case.samples_path)
@@ -128,6 +129,7 @@ def run_audit(
                     last = int(metrics[STEP].max())
                     rows = validate_plan(engine.rows_until(case.plan_path, last), str(case.plan_path), samples)
                     plan = step_plan(rows, cfg)
+                    warnings += batch_gap_warnings(rows)  # of the steps held (tagging says it of a plan in memory)
                     plan_fields = {"plan_until": last, "plan_after": _later_steps(engine, case.plan_path, last)}
             with stage("tagging steps (buckets, clusters)"):
                 tagged = tag_run(plan if engine is None else case.plan_path, samples, cfg, engine=engine)
@@ -186,20 +188,27 @@ def run_audit(
 
 
 @contextmanager
-def _plan_engine(case: Case) -> Iterator[Any]:
+def _plan_engine(case: Case, warnings: list[str]) -> Iterator[Any]:
     """The engine that reads a plan too large to load (DESIGN.md engines: ``auto`` picks by the plan's size), open
-    for the whole audit; None when the plan is loaded whole (pandas), or there is no plan."""
+    for the whole audit; None when the plan is loaded whole (pandas), or there is no plan. A plan the engine cannot
+    read step by step (not Parquet, or without a ``step`` column: mapped to steps in memory) is loaded whole."""
     if not case.config.plan:
         yield None
         return
     from forensics.engine import engine_of
+    from forensics.engine.source import parquet_parts
 
     engine = engine_of(case.config, case.plan_path)
     if engine.name == "pandas":
         yield None
         return
     try:
-        yield engine
+        whole = parquet_parts(case.plan_path) is None or STEP not in engine.plan_columns(case.plan_path)
+        if whole:
+            warnings.append(f"plan {case.plan_path}: loaded whole, not read on {engine.name}: the engine reads a "
+                            "Parquet plan with a 'step' column (the recorder's), and this one is mapped to steps "
+                            "in memory")
+        yield None if whole else engine
     finally:
         engine.close()
 

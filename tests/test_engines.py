@@ -323,9 +323,31 @@ def test_workers_that_die_are_one_clear_message(tmp_path: Path) -> None:
         client = distributed.Client(cluster)
         eng = DaskEngine(client=client)
         try:
-            with pytest.raises(ForensicsError, match=r"^--engine dask: the workers died computing the plan's "
-                                                     r"map_sample_chunks \(out of memory, most often\)"):
+            with pytest.raises(ForensicsError, match=r"^--engine dask: the workers died running map_sample_chunks "
+                                                     r"\(out of memory, most often\)"):
                 eng.map_sample_chunks(samples, ["text"], _die)
         finally:
             client.close()
             cluster.close()
+
+
+def test_an_engine_audit_of_a_plan_without_steps_loads_it_whole_and_says_so(plan_ahead: Path, tmp_path: Path) -> None:
+    """A plan named by (epoch, batch_id) only is mapped to steps in memory: the engine cannot read it step by step, so
+    the audit loads it whole (a warning says why) and gives pandas' findings."""
+    import shutil
+
+    case = tmp_path / "case"
+    shutil.copytree(plan_ahead, case)
+    pd.read_parquet(case / "plan.parquet").drop(columns=["step"]).to_parquet(case / "plan.parquet", index=False)
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).parents[1]))}
+    found = {}
+    for engine in ("pandas", "duckdb"):
+        out = tmp_path / f"{engine}.json"
+        res = subprocess.run([sys.executable, "-m", "forensics", "audit", str(case), "--engine", engine, "--json",
+                              str(out), "--no-html"], env=env, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        found[engine] = json.loads(out.read_text())
+    said = [w for w in found["duckdb"]["warnings"] if "loaded whole, not read on duckdb" in w]
+    assert len(said) == 1
+    found["duckdb"]["warnings"].remove(said[0])
+    assert found["duckdb"] == found["pandas"]

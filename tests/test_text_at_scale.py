@@ -1,5 +1,5 @@
 """Text clusters of a samples table too large to load: fitted on the same draw, assigned chunk by chunk on every
-engine (pandas in slices, DuckDB streaming the Parquet, Dask per partition on a real LocalCluster), they are the
+engine (pandas in slices, DuckDB streaming the Parquet, Dask a task per row group on a real LocalCluster), they are the
 clusters of the texts in memory, names included; the cache key does not depend on how the texts were cut."""
 
 from __future__ import annotations
@@ -56,11 +56,7 @@ def _engine(name: str, client):
 @pytest.mark.parametrize("engine", ["pandas", "duckdb", "dask"])
 def test_every_engine_gives_the_clusters_of_the_texts_in_memory(texts: dict, engine: str, layout: str,
                                                                 request, monkeypatch) -> None:
-    monkeypatch.setenv("FORENSICS_NO_CACHE", "1")
-    if engine == "dask":
-        import forensics.engine.dask_engine as dask_engine
-
-        monkeypatch.setattr(dask_engine, "PARTITION_ROWS", 1000)  # several partitions, several tasks
+    monkeypatch.setenv("FORENSICS_NO_CACHE", "1")  # on Dask: a task per row group (11 of the file, 3 parts)
     eng = _engine(engine, request.getfixturevalue("dask_client") if engine == "dask" else None)
     seen: list[int] = []
     try:

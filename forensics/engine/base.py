@@ -156,7 +156,7 @@ class Engine(ABC):
                           fn: Callable[[pd.DataFrame, int], Any], chunk: int = CHUNK_ROWS) -> list[Any]:
         """``fn(rows, start)`` over ``columns`` of a samples table too large to load with its texts, chunk by chunk
         in the table's order (``start``: the chunk's first row), the results in that order. This default reads the
-        columns whole and cuts them (the in-memory engine); DuckDB streams them, Dask runs ``fn`` per partition on
+        columns whole and cuts them (the in-memory engine); DuckDB streams them, Dask runs ``fn`` per row group on
         its workers."""
         from forensics.schema import read_table
 

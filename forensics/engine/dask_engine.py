@@ -51,6 +51,13 @@ def _read_parts(files: list[str], root: str | None = None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
+def _on_row_group(fn, file: str, group: int, columns: list[str], start: int):
+    """``fn`` on one row group of a Parquet file (its ``columns`` only): a worker's share of a samples table."""
+    import pyarrow.parquet as pq
+
+    return fn(pq.ParquetFile(file).read_row_group(group, columns=columns).to_pandas(), start)
+
+
 def _grouped(files: list[str]) -> list[list[str]]:
     """Consecutive parts grouped up to :data:`PARTITION_ROWS` rows (from their footers)."""
     import pyarrow.parquet as pq
@@ -76,9 +83,9 @@ def _clear_failures(method):
         try:
             return method(self, *args, **kwargs)
         except KilledWorker as exc:
-            raise ForensicsError(f"--engine dask: the workers died computing the plan's {method.__name__} (out of "
-                                 "memory, most often): give them more (--memory-limit for the local cluster, "
-                                 "or a cluster's own workers with --scheduler), or use --engine duckdb") from exc
+            raise ForensicsError(f"--engine dask: the workers died running {method.__name__} (out of memory, most "
+                                 "often): give them more (--memory-limit for the local cluster, or a cluster's own "
+                                 "workers with --scheduler), or use --engine duckdb") from exc
 
     return run
 
@@ -305,13 +312,27 @@ class DaskEngine(Engine):
         partitions' lengths); only the results come back."""
         import dask
 
-        if parquet_parts(samples) is None:  # CSV or JSONL: read whole
+        parts = parquet_parts(samples)
+        if parts is None:  # CSV or JSONL: read whole
             return super().map_sample_chunks(samples, columns, fn, chunk)
-        frame = self._frame(samples)[list(columns)]
-        lengths = frame.map_partitions(len).compute()
-        starts = np.concatenate([[0], np.cumsum(np.asarray(lengths, np.int64))[:-1]]).tolist()
-        tasks = [dask.delayed(fn)(part, int(start)) for part, start in zip(frame.to_delayed(), starts)]
-        return list(dask.compute(*tasks))
+        files = parts[0]
+        if "://" in files[0]:  # object storage: dask's own partitions, each read by a worker
+            frame = self._frame(samples)[list(columns)]
+            lengths = frame.map_partitions(len).compute()
+            starts = np.concatenate([[0], np.cumsum(np.asarray(lengths, np.int64))[:-1]]).tolist()
+            tasks = [dask.delayed(fn)(part, int(start)) for part, start in zip(frame.to_delayed(), starts)]
+            return list(dask.compute(*tasks))
+        import pyarrow.parquet as pq
+
+        # one task per row group, reading only the wanted columns; each group's first row from the footers
+        groups = []
+        for f in files:
+            meta = pq.ParquetFile(f).metadata
+            groups += [(f, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+        starts = np.concatenate([[0], np.cumsum([n for _, _, n in groups], dtype=np.int64)[:-1]]).tolist()
+        tasks = [dask.delayed(_on_row_group)(fn, f, g, list(columns), int(start))
+                 for (f, g, _), start in zip(groups, starts)]
+        return list(dask.compute(*tasks)) if tasks else [fn(pd.DataFrame({c: [] for c in columns}), 0)]
 
     def _stepped(self, plan: PlanInput):
         """The plan's frame (partitions in the plan's order); one without ``step`` is bad input."""

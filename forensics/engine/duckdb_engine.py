@@ -282,8 +282,17 @@ class DuckDBEngine(Engine):
         listing = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
         source = (f"read_parquet({listing}, hive_partitioning = {str(hive).lower()}, union_by_name = true, "
                   "filename = true, file_row_number = true)")
-        return self._df(f"SELECT {picked} FROM {source} p LEFT JOIN {order} f USING (filename) WHERE {where(rel)} "
-                        "ORDER BY f.file_index NULLS LAST, p.filename, p.file_row_number")
+        return self._read(plan, f"SELECT {picked} FROM {source} p LEFT JOIN {order} f USING (filename) "
+                                f"WHERE {where(rel)} ORDER BY f.file_index NULLS LAST, p.filename, p.file_row_number")
+
+    def _read(self, path, sql: str) -> pd.DataFrame:
+        """A query over a table's Parquet parts; one a part cannot answer (a damaged page) is bad input."""
+        import duckdb
+
+        try:
+            return self._df(sql)
+        except duckdb.Error as exc:
+            raise ForensicsError(f"{path} could not be read: {str(exc).splitlines()[0]}") from exc
 
     def map_sample_chunks(self, samples, columns, fn, chunk: int = CHUNK_ROWS) -> list:
         parts = parquet_parts(samples)
@@ -294,6 +303,8 @@ class DuckDBEngine(Engine):
         picked = ", ".join(_ident(c) for c in columns)
         # a plain scan keeps the files' row order while preserve_insertion_order holds (off for the aggregations,
         # whose order nothing reads): on for this scan, so the texts stream in order without a sort
+        import duckdb
+
         self.con.execute("SET preserve_insertion_order = true")
         try:
             rel = self.con.sql(f"SELECT {picked} FROM read_parquet({listing}, hive_partitioning = "
@@ -304,6 +315,8 @@ class DuckDBEngine(Engine):
                 rows = batch.to_pandas()
                 out.append(fn(rows, start))
                 start += len(rows)
+        except duckdb.Error as exc:
+            raise ForensicsError(f"samples {samples} could not be read: {str(exc).splitlines()[0]}") from exc
         finally:
             self.con.execute("SET preserve_insertion_order = false")
         return out or [fn(pd.DataFrame({c: pd.Series([], dtype=object) for c in columns}), 0)]

@@ -397,7 +397,7 @@ def cluster_samples(
     texts = out[TEXT].astype("string").fillna("").astype(object).to_numpy()
     labels = out[SOURCE].astype("string").fillna("").astype(object).to_numpy() if SOURCE in out.columns else None
     key = cluster_key(texts, k, max_fit, seed, labels)
-    stored = _stored_clusters(key, len(texts))
+    stored = stored_clusters(key, len(texts))
     if stored is not None:  # the same texts and settings were clustered before: the same clusters, read back
         codes, info = stored
         if progress is not None:
@@ -414,7 +414,7 @@ def cluster_samples(
     return out, info
 
 
-def _stored_clusters(key: str, n: int) -> tuple[np.ndarray, ClusterInfo] | None:
+def stored_clusters(key: str, n: int) -> tuple[np.ndarray, ClusterInfo] | None:
     """A cache entry that makes sense (every code names a cluster), else None: the texts are clustered again."""
     stored = load_clusters(key, n)
     if stored is None:

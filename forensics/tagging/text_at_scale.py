@@ -1,5 +1,5 @@
 """Text clusters of a samples table too large to load with its texts: fitted on a bounded draw, assigned chunk by
-chunk on the engine (DuckDB streams the Parquet, Dask runs each partition on its workers), cached by content.
+chunk on the engine (DuckDB streams the Parquet, Dask runs each row group on its workers), cached by content.
 
 The clusters are the ones :func:`forensics.tagging.clusters.cluster_samples` makes from the texts in memory: the fit
 draws the same rows (the same generator over the same row count), so the fitted model is the same, and every text
@@ -7,8 +7,9 @@ is assigned by that model. Names that need the cluster's texts (its most common 
 over the chunks. Only the texts travel chunk by chunk; the rest of the samples table (ids, lengths, labels) is small
 and in memory.
 
-The cache key hashes every text with its position (two 64-bit lanes of ``pandas.util.hash_array``, summed), so that
-any chunking of the same table, on any engine, gives the same key.
+The cache key hashes every text with its position (two 64-bit lanes: the text hashed by ``pandas.util.hash_array``
+under two keys, each xor the position's hash, summed), so that any chunking of the same table, on any engine, gives
+the same key.
 """
 
 from __future__ import annotations
@@ -25,8 +26,14 @@ import pandas as pd
 from forensics.engine.base import CHUNK_ROWS, Engine
 from forensics.errors import ForensicsError
 from forensics.schema import TEXT
-from forensics.tagging.cluster_cache import cache_versions, load_clusters, store_clusters
-from forensics.tagging.clusters import ClusterInfo, TextClusterer, named_clusters, opening_counts
+from forensics.tagging.cluster_cache import cache_versions, store_clusters
+from forensics.tagging.clusters import (
+    ClusterInfo,
+    TextClusterer,
+    named_clusters,
+    opening_counts,
+    stored_clusters,
+)
 
 #: The two hash keys of the content digest (16 bytes each, as ``pandas.util.hash_array`` takes them).
 _LANES = ("forensics-text-1", "forensics-text-2")
@@ -45,7 +52,8 @@ def _texts(rows: pd.DataFrame) -> np.ndarray:
 
 
 def _digest(texts: np.ndarray, start: int) -> tuple[int, int]:
-    """Two lanes of sum(hash(text) xor hash(position)) mod 2**64: order-sensitive, the same for any chunking."""
+    """Two lanes of sum(hash_k(text) xor hash(position)) mod 2**64 (two text keys k; integers hash the same under
+    either): order-sensitive, the same for any chunking."""
     pos = np.arange(start, start + len(texts), dtype=np.uint64)
     return tuple(int((pd.util.hash_array(texts, hash_key=key, categorize=False)
                       ^ pd.util.hash_array(pos, hash_key=key)).sum(dtype=np.uint64)) for key in _LANES)
@@ -98,11 +106,11 @@ def cluster_text_column(column: TextColumn, n: int, k: int | None = None, max_fi
     if read != n:
         raise ForensicsError(f"samples {column.path}: {read} texts read for {n} samples")
     key = text_key([d for d, _, _ in first], n, k, max_fit, seed, labels)
-    stored = load_clusters(key, n)
+    stored = stored_clusters(key, n)  # None also for an entry that makes no sense: fitted again
     if stored is not None:
         if progress is not None:
             progress(n)
-        return stored[0], ClusterInfo.from_dict(stored[1])
+        return stored
     model = TextClusterer(k, max_fit=max_fit, seed=seed).fit(np.concatenate([t for _, t, _ in first]))
     unnamed = {c for c, name in model.names_.items() if name is None}
     parts = column.engine.map_sample_chunks(column.path, [TEXT], _assign(model, unnamed), chunk)

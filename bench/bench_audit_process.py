@@ -151,10 +151,6 @@ def import_profile(cmd: list[str], top: int = 6) -> str:
             + f"; heavy packages loaded: {', '.join(heavy) if heavy else 'none'}")
 
 
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
 def bench_losslint(steps: int, repeat: int) -> None:
     if shutil.which("losslint") is None:
         print("losslint: not installed (pip install 'losslint[fast]==0.4.1'); skipped")
@@ -170,9 +166,9 @@ def bench_losslint(steps: int, repeat: int) -> None:
         a.append(timed(ours))
         b.append(timed(theirs))
     print(f"metrics-only audit of {steps:,} JSONL steps, whole process, {repeat} runs each, alternated:")
-    print(f"  forensics audit  min {min(a):6.2f} s   median {_median(a):.2f} s")
-    print(f"  losslint check   min {min(b):6.2f} s   median {_median(b):.2f} s")
-    ratio = _median(a) / _median(b)
+    print(f"  forensics audit  min {min(a):6.2f} s   median {statistics.median(a):.2f} s")
+    print(f"  losslint check   min {min(b):6.2f} s   median {statistics.median(b):.2f} s")
+    ratio = statistics.median(a) / statistics.median(b)
     print(f"  ratio of medians {ratio:6.2f}x (min/min {min(a) / min(b):.2f}x); target <= 0.8x: "
           f"{'met' if ratio <= 0.8 else 'NOT met'}")
     print(f"  forensics audit {import_profile(ours)}")
@@ -236,7 +232,7 @@ def bench_demo(repeat: int) -> None:
     timed(cmd)
     xs = [timed(cmd) for _ in range(repeat)]
     print(f"full demo audit with its report, clusters cached: {_spread(xs)}; target median <= 3.5 s: "
-          f"{'met' if _median(xs) <= 3.5 else 'NOT met'}")
+          f"{'met' if statistics.median(xs) <= 3.5 else 'NOT met'}")
     print(f"  {import_profile(cmd)}")
     cold = [timed(cmd, COLD) for _ in range(repeat)]
     print(f"full demo audit with its report, cold (FORENSICS_NO_CACHE=1): {_spread(cold)}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -130,7 +131,7 @@ def run_audit(
                     rows = validate_plan(engine.rows_until(case.plan_path, last), str(case.plan_path), samples)
                     plan = step_plan(rows, cfg)
                     warnings += batch_gap_warnings(rows)  # of the steps held (tagging says it of a plan in memory)
-                    plan_fields = {"plan_until": last, "plan_after": _later_steps(engine, case.plan_path, last)}
+                    plan_fields = {"plan_after": partial(engine.steps_after_holding, case.plan_path, after_step=last)}
             with stage("tagging steps (buckets, clusters)"):
                 tagged = tag_run(plan if engine is None else case.plan_path, samples, cfg, engine=engine)
             tags, samples, boundaries = tagged.tags, tagged.samples, tagged.boundaries
@@ -211,14 +212,6 @@ def _plan_engine(case: Case, warnings: list[str]) -> Iterator[Any]:
         yield None if whole else engine
     finally:
         engine.close()
-
-
-def _later_steps(engine: Any, plan_path: Any, last: int) -> Callable[[Sequence[int]], pd.DataFrame]:
-    """The rows of the steps after ``last`` that hold any of some samples (the later returns of a spike batch)."""
-    def later(sample_ids: Sequence[int]) -> pd.DataFrame:
-        return engine.steps_after_holding(plan_path, sample_ids, last)
-
-    return later
 
 
 def _compare_doc(case: Case) -> dict[str, Any] | None:

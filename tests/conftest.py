@@ -50,6 +50,17 @@ def real_logs_dir(repo_root: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def dask_client():
+    """One real distributed LocalCluster of 2 workers (threads, in this process) for the module's Dask runs."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None)
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
 @pytest.fixture(scope="session")
 def demo_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding the demo's ``static/`` and ``bucketed/`` case folders at ``--scale small`` (seed 0).

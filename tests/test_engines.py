@@ -26,17 +26,6 @@ ENGINES = ["pandas", "duckdb", "dask"]
 LAYOUTS = ["flat", "hive", "memory"]
 
 
-@pytest.fixture(scope="module")
-def dask_client():
-    """One real distributed LocalCluster of 2 workers (threads, in this process) for the module's Dask runs."""
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None)
-    client = distributed.Client(cluster)
-    yield client
-    client.close()
-    cluster.close()
-
-
 @pytest.fixture
 def make_engine(request):
     """``make_engine(name)``: the engine, the Dask one on the module's cluster."""

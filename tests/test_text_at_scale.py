@@ -18,16 +18,6 @@ from forensics.tagging.text_at_scale import TextColumn, _digest, cluster_text_co
 
 
 @pytest.fixture(scope="module")
-def dask_client():
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None)
-    client = distributed.Client(cluster)
-    yield client
-    client.close()
-    cluster.close()
-
-
-@pytest.fixture(scope="module")
 def texts(demo_small: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The small demo's samples (texts from several sources), as one Parquet file of small row groups and as a
     folder of three parts; and the clusters made with every text in memory."""
@@ -88,21 +78,18 @@ def test_the_content_key_is_the_same_for_any_chunking_and_changes_with_one_text(
     assert len({key(body, 100), key(swapped, 100), key(edited, 100)}) == 3
 
 
-def test_a_second_run_reads_the_clusters_back_from_the_cache(texts: dict) -> None:
+def test_a_second_run_reads_the_clusters_back_from_the_cache(texts: dict, monkeypatch) -> None:
+    from forensics.tagging import text_at_scale
+
     eng = get_engine("duckdb", memory_limit="1GB")
+    fits: list[int] = []
     try:
         col = TextColumn(texts["root"] / "samples.parquet", eng)
         n = len(texts["samples"])
         first = cluster_text_column(col, n, 3, max_fit=1500, seed=0)
-        from forensics.tagging import text_at_scale
-
-        fits: list[int] = []
         real = text_at_scale.TextClusterer.fit
-        text_at_scale.TextClusterer.fit = lambda self, t: fits.append(len(t)) or real(self, t)
-        try:
-            again = cluster_text_column(col, n, 3, max_fit=1500, seed=0)
-        finally:
-            text_at_scale.TextClusterer.fit = real
+        monkeypatch.setattr(text_at_scale.TextClusterer, "fit", lambda self, t: fits.append(len(t)) or real(self, t))
+        again = cluster_text_column(col, n, 3, max_fit=1500, seed=0)
     finally:
         eng.close()
     assert fits == []  # nothing fitted: read back
@@ -119,15 +106,21 @@ def test_a_samples_table_of_another_length_is_bad_input(texts: dict) -> None:
 
 
 def test_the_cli_tags_on_duckdb_without_loading_the_texts(demo_small: Path, tmp_path: Path) -> None:
-    """``forensics tag --engine duckdb``: the step tags of the pandas path, clusters included."""
+    """``forensics tag --engine duckdb``: the step tags of the pandas path, clusters included, from a samples table
+    held without its texts (the sample tags it writes have none; pandas' carry them)."""
     import subprocess
     import sys
 
-    out = {}
+    out, tagged = {}, {}
     for engine in ("pandas", "duckdb"):
         res = subprocess.run([sys.executable, "-m", "forensics", "tag", str(demo_small / "static"), "--engine", engine,
-                              "-o", str(tmp_path / f"{engine}.parquet")], capture_output=True, text=True)
+                              "-o", str(tmp_path / f"{engine}.parquet"),
+                              "--samples-out", str(tmp_path / f"samples-{engine}.parquet")], capture_output=True,
+                             text=True)
         assert res.returncode == 0, res.stderr
         out[engine] = pd.read_parquet(tmp_path / f"{engine}.parquet")
+        tagged[engine] = pd.read_parquet(tmp_path / f"samples-{engine}.parquet")
     pd.testing.assert_frame_equal(out["duckdb"], out["pandas"], check_exact=True)
     assert out["pandas"]["cluster"].nunique() >= 2
+    assert "text" in tagged["pandas"].columns and "text" not in tagged["duckdb"].columns
+    assert tagged["duckdb"]["cluster"].tolist() == tagged["pandas"]["cluster"].tolist()

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Protocol
 
 import pandas as pd
 
-from forensics.detect.findings import Finding
+from forensics.detect.findings import Finding, SpikeLike, spike_span
 from forensics.detect.params import Param, check_params
 from forensics.errors import ForensicsError
 from forensics.schema import EPOCH, MAX_LEN, SAMPLE_ID, STEP, written
@@ -70,27 +70,26 @@ class RunTables:
     rewinds: list[Any] = field(default_factory=list)
     log_files: list[str] = field(default_factory=list)
     device_memory_gb: float | None = None
-    #: A plan too large to load (read through an engine, DESIGN.md engines): ``plan`` then holds the steps up to
-    #: ``plan_until`` (the metrics' last step) and ``plan_after(sample_ids)`` returns the rows of the later steps
-    #: that hold any of those samples (where a spike's batch comes back). None: ``plan`` is the whole plan.
-    plan_until: int | None = None
+    #: A plan too large to load (read through an engine, DESIGN.md engines): ``plan`` then holds the steps up to the
+    #: metrics' last step and ``plan_after(sample_ids)`` returns the rows of the later steps that hold any of those
+    #: samples (where a spike's batch comes back). None: ``plan`` is the whole plan.
     plan_after: Callable[[Sequence[int]], pd.DataFrame] | None = None
 
     @property
     def has_plan(self) -> bool:
         return self.plan is not None and self.samples is not None
 
-    def plan_holding(self, sample_ids: Sequence[int]) -> pd.DataFrame:
-        """``step``, ``sample_id`` (and ``epoch``) of every step that holds one of ``sample_ids``, whole steps, over
-        the whole run (the steps past ``plan_until`` of a plan read through an engine included), in plan order."""
+    def spike_batch_steps(self, spikes: Sequence[SpikeLike]) -> pd.DataFrame | None:
+        """``step``, ``sample_id`` (and ``epoch``) of every step, over the whole run, that holds a sample of a spike's
+        batch (its peak step), whole steps, in plan order: what recurrence reads of a plan too large to load, whose
+        later steps come from the engine (:attr:`plan_after`). None when ``plan`` is the whole plan (read it)."""
         plan = self.plan
-        if plan is None:
-            raise ForensicsError("no plan: the steps holding samples need one")
-        ids = pd.unique(pd.Series(list(sample_ids), dtype="int64"))
+        if plan is None or self.plan_after is None:
+            return None
+        peaks = [spike_span(s)[2] for s in spikes]
+        ids = plan.loc[plan[STEP].isin(peaks), SAMPLE_ID].unique()
         cols = [c for c in (STEP, SAMPLE_ID, EPOCH) if c in plan.columns]
         here = plan.loc[plan[STEP].isin(plan.loc[plan[SAMPLE_ID].isin(ids), STEP].unique()), cols]
-        if self.plan_after is None:
-            return here.reset_index(drop=True)
         return pd.concat([here, self.plan_after(ids.tolist())[cols]], ignore_index=True)
 
     def written_rows(self, metric: str) -> pd.DataFrame:

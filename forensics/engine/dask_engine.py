@@ -308,8 +308,9 @@ class DaskEngine(Engine):
 
     @_clear_failures
     def map_sample_chunks(self, samples, columns, fn, chunk: int = CHUNK_ROWS) -> list:
-        """``fn`` runs on the workers, one task per partition of the samples' Parquet (its first row from the
-        partitions' lengths); only the results come back."""
+        """``fn`` runs on the workers, one task per row group of the samples' local Parquet reading only
+        ``columns`` (its first row from the footers; on object storage one per dask partition); only the results
+        come back."""
         import dask
 
         parts = parquet_parts(samples)

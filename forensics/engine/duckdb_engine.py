@@ -34,6 +34,11 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _listing(files: Sequence[str]) -> str:
+    """Paths as a DuckDB list literal, each quoted."""
+    return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
+
+
 def _dense(samples: pd.DataFrame) -> int | None:
     """``n`` when the samples' ids are exactly 0 .. n-1 (the usual case), else None."""
     ids = samples[SAMPLE_ID].to_numpy(np.int64)
@@ -73,7 +78,7 @@ class DuckDBEngine(Engine):
             self.con.register(name, load(plan))
             return name
         files, hive = parts
-        listing = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
+        listing = _listing(files)
         try:
             self.con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM read_parquet({listing}, "
                              f"hive_partitioning = {str(hive).lower()}, union_by_name = true)")
@@ -279,7 +284,7 @@ class DuckDBEngine(Engine):
         self._n += 1
         order = f"files_{self._n}"
         self.con.register(order, pd.DataFrame({"filename": files, "file_index": np.arange(len(files))}))
-        listing = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
+        listing = _listing(files)
         source = (f"read_parquet({listing}, hive_partitioning = {str(hive).lower()}, union_by_name = true, "
                   "filename = true, file_row_number = true)")
         return self._read(plan, f"SELECT {picked} FROM {source} p LEFT JOIN {order} f USING (filename) "
@@ -299,7 +304,7 @@ class DuckDBEngine(Engine):
         if parts is None:  # CSV or JSONL: read whole
             return super().map_sample_chunks(samples, columns, fn, chunk)
         files, hive = parts
-        listing = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
+        listing = _listing(files)
         picked = ", ".join(_ident(c) for c in columns)
         # a plain scan keeps the files' row order while preserve_insertion_order holds (off for the aggregations,
         # whose order nothing reads): on for this scan, so the texts stream in order without a sort

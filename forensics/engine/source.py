@@ -64,6 +64,22 @@ def parquet_parts(path: str | Path) -> tuple[list[str], bool] | None:
     return [str(f) for f in nested], True
 
 
+def parquet_columns(path: str | Path) -> list[str] | None:
+    """The columns of a local Parquet table (its first part's; a hive folder's keys included), None when the table
+    is not Parquet or lies on object storage."""
+    parts = parquet_parts(path)
+    if parts is None or "://" in parts[0][0]:
+        return None
+    import pyarrow.parquet as pq
+
+    files, hive = parts
+    try:
+        names = list(pq.read_schema(files[0]).names)
+    except Exception as exc:  # pyarrow's own error types for a damaged footer
+        raise ForensicsError(f"{files[0]} could not be read: {str(exc).splitlines()[0]}") from exc
+    return names + (list(hive_values(Path(files[0]), Path(path))) if hive else [])
+
+
 def hive_values(file: Path, root: Path) -> dict[str, str]:
     """The ``key=value`` folders between ``root`` and ``file``."""
     return dict(part.split("=", 1) for part in file.relative_to(root).parts[:-1])

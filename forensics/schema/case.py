@@ -122,31 +122,10 @@ def open_case(
     return Case(root=root, config=cfg, warnings=warnings)
 
 
-def load_samples(path: str | Path, without: Sequence[str] = ()) -> pd.DataFrame:
-    """Read and validate a samples table; ``without``: columns left where they lie (a Parquet table's texts, read
-    chunk by chunk by an engine instead), which need not be there."""
-    if not without:
-        return validate_samples(read_table(path, "samples"), str(path))
-    names = parquet_column_names(path)
-    if names is None:  # not Parquet: read whole, then drop
-        table = read_table(path, "samples")
-        return validate_samples(table.drop(columns=[c for c in without if c in table.columns]), str(path))
-    keep = [c for c in names if c not in set(without)]
-    return validate_samples(read_table(path, "samples", columns=keep), str(path))
-
-
-def parquet_column_names(path: str | Path) -> list[str] | None:
-    """The columns of a Parquet table (a file, or a folder of parts: the first part's), None when it is not one."""
-    import pyarrow.parquet as pq
-
-    p = Path(path)
-    parts = sorted(p.glob("*.parquet")) if p.is_dir() else [p] if p.suffix in (".parquet", ".pq") else []
-    if not parts:
-        return None
-    try:
-        return list(pq.read_schema(parts[0]).names)
-    except Exception as exc:  # pyarrow's own error types for a damaged footer
-        raise ForensicsError(f"samples file {parts[0]} could not be read: {str(exc).splitlines()[0]}") from exc
+def load_samples(path: str | Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """Read and validate a samples table; ``columns``: of a Parquet table, only those (an engine reads the texts
+    chunk by chunk instead)."""
+    return validate_samples(read_table(path, "samples", columns=columns), str(path))
 
 
 def load_plan(path: str | Path, samples: pd.DataFrame | None = None,

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forensics.engine import Engine, engine_of
+from forensics.engine.source import parquet_columns
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.plan.builders import capped_lengths
@@ -39,10 +40,9 @@ from forensics.schema import (
     load_samples,
     with_overrides,
 )
-from forensics.schema.case import parquet_column_names
 from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER, ClusterInfo, cluster_samples
 from forensics.tagging.step_tags import tag_steps
-from forensics.tagging.text_at_scale import TextColumn
+from forensics.tagging.text_at_scale import TextColumn, cluster_samples_at_scale
 
 BUCKET = "bucket"
 
@@ -142,7 +142,7 @@ def tag_run(
     if cluster_by is not None or (has_text and (k is not None or CLUSTER not in samples.columns)):
         try:
             if cluster_by is None and TEXT not in samples.columns and texts is not None:
-                clustered, info = _clustered_at_scale(samples, texts, k, max_fit, seed, progress)
+                clustered, info = cluster_samples_at_scale(samples, texts, k, max_fit, seed, progress)
             else:
                 clustered, info = cluster_samples(samples, k=k, cluster_by=cluster_by, max_fit=max_fit, seed=seed,
                                                   progress=progress)
@@ -172,21 +172,6 @@ def tag_run(
     return TagResult(tags=tags, samples=clustered, plan=step_plan if in_memory else None, boundaries=bounds,
                      clusters=info,
                      warnings=warnings)
-
-
-def _clustered_at_scale(samples: pd.DataFrame, texts: TextColumn, k: int | None, max_fit: int, seed: int,
-                        progress: Callable[[int], None] | None) -> tuple[pd.DataFrame, ClusterInfo]:
-    """``samples`` with the clusters of their texts read chunk by chunk (as :func:`cluster_samples` gives them)."""
-    from forensics.tagging.text_at_scale import cluster_text_column
-
-    labels = samples[SOURCE].astype("string").fillna("").astype(object).to_numpy() \
-        if SOURCE in samples.columns else None
-    codes, info = cluster_text_column(texts, len(samples), k, max_fit=max_fit, seed=seed, labels=labels,
-                                      progress=progress)
-    out = samples.copy()
-    out[CLUSTER] = codes
-    out[CLUSTER_NAME] = pd.array([info.names[c] for c in range(info.k)], dtype="string")[codes]
-    return out, info
 
 
 def tag_case(
@@ -245,12 +230,9 @@ def tag_case_folder(
             has_step = STEP in engine.plan_columns(case.plan_path)
             # a Parquet table's texts stay where they lie: clustered chunk by chunk on the engine, never a table of
             # them in memory (the sample tags written with --samples-out then carry no text)
-            texts = None
-            if TEXT in (parquet_column_names(case.samples_path) or []):
-                samples = load_samples(case.samples_path, without=(TEXT, TOKEN_IDS))
-                texts = TextColumn(case.samples_path, engine)
-            else:
-                samples = load_samples(case.samples_path)
+            names = parquet_columns(case.samples_path) or []
+            texts = TextColumn(case.samples_path, engine) if TEXT in names else None
+            samples = load_samples(case.samples_path, [c for c in names if c not in (TEXT, TOKEN_IDS)] or None)
             result = tag_run(case.plan_path, samples, cfg, max_fit=max_fit, seed=seed, progress=progress,
                              engine=engine, texts=texts)
         finally:

@@ -394,8 +394,8 @@ def cluster_samples(
         return out, ClusterInfo(method=f"label:{cluster_by}", k=len(uniques), names=names)
     if TEXT not in out.columns:
         raise ForensicsError("samples: no 'text' column to cluster; pass --cluster-by COLUMN (e.g. source) or add text")
+    labels = source_labels(out)
     texts = out[TEXT].astype("string").fillna("").astype(object).to_numpy()
-    labels = out[SOURCE].astype("string").fillna("").astype(object).to_numpy() if SOURCE in out.columns else None
     key = cluster_key(texts, k, max_fit, seed, labels)
     stored = stored_clusters(key, len(texts))
     if stored is not None:  # the same texts and settings were clustered before: the same clusters, read back
@@ -408,10 +408,19 @@ def cluster_samples(
         info = ClusterInfo(method="text", k=model.k_, names=cluster_names(texts, codes, model.names_, labels),
                            silhouettes=dict(model.silhouettes_))
         store_clusters(key, codes, info.as_dict())
+    return with_clusters(out, codes, info), info
+
+
+def source_labels(samples: pd.DataFrame) -> np.ndarray | None:
+    """The samples' ``source`` labels as strings (a cluster's name carries its dominant one), None without them."""
+    return samples[SOURCE].astype("string").fillna("").astype(object).to_numpy() if SOURCE in samples.columns else None
+
+
+def with_clusters(out: pd.DataFrame, codes: np.ndarray, info: ClusterInfo) -> pd.DataFrame:
+    """``out`` (changed in place) with each sample's ``cluster`` and ``cluster_name``."""
     out[CLUSTER] = codes
-    name_list = pd.array([info.names[c] for c in range(info.k)], dtype="string")
-    out[CLUSTER_NAME] = name_list[codes]
-    return out, info
+    out[CLUSTER_NAME] = pd.array([info.names[c] for c in range(info.k)], dtype="string")[codes]
+    return out
 
 
 def stored_clusters(key: str, n: int) -> tuple[np.ndarray, ClusterInfo] | None:

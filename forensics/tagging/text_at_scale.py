@@ -32,7 +32,9 @@ from forensics.tagging.clusters import (
     TextClusterer,
     named_clusters,
     opening_counts,
+    source_labels,
     stored_clusters,
+    with_clusters,
 )
 
 #: The two hash keys of the content digest (16 bytes each, as ``pandas.util.hash_array`` takes them).
@@ -122,3 +124,13 @@ def cluster_text_column(column: TextColumn, n: int, k: int | None = None, max_fi
                        silhouettes=dict(model.silhouettes_))
     store_clusters(key, codes, info.as_dict())
     return codes, info
+
+
+def cluster_samples_at_scale(samples: pd.DataFrame, column: TextColumn, k: int | None = None, max_fit: int = 20_000,
+                             seed: int = 0, progress: Callable[[int], None] | None = None
+                             ) -> tuple[pd.DataFrame, ClusterInfo]:
+    """:func:`forensics.tagging.clusters.cluster_samples` for samples loaded without their texts: a copy with
+    ``cluster`` and ``cluster_name`` from the texts at ``column``, and how they were made."""
+    codes, info = cluster_text_column(column, len(samples), k, max_fit=max_fit, seed=seed,
+                                      labels=source_labels(samples), progress=progress)
+    return with_clusters(samples.copy(), codes, info), info

@@ -76,7 +76,7 @@ def attribute(
     """Copies of ``spikes`` (same order) with the attribution of the module docstring.
 
     ``holding``: the steps holding a sample of a spike batch over the whole run when ``plan`` holds only the logged
-    steps of a plan too large to load (:meth:`forensics.detect.base.RunTables.plan_holding`); default ``plan``.
+    steps of a plan too large to load (:meth:`forensics.detect.base.RunTables.spike_batch_steps`); default ``plan``.
 
     ``tags``: the tagging stage's table; ``plan`` with ``step`` and ``sample_id``; ``samples`` with ``sample_id``,
     ``n_tokens`` and, from tagging, ``cluster``/``cluster_name`` (and ``bucket``). Without a plan only precedence and
@@ -391,12 +391,8 @@ class AttributionRule(Rule):
         spikes = [f for f in found or [] if f.kind == "spike"]
         if not spikes:
             return []
-        holding = None
-        if run.plan_after is not None and run.plan is not None:  # a plan read through an engine
-            peaks = [spike_span(f)[2] for f in spikes]
-            holding = run.plan_holding(run.plan.loc[run.plan[STEP].isin(peaks), SAMPLE_ID].unique())
         return attribute(spikes, run.metrics, run.tags, run.plan, run.samples, gate=run.sections.get("plan"),
-                         holding=holding,
+                         holding=run.spike_batch_steps(spikes),
                          whatif=run.sections.get("whatif"), boundaries=run.boundaries, max_len=run.max_len,
                          checkpoint_every=self.checkpoint_every, min_jaccard=self.min_jaccard, top=self.top,
                          precedence_factor=self.precedence_factor, precedence_z=self.precedence_z)

@@ -249,7 +249,7 @@ def recurrence_report(
 
     ``holding``: the steps (``step``, ``sample_id``, whole steps) that hold a sample of a spike batch over the
     whole run, when ``plan`` holds only the logged steps of a plan too large to load
-    (:meth:`forensics.detect.base.RunTables.plan_holding`); default ``plan`` itself."""
+    (:meth:`forensics.detect.base.RunTables.spike_batch_steps`); default ``plan`` itself."""
     rec = batch_recurrence(spikes, plan if holding is None else holding, metrics, tags, metric=metric,
                            min_jaccard=min_jaccard)
     steps = metrics[STEP].to_numpy(np.int64) if metrics is not None else None
@@ -301,11 +301,7 @@ class RecurrenceRule(Rule):
         self.reset()
         loss_spikes = [f for f in found or [] if f.kind == "spike" and f.metric == run.loss_key]
         if loss_spikes:
-            holding = None
-            if run.plan_after is not None:  # a plan read through an engine: the later steps come from there
-                peaks = [spike_span(s)[2] for s in loss_spikes]
-                ids = run.plan.loc[run.plan[STEP].isin(peaks), SAMPLE_ID].unique()
-                holding = run.plan_holding(ids)
             self.section_ = recurrence_report(loss_spikes, run.plan, run.metrics, run.tags, metric=run.loss_key,
-                                              min_jaccard=self.min_jaccard, top=self.top, holding=holding)
+                                              min_jaccard=self.min_jaccard, top=self.top,
+                                              holding=run.spike_batch_steps(loss_spikes))
         return []

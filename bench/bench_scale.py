@@ -9,6 +9,10 @@ hold, DuckDB's own allocations included; on Dask the local workers are processes
 are against the pandas engine in the same run. The audit's case is the plan with a seeded metrics file of 20K steps
 (a decaying loss with two spikes, and its grad norm): the plan runs far ahead of the metrics, as a live run's does.
 
+With ``--finished`` the audit's case is a finished run instead: the plan's steps are remapped onto the 20K metrics
+steps (``step * 20000 // n_steps``, written once to ``plan-finished-{N}M/``), so the metrics reach the plan's last step
+and every logged step holds about N/20K samples: the audit reads every row of the plan, through the engine.
+
 Each engine's outputs are compared with pandas' at the same size (``same``: the gate's JSON, the tag table and the
 audit's findings.json equal, exactly), the largest plan's verdict with the smallest plan's pandas verdict
 (``verdict``), and the engine ``auto`` picks for each plan under the bench's memory limit is printed (``auto``).
@@ -17,6 +21,7 @@ audit's findings.json equal, exactly), the largest plan's verdict with the small
     python3 bench/bench_scale.py --rows 10 --engines pandas,duckdb
     python3 bench/bench_scale.py --rows 100 --engines duckdb --memory-limit 4GB
     python3 bench/bench_scale.py --rows 10 --engines pandas,duckdb,dask --commands audit
+    python3 bench/bench_scale.py --rows 100 --engines duckdb --commands audit --finished
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ def build(max_epochs: int) -> Path:
     return full
 
 
-def audit_case(plan: Path, size: int) -> Path:
+def audit_case(plan: Path, size: int, label: str = "") -> Path:
     """A case folder for the audit: the plan and samples where they lie, and the seeded 20K-step metrics."""
     import numpy as np
     import pandas as pd
@@ -74,12 +79,29 @@ def audit_case(plan: Path, size: int) -> Path:
             loss[at] *= 3.0
             grad[at] *= 6.0
         pd.DataFrame({"step": step, "loss": loss, "grad_norm": grad}).to_parquet(metrics, index=False)
-    case = OUT / f"case-{size}M"
+    case = OUT / f"case-{size}M{label}"
     case.mkdir(exist_ok=True)
     (case / "run.toml").write_text(f"metrics = [{json.dumps(str(metrics))}]\nplan = {json.dumps(str(plan))}\n"
                                    f"samples = {json.dumps(str(OUT / 'samples.parquet'))}\n"
                                    f"boundaries = {list(BOUNDARIES)}\ntoken_budget = 16384\nmax_len = 8192\n")
     return case
+
+
+def finished_plan(plan: Path, size: int) -> Path:
+    """The plan with its steps remapped onto the metrics' :data:`AUDIT_STEPS` steps (written once, by DuckDB)."""
+    import duckdb
+
+    out = OUT / f"plan-finished-{size}M"
+    marker = out / ".complete"
+    if not marker.exists():
+        files = f"'{plan}/*.parquet'"
+        con = duckdb.connect()
+        last, = con.execute(f"SELECT max(step) FROM read_parquet({files})").fetchone()
+        out.mkdir(parents=True, exist_ok=True)
+        con.execute(f"COPY (SELECT * REPLACE (CAST(step * {AUDIT_STEPS} // {last + 1} AS BIGINT) AS step) "
+                    f"FROM read_parquet({files})) TO '{out}/part.parquet' (FORMAT PARQUET)")
+        marker.write_text("")
+    return out
 
 
 def prefix(full: Path, epochs: int) -> Path:
@@ -106,13 +128,13 @@ def run(cmd: list[str]) -> dict:
             "err": err.strip().splitlines()[-1] if rc not in (0, 1) and err.strip() else ""}
 
 
-def outputs_equal(size: int, engine: str, command: str) -> bool | None:
+def outputs_equal(size: int, engine: str, command: str, label: str = "") -> bool | None:
     """Whether an engine's gate JSON (check-plan), tag table (tag) or findings.json (audit) is exactly pandas' at the
     same size (None: an output is missing: pandas not run at that size, or a run failed)."""
     import pyarrow.parquet as pq
 
     name = {"check-plan": "gate-{size}M-{engine}.json", "tag": "tags-{size}M-{engine}.parquet",
-            "audit": "findings-{size}M-{engine}.json"}[command]
+            "audit": "findings-{size}M-{engine}" + label + ".json"}[command]
     ours, ref = (OUT / name.format(size=size, engine=e) for e in (engine, "pandas"))
     if not (ours.exists() and ref.exists()):
         return None
@@ -128,12 +150,15 @@ def main() -> None:
     ap.add_argument("--memory-limit", default="4GB", help="--memory-limit of every run")
     ap.add_argument("--commands", default=",".join(COMMANDS), help="commands to run (check-plan, tag, audit)")
     ap.add_argument("--pandas-max", type=int, default=30, help="largest plan (M rows) the pandas engine runs")
+    ap.add_argument("--finished", action="store_true",
+                    help="audit a finished run: the plan's steps remapped so the metrics reach its last step")
     ap.add_argument("--json", default=str(OUT / "bench_scale.json"))
     args = ap.parse_args()
     sizes = [int(x) for x in args.rows.split(",")]
     full = build(max(EPOCHS_FOR[s] for s in sizes))
     samples = OUT / "samples.parquet"
     results = []
+    label = "-finished" if args.finished else ""
     from forensics.engine import choose_engine
 
     for size in sizes:
@@ -148,18 +173,21 @@ def main() -> None:
             commands = {"check-plan": ["check-plan", *base, "--json", str(gate_json)],
                         "tag": ["tag", *base, "--boundaries", ",".join(map(str, BOUNDARIES)),
                                 "-o", str(OUT / f"tags-{size}M-{engine}.parquet")],
-                        "audit": ["audit", str(audit_case(plan, size)), "--engine", engine, "--memory-limit",
+                        "audit": ["audit", "AUDIT-CASE", "--engine", engine, "--memory-limit",
                                   args.memory_limit, "--no-html", "--json",
-                                  str(OUT / f"findings-{size}M-{engine}.json")]}
+                                  str(OUT / f"findings-{size}M-{engine}{label}.json")]}
             outputs = {"check-plan": gate_json, "tag": OUT / f"tags-{size}M-{engine}.parquet",
-                       "audit": OUT / f"findings-{size}M-{engine}.json"}
+                       "audit": OUT / f"findings-{size}M-{engine}{label}.json"}
             for what in args.commands.split(","):
                 cmd = commands[what]
+                if what == "audit":  # the case is built only when the audit runs
+                    audited = finished_plan(plan, size) if args.finished else plan
+                    cmd[1] = str(audit_case(audited, size, label))
                 outputs[what].unlink(missing_ok=True)  # a failed run must not be judged by an older run's output
                 r = run([sys.executable, "-m", "forensics", *cmd])
                 if what == "check-plan" and gate_json.exists() and r["rc"] in (0, 1):
                     r["passed"] = json.loads(gate_json.read_text())["passed"]
-                row = {"rows_M": size, "engine": engine, "command": what, **r}
+                row = {"rows_M": size, "engine": engine, "command": what + (label if what == "audit" else ""), **r}
                 results.append(row)
                 print(json.dumps(row), flush=True)
     for row in results:  # ratios against pandas at the same size and command
@@ -169,7 +197,7 @@ def main() -> None:
             row["time_vs_pandas"] = round(row["s"] / ref["s"], 2)
             row["rss_vs_pandas"] = round(row["rss_gb"] / ref["rss_gb"], 2)
         if row["engine"] != "pandas":
-            row["same"] = outputs_equal(row["rows_M"], row["engine"], row["command"])
+            row["same"] = outputs_equal(row["rows_M"], row["engine"], row["command"].removesuffix(label), label)
     smallest = next((r for r in results if r["engine"] == "pandas" and r["command"] == "check-plan"), None)
     for row in results:
         if smallest and row["command"] == "check-plan" and row["rows_M"] == max(sizes) and "passed" in row:

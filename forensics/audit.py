@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import pandas as pd
 
 from forensics.errors import ForensicsError
 from forensics.schema import (
+    SAMPLE_ID,
     STEP,
     Case,
     RunConfig,
@@ -48,6 +48,18 @@ class Audit:
     plan: pd.DataFrame | None = None
     samples: pd.DataFrame | None = None
     boundaries: list[int] | None = None
+    #: A plan too large to load (read through an engine; ``plan`` is then None): the rows of the spikes' peak
+    #: steps, which the report's cards show.
+    batch_rows: pd.DataFrame | None = None
+
+    @property
+    def plan_steps(self) -> set[int] | None:
+        """The steps the plan holds (from the tags when the plan was read through an engine); None without one."""
+        if self.plan is not None:
+            return set(int(s) for s in self.plan[STEP].unique())
+        if self.batch_rows is not None and self.tags is not None:
+            return set(int(s) for s in self.tags[STEP].unique())
+        return None
 
     @property
     def config(self) -> RunConfig:
@@ -114,32 +126,30 @@ def run_audit(
     analysed = _analysed_metrics(metrics, loss_key, spike_metrics, grad_key)
 
     with _plan_engine(case, warnings) as engine:  # None: the plan is loaded whole (pandas)
-        samples = plan = tags = None
+        samples = plan = tags = view = None
         boundaries = list(cfg.boundaries) if cfg.boundaries else None
-        plan_fields: dict[str, Any] = {}
         if cfg.plan:
-            from forensics.plan import step_plan
             from forensics.tagging import tag_run
-            from forensics.tagging.case import batch_gap_warnings
 
-            with stage("loading the plan" if engine is None else f"reading the plan's logged steps ({engine.name})"):
+            with stage("loading the plan" if engine is None else "loading the samples"):
                 samples = load_samples(case.samples_path)
                 if engine is None:
-                    plan = step_plan(load_plan(case.plan_path, samples), cfg)
-                else:  # a plan too large to load: the steps the metrics reach in memory, the rest through the engine
-                    last = int(metrics[STEP].max())
-                    rows = validate_plan(engine.rows_until(case.plan_path, last), str(case.plan_path), samples)
-                    plan = step_plan(rows, cfg)
-                    warnings += batch_gap_warnings(rows)  # of the steps held (tagging says it of a plan in memory)
-                    plan_fields = {"plan_after": partial(engine.steps_after_holding, case.plan_path, after_step=last)}
+                    plan = load_step_plan(case, samples)
             with stage("tagging steps (buckets, clusters)"):
                 tagged = tag_run(plan if engine is None else case.plan_path, samples, cfg, engine=engine)
             tags, samples, boundaries = tagged.tags, tagged.samples, tagged.boundaries
             warnings += tagged.warnings
             warnings += alignment_warnings(metrics[STEP].to_numpy(), tags[STEP].to_numpy())
+            if engine is not None:  # a plan too large to load: the rules read it through the engine, never whole
+                from forensics.detect.plan_view import EnginePlan
+
+                view = EnginePlan(engine, case.plan_path, int(metrics[STEP].max()), samples[SAMPLE_ID].to_numpy())
+                with stage(f"checking the plan's logged steps ({engine.name})"):
+                    warnings += check_logged_rows(view, engine.plan_columns(case.plan_path), str(case.plan_path))
+        has_plan = plan is not None or view is not None
 
         sections: dict[str, Any] = {}
-        if plan is not None:
+        if has_plan:
             sections.update(_plan_sections(plan if engine is None else case.plan_path, samples, boundaries, cfg, case,
                                            stage, warnings, engine))
         else:
@@ -156,17 +166,22 @@ def run_audit(
                         logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
                         max_grad_norm=cfg.max_grad_norm,
                         rule_params={k: dict(v) for k, v in cfg.detect.items()}, eval_loss_key=eval_choice.key,
-                        **replay_fields(case, plan is not None), **checkpoint_fields(case, warnings),
-                        **health_fields(case, report), **plan_fields)
+                        **replay_fields(case, has_plan), **checkpoint_fields(case, warnings),
+                        **health_fields(case, report), plan_source=view)
         judged = run_rules(rules, run, stage=stage)
+        # the batches the report's cards show, while the engine is open
+        from forensics.detect.findings import spike_span
+
+        batch_rows = (view.rows_at({spike_span(f)[2] for f in judged.found if f.kind == "spike"})
+                      if view is not None else None)
     found = judged.found
     sections.update(judged.sections)
     warnings += judged.warnings
-    if plan is None and any(f.kind == "spike" for f in found):
+    if not has_plan and any(f.kind == "spike" for f in found):
         warnings.append("no plan given: spikes are found from the metrics alone; a plan (--plan and --samples) "
                         "names each spike's bucket, cluster, batch and suspect samples")
 
-    sections["run"] = _run_section(case, metrics, loss_key, analysed, plan, tags, boundaries, report)
+    sections["run"] = _run_section(case, metrics, loss_key, analysed, has_plan, tags, boundaries, report)
     sections["run"].update(key_choices_section(*keys, eval_choice))
     sections["run"]["checkpoints"] = None if run.checkpoints is None else len(run.checkpoints)
     findings = Findings(items=found, sections=sections, warnings=warnings, logged_offset=run.logged_offset).to_dict()
@@ -185,7 +200,31 @@ def run_audit(
 
         apply_replay(findings, replayed)
     return Audit(findings=findings, metrics=metrics, loss_key=loss_key, case=case, tags=tags, plan=plan,
-                 samples=samples, boundaries=boundaries)
+                 samples=samples, boundaries=boundaries, batch_rows=batch_rows)
+
+
+def load_step_plan(case: Case, samples: pd.DataFrame | None) -> pd.DataFrame:
+    """The case's plan loaded whole and step-mapped, as every stage reads a plan in memory."""
+    from forensics.plan import step_plan
+
+    return step_plan(load_plan(case.plan_path, samples), case.config)
+
+
+def check_logged_rows(view: Any, columns: Sequence[str], origin: str) -> list[str]:
+    """The logged rows of a plan read through an engine, checked a chunk at a time as a plan in memory is
+    (integer columns, no negative step, epoch, batch id, micro or rank: bad input); returns the batch ids missing
+    inside an epoch (tagging says it of a plan in memory), from the distinct batch keys."""
+    from forensics.schema import BATCH_ID, MICRO, RANK, batch_columns
+    from forensics.tagging.case import batch_gap_warnings
+
+    batch = batch_columns(columns)
+    read = list(dict.fromkeys([STEP, SAMPLE_ID, *batch, *(c for c in (MICRO, RANK) if c in columns)]))
+    keys = []
+    for chunk in view.chunks(read):
+        chunk = validate_plan(chunk, origin)
+        if BATCH_ID in batch:
+            keys.append(chunk[batch].drop_duplicates())
+    return batch_gap_warnings(pd.concat(keys, ignore_index=True).drop_duplicates()) if keys else []
 
 
 @contextmanager
@@ -324,7 +363,7 @@ def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[
 
 
 def _run_section(case: Case, metrics: pd.DataFrame, loss_key: str, analysed: list[str],
-                 plan: pd.DataFrame | None, tags: pd.DataFrame | None, boundaries: list[int] | None,
+                 has_plan: bool, tags: pd.DataFrame | None, boundaries: list[int] | None,
                  report: Any) -> dict[str, Any]:
     cfg = case.config
     steps = metrics[STEP]
@@ -348,10 +387,10 @@ def _run_section(case: Case, metrics: pd.DataFrame, loss_key: str, analysed: lis
         "step_offset": cfg.step_offset or 0,
         "logged_offset": logged_offset(report),
         "boundaries": list(boundaries) if boundaries else None,
-        "boundaries_fitted": bool(plan is not None and cfg.boundaries is None),
+        "boundaries_fitted": bool(has_plan and cfg.boundaries is None),
         "token_budget": cfg.token_budget,
         "max_len": cfg.max_len,
-        "has_plan": plan is not None,
+        "has_plan": has_plan,
     }
 
 

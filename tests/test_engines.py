@@ -79,23 +79,17 @@ def test_same_tags_gate_and_lookups(seeded: dict, engine: str, layout: str, make
 
 
 @pytest.mark.parametrize(("engine", "layout"), TABLE)
-def test_rows_of_the_logged_steps_and_a_batchs_later_returns_keep_the_plans_order(seeded: dict, engine: str,
-                                                                                 layout: str, make_engine) -> None:
-    """What an audit holds of a plan too large to load: every row up to the metrics' last step, and the later steps
-    holding given samples, both as the plan reads whole (same rows, same order, every column)."""
+def test_rows_of_flagged_steps_keep_the_plans_order(seeded: dict, engine: str, layout: str, make_engine) -> None:
+    """The rows of a few flagged steps (a spike's span, a report card's batch): as the plan reads whole, same rows,
+    same order, every column."""
     src = _source(seeded, layout)
     plan = seeded["plan"] if layout == "memory" else load_plan(src)
-    last = int(plan["step"].max()) // 3
-    ids = [7, 11, 3999]
-    later = plan[plan["step"] > last]
-    want_later = later[later["step"].isin(later.loc[later["sample_id"].isin(ids), "step"])].reset_index(drop=True)
+    steps = [3, 4, int(plan["step"].max())]
     eng = make_engine(engine)
     try:
-        got = eng.rows_until(src, last)
-        pd.testing.assert_frame_equal(got, plan[plan["step"] <= last].reset_index(drop=True), check_dtype=False)
-        pd.testing.assert_frame_equal(eng.steps_after_holding(src, ids, last), want_later, check_dtype=False)
-        assert 0 < len(got) < len(plan)
-        assert want_later["step"].nunique() == 6  # 3 samples, each in the 2 later epochs
+        got = eng.rows_at_steps(src, steps)
+        pd.testing.assert_frame_equal(got, plan[plan["step"].isin(steps)].reset_index(drop=True), check_dtype=False)
+        assert set(got["step"]) == set(steps) and got["rank"].nunique() > 1  # every rank's rows of those steps
     finally:
         eng.close()
 
@@ -107,8 +101,9 @@ def test_a_plan_without_steps_cannot_be_read_step_by_step(seeded: dict, engine: 
     seeded["plan"][["epoch", "batch_id", "sample_id"]].to_parquet(path, index=False)
     eng = make_engine(engine)
     try:
-        with pytest.raises(ForensicsError, match=r"^plan: needs a 'step' column to be read step by step"):
-            eng.rows_until(path, 10)
+        for read in (lambda: eng.rows_at_steps(path, [10]), lambda: list(eng.plan_chunks(path, ["step"], 10))):
+            with pytest.raises(ForensicsError, match=r"^plan: needs a 'step' column to be read step by step"):
+                read()
     finally:
         eng.close()
 
@@ -340,3 +335,106 @@ def test_an_engine_audit_of_a_plan_without_steps_loads_it_whole_and_says_so(plan
     assert len(said) == 1
     found["duckdb"]["warnings"].remove(said[0])
     assert found["duckdb"] == found["pandas"]
+
+
+@pytest.mark.parametrize(("engine", "layout"), TABLE)
+def test_the_rules_view_of_a_plan_reads_the_same_through_every_engine(seeded: dict, engine: str, layout: str,
+                                                                      make_engine) -> None:
+    """What the rules read of a plan (forensics.detect.plan_view): flagged steps' rows, every step holding given
+    samples, the tested family and the logged rows a chunk at a time; through an engine as from the table in memory,
+    row for row and in the plan's order."""
+    from forensics.detect.plan_view import EnginePlan, FramePlan
+
+    src = _source(seeded, layout)
+    plan = seeded["plan"] if layout == "memory" else load_plan(src)
+    last = int(plan["step"].max()) // 3
+    frame = FramePlan(plan, last_step=last)
+    eng = make_engine(engine)
+    try:
+        view = EnginePlan(eng, src, last, seeded["samples"]["sample_id"].to_numpy())
+        steps = [0, 5, last, last + 1]
+        pd.testing.assert_frame_equal(view.rows_at(steps), frame.rows_at(steps), check_dtype=False)
+        assert set(view.rows_at(steps)["step"]) == set(steps)
+        ids = [7, 11, 3999]
+        held = view.rows_holding(ids)
+        pd.testing.assert_frame_equal(held, frame.rows_holding(ids), check_dtype=False)
+        assert len(held) == 9 and set(held["sample_id"]) == set(ids)  # 3 samples, each in 3 epochs
+        logged = np.arange(0, last + 1, 2)
+        assert view.tested(logged) == frame.tested(logged)
+        assert view.tested(logged)[0] == len(logged)
+        assert view.n_rows() == frame.n_rows() == int((plan["step"] <= last).sum())
+        key = ["step", "sample_id"]
+        chunks = pd.concat(list(view.chunks(key))).sort_values(key, ignore_index=True)
+        want = plan.loc[plan["step"] <= last, key].sort_values(key, ignore_index=True)
+        pd.testing.assert_frame_equal(chunks, want, check_dtype=False)
+    finally:
+        eng.close()
+
+
+def test_an_engine_audit_of_a_finished_run_reads_the_plan_a_chunk_at_a_time(demo_small: Path, tmp_path: Path,
+                                                                           monkeypatch) -> None:
+    """The metrics reach the plan's last step: on DuckDB the rules read the plan in chunks (1,000 rows here, so
+    steps span chunks) and hold only a few flagged steps' rows, and the findings are those pandas gives with the
+    plan loaded."""
+    import contextlib
+    import io
+
+    from forensics.cli import main
+    from forensics.engine.duckdb_engine import DuckDBEngine
+
+    sizes: list[int] = []
+    looked_up: list[int] = []
+    chunked, at_steps = DuckDBEngine.plan_chunks, DuckDBEngine.rows_at_steps
+
+    def small_chunks(self, plan, columns, last_step, chunk=1_000):
+        for rows in chunked(self, plan, columns, last_step, chunk=1_000):
+            sizes.append(len(rows))
+            yield rows
+
+    def counted(self, plan, steps):
+        rows = at_steps(self, plan, steps)
+        looked_up.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(DuckDBEngine, "plan_chunks", small_chunks)
+    monkeypatch.setattr(DuckDBEngine, "rows_at_steps", counted)
+    case = demo_small / "static"
+    found = {}
+    for engine in ("pandas", "duckdb"):
+        out = tmp_path / f"{engine}.json"
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            code = main(["audit", str(case), "--engine", engine, "--memory-limit", "2GB", "--json", str(out),
+                         "--no-html"])
+        assert code == 0
+        found[engine] = json.loads(out.read_text())
+    n_rows = len(load_plan(case / "plan.parquet"))
+    assert sizes and max(sizes) <= 1_000 and sum(sizes) >= n_rows  # every row was read, a chunk at a time
+    assert looked_up and sum(looked_up) < 0.05 * n_rows  # and only a few flagged steps' rows were held
+    ref = found["pandas"]
+    assert ref["recurrence"]["spikes"][0]["peak_step"] == 254 and ref["forgetting"]["n_steps"] > 0
+    assert found["duckdb"] == ref
+
+
+@pytest.mark.parametrize(("rows", "stride"), [(0, 1), (1, 1), (100, 1), (101, 2), (200, 2), (201, 3), (1000, 10)])
+def test_the_harmful_samples_estimate_keeps_one_logged_step_in_k_past_its_entries(rows: int, stride: int) -> None:
+    from forensics.detect.evidence.sample_effects import membership_stride
+
+    assert membership_stride(rows, max_entries=100) == stride
+
+
+def test_an_engine_audit_rejects_the_bad_rows_pandas_rejects(plan_ahead: Path, tmp_path: Path) -> None:
+    """A plan with negative steps is bad input on every engine: one line, exit 2, the message pandas gives."""
+    import shutil
+
+    case = tmp_path / "case"
+    shutil.copytree(plan_ahead, case)
+    plan = pd.read_parquet(case / "plan.parquet")
+    plan.loc[plan.index[:3], "step"] = -1
+    plan.to_parquet(case / "plan.parquet", index=False)
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).parents[1]))}
+    for engine in ("pandas", "duckdb"):
+        res = subprocess.run([sys.executable, "-m", "forensics", "audit", str(case), "--engine", engine,
+                              "--memory-limit", "2GB", "--no-html", "--json", str(tmp_path / "f.json")], env=env,
+                             capture_output=True, text=True)
+        assert res.returncode == 2, (engine, res.stderr)
+        assert "column 'step' must be >= 0" in res.stderr and "Traceback" not in res.stderr, engine

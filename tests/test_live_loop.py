@@ -144,3 +144,19 @@ def test_harmful_samples_accumulate_live_as_they_come_back(hf_cases, tmp_path):
     corrupt = set(case.corrupt_ids)
     assert len(listed & corrupt) >= 8 and len(listed - corrupt) <= 2
     assert any(c["kind"] == "samples" for c in run.causes)
+
+
+def test_a_run_audited_through_an_engine_runs_live_as_in_memory(demo_small, tmp_path):
+    """A case whose run.toml reads the plan through DuckDB: the live loop starts from that audit, holds the plan it
+    extends as parts arrive, and comes to the findings and causes the loop over the in-memory plan comes to."""
+    found = {}
+    for engine in ("pandas", "duckdb"):
+        case = tmp_path / engine
+        shutil.copytree(demo_small / "static", case, ignore=shutil.ignore_patterns("wandb", "findings.json"))
+        toml = case / "run.toml"  # top-level keys go before the [detect.*] tables
+        toml.write_text(f'engine = "{engine}"\nmemory_limit = "2GB"\n' + toml.read_text())
+        run = LiveRun(resolve_target([str(case)])).start()
+        assert run.plan is not None and len(run.plan)
+        # the commands the causes print name the case folder: the same name for both
+        found[engine] = json.loads(json.dumps(_comparable(run.finish())).replace(str(case), "CASE"))
+    assert found["pandas"]["causes"] and found["duckdb"] == found["pandas"]

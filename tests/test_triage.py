@@ -161,3 +161,25 @@ def test_the_demo_cluster_names_are_real_words(demo_small):
     for n in info.names.values():
         words = re.sub(r"\([^)]*\)", "", n).split()
         assert words and all(re.fullmatch(r"[a-z][a-z'-]{2,}", w) and w not in STOP_WORDS for w in words), n
+
+
+def test_past_the_entries_it_holds_the_harmful_samples_estimate_thins_the_logged_steps(hf_cases, tmp_path,
+                                                                                      monkeypatch):
+    """A plan whose logged steps hold more (step, sample) entries than the estimate holds (here: half the run's):
+    it keeps one logged step in 2, says so, and still names the corrupted samples (with half their appearances)."""
+    import contextlib
+    import io
+
+    import forensics.detect.evidence.sample_effects as effects
+
+    case = hf_cases["random_corrupt"]
+    rows = len(pd.read_parquet(case.out / "plan"))
+    monkeypatch.setattr(effects, "MAX_ENTRIES", rows // 2 + 1)
+    out = tmp_path / "findings.json"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["audit", str(case.out), "--no-html", "--json", str(out)]) == 0
+    findings = json.loads(out.read_text())
+    assert any("estimated on one logged step in 2" in w for w in findings["warnings"])
+    listed = [h["sample_id"] for h in findings["harmful_samples"]]
+    corrupt = set(case.corrupt_ids)
+    assert sum(i in corrupt for i in listed) >= 6 and sum(i not in corrupt for i in listed) <= 2, listed

@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
 
         with stage("writing the report"):
             write_report(html_path, audit.findings, audit.metrics, tags=audit.tags, samples=audit.samples,
-                         plan=audit.plan, loss_key=audit.loss_key, replay=audit.replay_results())
+                         plan=audit.plan, loss_key=audit.loss_key, replay=audit.replay_results(),
+                         batch_rows=audit.batch_rows)
         written.append(str(html_path))
 
     from forensics.report.summary import render_summary
@@ -113,13 +114,13 @@ def _replay(case, audit, budget: float | None):
     """``--replay``: the top causes through the checkpoints, merged into the audit's findings
     (forensics.replay_loop)."""
     from forensics.replay_loop import replay_causes
-    from forensics.schema import STEP
 
-    if audit.plan is None:
+    plan_steps = audit.plan_steps
+    if plan_steps is None:
         audit.findings.setdefault("warnings", []).append("--replay: not replayed; the case has no batch plan")
         return None
     with stage("replaying the top causes"):
-        _, result = replay_causes(case, audit.findings, set(int(s) for s in audit.plan[STEP].unique()), budget,
+        _, result = replay_causes(case, audit.findings, plan_steps, budget,
                                   progress=console(stderr=True).is_terminal)
     return result
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from forensics.compare.positions import StepSamples
 from forensics.errors import ForensicsError
-from forensics.schema import STEP, Case, load_plan, load_samples, metric_columns, open_case, written
+from forensics.schema import STEP, Case, load_samples, metric_columns, open_case, written
 from forensics.schema.keys import choose_key
 
 #: Logged values each side of a step whose median is the level a rise there is measured from.
@@ -148,6 +148,10 @@ def load_run(source: str, name: str, *, sets: Sequence[str] = (),
 
         audit = run_audit(case, stage=stage)
         findings, metrics, plan, samples = audit.findings, audit.metrics, audit.plan, audit.samples
+        if plan is None and audit.batch_rows is not None:  # audited through an engine: compare reads it whole
+            from forensics.audit import load_step_plan
+
+            plan = load_step_plan(case, samples)
     run_section = findings.get("run") or {}
     loss_key = str(run_section.get("loss_key"))
     if loss_key not in metrics.columns:
@@ -235,10 +239,10 @@ def _tables(case: Case) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame
                              f"{', '.join(s.path for s in case.metrics_sources)}")
     plan = samples = None
     if cfg.plan and cfg.samples:
-        from forensics.plan import step_plan
+        from forensics.audit import load_step_plan
 
         samples = load_samples(case.samples_path)
-        plan = step_plan(load_plan(case.plan_path, samples), cfg)
+        plan = load_step_plan(case, samples)
     return metrics, plan, samples
 
 

@@ -14,16 +14,17 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import pandas as pd
 
-from forensics.detect.findings import Finding, SpikeLike, spike_span
+from forensics.detect.findings import Finding
 from forensics.detect.params import Param, check_params
+from forensics.detect.plan_view import FramePlan, PlanView
 from forensics.errors import ForensicsError
-from forensics.schema import EPOCH, MAX_LEN, SAMPLE_ID, STEP, written
+from forensics.schema import MAX_LEN, STEP, written
 
 
 @dataclass
@@ -70,27 +71,26 @@ class RunTables:
     rewinds: list[Any] = field(default_factory=list)
     log_files: list[str] = field(default_factory=list)
     device_memory_gb: float | None = None
-    #: A plan too large to load (read through an engine, DESIGN.md engines): ``plan`` then holds the steps up to the
-    #: metrics' last step and ``plan_after(sample_ids)`` returns the rows of the later steps that hold any of those
-    #: samples (where a spike's batch comes back). None: ``plan`` is the whole plan.
-    plan_after: Callable[[Sequence[int]], pd.DataFrame] | None = None
+    #: A plan too large to load, read through an engine where it lies (DESIGN.md engines); ``plan`` is then None.
+    plan_source: PlanView | None = None
+    _view: PlanView | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def has_plan(self) -> bool:
-        return self.plan is not None and self.samples is not None
+        return (self.plan is not None or self.plan_source is not None) and self.samples is not None
 
-    def spike_batch_steps(self, spikes: Sequence[SpikeLike]) -> pd.DataFrame | None:
-        """``step``, ``sample_id`` (and ``epoch``) of every step, over the whole run, that holds a sample of a spike's
-        batch (its peak step), whole steps, in plan order: what recurrence reads of a plan too large to load, whose
-        later steps come from the engine (:attr:`plan_after`). None when ``plan`` is the whole plan (read it)."""
-        plan = self.plan
-        if plan is None or self.plan_after is None:
+    @property
+    def plan_view(self) -> PlanView | None:
+        """What the rules read of the plan (:mod:`forensics.detect.plan_view`): the engine's view of a plan too
+        large to load, else a view of ``plan`` whose chunks stop at the metrics' last step; None without a plan."""
+        if self.plan_source is not None:
+            return self.plan_source
+        if self.plan is None:
             return None
-        peaks = [spike_span(s)[2] for s in spikes]
-        ids = plan.loc[plan[STEP].isin(peaks), SAMPLE_ID].unique()
-        cols = [c for c in (STEP, SAMPLE_ID, EPOCH) if c in plan.columns]
-        here = plan.loc[plan[STEP].isin(plan.loc[plan[SAMPLE_ID].isin(ids), STEP].unique()), cols]
-        return pd.concat([here, self.plan_after(ids.tolist())[cols]], ignore_index=True)
+        last = int(self.metrics[STEP].max()) if len(self.metrics) else None
+        if self._view is None or self._view.plan is not self.plan or self._view.last_step != last:
+            self._view = FramePlan(self.plan, last_step=last)
+        return self._view
 
     def written_rows(self, metric: str) -> pd.DataFrame:
         """``step`` and ``metric`` on the rows where it was written (a cell never logged is not a value)."""

@@ -16,7 +16,7 @@ given as a small coded table (:func:`forensics.engine.finish.sample_codes`): ``s
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,15 +142,15 @@ class Engine(ABC):
         the lookup recurrence and attribution make for a set of suspects."""
 
     @abstractmethod
-    def rows_until(self, plan: PlanInput, last_step: int) -> pd.DataFrame:
-        """Every row of a plan with ``step`` whose step is at most ``last_step``, every column, in the plan's own
-        order (its parts as :func:`forensics.schema.load_plan` reads them, each part's rows as written): what an
-        audit of a plan too large to load holds in memory, the steps its metrics reach."""
+    def rows_at_steps(self, plan: PlanInput, steps: Sequence[int]) -> pd.DataFrame:
+        """Every row of the given steps, every column, in the plan's own order: the batches of a few flagged steps
+        (a spike's span, the steps a report card shows)."""
 
     @abstractmethod
-    def steps_after_holding(self, plan: PlanInput, sample_ids: Sequence[int], after_step: int) -> pd.DataFrame:
-        """Every row of each step after ``after_step`` that holds one of ``sample_ids``, every column, in the plan's
-        own order: where a spike's batch comes back past the steps an audit holds (:meth:`rows_until`)."""
+    def plan_chunks(self, plan: PlanInput, columns: Sequence[str], last_step: int) -> Iterator[pd.DataFrame]:
+        """``columns`` of the rows up to ``last_step``, a bounded chunk at a time, in no promised order: what the
+        rules that read every logged step (the forgetting design, the per-sample membership) aggregate as they go,
+        so that no engine holds the plan whole."""
 
     def map_sample_chunks(self, samples: str | Path, columns: Sequence[str],
                           fn: Callable[[pd.DataFrame, int], Any], chunk: int = CHUNK_ROWS) -> list[Any]:

@@ -7,7 +7,7 @@ Only the counts (:mod:`forensics.engine.base`) come back to this process. Needs 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -295,16 +295,20 @@ class DaskEngine(Engine):
         return got.sort_values([STEP, SAMPLE_ID], ignore_index=True).astype(np.int64)
 
     @_clear_failures
-    def rows_until(self, plan: PlanInput, last_step: int) -> pd.DataFrame:
+    def rows_at_steps(self, plan: PlanInput, steps: Sequence[int]) -> pd.DataFrame:
         frame = self._stepped(plan)
-        return frame[frame[STEP] <= last_step].compute().reset_index(drop=True)
+        return frame[frame[STEP].isin(np.asarray(list(steps), np.int64))].compute().reset_index(drop=True)
+
+    def plan_chunks(self, plan: PlanInput, columns: Sequence[str], last_step: int) -> Iterator[pd.DataFrame]:
+        """One partition at a time, computed on the cluster and brought back (the client holds one at a time)."""
+        frame = self._stepped(plan)
+        rows = frame[frame[STEP] <= last_step][list(columns)]
+        for part in rows.to_delayed():
+            yield self._computed(part)
 
     @_clear_failures
-    def steps_after_holding(self, plan: PlanInput, sample_ids: Sequence[int], after_step: int) -> pd.DataFrame:
-        frame = self._stepped(plan)
-        later = frame[frame[STEP] > after_step]
-        steps = later[later[SAMPLE_ID].isin(np.asarray(list(sample_ids), np.int64))][STEP].unique().compute()
-        return later[later[STEP].isin(steps.to_numpy(np.int64))].compute().reset_index(drop=True)
+    def _computed(self, part) -> pd.DataFrame:
+        return part.compute()
 
     @_clear_failures
     def map_sample_chunks(self, samples, columns, fn, chunk: int = CHUNK_ROWS) -> list:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -253,15 +253,26 @@ class DuckDBEngine(Engine):
                        "ORDER BY 1, 2")
         return got.astype(np.int64).reset_index(drop=True)
 
-    def rows_until(self, plan: PlanInput, last_step: int) -> pd.DataFrame:
-        return self._ordered_rows(plan, lambda rel: f"step <= {int(last_step)}")
+    def rows_at_steps(self, plan: PlanInput, steps: Sequence[int]) -> pd.DataFrame:
+        wanted = self._samples(pd.DataFrame({STEP: np.unique(np.asarray(list(steps), np.int64))}))
+        return self._ordered_rows(plan, lambda rel: f"step IN (SELECT step FROM {wanted})")
 
-    def steps_after_holding(self, plan: PlanInput, sample_ids: Sequence[int], after_step: int) -> pd.DataFrame:
-        ids = self._samples(pd.DataFrame({SAMPLE_ID: np.asarray(list(sample_ids), np.int64)}))
-        after = int(after_step)
-        return self._ordered_rows(plan, lambda rel: (
-            f"step > {after} AND step IN (SELECT DISTINCT step FROM {rel} WHERE step > {after} "
-            f"AND sample_id IN (SELECT sample_id FROM {ids}))"))
+    def plan_chunks(self, plan: PlanInput, columns: Sequence[str], last_step: int,
+                    chunk: int = 1_000_000) -> Iterator[pd.DataFrame]:
+        import duckdb
+
+        rel = self._relation(plan)
+        if STEP not in self._columns(rel):
+            raise no_steps()
+        picked = ", ".join(_ident(c) for c in columns)
+        try:
+            query = self.con.sql(f"SELECT {picked} FROM {rel} WHERE step <= {int(last_step)}")
+            reader = (query.to_arrow_reader(chunk) if hasattr(query, "to_arrow_reader")
+                      else query.fetch_record_batch(chunk))
+            for batch in reader:
+                yield batch.to_pandas()
+        except duckdb.Error as exc:
+            raise ForensicsError(f"plan {plan} could not be read: {str(exc).splitlines()[0]}") from exc
 
     def _ordered_rows(self, plan: PlanInput, where) -> pd.DataFrame:
         """The plan's rows that ``where(relation)`` (an SQL condition) keeps, every column, in the plan's own order:

@@ -4,7 +4,7 @@ had, moved behind the engine boundary). The fastest engine while the plan fits i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -45,15 +45,13 @@ class PandasEngine(Engine):
 
     name = "pandas"
 
-    def rows_until(self, plan: PlanInput, last_step: int) -> pd.DataFrame:
+    def rows_at_steps(self, plan: PlanInput, steps: Sequence[int]) -> pd.DataFrame:
         table = _with_steps(load(plan))
-        return table[table[STEP].to_numpy() <= last_step].reset_index(drop=True)
+        return table[table[STEP].isin(np.asarray(list(steps), np.int64))].reset_index(drop=True)
 
-    def steps_after_holding(self, plan: PlanInput, sample_ids: Sequence[int], after_step: int) -> pd.DataFrame:
+    def plan_chunks(self, plan: PlanInput, columns: Sequence[str], last_step: int) -> Iterator[pd.DataFrame]:
         table = _with_steps(load(plan))
-        later = table[table[STEP].to_numpy() > after_step]
-        steps = later.loc[later[SAMPLE_ID].isin(np.asarray(list(sample_ids), np.int64)), STEP].unique()
-        return later[later[STEP].isin(steps)].reset_index(drop=True)
+        yield table.loc[table[STEP].to_numpy() <= last_step, list(columns)].reset_index(drop=True)
 
     def plan_columns(self, plan: PlanInput) -> list[str]:
         return list(load(plan).columns)

@@ -137,9 +137,13 @@ class LiveRun:
             self.findings_source = "computed at start"
             self.tags, self.plan, self.samples, self.boundaries = audit.tags, audit.plan, audit.samples, \
                 audit.boundaries
+            if audit.plan is None and audit.batch_rows is not None:  # audited through an engine: the live loop
+                from forensics.audit import load_step_plan  # holds the plan it extends as parts arrive
+
+                self.plan = load_step_plan(self.inputs.case, audit.samples)
             if audit.tags is not None:  # the next opening reads them from the cache
                 self.warnings += store_tags(self.inputs, Tagged(audit.tags, audit.samples, audit.boundaries, [],
-                                                                plan=audit.plan))
+                                                                plan=self.plan))
         self._plan_parts = plan_parts(self.inputs.plan)
         self._index_samples()
         self.harmful_samples = list(self.findings.get("harmful_samples") or [])

@@ -55,7 +55,7 @@ def _severity(findings: dict) -> str:
 
 
 def _run_line(metrics: pd.DataFrame, loss_key: str, tags: pd.DataFrame | None, plan: pd.DataFrame | None,
-              samples: pd.DataFrame | None) -> str:
+              samples: pd.DataFrame | None, plan_on_engine: bool = False) -> str:
     steps = metrics[STEP].to_numpy(np.int64)
     bits = [f"{len(steps):,} steps" + (f" ({steps.min()}–{steps.max()})" if len(steps) else "")]
     for table in (tags, plan):
@@ -69,7 +69,7 @@ def _run_line(metrics: pd.DataFrame, loss_key: str, tags: pd.DataFrame | None, p
     if samples is not None:
         bits.append(f"{len(samples):,} samples")
     if plan is None:
-        bits.append("no batch plan")
+        bits.append("batch plan read through an engine" if plan_on_engine else "no batch plan")
     return " · ".join(esc(b) for b in bits)
 
 
@@ -124,15 +124,18 @@ def build_report(
     title: str = "Loss-spike forensics",
     figures: dict[str, go.Figure] | None = None,
     replay: dict | None = None,
+    batch_rows: pd.DataFrame | None = None,
 ) -> str:
     """The report as one HTML string (see the module docstring); ``figures`` overrides :func:`report_figures`;
-    ``replay``: the case's ``replay/replay.json``, whose verdicts show on the cards of their causes."""
+    ``replay``: the case's ``replay/replay.json``, whose verdicts show on the cards of their causes;
+    ``batch_rows``: the rows of the spikes' peak steps of a plan too large to load (``plan`` is then None: the
+    figures draw on the tags, the cards show these batches)."""
     from forensics.report.figures import report_figures
 
     findings = findings or {}
     loss_key = find_loss_key(metric_columns(metrics), loss_key or (findings.get("run") or {}).get("loss_key"))
     figs = figures if figures is not None else report_figures(findings, metrics, tags, samples, plan, loss_key)
-    cards = finding_cards(findings, samples, plan, tags, loss_key, replay)
+    cards = finding_cards(findings, samples, plan if plan is not None else batch_rows, tags, loss_key, replay)
     sections = []
     for key, heading, names in _SECTIONS:
         present = [n for n in names if n in figs]
@@ -153,7 +156,8 @@ def build_report(
     head = (f'<header class="top"><div class="brand">{esc(title)}</div><nav>{nav}</nav></header>'
             f'<div class="verdict {severity}"><div class="label">Verdict</div>'
             f'<p>{esc(verdict(findings, loss_key))}</p></div>'
-            f'<p class="run">{_run_line(metrics, loss_key, tags, plan, samples)}</p>{_tiles(findings)}')
+            f'<p class="run">{_run_line(metrics, loss_key, tags, plan, samples, batch_rows is not None)}</p>'
+            f'{_tiles(findings)}')
     return "".join([
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
         '<meta name="viewport" content="width=device-width, initial-scale=1">',

@@ -30,6 +30,10 @@ RIDGE = 3.0
 CONTENT_ALL = 50_000
 #: Null scores drawn (the residuals re-assigned at random as many times as it takes, at most ``permutations``).
 NULL_SIZE = 4_000_000
+#: The most (logged step, sample) entries the estimate holds. Past it (a finished run of a plan too large to load),
+#: every k-th logged step is kept, k the fewest that fit: a harmful sample that comes back each epoch keeps about
+#: 1/k of its appearances, and the residuals are still those of the whole run's trend (a documented approximation).
+MAX_ENTRIES = 20_000_000
 #: A sample without content evidence must keep this score with its largest appearance left out ("each time").
 ONCE_FLOOR = 2.0
 #: The share of steps the tag fit is made on in the end (the best-fitting ones: trimmed squares).
@@ -67,6 +71,9 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
     # out, as the spike rule leaves its warm-up to a rule of its own
     start = min(win // 2, len(y) // 10)
     steps, e = steps[start:], e[start:]
+    stride = membership_stride(run.plan_view.n_rows())
+    if stride > 1:  # a logged step left out leaves out its window's plan steps too (they map to no kept row)
+        steps, e = steps[::stride], e[::stride]
     w, ids, counts = _membership(run, steps)
     if w.shape[1] == 0:
         return None
@@ -114,8 +121,17 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
     step_lists: list[list[int] | None] = [None] * len(ids)
     for j in np.flatnonzero(near):
         step_lists[j] = steps[csc.indices[csc.indptr[j]:csc.indptr[j + 1]]].tolist()
-    return pd.DataFrame({SAMPLE_ID: ids, "appearances": counts, "steps": step_lists, "effect": effect, "z": z,
-                         "p": p, "q": q, "block": _blocks(w, near), "content": flagged, "batch_level": shared})
+    out = pd.DataFrame({SAMPLE_ID: ids, "appearances": counts, "steps": step_lists, "effect": effect, "z": z,
+                        "p": p, "q": q, "block": _blocks(w, near), "content": flagged, "batch_level": shared})
+    out.attrs["stride"], out.attrs["max_entries"] = stride, MAX_ENTRIES
+    return out
+
+
+def membership_stride(n_rows: int, max_entries: int | None = None) -> int:
+    """One logged step in how many the estimate keeps: 1 while the plan's logged rows fit :data:`MAX_ENTRIES`,
+    else the fewest that fit."""
+    limit = MAX_ENTRIES if max_entries is None else max_entries
+    return max(1, -(-int(n_rows) // max(int(limit), 1)))
 
 
 def _views(w: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
@@ -222,19 +238,25 @@ def _scores(w: sp.csr_matrix, r: np.ndarray, beta: np.ndarray, flagged: np.ndarr
 
 
 def _membership(run: RunTables, steps: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
-    """The logged steps x samples matrix of token shares (a logged value covers its window's steps)."""
-    plan = run.plan[[STEP, SAMPLE_ID]]
+    """The logged steps x samples matrix of token shares (a logged value covers its window's steps), built a plan
+    chunk at a time (:meth:`forensics.detect.plan_view.PlanView.chunks`): only the entries are held."""
     smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)[N_TOKENS]
-    tokens = smp.reindex(plan[SAMPLE_ID].to_numpy()).to_numpy(np.float64)
-    tokens = np.where(np.isfinite(tokens) & (tokens > 0), tokens, 1.0)
     every = max(1, int(run.logging_steps))
-    pstep = plan[STEP].to_numpy(np.int64)
-    # plan step -> the logged row whose window holds it (the first logged step at or after it, within the window)
-    row = np.searchsorted(steps, pstep, side="left")
-    inside = row < len(steps)
-    inside[inside] &= steps[row[inside]] - pstep[inside] < every
-    ids, col = np.unique(plan[SAMPLE_ID].to_numpy(np.int64)[inside], return_inverse=True)
-    r, t = row[inside], tokens[inside]
+    rows, sids = [], []
+    for chunk in run.plan_view.chunks([STEP, SAMPLE_ID]):
+        pstep = chunk[STEP].to_numpy(np.int64)
+        # plan step -> the logged row whose window holds it (the first logged step at or after it, within the window)
+        row = np.searchsorted(steps, pstep, side="left")
+        inside = row < len(steps)
+        inside[inside] &= steps[row[inside]] - pstep[inside] < every
+        rows.append(row[inside])
+        sids.append(chunk[SAMPLE_ID].to_numpy(np.int64)[inside])
+    r = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    sid = np.concatenate(sids) if sids else np.zeros(0, np.int64)
+    del rows, sids
+    tokens = smp.reindex(sid).to_numpy(np.float64)
+    t = np.where(np.isfinite(tokens) & (tokens > 0), tokens, 1.0)
+    ids, col = np.unique(sid, return_inverse=True)
     total = np.bincount(r, weights=t, minlength=len(steps))
     w = sp.csr_matrix((t / total[r], (r, col)), shape=(len(steps), len(ids)))
     w.sum_duplicates()

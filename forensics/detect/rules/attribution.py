@@ -41,6 +41,7 @@ from forensics.detect.evidence.precedence import precedence
 from forensics.detect.evidence.suspects import rank_all
 from forensics.detect.findings import Finding, spike_span
 from forensics.detect.params import fraction, positive
+from forensics.detect.plan_view import FramePlan, PlanView
 from forensics.detect.rules.composition import plan_fix_words, plan_words
 from forensics.detect.rules.recurrence import MIN_JACCARD, batch_recurrence, sample_enrichment
 from forensics.detect.tags import BUCKET, BUCKET_RANGE, CLUSTER_NAME, attach_tags
@@ -58,7 +59,7 @@ def attribute(
     spikes: Sequence[Finding],
     metrics: pd.DataFrame,
     tags: pd.DataFrame | None = None,
-    plan: pd.DataFrame | None = None,
+    plan: pd.DataFrame | PlanView | None = None,
     samples: pd.DataFrame | None = None,
     *,
     gate: Mapping[str, Any] | None = None,
@@ -71,14 +72,12 @@ def attribute(
     top: int = 20,
     precedence_factor: float = 1.5,
     precedence_z: float = 4.0,
-    holding: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Copies of ``spikes`` (same order) with the attribution of the module docstring.
 
-    ``holding``: the steps holding a sample of a spike batch over the whole run when ``plan`` holds only the logged
-    steps of a plan too large to load (:meth:`forensics.detect.base.RunTables.spike_batch_steps`); default ``plan``.
-
-    ``tags``: the tagging stage's table; ``plan`` with ``step`` and ``sample_id``; ``samples`` with ``sample_id``,
+    ``tags``: the tagging stage's table; ``plan`` with ``step`` and ``sample_id``, or a view of it
+    (:mod:`forensics.detect.plan_view`: a plan too large to load; only the spikes' spans and the steps holding their
+    batches' samples are read); ``samples`` with ``sample_id``,
     ``n_tokens`` and, from tagging, ``cluster``/``cluster_name`` (and ``bucket``). Without a plan only precedence and
     the checkpoint advice are given. ``gate``: the gate's section of findings.json
     (:meth:`~forensics.plan.gate.GateResult.to_json`); ``whatif``: the what-if's section
@@ -91,11 +90,13 @@ def attribute(
     attach_tags([f for f in out if BUCKET not in f.tags], tags, boundaries)
     smp = samples.drop_duplicates(SAMPLE_ID) if samples is not None else None
     loss_key = _loss_key(metrics)
+    if isinstance(plan, pd.DataFrame):
+        plan = FramePlan(plan) if STEP in plan.columns and SAMPLE_ID in plan.columns else None
     for metric in dict.fromkeys(f.metric for f in out):
         group = [f for f in out if f.metric == metric]
         _attribute_group(group, metric if metric in metrics.columns else loss_key, metrics, tags, plan, smp,
                          gate, whatif, checkpoint_every, checkpoints, min_jaccard, top,
-                         {"factor": precedence_factor, "z": precedence_z}, holding)
+                         {"factor": precedence_factor, "z": precedence_z})
     return out
 
 
@@ -109,23 +110,26 @@ def _loss_key(metrics: pd.DataFrame) -> str | None:
 
 
 def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataFrame, tags: pd.DataFrame | None,
-                     plan: pd.DataFrame | None, smp: pd.DataFrame | None, gate: Any, whatif: Any,
+                     plan: PlanView | None, smp: pd.DataFrame | None, gate: Any, whatif: Any,
                      every: int | None, saved: Sequence[int] | None, min_jaccard: float, top: int,
-                     prec_params: dict[str, float], holding: pd.DataFrame | None = None) -> None:
+                     prec_params: dict[str, float]) -> None:
     # precedence asks whether the grad norm moved before the loss: it means nothing for a grad-norm spike itself
     is_loss = metric is not None and metric == _loss_key(metrics)
     prec = precedence(group, metrics, **prec_params) if is_loss else [None] * len(group)
-    has_plan = plan is not None and STEP in plan.columns and SAMPLE_ID in plan.columns
-    rec = batch_recurrence(group, plan if holding is None else holding, metrics if metric else None, tags,
+    has_plan = plan is not None
+    peaks = [spike_span(f)[2] for f in group]
+    if has_plan:  # the rows of the spikes' spans (their batches, the suspects' steps)
+        spans = [spike_span(f) for f in group]
+        span_rows = plan.rows_at(np.unique(np.concatenate([np.arange(a, b + 1) for a, b, _ in spans])))
+    rec = batch_recurrence(group, plan, metrics if metric else None, tags,
                            metric=metric, min_jaccard=min_jaccard) if has_plan else [None] * len(group)
     enr = (sample_enrichment(group, plan, steps=metrics[STEP].to_numpy(np.int64)).set_index(SAMPLE_ID)
            if has_plan else None)
-    ranked = (rank_all(group, plan, smp, top=None) if has_plan and smp is not None and N_TOKENS in smp.columns
+    ranked = (rank_all(group, span_rows, smp, top=None) if has_plan and smp is not None and N_TOKENS in smp.columns
               else [[] for _ in group])
-    peaks = [spike_span(f)[2] for f in group]
     conc = {col: _concentration(peaks, tags, col) for col in (BUCKET, CLUSTER)} if tags is not None else {}
-    ids_only = pd.DataFrame({SAMPLE_ID: plan[SAMPLE_ID].unique()}) if has_plan and smp is None else None
-    batches = _batches(plan, smp if smp is not None else ids_only, peaks) if has_plan else {}
+    ids_only = pd.DataFrame({SAMPLE_ID: span_rows[SAMPLE_ID].unique()}) if has_plan and smp is None else None
+    batches = _batches(span_rows, smp if smp is not None else ids_only, peaks) if has_plan else {}
     for f, p, r, suspects in zip(group, prec, rec, ranked):
         if any(getattr(x, "harm", 0.0) > 1.0 and any("robust SDs" in w or "near-duplicate of" in w or "foreign" in w
                                                       for w in x.reasons) for x in suspects[:top]):
@@ -391,8 +395,7 @@ class AttributionRule(Rule):
         spikes = [f for f in found or [] if f.kind == "spike"]
         if not spikes:
             return []
-        return attribute(spikes, run.metrics, run.tags, run.plan, run.samples, gate=run.sections.get("plan"),
-                         holding=run.spike_batch_steps(spikes),
+        return attribute(spikes, run.metrics, run.tags, run.plan_view, run.samples, gate=run.sections.get("plan"),
                          whatif=run.sections.get("whatif"), boundaries=run.boundaries, max_len=run.max_len,
                          checkpoint_every=self.checkpoint_every, min_jaccard=self.min_jaccard, top=self.top,
                          precedence_factor=self.precedence_factor, precedence_z=self.precedence_z)

@@ -40,6 +40,7 @@ import pandas as pd
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
 from forensics.detect.params import at_least, positive
+from forensics.detect.plan_view import FramePlan, PlanView
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
@@ -64,34 +65,48 @@ def _spans(spikes: Iterable[Finding | Mapping[str, Any]]) -> list[tuple[int, int
 class _Design:
     """Per-step token shares of clusters and buckets, and each cluster's gap, as sparse columns over the steps."""
 
-    def __init__(self, plan: pd.DataFrame, samples: pd.DataFrame, cluster_column: str,
+    def __init__(self, plan: pd.DataFrame | PlanView, samples: pd.DataFrame, cluster_column: str,
                  boundaries: Sequence[int], max_len: int):
-        for col in (STEP, SAMPLE_ID):
-            if col not in plan.columns:
-                raise ForensicsError(f"plan: missing column '{col}' (map (epoch, batch_id) plans to steps first)")
+        if isinstance(plan, pd.DataFrame):
+            for col in (STEP, SAMPLE_ID):
+                if col not in plan.columns:
+                    raise ForensicsError(f"plan: missing column '{col}' (map (epoch, batch_id) plans to steps first)")
+            plan = FramePlan(plan)
         for col in (SAMPLE_ID, N_TOKENS, cluster_column):
             if col not in samples.columns:
                 raise ForensicsError(f"samples: missing column '{col}' needed for the forgetting signature")
         smp = samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
-        pos = smp.index.get_indexer(plan[SAMPLE_ID].to_numpy(np.int64))
-        if (pos < 0).any():
-            few = ", ".join(map(str, np.unique(plan[SAMPLE_ID].to_numpy()[pos < 0])[:5]))
-            raise ForensicsError(f"plan: {int((pos < 0).sum())} rows name samples not in the samples table, e.g. {few}")
-        tokens = np.minimum(smp[N_TOKENS].to_numpy(np.int64), max_len)[pos].astype(np.float64)
-        cluster = smp[cluster_column].to_numpy()[pos]
+        tokens = np.minimum(smp[N_TOKENS].to_numpy(np.int64), max_len).astype(np.float64)
+        cluster_values, cluster_code = np.unique(smp[cluster_column].to_numpy(), return_inverse=True)
         if BUCKET in smp.columns and cluster_column != BUCKET:
-            bucket = smp[BUCKET].to_numpy(np.int64)[pos]
+            bucket = smp[BUCKET].to_numpy(np.int64)
         else:
             bucket = bucket_index(tokens.astype(np.int64), boundaries)
-        self.step_values, step_idx = np.unique(plan[STEP].to_numpy(np.int64), return_inverse=True)
+        bucket_values, bucket_code = np.unique(bucket, return_inverse=True)
+        # token sums per (step, cluster) and (step, bucket), a plan chunk at a time (integer tokens: exact sums)
+        c_parts, b_parts = [], []
+        for chunk in plan.chunks([STEP, SAMPLE_ID]):
+            pos = smp.index.get_indexer(chunk[SAMPLE_ID].to_numpy(np.int64))
+            if (pos < 0).any():
+                few = ", ".join(map(str, np.unique(chunk[SAMPLE_ID].to_numpy()[pos < 0])[:5]))
+                raise ForensicsError(f"plan: {int((pos < 0).sum())} rows name samples not in the samples table, "
+                                     f"e.g. {few}")
+            step = chunk[STEP].to_numpy(np.int64)
+            c_parts.append(_pair_sums(step, cluster_code[pos], tokens[pos], len(cluster_values)))
+            b_parts.append(_pair_sums(step, bucket_code[pos], tokens[pos], len(bucket_values)))
+        c_step_value, c_all, c_tok = _combined(c_parts, len(cluster_values))
+        b_step_value, b_all, b_tok = _combined(b_parts, len(bucket_values))
+        self.step_values = np.unique(c_step_value)
         n = len(self.step_values)
-        total = np.bincount(step_idx, weights=tokens, minlength=n)
-        self.labels, c_code = np.unique(cluster, return_inverse=True)
+        c_step = np.searchsorted(self.step_values, c_step_value)
+        b_step = np.searchsorted(self.step_values, b_step_value)
+        total = np.bincount(c_step, weights=c_tok, minlength=n)
+        # the clusters and buckets the plan holds, in value order, coded densely
+        present_c, c_lab = np.unique(c_all, return_inverse=True)
+        present_b, b_lab = np.unique(b_all, return_inverse=True)
+        self.labels = cluster_values[present_c]
         self.names = _names(smp, cluster_column, self.labels)
-        b_values, b_code = np.unique(bucket, return_inverse=True)
-        self.buckets = b_values
-        c_step, c_lab, c_tok = _pair_sums(step_idx, c_code, tokens, len(self.labels))
-        b_step, b_lab, b_tok = _pair_sums(step_idx, b_code, tokens, len(b_values))
+        self.buckets = bucket_values[present_b]
         gap = steps_since_seen(c_step, c_lab, self.step_values)
         self.first_seen = np.zeros(n, dtype=bool)
         self.first_seen[c_step[gap.isna()]] = True
@@ -123,13 +138,22 @@ class _Design:
         return sparse.hstack([cols_s, cols_b, cols_f], format="csr")[rows], names
 
 
-def _pair_sums(step_idx: np.ndarray, code: np.ndarray, weights: np.ndarray,
+def _pair_sums(step: np.ndarray, code: np.ndarray, weights: np.ndarray,
                n_codes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct (step, code) pairs, sorted by step then code, with the summed weights."""
-    key = step_idx.astype(np.int64) * max(n_codes, 1) + code
+    key = step.astype(np.int64) * max(n_codes, 1) + code
     uniq, inv = np.unique(key, return_inverse=True)
     sums = np.bincount(inv, weights=weights)
     return uniq // max(n_codes, 1), uniq % max(n_codes, 1), sums
+
+
+def _combined(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+              n_codes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The chunks' (step, code) sums as one set of pairs (a step may span chunks)."""
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    step, code, sums = (np.concatenate(x) for x in zip(*parts))
+    return _pair_sums(step, code, sums, n_codes) if len(parts) > 1 else (step, code, sums)
 
 
 def _names(smp: pd.DataFrame, column: str, labels: np.ndarray) -> list[str]:
@@ -161,7 +185,7 @@ def _robust_sd(x: np.ndarray) -> float:
 
 def forgetting_signature(
     metrics: pd.DataFrame,
-    plan: pd.DataFrame,
+    plan: pd.DataFrame | PlanView,
     samples: pd.DataFrame,
     *,
     metric: str | None = None,
@@ -185,8 +209,10 @@ def forgetting_signature(
     loss the common slope adds at the longest gap compared with a gap of 1 step), ``metric``, ``window``,
     ``evidence`` and ``next_step``.
 
-    ``plan`` needs ``step`` and ``sample_id``; ``samples`` ``sample_id``, ``n_tokens`` and ``cluster_column`` (its
-    ``bucket`` column is used when present, else lengths are bucketed with ``boundaries``). ``spikes``: findings or
+    ``plan`` needs ``step`` and ``sample_id`` (or is a view of a plan too large to load:
+    :mod:`forensics.detect.plan_view`, read a chunk at a time); ``samples`` ``sample_id``, ``n_tokens`` and
+    ``cluster_column`` (its ``bucket`` column is used when present, else lengths are bucketed with
+    ``boundaries``). ``spikes``: findings or
     ``{"step", "end_step"}`` dicts whose spans (plus ``exclude_after`` steps) are left out.
     """
     metric = metric or find_loss_key(metrics.columns)
@@ -326,7 +352,7 @@ class ForgettingRule(Rule):
         self.warnings_: list[str] = []
         spikes = [f for f in found or [] if f.kind == "spike"]
         try:
-            out = forgetting_signature(run.metrics, run.plan, run.samples, metric=run.loss_key, spikes=spikes,
+            out = forgetting_signature(run.metrics, run.plan_view, run.samples, metric=run.loss_key, spikes=spikes,
                                        boundaries=run.boundaries or DEFAULT_BOUNDARIES, max_len=run.max_len,
                                        tau=self.tau, window=self.window, exclude_after=self.exclude_after,
                                        outlier_sd=self.outlier_sd, min_steps=self.min_steps)

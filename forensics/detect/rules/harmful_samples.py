@@ -78,12 +78,17 @@ class HarmfulSamplesRule(Rule):
                        seed=self.seed)
         if est is None:
             return []
+        if est.attrs.get("stride", 1) > 1:
+            held, stride = est.attrs["max_entries"], est.attrs["stride"]
+            self.warnings_.append(f"harmful samples: the plan holds more than {held:,} rows up to the metrics' last "
+                                  f"step; estimated on one logged step in {stride}")
         listed = est[est["q"] <= self.q].sort_values(["content", "z"], ascending=False).head(self.max_listed)
         if listed.empty:
             return []
         content = content_evidence(run.samples, listed[SAMPLE_ID].tolist())
         last = int(run.metrics[STEP].max())
-        plan = run.plan[run.plan[SAMPLE_ID].isin(listed[SAMPLE_ID]) & (run.plan[STEP] <= last)]
+        plan = run.plan_view.rows_holding(listed[SAMPLE_ID])
+        plan = plan[plan[SAMPLE_ID].isin(listed[SAMPLE_ID]) & (plan[STEP] <= last)]
         consumed = plan.groupby(SAMPLE_ID)[STEP].apply(lambda x: sorted(set(int(v) for v in x))).to_dict()
         rows = []
         for r in listed.itertuples():

@@ -33,6 +33,7 @@ import pandas as pd
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding, SpikeLike, spike_span
 from forensics.detect.params import fraction, positive
+from forensics.detect.plan_view import FramePlan, PlanView
 from forensics.detect.tags import BUCKET, StepLookup
 from forensics.errors import ForensicsError
 from forensics.schema import EPOCH, SAMPLE_ID, STEP, find_loss_key
@@ -70,6 +71,14 @@ def step_baseline(metrics: pd.DataFrame, metric: str, tags: pd.DataFrame | None 
     })
 
 
+def _view(plan: pd.DataFrame | PlanView) -> PlanView:
+    """A plan table's view (its columns checked), or the view given."""
+    if isinstance(plan, PlanView):
+        return plan
+    _check_plan(plan)
+    return FramePlan(plan)
+
+
 def _step_sets(plan: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """Batch size per step and the epoch of each step (-1 without an epoch column)."""
     size = plan.groupby(STEP, sort=True)[SAMPLE_ID].nunique()
@@ -82,7 +91,7 @@ def _step_sets(plan: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 
 def batch_recurrence(
     spikes: Sequence[SpikeLike],
-    plan: pd.DataFrame,
+    plan: pd.DataFrame | PlanView,
     metrics: pd.DataFrame | None = None,
     tags: pd.DataFrame | None = None,
     *,
@@ -98,9 +107,8 @@ def batch_recurrence(
     value, baseline, ratio, excess, score, is_spike}``, in step order), ``n_recurrences``, ``epochs`` (where it
     came back) and ``evidence`` (a sentence with the numbers). Without ``metrics`` the loss fields are null.
     """
-    _check_plan(plan)
+    view = _view(plan)
     spans = [spike_span(s) for s in spikes]
-    size, epoch_of = _step_sets(plan)
     base = None
     if metrics is not None:
         metric = metric or find_loss_key(metrics.columns)
@@ -108,12 +116,16 @@ def batch_recurrence(
     # (spike index, sample id) pairs of every spike batch, then every step holding any of those samples
     peaks = pd.DataFrame({"spike": np.arange(len(spans), dtype=np.int64),
                           STEP: np.array([p for _, _, p in spans], dtype=np.int64)})
-    pairs_df = (peaks.merge(plan.loc[plan[STEP].isin(peaks[STEP]), [STEP, SAMPLE_ID]], on=STEP)
+    pairs_df = (peaks.merge(view.rows_at(peaks[STEP])[[STEP, SAMPLE_ID]], on=STEP)
                 [["spike", SAMPLE_ID]].drop_duplicates().sort_values(["spike", SAMPLE_ID], kind="stable"))
     n_a = pairs_df.groupby("spike")[SAMPLE_ID].size()
-    hits = plan.loc[plan[SAMPLE_ID].isin(pairs_df[SAMPLE_ID]), [STEP, SAMPLE_ID]].drop_duplicates()
+    hits = view.rows_holding(pairs_df[SAMPLE_ID].unique())
     inter = (hits.merge(pairs_df, on=SAMPLE_ID).groupby(["spike", STEP]).size().rename("shared").reset_index())
     inter["n_a"] = inter["spike"].map(n_a).to_numpy(np.int64)
+    # a step's Jaccard with a batch is at most shared / n_a (it holds the shared samples): only the steps that can
+    # reach min_jaccard are read whole, for their batch size and epoch
+    inter = inter[inter["shared"] >= min_jaccard * inter["n_a"] - 1e-9]
+    size, epoch_of = _step_sets(view.rows_at(np.union1d(inter[STEP].to_numpy(np.int64), peaks[STEP].to_numpy())))
     inter["n_b"] = inter[STEP].map(size).to_numpy(np.int64)
     inter["jaccard"] = inter["shared"] / (inter["n_a"] + inter["n_b"] - inter["shared"])
     inter["overlap"] = inter["shared"] / inter["n_a"]
@@ -188,17 +200,21 @@ def sample_enrichment(
     p-value, then most spike batches, then sample id.
 
     ``steps``: the steps that could have been found spiking (e.g. the metrics' steps); default every plan step.
+    ``plan``: the step-mapped plan or a view of it (:mod:`forensics.detect.plan_view`): the spike batches' samples'
+    rows are read, and the family's size (:meth:`~forensics.detect.plan_view.PlanView.tested`).
     """
-    _check_plan(plan)
+    view = _view(plan)
     peaks = sorted({spike_span(s)[2] for s in spikes})
-    p = plan[[STEP, SAMPLE_ID]].drop_duplicates()
+    at_peaks = view.rows_at(peaks)
+    # the rows of the spike batches' samples: where they were, and their exposures
+    p = view.rows_holding(at_peaks[SAMPLE_ID].unique())[[STEP, SAMPLE_ID]].drop_duplicates()
     if steps is not None:
-        allowed = np.unique(np.fromiter(steps, dtype=np.int64))
-        p = p[p[STEP].isin(allowed)]
+        steps = np.unique(np.fromiter(steps, dtype=np.int64))
+        p = p[p[STEP].isin(steps)]
     all_steps = p[STEP].unique()
     peaks = [s for s in peaks if s in set(all_steps.tolist())]
-    n_total, n_draw = len(all_steps), len(peaks)
-    m = int(p[SAMPLE_ID].nunique())
+    n_total, m = view.tested(steps)
+    n_draw = len(peaks)
     in_spikes = p[p[STEP].isin(peaks)]
     cols = [SAMPLE_ID, "n_spike_batches", "spike_steps", "n_steps", "expected", "p_value", "p_bonferroni",
             "q_value"]
@@ -234,28 +250,25 @@ def _bh(p: np.ndarray, m: int) -> np.ndarray:
 
 def recurrence_report(
     spikes: Sequence[SpikeLike],
-    plan: pd.DataFrame,
+    plan: pd.DataFrame | PlanView,
     metrics: pd.DataFrame | None = None,
     tags: pd.DataFrame | None = None,
     *,
     metric: str | None = None,
     min_jaccard: float = MIN_JACCARD,
     top: int = 20,
-    holding: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """Both measures as one JSON-ready object: ``spikes`` (:func:`batch_recurrence`), ``enrichment`` (the ``top``
     rows of :func:`sample_enrichment`), ``n_spike_events``, ``n_samples_tested`` (the samples of the steps that
     could have spiked: the metrics' steps) and ``note`` (the multiple-testing rule), ``evidence``.
 
-    ``holding``: the steps (``step``, ``sample_id``, whole steps) that hold a sample of a spike batch over the
-    whole run, when ``plan`` holds only the logged steps of a plan too large to load
-    (:meth:`forensics.detect.base.RunTables.spike_batch_steps`); default ``plan`` itself."""
-    rec = batch_recurrence(spikes, plan if holding is None else holding, metrics, tags, metric=metric,
-                           min_jaccard=min_jaccard)
+    ``plan``: the step-mapped plan, or a view of it (:mod:`forensics.detect.plan_view`: a plan too large to load);
+    both measures read only the steps that hold a sample of a spike batch, and the counts of the tested family."""
+    view = _view(plan)
+    rec = batch_recurrence(spikes, view, metrics, tags, metric=metric, min_jaccard=min_jaccard)
     steps = metrics[STEP].to_numpy(np.int64) if metrics is not None else None
-    enr = sample_enrichment(spikes, plan, steps=steps)
-    tested = plan if steps is None else plan[plan[STEP].isin(np.unique(steps))]
-    m = int(tested[SAMPLE_ID].nunique())
+    enr = sample_enrichment(spikes, view, steps=steps)
+    m = view.tested(steps)[1]
     evidence = [r["evidence"] for r in rec]
     shared = enr[enr["n_spike_batches"] >= 2]
     if len(shared):
@@ -301,7 +314,6 @@ class RecurrenceRule(Rule):
         self.reset()
         loss_spikes = [f for f in found or [] if f.kind == "spike" and f.metric == run.loss_key]
         if loss_spikes:
-            self.section_ = recurrence_report(loss_spikes, run.plan, run.metrics, run.tags, metric=run.loss_key,
-                                              min_jaccard=self.min_jaccard, top=self.top,
-                                              holding=run.spike_batch_steps(loss_spikes))
+            self.section_ = recurrence_report(loss_spikes, run.plan_view, run.metrics, run.tags, metric=run.loss_key,
+                                              min_jaccard=self.min_jaccard, top=self.top)
         return []

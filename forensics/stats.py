@@ -61,9 +61,12 @@ def steps_since_seen(pair_step: np.ndarray, pair_label: np.ndarray, step_values:
 MAD_TO_SD = 1.4826
 
 
-def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
-    """The centred rolling median the detect rules share as a run's trend (NaN skipped; edges use what is there)."""
-    return pd.Series(values).rolling(int(window), center=True, min_periods=1).median().to_numpy()
+def rolling_median(values: np.ndarray, window: int, center: bool = True, min_periods: int = 1) -> np.ndarray:
+    """The rolling median the detect rules share as a run's trend (centred by default; NaN skipped; edges use what
+    is there): pandas' ``rolling(...).median()``, compiled (:mod:`forensics.rolling_median`)."""
+    from forensics.rolling_median import rolling_median as compiled_median  # numba only when a trend is made
+
+    return compiled_median(values, int(window), center=center, min_periods=min_periods)
 
 
 def detrend(values: np.ndarray, window: int = 101) -> np.ndarray:

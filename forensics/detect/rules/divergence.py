@@ -25,13 +25,13 @@ import shlex
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
 from forensics.detect.health import HEALTH, diff_noise, judged_section, lr_series, lr_words, resume_point, series
 from forensics.detect.params import fraction, positive
 from forensics.schema.steps import step_span
+from forensics.stats import rolling_median
 
 #: The fewest finite loss values the rule judges.
 MIN_VALUES = 20
@@ -47,7 +47,7 @@ def _within_diverged_level(f: Finding, loss_key: str | None, onset: int, level: 
 def smoothed(values: np.ndarray, share: float) -> np.ndarray:
     """The centred rolling median over ``share`` of the values (at least 5, odd)."""
     w = max(5, int(round(share * len(values))) | 1)
-    return pd.Series(values).rolling(w, center=True, min_periods=1).median().to_numpy()
+    return rolling_median(values, w)
 
 
 def find_divergence(steps: np.ndarray, values: np.ndarray, *, rise: float, z: float, hold: int,

@@ -79,7 +79,7 @@ def fold_share(values: np.ndarray, period: int) -> float:
     if period < 2 or n < 2 * period:
         return float("nan")
     centred = values - values.mean()
-    total = float(centred @ centred)
+    total = float(np.sum(centred * centred))  # numpy's pairwise sum: a threaded BLAS dot varies in its last bits
     if total <= 0:
         return float("nan")
     phase = np.arange(n) % period

@@ -25,13 +25,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
 from forensics.detect.health import HEALTH, diff_noise, judged_section, lr_series, lr_state, lr_words, series
 from forensics.detect.params import fraction, positive
 from forensics.schema.steps import step_span
+from forensics.stats import rolling_median
 
 #: What explains a late plateau at a fine learning rate: the loss may have reached what the data allows.
 FLOOR = "floor"
@@ -46,7 +46,7 @@ def find_plateau(steps: np.ndarray, values: np.ndarray, *, share: float, min_dro
     k = max(5, int(share * n))
     noise = diff_noise(values) / np.sqrt(k)  # the noise of a median of k values, about
     first, last = float(np.median(values[:k])), float(np.median(values[-k:]))
-    lowest = float(np.nanmin(pd.Series(values).rolling(k, min_periods=k).median().to_numpy()))
+    lowest = float(np.nanmin(rolling_median(values, k, center=False, min_periods=k)))
     if first - lowest <= max(min_drop * abs(first), z * noise):
         return {"problem": "not_learning", "start_index": 0, "level": last}
     t = max(int(tail_share * n), 2 * k)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
@@ -28,6 +27,7 @@ from forensics.detect.params import at_least, fraction
 from forensics.schema import metric_columns
 from forensics.schema.keys import EVAL_WORDS, THROUGHPUT, Role, choose_key, tokens
 from forensics.schema.steps import step_span
+from forensics.stats import rolling_median
 
 #: The fewest finite positive values the rule judges.
 MIN_VALUES = 20
@@ -68,7 +68,7 @@ def find_slowdown(values: np.ndarray, *, higher_is_faster: bool, min_share: floa
     if n < 2 * m:
         return None
     w = max(3, (n // 50) | 1)
-    x = np.log(pd.Series(v).rolling(w, center=True, min_periods=1).median().to_numpy())
+    x = np.log(rolling_median(v, w))
     c = np.concatenate([[0.0], np.cumsum(x)])
     i = np.arange(m, n - m + 1)
     left, right = c[i] / i, (c[n] - c[i]) / (n - i)

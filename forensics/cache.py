@@ -2,7 +2,7 @@
 demo and tags), kept between processes so that an audit run again on the same samples does not fit again.
 
 ``$FORENSICS_CACHE_DIR`` names the folder (default: platformdirs' user cache folder, else ``~/.cache/forensics``);
-``FORENSICS_NO_CACHE=1`` turns the fitted-cluster cache off (every fit is then done afresh; the dashboard's
+``FORENSICS_NO_CACHE=1`` turns the fitted-cluster and near-duplicate caches off (every fit is then done afresh; the dashboard's
 own demo and tag caches stay). Entries are keyed by the
 content of their inputs, never by paths, and written whole (a temporary file renamed), so two processes at once and a
 half-written file are both harmless; a folder that cannot be written only costs the time.
@@ -10,8 +10,14 @@ half-written file are both harmless; a folder that cannot be written only costs 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Environment variable naming the cache folder.
 CACHE_ENV = "FORENSICS_CACHE_DIR"
@@ -33,3 +39,37 @@ def cache_dir() -> Path:
 def cache_enabled() -> bool:
     """False when ``FORENSICS_NO_CACHE`` is 1, true or yes."""
     return os.environ.get(NO_CACHE_ENV, "").strip().lower() not in ("1", "true", "yes")
+
+
+def load_array(kind: str, key: str, n: int) -> np.ndarray | None:
+    """The array stored under ``kind``/``key`` when it holds ``n`` values, else None (absent, off or damaged)."""
+    if not cache_enabled():
+        return None
+    import numpy as np
+
+    try:
+        values = np.load(cache_dir() / kind / f"{key}.npy", allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    return values if isinstance(values, np.ndarray) and values.ndim == 1 and len(values) == n else None
+
+
+def store_array(kind: str, key: str, values: np.ndarray) -> None:
+    """Write an array whole (a temporary file renamed into place); a cache that cannot be written is skipped."""
+    if not cache_enabled():
+        return
+    import numpy as np
+
+    path = cache_dir() / kind / f"{key}.npy"
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=path.stem, suffix=".tmp.npy", dir=path.parent)  # one per writer
+        tmp = Path(name)
+        with open(fd, "wb") as fh:
+            np.save(fh, np.asarray(values), allow_pickle=False)
+        tmp.replace(path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)

@@ -82,6 +82,10 @@ def test_late_plateau_boundary(ratio, problem):
     ([1.0, 1.0, 1.0, 0.09, 0.2, 0.4], [("reset", 3)]),      # below reset_share 0.1, climbing again
     ([1.0, 1.0, 1.0, 0.11, 0.2, 0.4], []),
     ([1.0, 1.0, 1.0, 0.05, 0.05, 0.05], []),                 # a drop that stays: no fresh scheduler
+    ([1.0, 1.0], []),                                        # too short to have a step before the change
+    ([1.0, float("nan"), 1.0, 2.0, 2.0], []),                # a rate not logged is never a steady one
+    ([1.0, 1.0, 1.0, float("nan"), 1.6], []),
+    ([0.0, 0.0, 1.0, 1.0, 2.0], [("jump", 4)]),              # from zero: judged once the rate is steady
 ])
 def test_schedule_problem_boundaries(lr, found):
     got = schedule_problems(np.arange(len(lr)), np.array(lr), reset_share=0.1, jump=1.5)

@@ -21,12 +21,13 @@ them too). Tokens come from ``input_ids`` (or ``token_ids``), else from the word
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from forensics.cache import load_array, store_array
 from forensics.schema import CLUSTER, SAMPLE_ID, SOURCE, TEXT
 from forensics.stats import MAD_TO_SD
 
@@ -52,7 +53,13 @@ REPEAT_FLAG = 0.3
 #: A sample is flagged for foreign tokens when at least this share of them are (a few rare names are ordinary).
 FOREIGN_FLAG = 0.4
 N_HASHES, BAND_ROWS = 32, 2
+#: The MinHash family (multiply-add coefficients, odd): one for every call, so near-duplicate counts are one per
+#: dataset whatever seed a rule draws its references with.
+_HASH_FAMILY = (np.random.default_rng(0).integers(1, 1 << 62, size=(N_HASHES, 2), dtype=np.int64).astype(np.uint64)
+                | np.uint64(1))
 _WORD = re.compile(r"\S+")
+#: Bump when what a cached near-duplicate count stands for changes (:func:`_minhash`, :func:`_near_duplicates`).
+CACHE_VERSION = 1
 
 
 @dataclass
@@ -69,15 +76,61 @@ class ContentEvidence:
         return bool(self.reasons.get(int(sample_id)))
 
 
-def _tokens(samples: pd.DataFrame) -> list[np.ndarray]:
-    col = next((c for c in ("input_ids", "token_ids") if c in samples.columns), None)
-    if col is not None:
-        return [np.asarray(t, dtype=np.int64) if t is not None else np.empty(0, np.int64) for t in samples[col]]
-    if TEXT in samples.columns:
-        vocab: dict[str, int] = {}
-        return [np.array([vocab.setdefault(w, len(vocab)) for w in _WORD.findall(str(t or "").lower())], np.int64)
-                for t in samples[TEXT]]
-    return [np.empty(0, np.int64) for _ in range(len(samples))]
+class _Dataset:
+    """What content evidence reads of a whole samples table, kept for the table's lifetime in the process: four
+    rules ask for the content of their samples in one audit, and the near-duplicate counts of the dataset, the
+    tokens and each sample's repetition and entropy are the same every time. Tokens are made as rows are first
+    asked for, with one vocabulary over a text column (so a word is one token in every sample: the foreign-token
+    signal compares a sample's tokens with its reference's)."""
+
+    def __init__(self, samples: pd.DataFrame):
+        self.source, self.columns = samples, tuple(samples.columns)
+        self.smp = samples.drop_duplicates(SAMPLE_ID).reset_index(drop=True)
+        self.ids = self.smp[SAMPLE_ID].to_numpy(np.int64)
+        self.column = next((c for c in ("input_ids", "token_ids", TEXT) if c in self.smp.columns), None)
+        self.vocab: dict[str, int] = {}
+        self.tokens: dict[int, np.ndarray] = {}
+        self.signals: dict[int, tuple[float, float]] = {}
+        self.dups: dict[bytes, pd.Series] = {}
+
+    def holds(self, samples: pd.DataFrame) -> bool:
+        return self.source is samples and self.columns == tuple(samples.columns)
+
+    def tokens_of(self, rows: Iterable[int]) -> list[np.ndarray]:
+        rows = [int(r) for r in rows]
+        missing = [r for r in rows if r not in self.tokens]
+        if missing:
+            values = self.smp[self.column].to_numpy(object)[missing] if self.column else [None] * len(missing)
+            for r, v in zip(missing, values):
+                self.tokens[r] = self._tokenize(v)
+        return [self.tokens[r] for r in rows]
+
+    def _tokenize(self, value) -> np.ndarray:
+        if self.column is None or value is None:
+            return np.empty(0, np.int64)
+        if self.column != TEXT:
+            return np.asarray(value, dtype=np.int64)
+        vocab = self.vocab
+        return np.array([vocab.setdefault(w, len(vocab)) for w in _WORD.findall(str(value or "").lower())], np.int64)
+
+    def repeat_and_entropy(self, rows: Sequence[int], tokens: Sequence[np.ndarray]) -> np.ndarray:
+        out = np.empty((len(rows), 2))
+        for k, (r, t) in enumerate(zip(rows, tokens)):
+            got = self.signals.get(int(r))
+            if got is None:
+                got = self.signals[int(r)] = (_repeat_share(t), _entropy(t))
+            out[k] = got
+        return out
+
+
+#: The samples table content evidence last read (one at a time: an audit reads one dataset).
+_LAST: list[_Dataset] = []
+
+
+def _dataset(samples: pd.DataFrame) -> _Dataset:
+    if not (_LAST and _LAST[0].holds(samples)):
+        _LAST[:] = [_Dataset(samples)]
+    return _LAST[0]
 
 
 def _repeat_share(tokens: np.ndarray) -> float:
@@ -112,26 +165,46 @@ def _minhash(tokens: np.ndarray, coeffs: np.ndarray) -> np.ndarray | None:
 
 
 def _near_duplicates(signatures: list[np.ndarray | None]) -> np.ndarray:
-    """For each sample: how many others look like it (estimated 3-gram Jaccard >= ``DUP_JACCARD``)."""
-    buckets: dict[tuple, list[int]] = {}
-    for i, sig in enumerate(signatures):
-        if sig is None:
-            continue
-        for band in range(N_HASHES // BAND_ROWS):
-            key = (band, *sig[band * BAND_ROWS:(band + 1) * BAND_ROWS].tolist())
-            buckets.setdefault(key, []).append(i)
-    pairs: set[tuple[int, int]] = set()
-    for members in buckets.values():
-        if 1 < len(members) <= 200:  # a bucket holding hundreds is a common template, not a family
-            for x in range(len(members)):
-                for y in range(x + 1, len(members)):
-                    pairs.add((members[x], members[y]))
+    """For each sample: how many others look like it (estimated 3-gram Jaccard >= ``DUP_JACCARD``). Two samples are
+    compared when one band of ``BAND_ROWS`` hashes is equal in both (a band shared by more than 200 samples is a
+    common template, not a family); bands are grouped by sorting, not by a dictionary of keys."""
     counts = np.zeros(len(signatures), np.int64)
-    for i, j in pairs:
-        if float(np.mean(signatures[i] == signatures[j])) >= DUP_JACCARD:
-            counts[i] += 1
-            counts[j] += 1
+    at = np.array([i for i, sig in enumerate(signatures) if sig is not None], np.int64)
+    if len(at) < 2:
+        return counts
+    sigs = np.stack([signatures[i] for i in at])
+    found = []
+    for band in range(N_HASHES // BAND_ROWS):
+        cols = sigs[:, band * BAND_ROWS:(band + 1) * BAND_ROWS]
+        order = np.lexsort(cols.T[::-1])  # rows with an equal band side by side, in sample order within each
+        ordered = cols[order]
+        starts = np.flatnonzero(np.r_[True, (ordered[1:] != ordered[:-1]).any(axis=1)])
+        sizes = np.diff(np.r_[starts, len(order)])
+        for k in np.flatnonzero((sizes > 1) & (sizes <= 200)):
+            members = order[starts[k]:starts[k] + sizes[k]]
+            a, b = np.triu_indices(len(members), 1)
+            found.append(members[a] * len(at) + members[b])
+    if not found:
+        return counts
+    pairs = np.unique(np.concatenate(found))
+    i, j = pairs // len(at), pairs % len(at)
+    alike = np.mean(sigs[i] == sigs[j], axis=1) >= DUP_JACCARD
+    np.add.at(counts, at[i[alike]], 1)
+    np.add.at(counts, at[j[alike]], 1)
     return counts
+
+
+def _tokens_key(tokens: Sequence[np.ndarray]) -> str:
+    """The user-cache key of a pool's near-duplicate counts: every sample's tokens in order, and what decides the
+    counts (the hash family, the bands, the Jaccard threshold, :data:`CACHE_VERSION`)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=20)
+    h.update(repr((CACHE_VERSION, N_HASHES, BAND_ROWS, DUP_JACCARD, len(tokens))).encode())
+    h.update(_HASH_FAMILY.tobytes())
+    h.update(np.fromiter((len(t) for t in tokens), np.int64, count=len(tokens)).tobytes())
+    h.update(np.concatenate(list(tokens) or [np.empty(0, np.int64)]).astype(np.int64).tobytes())
+    return h.hexdigest()
 
 
 def _robust_z(values: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -155,21 +228,30 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
     if not ids or not len(samples) or not ({"input_ids", "token_ids", TEXT} & set(samples.columns)):
         return ContentEvidence(pd.DataFrame())  # nothing to read: no tokens, no text
     rng = np.random.default_rng(seed)
-    smp = samples.drop_duplicates(SAMPLE_ID).reset_index(drop=True)
-    pos = pd.Series(np.arange(len(smp)), index=smp[SAMPLE_ID].to_numpy(np.int64))
+    data = _dataset(samples)
+    smp, sample_ids = data.smp, data.ids
+    pos = pd.Series(np.arange(len(smp)), index=sample_ids)
     wanted = pos.reindex(ids).dropna().astype(np.int64).to_numpy()
     pool = np.arange(len(smp))
     if len(pool) > dataset_limit:
         pool = np.union1d(rng.choice(pool, dataset_limit, replace=False), wanted)
-    tokens_pool = _tokens(smp.iloc[pool])
-    coeffs = rng.integers(1, 1 << 62, size=(N_HASHES, 2), dtype=np.int64).astype(np.uint64) | np.uint64(1)
-    dups = _near_duplicates([_minhash(t, coeffs) for t in tokens_pool])
-    dup_of = pd.Series(dups, index=smp[SAMPLE_ID].to_numpy(np.int64)[pool])
+    rng.integers(1, 1 << 62, size=(N_HASHES, 2), dtype=np.int64)  # the draw the hash family once was: kept, so
+    # the reference draws below are what they were; the family is one for every seed, so every rule of an audit
+    # reads the same near-duplicate counts, from one pass over the dataset
+    key = pool.tobytes() if len(pool) < len(smp) else b"all"
+    if key not in data.dups:  # and across processes: the user cache, keyed by the pool's tokens
+        pool_tokens = data.tokens_of(pool)
+        stored = _tokens_key(pool_tokens)
+        dups = load_array("near-duplicates", stored, len(pool))
+        if dups is None:
+            dups = _near_duplicates([_minhash(t, _HASH_FAMILY) for t in pool_tokens])
+            store_array("near-duplicates", stored, dups)
+        data.dups[key] = pd.Series(dups, index=sample_ids[pool])
+    dup_of = data.dups[key]
     label = CLUSTER if CLUSTER in smp.columns else (SOURCE if SOURCE in smp.columns else None)
     groups = smp[label].to_numpy() if label else np.zeros(len(smp), np.int64)
     rows = []
     reasons: dict[int, list[str]] = {}
-    wanted_set = set(wanted.tolist())
     for g in pd.unique(groups[wanted]):
         members = np.flatnonzero(groups == g)
         against = label or "dataset"
@@ -177,26 +259,32 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
             members, against = np.arange(len(smp)), "dataset"
         ref_idx = rng.choice(members, min(REFERENCE, len(members)), replace=False)
         ref_idx = np.setdiff1d(ref_idx, wanted) if len(np.setdiff1d(ref_idx, wanted)) >= 5 else ref_idx
-        ref_tokens = _tokens(smp.iloc[ref_idx])
-        doc_freq: dict[int, int] = {}
-        for t in ref_tokens:
-            for tok in np.unique(t).tolist():
-                doc_freq[tok] = doc_freq.get(tok, 0) + 1
+        ref_tokens = data.tokens_of(ref_idx)
+        # a token's document frequency in the reference: sorted tokens and their counts, looked up by search
+        vocab, doc_freq = np.unique(np.concatenate([np.unique(t) for t in ref_tokens] or [np.empty(0, np.int64)]),
+                                    return_counts=True)
         floor = FOREIGN_SHARE * max(len(ref_tokens), 1)
 
-        def foreign(t: np.ndarray, doc_freq: dict[int, int] = doc_freq, floor: float = floor) -> float:
-            return float(np.mean([doc_freq.get(int(x), 0) < floor for x in t])) if len(t) else np.nan
+        def foreign(t: np.ndarray, vocab: np.ndarray = vocab, doc_freq: np.ndarray = doc_freq,
+                    floor: float = floor) -> float:
+            if not len(t):
+                return np.nan
+            at = np.minimum(np.searchsorted(vocab, t), max(len(vocab) - 1, 0))
+            known = np.where(vocab[at] == t, doc_freq[at], 0) if len(vocab) else np.zeros(len(t), np.int64)
+            return float(np.mean(known < floor))
 
-        ref = np.array([(_repeat_share(t), _entropy(t), foreign(t)) for t in ref_tokens], dtype=np.float64)
-        ref_dups = dup_of.reindex(smp[SAMPLE_ID].to_numpy(np.int64)[ref_idx]).fillna(0).to_numpy(np.float64)
+        ref = np.column_stack([data.repeat_and_entropy(ref_idx, ref_tokens),
+                               [foreign(t) for t in ref_tokens]]) if len(ref_tokens) else np.empty((0, 3))
+        ref_dups = dup_of.reindex(sample_ids[ref_idx]).fillna(0).to_numpy(np.float64)
         dup_med = float(np.median(ref_dups))
         dup_sd = max(float(np.median(np.abs(ref_dups - dup_med))) * MAD_TO_SD, 1.0)
-        mine = [i for i in wanted if i in wanted_set and groups[i] == g]
-        mine_tokens = _tokens(smp.iloc[mine])
-        vals = np.array([(_repeat_share(t), _entropy(t), foreign(t)) for t in mine_tokens], dtype=np.float64)
+        mine = wanted[groups[wanted] == g]
+        mine_tokens = data.tokens_of(mine)
+        vals = np.column_stack([data.repeat_and_entropy(mine, mine_tokens),
+                                [foreign(t) for t in mine_tokens]]) if len(mine) else np.empty((0, 3))
         z = np.column_stack([_robust_z(vals[:, k], ref[:, k]) for k in range(3)]) if len(vals) else vals
         for r, i in enumerate(mine):
-            sid = int(smp[SAMPLE_ID].iloc[i])
+            sid = int(sample_ids[i])
             n_dup = int(dup_of.get(sid, 0))
             why: list[str] = []
             score = 0.0

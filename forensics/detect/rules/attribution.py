@@ -88,7 +88,9 @@ def attribute(
     boundaries = list(boundaries) if boundaries is not None else list(DEFAULT_BOUNDARIES)
     out = [copy.deepcopy(f) for f in spikes]
     attach_tags([f for f in out if BUCKET not in f.tags], tags, boundaries)
-    smp = samples.drop_duplicates(SAMPLE_ID) if samples is not None else None
+    # the samples table itself when its ids are distinct: the content evidence reads a table once per audit
+    smp = (samples if samples is None or samples[SAMPLE_ID].is_unique
+           else samples.drop_duplicates(SAMPLE_ID))
     loss_key = _loss_key(metrics)
     if isinstance(plan, pd.DataFrame):
         plan = FramePlan(plan) if STEP in plan.columns and SAMPLE_ID in plan.columns else None

@@ -43,15 +43,22 @@ def schedule_problems(steps: np.ndarray, lr: np.ndarray, *, reset_share: float, 
                       steady: float = STEADY) -> list[dict[str, Any]]:
     """``reset`` and ``jump`` points of a logged schedule (module docstring), in step order: a change of one logged
     step where the step before it changed the rate by less than ``steady`` (a ratio within [steady, 1/steady])."""
+    lr = np.asarray(lr, dtype=np.float64)
+    n = len(lr)
+    if n < 3:
+        return []
+    before, prev, cur = lr[:-2], lr[1:-1], lr[2:]
+    ahead = lr[np.minimum(np.arange(2, n) + 5, n - 1)]
+    # a warm-up from near zero, or a change already under way (NaN included): no jump of its own
+    with np.errstate(invalid="ignore"):
+        judged = ~(before <= 0) & ~(prev <= 0) & (steady * before <= prev) & (prev <= before / steady)
+        reset = judged & (cur < reset_share * prev) & (ahead > cur)
+        jumped = judged & ~reset & (cur > jump * prev)
     out: list[dict[str, Any]] = []
-    for i in range(2, len(lr)):
-        before, prev, cur = float(lr[i - 2]), float(lr[i - 1]), float(lr[i])
-        if before <= 0 or prev <= 0 or not steady * before <= prev <= before / steady:
-            continue  # a warm-up from near zero, or a change already under way: no jump of its own
-        if cur < reset_share * prev and float(lr[min(i + 5, len(lr) - 1)]) > cur:
-            out.append({"problem": "reset", "step": int(steps[i]), "before": prev, "after": cur})
-        elif cur > jump * prev:
-            out.append({"problem": "jump", "step": int(steps[i]), "before": prev, "after": cur})
+    for k in np.flatnonzero(reset | jumped):
+        i = int(k) + 2
+        out.append({"problem": "reset" if reset[k] else "jump", "step": int(steps[i]), "before": float(lr[i - 1]),
+                    "after": float(lr[i])})
     return out
 
 

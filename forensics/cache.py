@@ -2,10 +2,10 @@
 demo and tags), kept between processes so that an audit run again on the same samples does not fit again.
 
 ``$FORENSICS_CACHE_DIR`` names the folder (default: platformdirs' user cache folder, else ``~/.cache/forensics``);
-``FORENSICS_NO_CACHE=1`` turns the fitted-cluster and near-duplicate caches off (every fit is then done afresh; the dashboard's
-own demo and tag caches stay). Entries are keyed by the
-content of their inputs, never by paths, and written whole (a temporary file renamed), so two processes at once and a
-half-written file are both harmless; a folder that cannot be written only costs the time.
+``FORENSICS_NO_CACHE=1`` turns the fitted-cluster and near-duplicate caches off (every fit is then done afresh; the
+dashboard's own demo and tag caches stay). Entries are keyed by the content of their inputs, never by paths, and
+written whole (a temporary file renamed), so two processes at once and a half-written file are both harmless; a
+folder that cannot be written only costs the time.
 """
 
 from __future__ import annotations

@@ -194,6 +194,26 @@ def _near_duplicates(signatures: list[np.ndarray | None]) -> np.ndarray:
     return counts
 
 
+def _foreign_shares(tokens: Sequence[np.ndarray], vocab: np.ndarray, doc_freq: np.ndarray, floor: float) -> np.ndarray:
+    """Each sample's share of tokens its reference's samples use in fewer than ``floor`` of them (``vocab``: the
+    reference's sorted tokens, ``doc_freq`` their document counts); NaN for a sample without tokens. One search over
+    every sample's tokens at once."""
+    lengths = np.fromiter((len(t) for t in tokens), np.int64, count=len(tokens))
+    out = np.full(len(tokens), np.nan)
+    filled = lengths > 0
+    if not filled.any():
+        return out
+    flat = np.concatenate([t for t in tokens if len(t)]).astype(np.int64)
+    if len(vocab):
+        at = np.minimum(np.searchsorted(vocab, flat), len(vocab) - 1)
+        known = np.where(vocab[at] == flat, doc_freq[at], 0)
+    else:
+        known = np.zeros(len(flat), np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths[filled])[:-1]])
+    out[filled] = np.add.reduceat((known < floor).astype(np.int64), starts) / lengths[filled]
+    return out
+
+
 def _tokens_key(tokens: Sequence[np.ndarray]) -> str:
     """The user-cache key of a pool's near-duplicate counts: every sample's tokens in order, and what decides the
     counts (the hash family, the bands, the Jaccard threshold, :data:`CACHE_VERSION`)."""
@@ -265,23 +285,15 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
                                     return_counts=True)
         floor = FOREIGN_SHARE * max(len(ref_tokens), 1)
 
-        def foreign(t: np.ndarray, vocab: np.ndarray = vocab, doc_freq: np.ndarray = doc_freq,
-                    floor: float = floor) -> float:
-            if not len(t):
-                return np.nan
-            at = np.minimum(np.searchsorted(vocab, t), max(len(vocab) - 1, 0))
-            known = np.where(vocab[at] == t, doc_freq[at], 0) if len(vocab) else np.zeros(len(t), np.int64)
-            return float(np.mean(known < floor))
-
         ref = np.column_stack([data.repeat_and_entropy(ref_idx, ref_tokens),
-                               [foreign(t) for t in ref_tokens]]) if len(ref_tokens) else np.empty((0, 3))
+                               _foreign_shares(ref_tokens, vocab, doc_freq, floor)])
         ref_dups = dup_of.reindex(sample_ids[ref_idx]).fillna(0).to_numpy(np.float64)
         dup_med = float(np.median(ref_dups))
         dup_sd = max(float(np.median(np.abs(ref_dups - dup_med))) * MAD_TO_SD, 1.0)
         mine = wanted[groups[wanted] == g]
         mine_tokens = data.tokens_of(mine)
         vals = np.column_stack([data.repeat_and_entropy(mine, mine_tokens),
-                                [foreign(t) for t in mine_tokens]]) if len(mine) else np.empty((0, 3))
+                                _foreign_shares(mine_tokens, vocab, doc_freq, floor)])
         z = np.column_stack([_robust_z(vals[:, k], ref[:, k]) for k in range(3)]) if len(vals) else vals
         for r, i in enumerate(mine):
             sid = int(sample_ids[i])

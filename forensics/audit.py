@@ -53,11 +53,18 @@ class Audit:
     batch_rows: pd.DataFrame | None = None
 
     @property
+    def plan_on_engine(self) -> bool:
+        """The plan was read through an engine where it lies (``plan`` is None, ``batch_rows`` holds the spikes'
+        batches): what needs the plan in memory loads it (:func:`load_step_plan`)."""
+        return self.plan is None and self.batch_rows is not None
+
+    @property
     def plan_steps(self) -> set[int] | None:
-        """The steps the plan holds (from the tags when the plan was read through an engine); None without one."""
+        """The steps the plan holds (from the tags, one row a step, when it was read through an engine); None
+        without a plan."""
         if self.plan is not None:
             return set(int(s) for s in self.plan[STEP].unique())
-        if self.batch_rows is not None and self.tags is not None:
+        if self.plan_on_engine and self.tags is not None:
             return set(int(s) for s in self.tags[STEP].unique())
         return None
 

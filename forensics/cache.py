@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,19 +56,25 @@ def load_array(kind: str, key: str, n: int) -> np.ndarray | None:
 
 
 def store_array(kind: str, key: str, values: np.ndarray) -> None:
-    """Write an array whole (a temporary file renamed into place); a cache that cannot be written is skipped."""
-    if not cache_enabled():
-        return
+    """Write an array under ``kind``/``key`` (:func:`write_whole`)."""
     import numpy as np
 
-    path = cache_dir() / kind / f"{key}.npy"
+    write_whole(cache_dir() / kind / f"{key}.npy", lambda fh: np.save(fh, np.asarray(values), allow_pickle=False))
+
+
+def write_whole(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """An entry written whole: ``write`` fills a temporary file beside ``path``, renamed into place (two writers at
+    once and a half-written file are harmless); nothing when the cache is off, and a folder that cannot be written
+    only costs the time."""
+    if not cache_enabled():
+        return
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=path.stem, suffix=".tmp.npy", dir=path.parent)  # one per writer
+        fd, name = tempfile.mkstemp(prefix=path.stem, suffix=".tmp" + path.suffix, dir=path.parent)  # one per writer
         tmp = Path(name)
         with open(fd, "wb") as fh:
-            np.save(fh, np.asarray(values), allow_pickle=False)
+            write(fh)
         tmp.replace(path)
     except OSError:
         if tmp is not None:

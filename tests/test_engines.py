@@ -340,8 +340,8 @@ def test_an_engine_audit_of_a_plan_without_steps_loads_it_whole_and_says_so(plan
 @pytest.mark.parametrize(("engine", "layout"), TABLE)
 def test_the_rules_view_of_a_plan_reads_the_same_through_every_engine(seeded: dict, engine: str, layout: str,
                                                                       make_engine) -> None:
-    """What the rules read of a plan (forensics.detect.plan_view): flagged steps' rows, every step holding given
-    samples, the tested family and the logged rows a chunk at a time; through an engine as from the table in memory,
+    """What the rules read of a plan (forensics.detect.plan_view): flagged steps' rows, where given samples were
+    trained, the tested family and the logged rows a chunk at a time; through an engine as from the table in memory,
     row for row and in the plan's order."""
     from forensics.detect.plan_view import EnginePlan, FramePlan
 
@@ -438,3 +438,24 @@ def test_an_engine_audit_rejects_the_bad_rows_pandas_rejects(plan_ahead: Path, t
                              capture_output=True, text=True)
         assert res.returncode == 2, (engine, res.stderr)
         assert "column 'step' must be >= 0" in res.stderr and "Traceback" not in res.stderr, engine
+
+
+def test_each_question_is_put_to_the_engine_once(seeded: dict, make_engine) -> None:
+    """Recurrence, attribution and the enrichment ask the view the same lookups: each reaches the engine once,
+    and the answer given again is the same."""
+    from forensics.detect.plan_view import EnginePlan
+
+    eng = make_engine("duckdb")
+    asked: list[str] = []
+    for name in ("rows_at_steps", "steps_holding"):
+        real = getattr(eng, name)
+        setattr(eng, name, lambda *a, _real=real, _name=name: asked.append(_name) or _real(*a))
+    try:
+        view = EnginePlan(eng, seeded["root"] / "flat", 100, seeded["samples"]["sample_id"].to_numpy())
+        first = view.rows_at([5, 3]), view.rows_holding([7, 11]), view.tested(range(50))
+        again = view.rows_at([3, 5, 5]), view.rows_holding([11, 7]), view.tested(range(50))
+        assert asked == ["rows_at_steps", "steps_holding"]
+        assert first[0] is again[0] and first[1] is again[1] and first[2] == again[2]
+        assert view.rows_at([6]) is not first[0] and asked[-1] == "rows_at_steps"
+    finally:
+        eng.close()

@@ -148,7 +148,7 @@ def load_run(source: str, name: str, *, sets: Sequence[str] = (),
 
         audit = run_audit(case, stage=stage)
         findings, metrics, plan, samples = audit.findings, audit.metrics, audit.plan, audit.samples
-        if plan is None and audit.batch_rows is not None:  # audited through an engine: compare reads it whole
+        if audit.plan_on_engine:  # audited through an engine: compare reads it whole
             from forensics.audit import load_step_plan
 
             plan = load_step_plan(case, samples)

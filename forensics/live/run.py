@@ -137,7 +137,7 @@ class LiveRun:
             self.findings_source = "computed at start"
             self.tags, self.plan, self.samples, self.boundaries = audit.tags, audit.plan, audit.samples, \
                 audit.boundaries
-            if audit.plan is None and audit.batch_rows is not None:  # audited through an engine: the live loop
+            if audit.plan_on_engine:  # audited through an engine: the live loop
                 from forensics.audit import load_step_plan  # holds the plan it extends as parts arrive
 
                 self.plan = load_step_plan(self.inputs.case, audit.samples)

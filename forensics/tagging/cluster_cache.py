@@ -11,10 +11,8 @@ damaged one is fitted again and replaced. ``FORENSICS_NO_CACHE=1`` turns it off 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import tempfile
 import zipfile
 import zlib
 from importlib import metadata
@@ -22,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from forensics.cache import cache_dir, cache_enabled
+from forensics.cache import cache_dir, cache_enabled, write_whole
 
 #: Bump when what a key stands for changes (the recipe in clusters.py, the stored fields).
 VERSION = 1
@@ -75,19 +73,5 @@ def load_clusters(key: str, n: int) -> tuple[np.ndarray, dict] | None:
 
 
 def store_clusters(key: str, codes: np.ndarray, info: dict) -> None:
-    """Write an entry whole (a temporary file renamed into place); a cache that cannot be written is skipped."""
-    if not cache_enabled():
-        return
-    path = _path(key)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=path.stem, suffix=".tmp.npz", dir=path.parent)  # one per writer
-        tmp = Path(name)
-        with open(fd, "wb") as fh:
-            np.savez(fh, codes=np.asarray(codes, np.int64), info=np.array(json.dumps(info)))
-        tmp.replace(path)
-    except OSError:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+    """Write an entry whole (:func:`forensics.cache.write_whole`)."""
+    write_whole(_path(key), lambda fh: np.savez(fh, codes=np.asarray(codes, np.int64), info=np.array(json.dumps(info))))

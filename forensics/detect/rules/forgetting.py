@@ -153,7 +153,7 @@ def _combined(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
     step, code, sums = (np.concatenate(x) for x in zip(*parts))
-    return _pair_sums(step, code, sums, n_codes) if len(parts) > 1 else (step, code, sums)
+    return _pair_sums(step, code, sums, n_codes)
 
 
 def _names(smp: pd.DataFrame, column: str, labels: np.ndarray) -> list[str]:

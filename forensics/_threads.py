@@ -3,7 +3,8 @@
 OpenMP, OpenBLAS/MKL and numba each size a pool to the whole machine, and on a small or shared machine they then
 fight for the same cores (measured on 2 cores: a 3 s audit took 16-30 s). The cores a process may use are its CPU
 affinity, capped by a cgroup CPU quota (containers, CI runners), less the cores other processes are running on
-when it starts (a loaded machine: :func:`free_cores`). A value the user set wins; idle OpenMP and OpenBLAS threads
+when it starts (a loaded machine: :func:`free_cores`); BLAS keeps one thread, so the findings do not depend on
+the load (:data:`BLAS_POOLS`). A value the user set wins; idle OpenMP and OpenBLAS threads
 sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``, ``OPENBLAS_THREAD_TIMEOUT``), so a busy neighbour is not
 slowed by ours.
 """
@@ -15,6 +16,11 @@ import os
 
 POOLS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
          "NUMEXPR_NUM_THREADS")
+#: The BLAS pools, one thread unless the user says otherwise: a threaded BLAS splits a product's sum by its thread
+#: count, so the pool size, which follows the load, changed the findings' last digits (the full demo's harmful-sample
+#: scores differed between 1 and 2 threads, 1 run in 5). Nothing the audit multiplies is large enough to gain from a
+#: second thread: its first audit of the full demo, clusters fitted, 8.1-8.8 s with one, 8.0-8.2 s with two.
+BLAS_POOLS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
 def usable_cores() -> int:
@@ -77,11 +83,12 @@ SIZED_TO: int | None = None
 
 
 def size_thread_pools() -> int:
-    """Set each pool's size to the :func:`free_cores` of :func:`usable_cores` where the user has not; return it."""
+    """Set each pool's size to the :func:`free_cores` of :func:`usable_cores` where the user has not (the BLAS pools
+    to one: :data:`BLAS_POOLS`); return that size."""
     global SIZED_TO
     n = SIZED_TO = free_cores(usable_cores())
     for var in POOLS:
-        os.environ.setdefault(var, str(n))
+        os.environ.setdefault(var, "1" if var in BLAS_POOLS else str(n))
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("KMP_BLOCKTIME", "0")
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_SPIN)

@@ -47,6 +47,62 @@ def test_near_duplicate_counts_are_their_definition(seed: int) -> None:
     np.testing.assert_array_equal(content._near_duplicates(signatures), want)
 
 
+def _repeat_share_of_one(tokens: np.ndarray) -> float:
+    """One sample's repetition by its definition: 1 - distinct 3-grams / 3-grams (NaN below 4 tokens)."""
+    if len(tokens) < 4:
+        return np.nan
+    t = tokens.astype(np.int64)
+    with np.errstate(over="ignore"):
+        grams = (t[:-2] * 1_000_003 + t[1:-1]) * 1_000_003 + t[2:]
+    return 1.0 - len(np.unique(grams)) / len(grams)
+
+
+def _entropy_of_one(tokens: np.ndarray) -> float:
+    """One sample's token entropy in bits, with numpy's own functions (NaN without tokens)."""
+    if not len(tokens):
+        return np.nan
+    counts = np.unique(tokens, return_counts=True)[1]
+    p = counts / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+def _token_lists(seed: int) -> list[np.ndarray]:
+    """Short and long samples, empty ones, 1-3 tokens, one repeated token, ids near 2**62 and negative ids (a range
+    too wide to add to the sample's index: the dense-rank path), and 3-gram values that wrap."""
+    rng = np.random.default_rng(seed)
+    out: list[np.ndarray] = []
+    for _ in range(int(rng.integers(50, 300))):
+        kind = int(rng.integers(0, 6))
+        n = int(rng.integers(0, 400 if kind == 0 else 50))
+        if kind == 1:
+            out.append(np.full(n, int(rng.integers(0, 9)), np.int64))
+        elif kind == 2:
+            out.append(rng.integers(-(1 << 62), 1 << 62, size=n, dtype=np.int64))
+        elif kind == 3:
+            out.append(rng.integers(0, 4, size=int(rng.integers(0, 5))))
+        else:
+            out.append(rng.integers(0, 50_000 if kind == 0 else 30, size=n))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_repetition_and_entropy_are_each_samples_own_bit_for_bit(seed: int) -> None:
+    tokens = _token_lists(seed)
+    want = np.array([(_repeat_share_of_one(t), _entropy_of_one(t)) for t in tokens])
+    got = content.repeat_and_entropy(tokens)
+    assert np.isnan(want).any() and np.isfinite(want).any()
+    np.testing.assert_array_equal(got, want)  # equal NaNs, and every finite value to the last bit
+
+
+def test_repetition_and_entropy_edges() -> None:
+    """No samples, samples without tokens, and values known by hand."""
+    assert content.repeat_and_entropy([]).shape == (0, 2)
+    assert np.isnan(content.repeat_and_entropy([np.empty(0, np.int64)] * 2)).all()
+    got = content.repeat_and_entropy([np.array([7, 7, 7, 7, 7, 7]), np.array([1, 2, 3, 4]), np.array([5, 6])])
+    np.testing.assert_array_equal(got[:, 0], [0.75, 0.0, np.nan])  # 4 equal 3-grams: 1 distinct of 4
+    np.testing.assert_array_equal(got[:, 1], [0.0, 2.0, 1.0])
+
+
 def _samples(n: int = 600, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     ids = [rng.integers(0, 400, size=int(rng.integers(20, 60))).tolist() for _ in range(n)]

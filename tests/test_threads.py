@@ -47,7 +47,17 @@ def test_pools_follow_the_cpu_affinity_not_the_machine():
 def test_the_users_own_setting_wins():
     got = _probe(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     assert got["env"]["OMP_NUM_THREADS"] == "1" and got["numba"] == 1
-    assert got["env"]["MKL_NUM_THREADS"] == str(got["sized"])  # the ones not set are still sized
+    assert got["env"]["NUMEXPR_NUM_THREADS"] == str(got["sized"])  # the ones not set are still sized
+    assert got["env"]["MKL_NUM_THREADS"] == "1"  # and BLAS to one thread
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs CPU affinity and two cores")
+def test_blas_keeps_one_thread_whatever_the_cores_so_findings_do_not_follow_the_load():
+    got = _probe(cores=2)
+    assert got["env"]["OPENBLAS_NUM_THREADS"] == got["env"]["MKL_NUM_THREADS"] == "1"
+    assert got["pools"]["openblas"] == 1, got["pools"]  # numpy's and scipy's OpenBLAS, as loaded
+    assert got["env"]["OMP_NUM_THREADS"] == str(got["sized"])  # OpenMP still gets the free cores
     assert 1 <= got["sized"] <= usable_cores()
 
 

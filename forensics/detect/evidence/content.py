@@ -90,7 +90,8 @@ class _Dataset:
         self.column = next((c for c in ("input_ids", "token_ids", TEXT) if c in self.smp.columns), None)
         self.vocab: dict[str, int] = {}
         self.tokens: dict[int, np.ndarray] = {}
-        self.signals: dict[int, tuple[float, float]] = {}
+        self.signals = np.full((len(self.smp), 2), np.nan)  # repetition and entropy per row, once measured
+        self.measured = np.zeros(len(self.smp), bool)
         self.dups: dict[bytes, pd.Series] = {}
 
     def holds(self, samples: pd.DataFrame) -> bool:
@@ -114,13 +115,15 @@ class _Dataset:
         return np.array([vocab.setdefault(w, len(vocab)) for w in _WORD.findall(str(value or "").lower())], np.int64)
 
     def repeat_and_entropy(self, rows: Sequence[int], tokens: Sequence[np.ndarray]) -> np.ndarray:
-        out = np.empty((len(rows), 2))
-        for k, (r, t) in enumerate(zip(rows, tokens)):
-            got = self.signals.get(int(r))
-            if got is None:
-                got = self.signals[int(r)] = (_repeat_share(t), _entropy(t))
-            out[k] = got
-        return out
+        """Each row's repetition and entropy (:func:`repeat_and_entropy`), measured once per row."""
+        rows = np.asarray(rows, np.int64)
+        todo = np.flatnonzero(~self.measured[rows])
+        if len(todo):
+            first = np.unique(rows[todo], return_index=True)[1]  # a row asked twice is measured once
+            at = todo[first]
+            self.signals[rows[at]] = repeat_and_entropy([tokens[k] for k in at])
+            self.measured[rows[at]] = True
+        return self.signals[rows]
 
 
 #: The samples table content evidence last read (one at a time: an audit reads one dataset).
@@ -133,25 +136,56 @@ def _dataset(samples: pd.DataFrame) -> _Dataset:
     return _LAST[0]
 
 
-def _repeat_share(tokens: np.ndarray) -> float:
-    """The share of a sample's token 3-grams that repeat an earlier one (0 for ordinary text; a loop of one phrase
-    approaches 1). Steadier than a compressor's ratio on short samples, whose header weighs."""
-    if len(tokens) < 4:
-        return np.nan
-    t = tokens.astype(np.int64)
-    grams = np.sort((t[:-2] * 1_000_003 + t[1:-1]) * 1_000_003 + t[2:])
-    return 1.0 - (1 + int(np.count_nonzero(grams[1:] != grams[:-1]))) / len(grams)
+def repeat_and_entropy(tokens: Sequence[np.ndarray]) -> np.ndarray:
+    """Per sample, two columns: the share of its token 3-grams that repeat an earlier one (0 for ordinary text; a loop
+    of one phrase approaches 1; NaN below 4 tokens; steadier than a compressor's ratio on short samples, whose header
+    weighs) and the entropy in bits of its token distribution (NaN without tokens).
+
+    Measured for all samples at once, on their tokens laid end to end: one sort orders every sample's tokens (and one
+    its 3-grams) within the sample, and the runs of equal values are the counts. A sample's entropy terms are summed
+    as ``numpy.sum`` sums one sample's (pairwise, for each length of its own), so the values are what a loop over
+    samples gives, bit for bit, at a fiftieth of its cost on short samples."""
+    n = len(tokens)
+    out = np.full((n, 2), np.nan)
+    lengths = np.fromiter((len(t) for t in tokens), np.int64, count=n)
+    if not lengths.any():
+        return out
+    flat = np.concatenate([np.asarray(t).astype(np.int64, copy=False) for t in tokens])
+    sample = np.repeat(np.arange(n), lengths)
+    # entropy: the counts of each sample's distinct tokens, in token order
+    runs = np.flatnonzero(np.r_[True, _ordered_change(sample, flat)])
+    counts = np.diff(np.r_[runs, len(flat)])
+    of = sample[runs]
+    p = counts / lengths[of]
+    terms = p * np.log2(p)
+    n_distinct = np.bincount(of, minlength=n)
+    first = np.r_[0, np.cumsum(n_distinct)[:-1]]
+    for m in np.unique(n_distinct[n_distinct > 0]):  # numpy.sum's pairwise order depends on the length summed
+        which = np.flatnonzero(n_distinct == m)
+        out[which, 1] = -terms[first[which][:, None] + np.arange(m)].sum(axis=1)
+    # repetition: the distinct 3-grams of each sample of 4 tokens or more
+    with np.errstate(over="ignore"):
+        grams = (flat[:-2] * 1_000_003 + flat[1:-1]) * 1_000_003 + flat[2:]
+    inside = sample[:-2] == sample[2:]
+    grams, gram_of = grams[inside], sample[:-2][inside]
+    if len(grams):
+        distinct = np.bincount(gram_of[np.r_[True, _ordered_change(gram_of, grams)]], minlength=n)
+        long = np.flatnonzero(lengths >= 4)
+        out[long, 0] = 1.0 - distinct[long] / (lengths[long] - 2)
+    return out
 
 
-def _entropy(tokens: np.ndarray) -> float:
-    if not len(tokens):
-        return np.nan
-    # the counts np.unique gives, in its order (sorted tokens), without its overhead (called once per sample)
-    t = np.sort(tokens)
-    ends = np.concatenate([np.flatnonzero(t[1:] != t[:-1]), [len(t) - 1]])
-    counts = np.diff(ends, prepend=-1)
-    p = counts / counts.sum()
-    return float(-(p * np.log2(p)).sum())
+def _ordered_change(group: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values`` sorted within each ``group`` (ascending, contiguous), returned as: position i+1 differs from i
+    (a new group or a new value). One sort of ``group * span + rank``, the values' dense ranks when their range is
+    too wide to add."""
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo >= (1 << 62) // (int(group[-1]) + 1):
+        values = np.unique(values, return_inverse=True)[1].reshape(-1)
+        lo, hi = 0, int(values.max())
+    key = group * (hi - lo + 1) + (values - lo)
+    key.sort()
+    return key[1:] != key[:-1]
 
 
 def _minhash(tokens: np.ndarray, coeffs: np.ndarray) -> np.ndarray | None:
@@ -273,7 +307,7 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
     dup_of = data.dups[key]
     label = CLUSTER if CLUSTER in smp.columns else (SOURCE if SOURCE in smp.columns else None)
     groups = smp[label].to_numpy() if label else np.zeros(len(smp), np.int64)
-    rows = []
+    parts: list[pd.DataFrame] = []
     reasons: dict[int, list[str]] = {}
     for g in pd.unique(groups[wanted]):
         members = np.flatnonzero(groups == g)
@@ -297,34 +331,35 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
         mine_tokens = data.tokens_of(mine)
         vals = np.column_stack([data.repeat_and_entropy(mine, mine_tokens),
                                 _foreign_shares(mine_tokens, vocab, doc_freq, floor)])
-        z = np.column_stack([_robust_z(vals[:, k], ref[:, k]) for k in range(3)]) if len(vals) else vals
-        for r, i in enumerate(mine):
-            sid = int(sample_ids[i])
-            n_dup = int(dup_of.get(sid, 0))
+        z = np.column_stack([_robust_z(vals[:, k], ref[:, k]) for k in range(3)]) if len(vals) else vals.reshape(-1, 3)
+        sids = sample_ids[mine]
+        n_dup = dup_of.reindex(sids).fillna(0).to_numpy(np.int64)
+        zd = (n_dup - dup_med) / dup_sd
+        zc, ze, zf = z[:, 0], z[:, 1], z[:, 2]
+        by_dup = (n_dup >= NEAR_DUPS) & (zd >= FLAG_Z)  # templates make families too: judged against its cluster's
+        by_repeat = (zc >= FLAG_Z) & (vals[:, 0] >= REPEAT_FLAG)
+        by_entropy = np.abs(ze) >= FLAG_Z
+        by_foreign = (zf >= FLAG_Z) & (vals[:, 2] >= FOREIGN_FLAG)
+        score = np.zeros(len(mine))  # the capped excesses added in this order, as one sample's sum is
+        score += np.where(by_dup, np.minimum(zd, CAP_Z) / FLAG_Z, 0.0)
+        for zz, flagging in ((zc, by_repeat), (ze, by_entropy), (zf, by_foreign)):
+            score += np.where(flagging, np.minimum(np.abs(zz), CAP_Z) / FLAG_Z, 0.0)
+        for r in np.flatnonzero(by_dup | by_repeat | by_entropy | by_foreign):
             why: list[str] = []
-            score = 0.0
-            zd = (n_dup - dup_med) / dup_sd
-            if n_dup >= NEAR_DUPS and zd >= FLAG_Z:  # templates make families too: judged against its cluster's
-                why.append(f"near-duplicate of {n_dup} other samples of the dataset")
-                score += min(zd, CAP_Z) / FLAG_Z
-            zc, ze, zf = (float(x) for x in z[r])
-            if zc >= FLAG_Z and vals[r, 0] >= REPEAT_FLAG:
-                why.append(f"repetitive: {100 * vals[r, 0]:.0f}% of its 3-grams repeat an earlier one ({zc:.0f} robust "
-                           f"SDs above its {against})")
-            if ze <= -FLAG_Z:
-                why.append(f"few distinct tokens (entropy {abs(ze):.0f} robust SDs below its {against})")
-            elif ze >= FLAG_Z:
-                why.append(f"unusually varied tokens (entropy {ze:.0f} robust SDs above its {against})")
-            if zf >= FLAG_Z and vals[r, 2] >= FOREIGN_FLAG:
+            if by_dup[r]:
+                why.append(f"near-duplicate of {n_dup[r]} other samples of the dataset")
+            if by_repeat[r]:
+                why.append(f"repetitive: {100 * vals[r, 0]:.0f}% of its 3-grams repeat an earlier one ({zc[r]:.0f} "
+                           f"robust SDs above its {against})")
+            if ze[r] <= -FLAG_Z:
+                why.append(f"few distinct tokens (entropy {abs(ze[r]):.0f} robust SDs below its {against})")
+            elif ze[r] >= FLAG_Z:
+                why.append(f"unusually varied tokens (entropy {ze[r]:.0f} robust SDs above its {against})")
+            if by_foreign[r]:
                 why.append(f"{100 * vals[r, 2]:.0f}% of its tokens are foreign to its {against}")
-            for zz, flagging in ((zc, zc >= FLAG_Z and vals[r, 0] >= REPEAT_FLAG), (ze, abs(ze) >= FLAG_Z),
-                                 (zf, zf >= FLAG_Z and vals[r, 2] >= FOREIGN_FLAG)):
-                if flagging:
-                    score += min(abs(zz), CAP_Z) / FLAG_Z
-            rows.append({SAMPLE_ID: sid, "near_duplicates": n_dup, "repeat_share": vals[r, 0],
-                         "entropy": vals[r, 1], "foreign_share": vals[r, 2], "z_repeat": zc, "z_entropy": ze,
-                         "z_foreign": zf, "content_score": score})
-            if why:
-                reasons[sid] = why
-    table = pd.DataFrame(rows).set_index(SAMPLE_ID) if rows else pd.DataFrame()
+            reasons[int(sids[r])] = why
+        parts.append(pd.DataFrame({SAMPLE_ID: sids, "near_duplicates": n_dup, "repeat_share": vals[:, 0],
+                                   "entropy": vals[:, 1], "foreign_share": vals[:, 2], "z_repeat": zc,
+                                   "z_entropy": ze, "z_foreign": zf, "content_score": score}))
+    table = pd.concat(parts, ignore_index=True).set_index(SAMPLE_ID) if parts else pd.DataFrame()
     return ContentEvidence(table, reasons)

@@ -173,43 +173,68 @@ def _one_appearance_carries(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndar
                             floor: float = ONCE_FLOOR) -> np.ndarray:
     """Samples whose evidence one appearance carries: with its largest contribution left out, its score is below
     ``floor`` (or it appeared once). A harmful sample raises the loss each time it comes back; a clean one that sat
-    in one step of an excursion with no data cause (a grad-norm-led event decaying over many steps) does not."""
+    in one step of an excursion with no data cause (a grad-norm-led event decaying over many steps) does not.
+
+    The candidates are taken together, those with the same number of appearances as the rows of one array, and
+    each row summed as numpy sums one sample's values alone (the same order, so the same bits as a loop)."""
     wc = _views(w)[1]
     out = np.zeros(w.shape[1], bool)
-    for j in np.flatnonzero(candidates):
-        rows = wc.indices[wc.indptr[j]:wc.indptr[j + 1]]
-        vals = wc.data[wc.indptr[j]:wc.indptr[j + 1]]
-        if len(rows) < 2:
-            out[j] = True
-            continue
-        terms = vals * r[rows]
-        k = int(np.argmax(terms))
-        rest = np.delete(np.arange(len(rows)), k)
-        norm = float(np.sqrt(np.sum(vals[rest] ** 2)))
-        out[j] = norm <= 0 or float(terms[rest].sum()) / norm < floor
+    cand = np.flatnonzero(candidates)
+    seen = np.diff(wc.indptr)[cand]
+    out[cand[seen < 2]] = True
+    for m in np.unique(seen[seen >= 2]):
+        js = cand[seen == m]
+        at = wc.indptr[js][:, None] + np.arange(m)
+        vals = wc.data[at]
+        terms = vals * r[wc.indices[at]]
+        rest = np.ones(at.shape, bool)
+        rest[np.arange(len(js)), np.argmax(terms, axis=1)] = False  # its largest contribution, left out
+        norm = np.sqrt((vals[rest].reshape(len(js), m - 1) ** 2).sum(axis=1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[js] = (norm <= 0) | (terms[rest].reshape(len(js), m - 1).sum(axis=1) / norm < floor)
     return out
+
+
+#: The most (candidate, batch-mate) pairs :func:`_shared_by_batch` holds at once.
+MATES_AT_ONCE = 4_000_000
 
 
 def _shared_by_batch(w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, candidates: np.ndarray,
                      share: float = 0.5) -> np.ndarray:
     """Samples whose excess their batch-mates share: the median score of the other samples of its steps (each on
     the run's residuals alone) reaches half its own. Such an excess is the batch's, a tag effect (long QA batches
-    that are harder), not the sample's; a corrupted sample's random batch-mates score near 0."""
+    that are harder), not the sample's; a corrupted sample's random batch-mates score near 0.
+
+    A candidate's batch-mates are one row of a sparse product (its steps' samples), the medians one sort of every
+    row's scores; candidates go in groups of at most :data:`MATES_AT_ONCE` pairs (a plan of large batches)."""
     a = (w > 0).astype(np.float64).tocsr()
     counts = np.asarray(a.sum(axis=0)).ravel()
     marginal = (a.T @ r) / np.sqrt(np.maximum(counts, 1.0))
     out = np.zeros(len(z), bool)
-    candidates = np.flatnonzero(candidates & (z > 2.0))
-    if not len(candidates):
+    cand = np.flatnonzero(candidates & (z > 2.0))
+    if not len(cand):
         return out
     ac = a.tocsc()
-    for j in candidates:
-        rows = ac.indices[ac.indptr[j]:ac.indptr[j + 1]]
-        # the samples of its steps, read off the CSR arrays (a row slice through scipy costs 0.1 ms a candidate)
-        mates = np.setdiff1d(np.concatenate([a.indices[a.indptr[i]:a.indptr[i + 1]] for i in rows]
-                                            or [np.empty(0, a.indices.dtype)]), [j])
-        if len(mates) and float(np.median(marginal[mates])) >= share * float(marginal[j]):
-            out[j] = True
+    bound = (ac.T @ np.diff(a.indptr).astype(np.float64))[cand]  # at most this many mates each: its steps' sizes
+    group = np.cumsum(bound) // MATES_AT_ONCE
+    for g in np.unique(group):
+        js = cand[group == g]
+        mates = (ac[:, js].T.tocsr() @ a).tocsr()  # row i: the samples that share a step with js[i]
+        row = np.repeat(np.arange(len(js)), np.diff(mates.indptr))
+        other = mates.indices != js[row]
+        row, score = row[other], marginal[mates.indices[other]]
+        n = np.bincount(row, minlength=len(js))
+        order = np.lexsort((score, row))
+        ranked = score[order]
+        start = np.r_[0, np.cumsum(n)[:-1]]
+        lo, hi = start + (n - 1) // 2, start + n // 2
+        filled = n > 0
+        median = np.full(len(js), np.nan)
+        median[filled] = (ranked[lo[filled]] + ranked[hi[filled]]) / 2  # np.median's: its middle, or its two's mean
+        odd = filled & (n % 2 == 1)
+        median[odd] = ranked[lo[odd]]
+        nan_in = np.bincount(row, weights=np.isnan(score), minlength=len(js)) > 0  # np.median's NaN: never >= share
+        out[js] = filled & ~nan_in & (median >= share * marginal[js])
     return out
 
 

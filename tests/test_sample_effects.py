@@ -1,0 +1,90 @@
+"""The harmful-samples estimate's two vetoes (forensics.detect.evidence.sample_effects) against their definitions, one
+sample at a time: "one appearance carries it" and "its batch-mates share its excess". The estimate takes the
+candidates together; each answer must be the one a loop over the candidates gives, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from forensics.detect.evidence import sample_effects
+from forensics.detect.evidence.sample_effects import _one_appearance_carries, _shared_by_batch
+
+
+def _carries_by_definition(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndarray, floor: float) -> np.ndarray:
+    """A sample appeared once, or with its largest contribution left out its score is below ``floor``."""
+    wc = w.tocsc()
+    out = np.zeros(w.shape[1], bool)
+    for j in np.flatnonzero(candidates):
+        rows = wc.indices[wc.indptr[j]:wc.indptr[j + 1]]
+        vals = wc.data[wc.indptr[j]:wc.indptr[j + 1]]
+        if len(rows) < 2:
+            out[j] = True
+            continue
+        terms = vals * r[rows]
+        rest = np.delete(np.arange(len(rows)), int(np.argmax(terms)))
+        norm = float(np.sqrt(np.sum(vals[rest] ** 2)))
+        out[j] = norm <= 0 or float(terms[rest].sum()) / norm < floor
+    return out
+
+
+def _shared_by_definition(w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, candidates: np.ndarray,
+                          share: float) -> np.ndarray:
+    """The median score of the other samples of a candidate's steps reaches ``share`` of its own."""
+    a = (w > 0).astype(np.float64).tocsr()
+    marginal = (a.T @ r) / np.sqrt(np.maximum(np.asarray(a.sum(axis=0)).ravel(), 1.0))
+    out = np.zeros(len(z), bool)
+    ac = a.tocsc()
+    for j in np.flatnonzero(candidates & (z > 2.0)):
+        steps = ac.indices[ac.indptr[j]:ac.indptr[j + 1]]
+        mates = np.setdiff1d(np.concatenate([a.indices[a.indptr[i]:a.indptr[i + 1]] for i in steps]
+                                            or [np.empty(0, a.indices.dtype)]), [j])
+        out[j] = bool(len(mates)) and float(np.median(marginal[mates])) >= share * float(marginal[j])
+    return out
+
+
+def _design(seed: int) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray, np.ndarray]:
+    """Steps x samples token shares: batches of 1-12 samples, samples seen 0-9 times (some once, some never), ties
+    in a step's largest contribution, a step holding one sample alone, residuals with NaN in a few steps."""
+    rng = np.random.default_rng(seed)
+    n_steps, n_samples = int(rng.integers(40, 160)), int(rng.integers(30, 120))
+    rows, cols, vals = [], [], []
+    for s in range(n_steps):
+        members = rng.choice(n_samples, size=int(rng.integers(1, 13)), replace=False)
+        share = rng.choice([0.25, 0.5, 1.0], size=len(members)) if rng.random() < 0.3 else rng.random(len(members))
+        rows += [s] * len(members)
+        cols += members.tolist()
+        vals += (share / share.sum()).tolist()
+    w = sp.csr_matrix((vals, (rows, cols)), shape=(n_steps, n_samples))
+    r = rng.standard_t(3, n_steps) + (rng.random(n_steps) < 0.1) * 4.0
+    r[rng.random(n_steps) < 0.03 * (seed % 2)] = np.nan
+    z = rng.normal(2.0, 1.5, n_samples)
+    candidates = rng.random(n_samples) < 0.7
+    return w, r, z, candidates
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("floor", [0.0, 1.0, 2.0])
+def test_one_appearance_carries_is_its_definition(seed: int, floor: float) -> None:
+    w, r, _, candidates = _design(seed)
+    want = _carries_by_definition(w, r, candidates, floor)
+    assert want.any() and (floor > 0 or (candidates & ~want).any())  # both answers occur in the table
+    np.testing.assert_array_equal(_one_appearance_carries(w, r, candidates, floor), want)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_shared_by_batch_is_its_definition(seed: int, share: float, monkeypatch) -> None:
+    w, r, z, candidates = _design(seed)
+    want = _shared_by_definition(w, r, z, candidates, share)
+    np.testing.assert_array_equal(_shared_by_batch(w, r, z, candidates, share), want)
+    monkeypatch.setattr(sample_effects, "MATES_AT_ONCE", 7)  # candidates a few at a time: the same answers
+    np.testing.assert_array_equal(_shared_by_batch(w, r, z, candidates, share), want)
+
+
+def test_the_vetoes_without_candidates() -> None:
+    w, r, z, _ = _design(0)
+    none = np.zeros(w.shape[1], bool)
+    assert not _one_appearance_carries(w, r, none).any()
+    assert not _shared_by_batch(w, r, z, none).any()

@@ -10,6 +10,7 @@ from forensics.plan.builders import (
     REFERENCE_BUILDERS,
     bucketed_shuffle,
     capped_lengths,
+    pack_greedy,
     random_shuffle,
     shuffle_then_sort,
     static_sorted,
@@ -134,3 +135,30 @@ def test_shuffle_then_sort_changes_more_as_ties_grow():
     assert shares[0] > shares[1] > shares[2]
     assert shares[0] > 0.5  # few ties: most batches survive the "shuffle"
     assert shares[2] < 0.3  # many ties: most batches change, yet every batch is still length-homogeneous
+
+
+def _pack_by_definition(order: np.ndarray, lengths: np.ndarray, budget: int, max_bs: int) -> list[list[int]]:
+    """Greedy packing as the rule reads: a batch closes when one more sample would exceed the size limit or push its
+    padded tokens (size x longest) over the budget."""
+    batches: list[list[int]] = []
+    for pos in order.tolist():
+        batch = batches[-1] if batches else None
+        if batch and (len(batch) + 1 > max_bs or (len(batch) + 1) * max(lengths[batch + [pos]]) > budget):
+            batch = None
+        if batch is None:
+            batches.append([pos])
+        else:
+            batch.append(pos)
+    return batches
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_compiled_packer_packs_as_the_rule_reads(seed):
+    """Random orders and lengths, budgets below a sample's length (a batch of its own), size limits of 1."""
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        lengths = rng.integers(1, 3000, size=int(rng.integers(0, 300)))
+        order = rng.permutation(len(lengths))
+        budget, max_bs = int(rng.integers(1, 20_000)), int(rng.choice([1, 2, 7, 64]))
+        got = [b.tolist() for b in pack_greedy(order, lengths, budget, max_bs)]
+        assert got == _pack_by_definition(order, lengths, budget, max_bs)

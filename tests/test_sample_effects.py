@@ -88,3 +88,48 @@ def test_the_vetoes_without_candidates() -> None:
     none = np.zeros(w.shape[1], bool)
     assert not _one_appearance_carries(w, r, none).any()
     assert not _shared_by_batch(w, r, z, none).any()
+
+
+def test_blocks_are_the_samples_with_exactly_the_same_steps() -> None:
+    """Columns: 0, 1 and 3 share steps {0, 2}; 2 shares {0} alone; 4 has steps {0, 2, 3}; 5 never appears. Only the
+    samples of ``near`` are compared, but a block takes in every member, near or not."""
+    w = sp.csr_matrix(np.array([[0.2, 0.3, 0.5, 0.1, 0.2, 0.0],
+                                [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                                [0.4, 0.1, 0.0, 0.3, 0.2, 0.0],
+                                [0.0, 0.0, 0.0, 0.0, 0.6, 0.0]]))
+    cases = [  # near, blocks
+        ([False, True, False, False, False, False], [0, 0, 2, 0, 4, 5]),
+        ([True, True, True, True, True, True], [0, 0, 2, 0, 4, 5]),
+        ([False] * 6, [0, 1, 2, 3, 4, 5]),
+        ([False, False, True, False, True, True], [0, 1, 2, 3, 4, 5]),
+    ]
+    for near, want in cases:
+        np.testing.assert_array_equal(sample_effects._blocks(w, np.array(near)), want)
+
+
+def test_a_blocks_samples_share_its_effect_and_are_listed_by_id(audited_static_block) -> None:
+    """A static plan packs the same corrupted samples together every epoch: the run cannot tell them apart, so each
+    is credited with what the block adds (not the one the pursuit happened to take with the rest at 0%)."""
+    listed = audited_static_block
+    blocks: dict[tuple, list[dict]] = {}
+    for h in listed:
+        blocks.setdefault(tuple(h["steps"]), []).append(h)
+    shared = [b for b in blocks.values() if len(b) > 1]
+    assert shared, "the static case has samples that always come together"
+    for b in shared:
+        assert len({round(h["effect"], 9) for h in b}) == 1 and b[0]["effect"] > 0.05
+    assert all(h["effect"] > 0 for h in listed)
+
+
+@pytest.fixture(scope="module")
+def audited_static_block(demo_small, tmp_path_factory) -> list[dict]:
+    import contextlib
+    import io
+    import json
+
+    from forensics.cli import main
+
+    out = tmp_path_factory.mktemp("blocks") / "findings.json"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["audit", str(demo_small / "static"), "--no-html", "--json", str(out)]) == 0
+    return json.loads(out.read_text())["harmful_samples"]

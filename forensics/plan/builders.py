@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 from forensics.plan.buckets import bucket_index
-from forensics.plan.padding import padded_tokens
 from forensics.schema import DEFAULT_BOUNDARIES, MAX_BATCH_SIZE, MAX_LEN, N_TOKENS, SAMPLE_ID, TOKEN_BUDGET
 
 Builder = Callable[..., list[list[int]]]
@@ -53,40 +52,11 @@ def pack_greedy(
     order = np.asarray(order, dtype=np.int64)
     if not len(order):
         return []
+    from forensics.plan.greedy_kernel import greedy_cuts
+
     cuts = np.empty(len(order), np.int64)
-    n = _greedy_cuts(np.ascontiguousarray(lengths[order], dtype=np.int64), int(token_budget), int(max_batch_size),
-                     cuts)
+    n = greedy_cuts(np.ascontiguousarray(lengths[order], dtype=np.int64), int(token_budget), int(max_batch_size), cuts)
     return np.split(order, cuts[:n])
-
-
-def _greedy_cuts(lens: np.ndarray, token_budget: int, max_batch_size: int, cuts: np.ndarray) -> int:
-    """The packing loop, compiled on first use (the what-if and the gate's limits pack ~150 orders of a dataset:
-    1.1M samples on the full demo, 0.6 s in Python): writes where each new batch starts into ``cuts``; returns how
-    many."""
-    global _greedy_cuts
-    from forensics._numba import compiled
-
-    padded = compiled(inline="always")(padded_tokens)
-
-    @compiled()
-    def loop(lens, token_budget, max_batch_size, cuts):
-        n_cuts = 0
-        size = 0
-        longest = 0
-        for i in range(len(lens)):
-            n = lens[i]
-            new_longest = n if n > longest else longest
-            if size and (size + 1 > max_batch_size or padded(size + 1, new_longest) > token_budget):
-                cuts[n_cuts] = i
-                n_cuts += 1
-                size, longest = 1, n
-            else:
-                size += 1
-                longest = new_longest
-        return n_cuts
-
-    _greedy_cuts = loop
-    return loop(lens, token_budget, max_batch_size, cuts)
 
 
 def _to_ids(samples: pd.DataFrame, batches: list[np.ndarray]) -> list[list[int]]:

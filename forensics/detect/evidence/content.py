@@ -76,6 +76,35 @@ class ContentEvidence:
         return bool(self.reasons.get(int(sample_id)))
 
 
+@dataclass(frozen=True)
+class _Tokens:
+    """Samples' tokens laid end to end (int64), in the order they were asked for, and each sample's count: what every
+    signal reads, without an array per sample."""
+
+    flat: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, arrays: Sequence) -> _Tokens:
+        lengths = np.fromiter((len(a) for a in arrays), np.int64, count=len(arrays))
+        return cls(np.concatenate([np.asarray(a) for a in arrays] or [np.empty(0, np.int64)]).astype(np.int64),
+                   lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def take(self, at: np.ndarray) -> _Tokens:
+        """The samples at positions ``at`` of this one."""
+        starts = np.r_[0, np.cumsum(self.lengths)[:-1]][at]
+        lengths = self.lengths[at]
+        shift = np.repeat(starts - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
+        return _Tokens(self.flat[shift + np.arange(len(shift))], lengths)
+
+    def arrays(self) -> list[np.ndarray]:
+        """One array per sample (views)."""
+        return np.split(self.flat, np.cumsum(self.lengths)[:-1]) if len(self.lengths) else []
+
+
 class _Dataset:
     """What content evidence reads of a whole samples table, kept for the table's lifetime in the process: four
     rules ask for the content of their samples in one audit, and the near-duplicate counts of the dataset, the
@@ -97,14 +126,20 @@ class _Dataset:
     def holds(self, samples: pd.DataFrame) -> bool:
         return self.source is samples and self.columns == tuple(samples.columns)
 
-    def tokens_of(self, rows: Iterable[int]) -> list[np.ndarray]:
-        rows = [int(r) for r in rows]
-        missing = [r for r in rows if r not in self.tokens]
-        if missing:
-            values = self.smp[self.column].to_numpy(object)[missing] if self.column else [None] * len(missing)
-            for r, v in zip(missing, values):
-                self.tokens[r] = self._tokenize(v)
-        return [self.tokens[r] for r in rows]
+    def tokens_of(self, rows: Iterable[int]) -> _Tokens:
+        """The tokens of rows ``rows``. Token ids are gathered in one piece each time (a conversion per sample was
+        most of the content evidence's cost on the full demo); words are numbered once per row, as first asked for."""
+        rows = np.fromiter(rows, np.int64) if not isinstance(rows, np.ndarray) else rows.astype(np.int64, copy=False)
+        if self.column is None:
+            return _Tokens(np.empty(0, np.int64), np.zeros(len(rows), np.int64))
+        values = self.smp[self.column].to_numpy(object)
+        if self.column != TEXT:
+            picked = values[rows]
+            if not any(v is None for v in picked):
+                return _Tokens.of(picked)
+        for r in [r for r in rows.tolist() if r not in self.tokens]:
+            self.tokens[r] = self._tokenize(values[r])
+        return _Tokens.of([self.tokens[r] for r in rows.tolist()])
 
     def _tokenize(self, value) -> np.ndarray:
         if self.column is None or value is None:
@@ -114,14 +149,15 @@ class _Dataset:
         vocab = self.vocab
         return np.array([vocab.setdefault(w, len(vocab)) for w in _WORD.findall(str(value or "").lower())], np.int64)
 
-    def repeat_and_entropy(self, rows: Sequence[int], tokens: Sequence[np.ndarray]) -> np.ndarray:
-        """Each row's repetition and entropy (:func:`repeat_and_entropy`), measured once per row."""
+    def repeat_and_entropy(self, rows: np.ndarray, tokens: _Tokens) -> np.ndarray:
+        """Each row's repetition and entropy (:func:`repeat_and_entropy`), measured once per row (``tokens``: the
+        rows' tokens)."""
         rows = np.asarray(rows, np.int64)
         todo = np.flatnonzero(~self.measured[rows])
         if len(todo):
-            first = np.unique(rows[todo], return_index=True)[1]  # a row asked twice is measured once
-            at = todo[first]
-            self.signals[rows[at]] = repeat_and_entropy([tokens[k] for k in at])
+            at = todo[np.unique(rows[todo], return_index=True)[1]]  # a row asked twice is measured once
+            picked = tokens.take(at)
+            self.signals[rows[at]] = _signals(picked.flat, picked.lengths)
             self.measured[rows[at]] = True
         return self.signals[rows]
 
@@ -145,12 +181,16 @@ def repeat_and_entropy(tokens: Sequence[np.ndarray]) -> np.ndarray:
     its 3-grams) within the sample, and the runs of equal values are the counts. A sample's entropy terms are summed
     as ``numpy.sum`` sums one sample's (pairwise, for each length of its own), so the values are what a loop over
     samples gives, bit for bit, at a fiftieth of its cost on short samples."""
-    n = len(tokens)
+    t = _Tokens.of(tokens)
+    return _signals(t.flat, t.lengths)
+
+
+def _signals(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """:func:`repeat_and_entropy` of samples laid end to end (``flat``, int64) with ``lengths`` tokens each."""
+    n = len(lengths)
     out = np.full((n, 2), np.nan)
-    lengths = np.fromiter((len(t) for t in tokens), np.int64, count=n)
     if not lengths.any():
         return out
-    flat = np.concatenate([np.asarray(t).astype(np.int64, copy=False) for t in tokens])
     sample = np.repeat(np.arange(n), lengths)
     # entropy: the counts of each sample's distinct tokens, in token order
     runs = np.flatnonzero(np.r_[True, _ordered_change(sample, flat)])
@@ -231,16 +271,15 @@ def _near_duplicates(signatures: list[np.ndarray | None]) -> np.ndarray:
     return counts
 
 
-def _foreign_shares(tokens: Sequence[np.ndarray], vocab: np.ndarray, doc_freq: np.ndarray, floor: float) -> np.ndarray:
+def _foreign_shares(tokens: _Tokens, vocab: np.ndarray, doc_freq: np.ndarray, floor: float) -> np.ndarray:
     """Each sample's share of tokens its reference's samples use in fewer than ``floor`` of them (``vocab``: the
     reference's sorted tokens, ``doc_freq`` their document counts); NaN for a sample without tokens. One search over
     every sample's tokens at once."""
-    lengths = np.fromiter((len(t) for t in tokens), np.int64, count=len(tokens))
-    out = np.full(len(tokens), np.nan)
+    lengths, flat = tokens.lengths, tokens.flat
+    out = np.full(len(lengths), np.nan)
     filled = lengths > 0
     if not filled.any():
         return out
-    flat = np.concatenate([t for t in tokens if len(t)]).astype(np.int64)
     if len(vocab):
         at = np.minimum(np.searchsorted(vocab, flat), len(vocab) - 1)
         known = np.where(vocab[at] == flat, doc_freq[at], 0)
@@ -251,7 +290,16 @@ def _foreign_shares(tokens: Sequence[np.ndarray], vocab: np.ndarray, doc_freq: n
     return out
 
 
-def _tokens_key(tokens: Sequence[np.ndarray]) -> str:
+def _document_frequency(tokens: _Tokens) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct tokens of some samples (sorted) and how many of the samples hold each."""
+    if not len(tokens.flat):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    sample = np.repeat(np.arange(len(tokens)), tokens.lengths)
+    pairs = np.unique(np.stack([sample, tokens.flat], axis=1), axis=0)  # each (sample, token) once
+    return np.unique(pairs[:, 1], return_counts=True)
+
+
+def _tokens_key(tokens: _Tokens) -> str:
     """The user-cache key of a pool's near-duplicate counts: every sample's tokens in order, and what decides the
     counts (the hash family, the bands, the Jaccard threshold, :data:`CACHE_VERSION`)."""
     import hashlib
@@ -259,8 +307,8 @@ def _tokens_key(tokens: Sequence[np.ndarray]) -> str:
     h = hashlib.blake2b(digest_size=20)
     h.update(repr((CACHE_VERSION, N_HASHES, BAND_ROWS, DUP_JACCARD, len(tokens))).encode())
     h.update(_HASH_FAMILY.tobytes())
-    h.update(np.fromiter((len(t) for t in tokens), np.int64, count=len(tokens)).tobytes())
-    h.update(np.concatenate(list(tokens) or [np.empty(0, np.int64)]).astype(np.int64).tobytes())
+    h.update(tokens.lengths.astype(np.int64).tobytes())
+    h.update(tokens.flat.astype(np.int64).tobytes())
     return h.hexdigest()
 
 
@@ -301,7 +349,7 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
         stored = _tokens_key(pool_tokens)
         dups = load_array("near-duplicates", stored, len(pool))
         if dups is None:
-            dups = _near_duplicates([_minhash(t, _HASH_FAMILY) for t in pool_tokens])
+            dups = _near_duplicates([_minhash(t, _HASH_FAMILY) for t in pool_tokens.arrays()])
             store_array("near-duplicates", stored, dups)
         data.dups[key] = pd.Series(dups, index=sample_ids[pool])
     dup_of = data.dups[key]
@@ -318,8 +366,7 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
         ref_idx = np.setdiff1d(ref_idx, wanted) if len(np.setdiff1d(ref_idx, wanted)) >= 5 else ref_idx
         ref_tokens = data.tokens_of(ref_idx)
         # a token's document frequency in the reference: sorted tokens and their counts, looked up by search
-        vocab, doc_freq = np.unique(np.concatenate([np.unique(t) for t in ref_tokens] or [np.empty(0, np.int64)]),
-                                    return_counts=True)
+        vocab, doc_freq = _document_frequency(ref_tokens)
         floor = FOREIGN_SHARE * max(len(ref_tokens), 1)
 
         ref = np.column_stack([data.repeat_and_entropy(ref_idx, ref_tokens),

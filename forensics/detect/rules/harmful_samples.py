@@ -82,7 +82,8 @@ class HarmfulSamplesRule(Rule):
             held, stride = est.attrs["max_entries"], est.attrs["stride"]
             self.warnings_.append(f"harmful samples: the plan holds more than {held:,} rows up to the metrics' last "
                                   f"step; estimated on one logged step in {stride}")
-        listed = est[est["q"] <= self.q].sort_values(["content", "z"], ascending=False).head(self.max_listed)
+        listed = est[est["q"] <= self.q].sort_values(["content", "z", SAMPLE_ID], ascending=[False, False, True],
+                                                      kind="stable").head(self.max_listed)
         if listed.empty:
             return []
         content = content_evidence(run.samples, listed[SAMPLE_ID].tolist())
@@ -106,7 +107,8 @@ class HarmfulSamplesRule(Rule):
                          "logged_steps": [s + run.logged_offset for s in steps], "effect": float(r.effect),
                          "z": float(r.z), "q": float(r.q), "reason": reason,
                          "content": list(content.reasons.get(sid, []))})
-        rows.sort(key=lambda x: (not x["content"], -x["effect"]))
+        # a block's samples share its effect and score (up to float noise): listed by id among themselves
+        rows.sort(key=lambda x: (not x["content"], -round(x["effect"], 9), -round(x["z"], 6), x["sample_id"]))
         self.section_ = rows
         all_steps = sorted({s for x in rows for s in x["steps"]})
         # a second line of evidence: the samples' own content, or several samples whose appearances all agree

@@ -123,9 +123,13 @@ def variance_share(values: np.ndarray, groups: np.ndarray, window: int = 101, ou
     groups = np.asarray(groups, dtype=np.int64)
     if len(values) != len(groups):
         raise ValueError(f"values and groups differ in length: {len(values)} != {len(groups)}")
-    r = detrend(values, window)
-    keep = _inliers(r, groups, outlier_mads)
-    return eta_squared(np.where(keep, r, np.nan), groups)
+    return detrended_variance_share(detrend(values, window), groups, outlier_mads)
+
+
+def detrended_variance_share(residual: np.ndarray, groups: np.ndarray, outlier_mads: float = 8.0) -> float:
+    """:func:`variance_share` of values already detrended (one trend for several groupings of the same values)."""
+    keep = _inliers(residual, groups, outlier_mads)
+    return eta_squared(np.where(keep, residual, np.nan), groups)
 
 
 # --- tail probabilities ----------------------------------------------------------------------------------------------

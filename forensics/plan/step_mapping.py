@@ -127,8 +127,8 @@ def step_plan(plan: pd.DataFrame, cfg: RunConfig) -> pd.DataFrame:
     column wins.
     """
     out = assign_steps(plan, cfg.grad_accum, cfg.world_size, cfg.rank_split)
-    if out is plan:
-        out = plan.copy()
+    if out is plan:  # the caller's table keeps its columns (pandas' copy-on-write: no data is copied)
+        out = plan.copy(deep=False)
     for col in (MICRO, RANK):
         if col not in out.columns:
             out[col] = np.zeros(len(out), dtype=np.int64)

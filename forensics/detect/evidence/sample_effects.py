@@ -13,6 +13,7 @@ import scipy.sparse as sp
 
 from forensics.detect.base import RunTables
 from forensics.detect.evidence.content import content_evidence
+from forensics.detect.evidence.nnls import nnls_normal
 from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, STEP
 from forensics.stats import MAD_TO_SD, rolling_median
 
@@ -249,8 +250,6 @@ def _scores(w: sp.csr_matrix, r: np.ndarray, beta: np.ndarray, flagged: np.ndarr
     selected one (its own effect put back); one with content evidence after the samples without any, and sharing
     its steps' excess with the other such samples by a non-negative ridge fit (two corrupted samples of one batch
     do not explain each other away)."""
-    from scipy.optimize import lsq_linear
-
     wt, wcols, norms2 = _views(w)
     norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
     z = (wt @ (r - w @ beta) + norms2 * beta) / (sigma * norms)
@@ -263,8 +262,7 @@ def _scores(w: sp.csr_matrix, r: np.ndarray, beta: np.ndarray, flagged: np.ndarr
     if len(chosen):
         wc = wcols[:, chosen]
         lam = RIDGE * float(np.median(norms2[chosen]))
-        stacked = sp.vstack([wc, sp.identity(len(chosen)) * np.sqrt(lam)]).tocsr()
-        b = lsq_linear(stacked, np.concatenate([r_flag, np.zeros(len(chosen))]), bounds=(0, np.inf)).x
+        b = nnls_normal((wc.T @ wc).toarray() + lam * np.eye(len(chosen)), wc.T @ r_flag)
         rest = r_flag - wc @ b
         z[chosen] = (wt[chosen] @ rest + norms2[chosen] * b) / (sigma * norms[chosen])
     return z
@@ -414,8 +412,6 @@ def _pursuit(w: sp.csr_matrix, r: np.ndarray, max_pursuit: int, first: np.ndarra
     with content evidence (``first``) are taken first, the rest only for what those leave."""
     from statistics import NormalDist
 
-    from scipy.optimize import lsq_linear
-
     sigma = _robust_sd(r)
     wt, wc, norms2 = _views(w)
     norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
@@ -437,10 +433,11 @@ def _pursuit(w: sp.csr_matrix, r: np.ndarray, max_pursuit: int, first: np.ndarra
                 continue
             break
         taken.append(j)
-        fit = lsq_linear(wc[:, taken], r, bounds=(0, np.inf)).x
+        cols = wc[:, taken]
+        fit = nnls_normal((cols.T @ cols).toarray(), cols.T @ r)
         beta[:] = 0.0
         beta[taken] = fit
-        resid = r - wc[:, taken] @ fit
+        resid = r - cols @ fit
     return beta
 
 

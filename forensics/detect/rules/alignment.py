@@ -16,7 +16,7 @@ from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import WARNING, Finding
 from forensics.detect.params import fraction, positive
 from forensics.detect.tags import BUCKET, StepLookup
-from forensics.stats import variance_share
+from forensics.stats import detrend, detrended_variance_share
 
 
 class AlignmentRule(Rule):
@@ -48,9 +48,10 @@ class AlignmentRule(Rule):
             return []
         lookup = StepLookup(run.tags)
         shares = {}
+        residual = detrend(values)  # the trend is the values', whatever plan step they are paired with
         for d in range(-int(self.max_offset), int(self.max_offset) + 1):
             groups = lookup.groups(steps - d, BUCKET)
-            share = variance_share(values, groups)
+            share = detrended_variance_share(residual, groups)
             shares[d] = float(share) if share == share else 0.0
         best = max(shares, key=lambda d: (shares[d], -abs(d)))
         used = shares[0]

@@ -6,6 +6,9 @@ cluster), ``detect`` (findings), ``report`` (figures and HTML). The CLI and ``ap
 """
 
 __version__ = "0.1.0"
+#: The content of every compiled module (``kernel*.py``), hashed: what numba's cache folder and the ahead-of-time
+#: compiled loops (:mod:`forensics._precompiled`) are keyed by.
+KERNELS_DIGEST = ""
 
 
 def _numba_cache_dir() -> None:
@@ -20,8 +23,7 @@ def _numba_cache_dir() -> None:
     import os
     import sys
 
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return
+    global KERNELS_DIGEST
     digest = hashlib.sha1()
     here = os.path.dirname(__file__)
     for folder, dirs, files in sorted(os.walk(here)):
@@ -30,6 +32,9 @@ def _numba_cache_dir() -> None:
             if name.endswith(".py") and "kernel" in name:
                 with open(os.path.join(folder, name), "rb") as fh:
                     digest.update(fh.read())
+    KERNELS_DIGEST = digest.hexdigest()
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     path = os.path.join(base, "forensics", "numba", digest.hexdigest()[:12])
     os.environ["NUMBA_CACHE_DIR"] = path

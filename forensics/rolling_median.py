@@ -13,64 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from forensics._numba import compiled
+from forensics._precompiled import loop
 
-
-@compiled()
-def _medians(sorted_values, rank, start, end, min_periods, tree, out):
-    """``out[i]``: the median of the ranked values at positions ``start[i]`` .. ``end[i] - 1`` (NaN when fewer than
-    ``min_periods``); ``rank[j]`` is position j's rank in ``sorted_values`` (-1 for NaN and infinities); windows move
-    forward. ``tree``: zeros, one more than the values (compiled without numba's allocator, nothing is allocated
-    inside)."""
-    m = len(sorted_values)
-    top = 1
-    while top * 2 <= m:
-        top *= 2
-    lo = 0
-    hi = 0
-    count = 0
-    for i in range(len(start)):
-        while hi < end[i]:  # values entering on the right
-            r = rank[hi]
-            if r >= 0:
-                k = r + 1
-                while k <= m:
-                    tree[k] += 1
-                    k += k & -k
-                count += 1
-            hi += 1
-        while lo < start[i]:  # values leaving on the left
-            r = rank[lo]
-            if r >= 0:
-                k = r + 1
-                while k <= m:
-                    tree[k] -= 1
-                    k += k & -k
-                count -= 1
-            lo += 1
-        if count < min_periods or count == 0:
-            out[i] = np.nan
-            continue
-        a = _kth(tree, top, m, (count + 1) // 2)
-        if count % 2:
-            out[i] = sorted_values[a]
-        else:
-            b = _kth(tree, top, m, count // 2 + 1)
-            out[i] = (sorted_values[a] + sorted_values[b]) / 2
-
-
-@compiled(inline="always")
-def _kth(tree, top, m, k):
-    """The 0-based rank of the k-th (1-based) smallest value the tree holds (Fenwick descent)."""
-    pos = 0
-    step = top
-    while step > 0:
-        nxt = pos + step
-        if nxt <= m and tree[nxt] < k:
-            pos = nxt
-            k -= tree[nxt]
-        step //= 2
-    return pos
+#: The last values ranked and their ranking: a run's trends (divergence, plateau, oscillation and its warm-up) are
+#: rolling medians of the same loss over different windows, and ranking is half of each (one sort of every value).
+_LAST_RANKED: tuple[np.ndarray, tuple[np.ndarray, np.ndarray]] | None = None
 
 
 def rolling_median(values: np.ndarray, window: int, center: bool = False, min_periods: int | None = None) -> np.ndarray:
@@ -84,11 +31,25 @@ def rolling_median(values: np.ndarray, window: int, center: bool = False, min_pe
     end = np.arange(1, n + 1, dtype=np.int64) + offset
     start = np.clip(end - w, 0, n)
     end = np.minimum(end, n)
-    finite = np.isfinite(x)
-    order = np.argsort(x[finite], kind="stable")
-    rank = np.full(n, -1, np.int64)
-    rank[np.flatnonzero(finite)[order]] = np.arange(len(order), dtype=np.int64)
+    ordered, rank = _ranked(x)
     out = np.empty(n)
     if n:
-        _medians(x[finite][order], rank, start, end, periods, np.zeros(len(order) + 1, np.int64), out)
+        loop("rolling_medians")(ordered, rank, start, end, periods, np.zeros(len(ordered) + 1, np.int64), out)
     return out
+
+
+def _ranked(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The finite values in ascending order, and each position's rank among them (-1 for NaN and infinities); the
+    last answer again when ``x`` holds the same values (NaN equal to NaN)."""
+    global _LAST_RANKED
+    last = _LAST_RANKED
+    if last is not None and last[0].shape == x.shape and np.array_equal(last[0], x, equal_nan=True):
+        return last[1]
+    finite = np.isfinite(x)
+    kept = x[finite]
+    order = np.argsort(kept, kind="stable")
+    rank = np.full(len(x), -1, np.int64)
+    rank[np.flatnonzero(finite)[order]] = np.arange(len(order), dtype=np.int64)
+    ranked = (kept[order], rank)
+    _LAST_RANKED = (x.copy(), ranked)
+    return ranked

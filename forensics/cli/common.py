@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any, TextIO
 
 from forensics.schema import RANK_SPLITS, Case, open_case
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 #: Flags whose value is a key of the run configuration (argparse dest -> RunConfig key).
 CONFIG_FLAGS = ("metrics", "plan", "samples", "grad_accum", "world_size", "rank_split", "step_offset", "step_key",
@@ -105,9 +106,59 @@ def add_steps_as_option(p: argparse.ArgumentParser) -> None:
                         "(HF global_step = canonical + 1)")
 
 
-def console(stderr: bool = False) -> Console:
-    """A rich console: colours on a terminal, plain text when piped."""
-    return Console(file=sys.stderr if stderr else sys.stdout, highlight=False, soft_wrap=True)
+def console(stderr: bool = False, *, for_rich: bool = False) -> Console | PipedConsole:
+    """A rich console on a terminal (colours, spinners); a :class:`PipedConsole` when the stream is not one, unless
+    ``for_rich`` (what rich's own objects, a progress bar, are given)."""
+    stream = sys.stderr if stderr else sys.stdout
+    if for_rich or _is_terminal(stream):
+        from rich.console import Console
+
+        return Console(file=stream, highlight=False, soft_wrap=True)
+    return PipedConsole(stream)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty()) or bool(os.environ.get("FORCE_COLOR"))
+    except ValueError:  # a closed stream
+        return False
+
+
+class PipedConsole:
+    """What a command prints to a pipe or a file: rich's markup read and dropped (``rich.markup``: its escapes and
+    emoji codes as a rich console treats them), one line per print, never wrapped. rich's console itself is made only
+    for what is not text (a table), which is what makes a piped command's start ~15 ms shorter (its import)."""
+
+    is_terminal = False
+
+    def __init__(self, file: TextIO) -> None:
+        self.file = file
+        self._rich: Console | None = None
+
+    def print(self, *objects: Any, sep: str = " ", end: str = "\n", markup: bool | None = None,
+              highlight: bool | None = None, **options: Any) -> None:
+        if options or not all(isinstance(o, str) for o in objects):
+            self.rich.print(*objects, sep=sep, end=end, markup=markup, highlight=highlight, **options)
+            return
+        text = sep.join(objects)
+        if markup is not False:
+            from rich.markup import render
+
+            text = render(text).plain
+        self.file.write(text + end)
+        self.file.flush()  # as rich does: a stream the OS refuses fails here, where the command reports it
+
+    @property
+    def rich(self) -> Console:
+        if self._rich is None:
+            from rich.console import Console
+
+            self._rich = Console(file=self.file, highlight=False, soft_wrap=True)
+        return self._rich
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.rich, name)
 
 
 def write_json(obj: Any, path: str | Path) -> None:

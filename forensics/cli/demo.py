@@ -23,7 +23,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    err = console(stderr=True)
+    err = console(stderr=True, for_rich=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task("demo", total=1)

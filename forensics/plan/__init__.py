@@ -1,30 +1,30 @@
 """The plan stage: which samples made each optimizer step (record, rebuild, import), the reference builders,
 the step mapping, bucket boundaries and the batch-composition gate."""
 
-from forensics.plan.buckets import bucket_index, bucket_range
-from forensics.plan.builders import (
-    REFERENCE_BUILDERS,
-    bucketed_shuffle,
-    random_shuffle,
-    shuffle_then_sort,
-    static_sorted,
-)
-from forensics.plan.gate import GateResult, assert_batches_vary, check_plan
-from forensics.plan.step_mapping import assign_steps, batch_keys, batches_to_plan, step_plan
+from __future__ import annotations
 
-__all__ = [
-    "GateResult",
-    "REFERENCE_BUILDERS",
-    "assert_batches_vary",
-    "check_plan",
-    "assign_steps",
-    "batch_keys",
-    "batches_to_plan",
-    "bucket_index",
-    "bucket_range",
-    "bucketed_shuffle",
-    "random_shuffle",
-    "shuffle_then_sort",
-    "static_sorted",
-    "step_plan",
-]
+import importlib
+from typing import Any
+
+#: Public names, imported lazily: reading a bucket index (every spike detector does) loads neither the builders nor
+#: the gate.
+_EXPORTS = {
+    "bucket_index": "buckets", "bucket_range": "buckets",
+    "REFERENCE_BUILDERS": "builders", "bucketed_shuffle": "builders", "random_shuffle": "builders",
+    "shuffle_then_sort": "builders", "static_sorted": "builders",
+    "GateResult": "gate", "assert_batches_vary": "gate", "check_plan": "gate",
+    "assign_steps": "step_mapping", "batch_keys": "step_mapping", "batches_to_plan": "step_mapping",
+    "step_plan": "step_mapping",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'forensics.plan' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"forensics.plan.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

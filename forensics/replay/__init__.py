@@ -14,7 +14,23 @@ needs them; a missing one is one line naming the ``[replay]`` extra. The modules
 - :mod:`~forensics.replay.core`: :func:`replay_case`, which plans the forwards, runs them and writes replay.json.
 """
 
-from forensics.replay.core import ReplayOptions, replay_case
-from forensics.replay.result import ReplayResult
+from __future__ import annotations
 
-__all__ = ["ReplayOptions", "ReplayResult", "replay_case"]
+import importlib
+from typing import Any
+
+#: Public names, imported lazily: what the audit reads without replaying (the checkpoints' names, whether a replay
+#: could run) does not load the replay itself.
+_EXPORTS = {"ReplayOptions": "core", "replay_case": "core", "ReplayResult": "result"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'forensics.replay' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"forensics.replay.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

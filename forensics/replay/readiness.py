@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from forensics.schema import Case
 
 TOKEN_COLUMNS = ("input_ids", "token_ids")
@@ -75,6 +73,8 @@ def list_checkpoints(case: Case) -> tuple[list[tuple[int, str]] | None, str | No
 
 
 def _has_tokens(path: Path) -> bool:
+    import pyarrow.parquet as pq
+
     try:
         if path.is_dir():
             parts = sorted(path.glob("*.parquet"))

@@ -7,15 +7,17 @@ Dataset text never reaches the terminal through markup: every value is passed th
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.markup import escape
 
 from forensics.detect.kinds import kind_of, run_level_kinds
 from forensics.report.cards import card_function
 from forensics.report.text import fmt_num, step_span, steps_list
 from forensics.schema.keys import key_line
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MAX_SPIKES_SHOWN = 10
 MAX_EVIDENCE = 4

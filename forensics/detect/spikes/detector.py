@@ -1,7 +1,8 @@
 """One metric's spike detector: its parameters, its state between chunks, and the kernel it drives.
 
 The rule is described once, in :mod:`forensics.detect.spikes`; the kernel (:mod:`~forensics.detect.spikes.kernel`)
-runs it row by row and :mod:`~forensics.detect.spikes.events` words its events. A run's metrics are judged together
+runs it row by row (compiled ahead of time where it can be, :mod:`forensics._precompiled`, else numba's JIT) and
+:mod:`~forensics.detect.spikes.events` words its events. A run's metrics are judged together
 by :class:`~forensics.detect.spikes.driver.SpikeDriver` (the grad norm first), the one place that builds detectors.
 """
 
@@ -15,14 +16,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from forensics._precompiled import loop
 from forensics.detect.findings import Finding
 from forensics.detect.metric_detector import MetricDetector
 from forensics.detect.params import Param, at_least, check_params
 from forensics.detect.rules.nonfinite import nonfinite_findings
-from forensics.detect.spikes import kernel as K
+from forensics.detect.spikes import kernel_state as K
 from forensics.detect.spikes.events import event_finding, expected_findings, two_sided_findings
-from forensics.detect.spikes.kernel_state import JOINT_LEAD
-from forensics.detect.spikes.kernel_tail import JOINT_MAX_P
+from forensics.detect.spikes.kernel_state import JOINT_LEAD, JOINT_MAX_P
 from forensics.detect.tags import BUCKET, StepLookup, group_ids
 from forensics.errors import ForensicsError
 from forensics.schema import STEP, find_loss_key
@@ -230,7 +231,7 @@ class SpikeDetector(MetricDetector):
             return []
         st = K.copy_state(self.state_)
         events = np.zeros(len(st.pending) + 2, K.EVENT)
-        n = K.flush(self.params_, st, self.last_step_, events)
+        n = loop("spike_flush")(self.params_, st, self.last_step_, events)
         out = [event_finding(self, events[j]) for j in range(n)]
         if not self.warmup_done_:
             out += two_sided_findings(self)
@@ -290,6 +291,7 @@ class SpikeDetector(MetricDetector):
         if not keep.all():
             self.n_skipped_ += int((~keep).sum())
             steps, values, groups = steps[keep], values[keep], groups[keep]
+        steps.flags.writeable = values.flags.writeable = False  # the kernel only reads them: one compiled signature
         n = len(steps)
         self.flagged_steps_ = np.empty(0, np.int64)
         self.last_rows_ = (steps, values, np.full(n, np.nan), np.full(n, np.nan))
@@ -312,10 +314,11 @@ class SpikeDetector(MetricDetector):
         supported = self._supported(steps)
         found = []
         done = 0
+        run_rows = loop("spike_rows")
         while done < n:  # the kernel pauses when its event buffer fills; collect and go on
             rows = K.Rows(steps[done:], values[done:], groups[done:], supported[done:])
-            n_ev, k = K.run_rows(self.params_, self.state_, rows, K.Verdicts(status[done:], base[done:], score[done:]),
-                                 events)
+            verdicts = K.Verdicts(status[done:], base[done:], score[done:])
+            n_ev, k = run_rows(self.params_, self.state_, rows, verdicts, events)
             found += [event_finding(self, events[j]) for j in range(n_ev)]
             done += k
         self.last_step_ = int(steps[-1])

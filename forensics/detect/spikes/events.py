@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from forensics.detect.findings import INFO, Finding
-from forensics.detect.spikes import kernel as K
-from forensics.detect.spikes.kernel_tail import OBSERVED_MAX_FACTOR
+from forensics.detect.spikes import kernel_state as K
+from forensics.detect.spikes.kernel_state import OBSERVED_MAX_FACTOR
 from forensics.stats import MAD_TO_SD
 
 if TYPE_CHECKING:

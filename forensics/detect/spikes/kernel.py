@@ -266,7 +266,7 @@ def run_rows(params, state, rows, out, events):
         y = v - off  # the value with its bucket's offset removed: what the trend is made of
         base = t + off
         r = v - base
-        st = RESTARTED if restarted else WARMUP
+        st = np.int64(RESTARTED) if restarted else np.int64(WARMUP)  # typed, not literal: one type for every branch
         zz = np.nan
         if not warm:
             sc = MAD_TO_SD * _win_median(state.scale)
@@ -327,16 +327,16 @@ def run_rows(params, state, rows, out, events):
                     op.decided_by, op.z_thr, op.clean_max = decided, z_used, c.clean_max
                 if op.n_rows >= p.max_duration:
                     n_ev = _shift_from(state, events, n_ev, s)
-                else:
+                elif c.n_pending > 0:  # tested here: a call passes the whole state, what waits is rare
                     n_ev = _resolve(p, state, events, n_ev, s, False)
                 continue
-            st = ACCEPTED
+            st = np.int64(ACCEPTED)
             if p.use_raw == 1 and known:  # would a detector without tags have flagged it?
                 mix = _win_median(state.mix)
                 sc_raw = MAD_TO_SD * _win_median(state.raw_scale)
                 sc_raw = max(sc_raw, 1e-9 * abs(mix) + 1e-12)
                 if _over(p, v - mix, sc_raw, mix, z_thr, p.z_large, ratio_floor):
-                    st = EXPECTED
+                    st = np.int64(EXPECTED)
         out.status[i] = st
         # accept: the value enters every window
         if p.use_raw == 1:
@@ -363,7 +363,8 @@ def run_rows(params, state, rows, out, events):
             op.is_open = 0
         c.n_accepted += 1
         c.n_clean += 1
-        n_ev = _resolve(p, state, events, n_ev, s, False)
+        if c.n_pending > 0:
+            n_ev = _resolve(p, state, events, n_ev, s, False)
     return n_ev, rows.value.shape[0]
 
 

@@ -29,6 +29,14 @@ BY_OBSERVED_MAX = 2  # the fit extrapolated past the run's largest clean score: 
 #: Steps by which a grad-norm spike may lead a loss spike and still be the same event (BLOOM-176B's led by 4).
 JOINT_LEAD = 10
 
+#: A supported row (another metric spiked at it or just before) is flagged when its score is rarer than
+#: ``alpha * joint_factor`` per step, never commoner than this: two metrics agreeing make a weaker loss move real.
+JOINT_MAX_P = 1e-3
+#: Where the fitted tail's threshold lies beyond the largest score of the run's clean history (the fit extrapolates
+#: past anything the run has shown), a row is flagged that passes the fixed rule (``z`` and at least a 1.5x jump) and
+#: whose score is at least this many times that largest clean score: a jump no clean step came near.
+OBSERVED_MAX_FACTOR = 1.05
+
 # --- event kinds ----------------------------------------------------------------------------------------------------
 EV_SPIKE = 1
 EV_SHIFT = 2

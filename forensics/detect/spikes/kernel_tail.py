@@ -8,7 +8,13 @@ from __future__ import annotations
 import numpy as np
 
 from forensics._numba import compiled
-from forensics.detect.spikes.kernel_state import BY_FIXED, BY_OBSERVED_MAX, BY_TAIL
+from forensics.detect.spikes.kernel_state import (  # noqa: F401 - the thresholds are read through here too
+    BY_FIXED,
+    BY_OBSERVED_MAX,
+    BY_TAIL,
+    JOINT_MAX_P,
+    OBSERVED_MAX_FACTOR,
+)
 
 #: Every function of the loop is compiled without numba's reference counting: the state is a tuple of arrays, and
 #: counting each array on every access was ~2/3 of the loop's time (measured with perf: NRT_incref/NRT_decref).
@@ -28,16 +34,9 @@ TRIM = 0.99
 #: Bounds of the fitted shape: from a clearly bounded tail to a very heavy one (infinite variance from 0.5 up).
 XI_LO = -0.5
 XI_HI = 0.95
-#: A supported row (another metric spiked at it or just before) is flagged when its score is rarer than
-#: ``alpha * joint_factor`` per step, never commoner than this: two metrics agreeing make a weaker loss move real.
-JOINT_MAX_P = 1e-3
 #: With a false_rate but fewer than min_peaks peaks, the jump condition is at least this (the fixed rule's default):
 #: the fixed score z alone flags heavy-tailed noise every few hundred steps.
 FALLBACK_RATIO = 1.5
-#: Where the fitted tail's threshold lies beyond the largest score of the run's clean history (the fit extrapolates
-#: past anything the run has shown), a row is flagged that passes the fixed rule (``z`` and at least a 1.5x jump) and
-#: whose score is at least this many times that largest clean score: a jump no clean step came near.
-OBSERVED_MAX_FACTOR = 1.05
 OBSERVED_EXTRAPOLATION = 1.0
 
 

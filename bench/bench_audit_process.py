@@ -2,8 +2,9 @@
 
 Each measurement is a fresh process (imports, reading, detection, writing), as a user runs it; both sides of a ratio run
 in the same bench run, alternated, best of ``--repeat``. ``.pyc`` files are written first (``compileall``) so neither
-side pays for compiling its sources, whatever ``PYTHONDONTWRITEBYTECODE`` says, and the loops compiled ahead of time
-(``forensics._precompiled``) are built first if they are not yet, as a user's first run leaves them.
+side pays for compiling its sources, whatever ``PYTHONDONTWRITEBYTECODE`` says; each command runs once untimed first,
+so its compiled loops come from their cache, as every run after a user's first does (``bench_cold_start.py`` times
+that first run).
 
 1. ``losslint``: a metrics-only audit of a ``--steps``-step JSONL (default 120,000: a decaying loss, grad norm and
    learning rate, Student-t noise, three spikes), JSON out, no report: ``forensics audit --metrics F --json J
@@ -152,21 +153,6 @@ def import_profile(cmd: list[str], top: int = 6) -> str:
             + f"; heavy packages loaded: {', '.join(heavy) if heavy else 'none'}")
 
 
-def precompile() -> None:
-    """The loops compiled ahead of time, as a user's first run leaves them (forensics._precompiled): built here in the
-    foreground when they are not yet, so that no timed run shares the machine with the background build."""
-    from forensics import _precompiled
-
-    place = _precompiled.folder()
-    if not (place / _precompiled.MANIFEST).exists():
-        t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "forensics._precompiled_build"], capture_output=True, text=True,
-                              cwd=ROOT)
-        print(f"loops compiled ahead of time in {time.perf_counter() - t0:.1f} s" if done.returncode == 0 else
-              f"loops NOT compiled ahead of time (numba's JIT is timed): {done.stderr.strip()[-300:]}")
-    print(f"compiled loops: {place if (place / _precompiled.MANIFEST).exists() else 'JIT'}")
-
-
 def bench_losslint(steps: int, repeat: int) -> None:
     if shutil.which("losslint") is None:
         print("losslint: not installed (pip install 'losslint[fast]==0.4.1'); skipped")
@@ -263,7 +249,6 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "forensics")], check=False,
                    env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
-    precompile()
     if args.only in (None, "losslint"):
         bench_losslint(args.steps, args.repeat)
     if args.only in (None, "load"):

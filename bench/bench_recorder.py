@@ -6,9 +6,12 @@
 - torch: a ``DataLoader`` over an in-memory dataset (batch size 64, no workers) iterated with and without a
   ``RecordingSampler`` around its ``BatchSampler``. The overhead per batch is the difference, also shown as a share of
   the bare loop (a real training step costs far more than this bare loop, so the real share is far smaller).
+- Trainer: a real Hugging Face ``Trainer`` step (the tiny random GPT-2 of ``fixtures/hf_runs.py``, batch 8, CPU, no
+  logging sinks or checkpoints) with and without ``record(trainer)``, runs alternated, the median time per optimizer
+  step of each. The overhead per step is the difference, also as a share of the bare step.
 
     python3 bench/bench_recorder.py            # 200,000 plain batches, 20,000 DataLoader batches
-    python3 bench/bench_recorder.py --quick    # 20,000 and 2,000
+    python3 bench/bench_recorder.py --quick    # 20,000 and 2,000, and 2 Trainer runs of 40 steps each way
 """
 
 from __future__ import annotations
@@ -84,11 +87,61 @@ def bench_torch(n_batches: int, folder: Path, table: Table) -> None:
                   f"+{(per - base) * 1e6:.2f} ({(per - base) / base:+.1%})", "")
 
 
+def bench_trainer(steps: int, runs: int, folder: Path, table: Table) -> None:
+    import contextlib
+    import io
+    import statistics
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from transformers import Trainer, TrainerCallback
+
+    from fixtures.hf_runs import BATCH as HF_BATCH
+    from fixtures.hf_runs import ListDataset, _args, _model, collate, make_samples
+    from forensics.integrations.hf import record
+
+    class StepTimes(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self._t = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.times.append(time.perf_counter() - self._t)
+
+    rows = make_samples()
+
+    def one(recorded: bool, run: int) -> float:
+        out = folder / f"trainer-{'rec' if recorded else 'bare'}-{run}"
+        args = _args(out, max_steps=steps, report_to=[], save_strategy="no", logging_steps=10)
+        timer = StepTimes()
+        trainer = Trainer(model=_model(), args=args, train_dataset=ListDataset(rows), data_collator=collate,
+                          callbacks=[timer])
+        if recorded:
+            record(trainer)
+        with contextlib.redirect_stdout(io.StringIO()):
+            trainer.train()
+        return statistics.median(timer.times[2:])  # the first steps warm up the allocator
+
+    bare, rec = [], []
+    for run in range(runs):
+        bare.append(one(False, run))
+        rec.append(one(True, run))
+    b, r = statistics.median(bare), statistics.median(rec)
+    table.add_row(f"baseline: HF Trainer step, tiny GPT-2, batch {HF_BATCH}", f"{steps * runs:,} steps",
+                  f"{b * 1e6:.0f}", "", "")
+    table.add_row("HF Trainer step + record(trainer)", f"{steps * runs:,} steps", f"{r * 1e6:.0f}",
+                  f"{(r - b) * 1e6:+.0f} ({(r - b) / b:+.1%})", "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, default=200_000, help="plain-loop batches (default 200,000)")
     ap.add_argument("--torch-batches", type=int, default=20_000, help="DataLoader batches (default 20,000)")
-    ap.add_argument("--quick", action="store_true", help="20,000 and 2,000 batches")
+    ap.add_argument("--quick", action="store_true", help="20,000 and 2,000 batches, 2 Trainer runs of 40 steps")
+    ap.add_argument("--trainer-steps", type=int, default=100, help="optimizer steps per Trainer run (default 100)")
     args = ap.parse_args()
     n_plain, n_torch = (20_000, 2_000) if args.quick else (args.batches, args.torch_batches)
     table = Table(title=f"plan recorder, batches of {BATCH} samples")
@@ -100,6 +153,10 @@ def main() -> None:
             bench_torch(n_torch, Path(tmp), table)
         except ImportError:
             table.add_row("torch not installed: DataLoader part skipped", "", "", "", "")
+        try:
+            bench_trainer(40 if args.quick else args.trainer_steps, 2 if args.quick else 4, Path(tmp), table)
+        except ImportError:
+            table.add_row("transformers not installed: Trainer part skipped", "", "", "", "")
     Console().print(table)
 
 

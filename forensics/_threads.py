@@ -1,4 +1,5 @@
-"""Thread pools sized to the cores this process may use, before numpy, numba or scikit-learn start theirs.
+"""Thread pools sized to the cores this process may use, before numpy, numba or scikit-learn start theirs: what the
+``forensics`` command does for its own process (:func:`forensics.__main__.size_this_process`), never an import.
 
 OpenMP, OpenBLAS/MKL and numba each size a pool to the whole machine, and on a small or shared machine they then
 fight for the same cores (measured on 2 cores: a 3 s audit took 16-30 s). The cores a process may use are its CPU
@@ -78,7 +79,7 @@ def free_cores(usable: int, loadavg: str = "/proc/loadavg") -> int:
 #: its first audit (clusters fitted, BLAS used), 3 runs: 5.64 -> 5.08 s of CPU, 6.62 -> 5.94 s wall.
 OPENBLAS_SPIN = "4"
 
-#: The pool size chosen when ``forensics`` was imported (None before).
+#: The pool size the ``forensics`` command chose for its process (None in any other process).
 SIZED_TO: int | None = None
 
 

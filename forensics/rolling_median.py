@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from forensics._precompiled import loop
+from forensics.compiled import loop
 
 #: The last values ranked and their ranking: a run's trends (divergence, plateau, oscillation and its warm-up) are
 #: rolling medians of the same loss over different windows, and ranking is half of each (one sort of every value).
@@ -34,7 +34,7 @@ def rolling_median(values: np.ndarray, window: int, center: bool = False, min_pe
     ordered, rank = _ranked(x)
     out = np.empty(n)
     if n:
-        loop("rolling_medians")(ordered, rank, start, end, periods, np.zeros(len(ordered) + 1, np.int64), out)
+        loop("rolling_medians", n)(ordered, rank, start, end, periods, np.zeros(len(ordered) + 1, np.int64), out)
     return out
 
 

@@ -1,14 +1,13 @@
 """The rolling median's compiled loop (numba): a Fenwick tree over the values' ranks, moved along the windows.
 
-:mod:`forensics.rolling_median` ranks the values and calls it, ahead of time compiled where it can
-(:mod:`forensics._precompiled`).
+:mod:`forensics.rolling_median` ranks the values and calls it through :mod:`forensics.compiled`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from forensics._numba import compiled
+from forensics.compiled.jit import compiled
 
 
 @compiled()

@@ -1,4 +1,5 @@
-"""The command's process collects garbage in larger batches (forensics.__main__); a caller's own choice wins."""
+"""The command's process collects garbage in larger batches (forensics.__main__.size_this_process, which the
+``forensics`` command calls and no import does); a caller's own choice wins."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ def _python(code: str) -> str:
                           timeout=120).stdout
 
 
-def _threshold(prelude: str, module: str = "forensics.__main__") -> list[int]:
-    return [int(x) for x in _python(f"import gc; {prelude}; import {module}; print(*gc.get_threshold())").split()]
+def _threshold(prelude: str, module: str = "forensics.__main__", sized: bool = True) -> list[int]:
+    size = f"; {module}.size_this_process()" if sized else ""
+    return [int(x) for x in
+            _python(f"import gc; {prelude}; import {module}{size}; print(*gc.get_threshold())").split()]
 
 
 def test_the_command_raises_the_young_generation_and_keeps_the_older_ones():
@@ -29,7 +32,7 @@ def test_a_caller_that_switched_collection_off_or_raised_it_further_keeps_its_se
 
 
 def test_a_cyclic_garbage_of_the_command_is_still_collected():
-    code = ("import gc, weakref; import forensics.__main__\n"
+    code = ("import gc, weakref; import forensics.__main__; forensics.__main__.size_this_process()\n"
             "class Node: pass\n"
             "a = Node(); a.self = a; probe = weakref.ref(a); del a\n"
             "junk = [[i] for i in range(700_000)]\n"  # allocations past the young generation's threshold
@@ -38,6 +41,8 @@ def test_a_cyclic_garbage_of_the_command_is_still_collected():
 
 
 def test_a_library_caller_of_the_cli_keeps_its_collector():
-    """The interpreter's own defaults (they differ between Python versions), untouched by importing the CLI."""
+    """The interpreter's own defaults (they differ between Python versions), untouched by importing the CLI or the
+    command's module."""
     defaults = [int(x) for x in _python("import gc; print(*gc.get_threshold())").split()]
-    assert _threshold("pass", module="forensics.cli") == defaults
+    assert _threshold("pass", module="forensics.cli", sized=False) == defaults
+    assert _threshold("pass", module="forensics.__main__", sized=False) == defaults

@@ -1,5 +1,5 @@
-"""How the package's compiled loops load (forensics._numba): a cache hit skips numba's target refresh, a miss still
-compiles through numba's own path, and neither imports scipy.linalg. Each case is a fresh process, as a user's."""
+"""How the package's compiled loops load (forensics.compiled.jit): a cache hit skips numba's target refresh, a miss
+still compiles through numba's own path, and neither imports scipy.linalg. Each case is a fresh process, as a user's."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ REFRESH_ONLY = ("numba.np.npyimpl", "numba.np.arraymath", "numba.cpython.unicode
 
 LOOP = '''
 import numpy as np
-from forensics._numba import compiled
+from forensics.compiled.jit import compiled
 
 @compiled()
 def running_max(values, out):
@@ -42,10 +42,10 @@ print(json.dumps({"best": best, "out": out.tolist(), "hits": sum(running_max.sta
 '''.replace("WATCHED", repr(REFRESH_ONLY))
 
 
-def _run(code: str, *args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ}
+def _run(code: str, *args: str, cache: Path | None = None, **extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **extra}
     if cache is not None:
-        env["NUMBA_CACHE_DIR"] = str(cache)
+        env["FORENSICS_CACHE_DIR"] = str(cache)
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=300, check=True)
 
@@ -76,7 +76,8 @@ print(json.dumps({m: m in sys.modules for m in WATCHED}))
 
 
 def test_a_metrics_only_audit_with_warm_caches_never_refreshes_numba(tmp_path):
-    """The audit's loops (the spike kernel) come from the cache; the findings are the compiling run's."""
+    """The audit's loops (the spike kernel, compiled whatever the run's length) come from the cache; the findings are
+    the compiling run's."""
     rows = [{"step": s, "loss": 2.0 - s / 400 + (0.02 if s % 3 else -0.02) + (2.5 if s == 300 else 0.0)}
             for s in range(1, 601)]
     metrics = tmp_path / "metrics.jsonl"
@@ -85,7 +86,8 @@ def test_a_metrics_only_audit_with_warm_caches_never_refreshes_numba(tmp_path):
     findings = []
     for i in range(2):
         out = tmp_path / f"findings{i}.json"
-        loaded = json.loads(_run(AUDIT, str(metrics), str(out), cache=cache).stdout.splitlines()[-1])
+        done = _run(AUDIT, str(metrics), str(out), cache=cache, FORENSICS_COMPILE_FROM="0")
+        loaded = json.loads(done.stdout.splitlines()[-1])
         findings.append(json.loads(out.read_text()))
     assert not any(loaded.values()), loaded
     assert [s["step"] for s in findings[1]["spikes"]] == [300]

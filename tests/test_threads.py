@@ -1,6 +1,7 @@
 """Thread pools sized to the cores the process may use: affinity, cgroup quota, the user's own setting.
 
-Each check runs in a fresh interpreter, since the pools are sized once, when ``forensics`` is first imported.
+Each check runs in a fresh interpreter, since the pools are sized once, by the ``forensics`` command before its heavy
+imports (forensics.__main__.size_this_process).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ PROBE = """
 import json, os, sys
 if {cores!r} is not None:
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:{cores!r}]))
-import forensics  # sizes the pools
+import forensics.__main__
+forensics.__main__.size_this_process()  # what the command does first
+import forensics._threads
 import numba, threadpoolctl
 from sklearn.cluster import KMeans  # noqa: F401  (loads OpenMP and BLAS as the clustering does)
 import numpy as np
@@ -107,7 +110,8 @@ def test_cores_other_processes_run_on_are_not_counted(tmp_path, monkeypatch):
 
 SPIN_PROBE = """
 import os, time
-import forensics  # noqa: F401  (sets the spin before numpy loads OpenBLAS)
+import forensics.__main__
+forensics.__main__.size_this_process()  # sets the spin before numpy loads OpenBLAS
 import numpy as np
 np.ones((256, 256)) @ np.ones((256, 256))  # work for the pool's second thread, which then waits for more
 time.sleep(0.4)  # longer than OpenBLAS's default spin (2**28 cycles: about 0.1 s on a 2.5 GHz core)
@@ -127,7 +131,8 @@ def test_idle_openblas_workers_sleep_instead_of_spinning():
     out = subprocess.run([sys.executable, "-c", SPIN_PROBE], capture_output=True, text=True, env=env, timeout=120,
                          check=True)
     assert int(out.stdout.strip().splitlines()[-1]) <= 2  # clock ticks (10 ms each): asleep right after its work
-    spun = subprocess.run([sys.executable, "-c", "import forensics, os; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"],
+    code = "import forensics.__main__ as m, os; m.size_this_process(); print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
+    spun = subprocess.run([sys.executable, "-c", code],
                           capture_output=True, text=True, env={**clean, "OPENBLAS_THREAD_TIMEOUT": "20"}, timeout=60,
                           check=True)
     assert spun.stdout.strip() == "20"  # a user's own spin wins

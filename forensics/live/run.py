@@ -102,11 +102,9 @@ class LiveRun:
     # --- opening --------------------------------------------------------------------------------------------------
     def start(self) -> LiveRun:
         """Read what exists, get the findings and tags, feed the online rules. A run with no rows yet waits."""
-        from forensics.detect.spikes.preload import preload_kernel
         from forensics.schema import open_case
         from forensics.sources.live import LiveMetrics
 
-        preload_kernel()  # numba's first use overlaps with reading the log
         t = self.target
         self.inputs = Inputs.of(open_case(t.case, overrides={"metrics": list(t.sources)} if t.sources else None))
         self.config = self.inputs.config

@@ -52,10 +52,11 @@ def pack_greedy(
     order = np.asarray(order, dtype=np.int64)
     if not len(order):
         return []
-    from forensics.plan.greedy_kernel import greedy_cuts
+    from forensics.compiled import loop
 
     cuts = np.empty(len(order), np.int64)
-    n = greedy_cuts(np.ascontiguousarray(lengths[order], dtype=np.int64), int(token_budget), int(max_batch_size), cuts)
+    in_order = np.ascontiguousarray(lengths[order], dtype=np.int64)
+    n = loop("greedy_cuts", len(order))(in_order, int(token_budget), int(max_batch_size), cuts)
     return np.split(order, cuts[:n])
 
 

@@ -4,7 +4,7 @@ module, imported when a packing runs, so that reading a plan does not load numba
 
 from __future__ import annotations
 
-from forensics._numba import compiled
+from forensics.compiled.jit import compiled
 from forensics.plan.padding import padded_tokens
 
 _padded = compiled(inline="always")(padded_tokens)

@@ -127,8 +127,7 @@ The package, one job a module: :mod:`~forensics.detect.spikes.kernel` (the compi
 :mod:`~forensics.detect.spikes.events` (kernel events -> findings; the two-sided rule of short spans),
 :mod:`~forensics.detect.spikes.driver` (the joint, grad-norm-first loop over a run's analysed metrics, with its
 confidence and logging windows: the one place that builds detectors, called by the audit, ``live/`` and ``watch``),
-:mod:`~forensics.detect.spikes.rule` (the audit's rule) and :mod:`~forensics.detect.spikes.preload` (loading the
-compiled kernel on a thread while a dashboard reads its log).
+:mod:`~forensics.detect.spikes.rule` (the audit's rule).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One metric's spike detector: its parameters, its state between chunks, and the kernel it drives.
 
 The rule is described once, in :mod:`forensics.detect.spikes`; the kernel (:mod:`~forensics.detect.spikes.kernel`)
-runs it row by row (compiled ahead of time where it can be, :mod:`forensics._precompiled`, else numba's JIT) and
+runs it row by row (compiled, or as plain Python before its machine code is cached: :mod:`forensics.compiled`) and
 :mod:`~forensics.detect.spikes.events` words its events. A run's metrics are judged together
 by :class:`~forensics.detect.spikes.driver.SpikeDriver` (the grad norm first), the one place that builds detectors.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forensics._precompiled import loop
+from forensics.compiled import loop
 from forensics.detect.findings import Finding
 from forensics.detect.metric_detector import MetricDetector
 from forensics.detect.params import Param, at_least, check_params
@@ -231,7 +231,7 @@ class SpikeDetector(MetricDetector):
             return []
         st = K.copy_state(self.state_)
         events = np.zeros(len(st.pending) + 2, K.EVENT)
-        n = loop("spike_flush")(self.params_, st, self.last_step_, events)
+        n = loop("spike_flush", self.n_rows_)(self.params_, st, self.last_step_, events)
         out = [event_finding(self, events[j]) for j in range(n)]
         if not self.warmup_done_:
             out += two_sided_findings(self)
@@ -314,7 +314,7 @@ class SpikeDetector(MetricDetector):
         supported = self._supported(steps)
         found = []
         done = 0
-        run_rows = loop("spike_rows")
+        run_rows = loop("spike_rows", n)
         while done < n:  # the kernel pauses when its event buffer fills; collect and go on
             rows = K.Rows(steps[done:], values[done:], groups[done:], supported[done:])
             verdicts = K.Verdicts(status[done:], base[done:], score[done:])

@@ -13,15 +13,15 @@ what makes online and offline answers identical.
 The loop is split by job: the records and the state in :mod:`~forensics.detect.spikes.kernel_state` (no compiled
 code), the rolling windows and the trend in :mod:`~forensics.detect.spikes.kernel_windows`, the calibrated tail in
 :mod:`~forensics.detect.spikes.kernel_tail`, and here the events and the loop over rows. numba links the compiled
-functions a loop calls into its cached machine code, so the numba cache folder is keyed by the content of every
-``kernel*.py`` module (:func:`forensics._numba_cache_dir`): a changed window invalidates the loop that calls it.
+functions a loop calls into its cached machine code, so the cache is keyed by the content of the whole package
+(:mod:`forensics.compiled.key`): a changed window, or the robust-SD constant, invalidates the loop that reads it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from forensics._numba import compiled
+from forensics.compiled.jit import compiled
 from forensics.detect.spikes.kernel_state import (  # noqa: F401 - the records and codes are read through here
     ACCEPTED,
     BY_FIXED,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from forensics._numba import compiled
+from forensics.compiled.jit import compiled
 from forensics.detect.spikes.kernel_state import (  # noqa: F401 - the thresholds are read through here too
     BY_FIXED,
     BY_OBSERVED_MAX,

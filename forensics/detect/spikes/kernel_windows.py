@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from forensics._numba import compiled
+from forensics.compiled.jit import compiled
 
 #: Every function of the loop is compiled without numba's reference counting: the state is a tuple of arrays, and
 #: counting each array on every access was ~2/3 of the loop's time (measured with perf: NRT_incref/NRT_decref).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from forensics._numba import compiled
+from forensics.compiled.jit import compiled
 
 #: Compiled without numba's reference counting (as the detection kernel): nothing inside allocates, the caller
 #: passes every buffer sized for the worst case of the bytes it hands over (:func:`forensics.sources.wandb.scanner`),

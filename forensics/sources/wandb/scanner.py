@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from forensics.compiled import loop
 from forensics.errors import ForensicsError
 from forensics.sources.reader.records import Damage
 from forensics.sources.wandb import scan_kernel as K
@@ -242,7 +243,8 @@ def warm() -> None:
         fh.flush()
         _Pass(MARGIN + (64 << 10)).read_and_scan(fh, 0)
     one = np.zeros(1, dtype=np.int64)
-    K.pivot(np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_), np.zeros((2, 1), dtype=np.int64), one, one,
+    pivot = loop("wandb_pivot", 0)
+    pivot(np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_), np.zeros((2, 1), dtype=np.int64), one, one,
           np.zeros(1), np.zeros(1, dtype=np.int8), one, one, 0, 0)
 
 
@@ -338,10 +340,11 @@ class _Pass:
         self.sitems[4] = -1
         self.sitems[5] = 0
         limit = self.boundary(start) - start
-        stop, why, first = K.scan(self.data, start, limit, skip, self.numbers, self.oneof, self.typed, _CRC,
-                                  _TYPE_CRCS, self.counts, self.rows, self.items, self.kinds, self.voff, self.vbuf,
-                                  self.htab, self.hpool, self.stab, self.spool, self.sitems, self.sstore,
-                                  self.handed, self.hbuf, self.asm, self.kbuf, self.pending)
+        scan = loop("wandb_scan", 0)
+        stop, why, first = scan(self.data, start, limit, skip, self.numbers, self.oneof, self.typed, _CRC,
+                                _TYPE_CRCS, self.counts, self.rows, self.items, self.kinds, self.voff, self.vbuf,
+                                self.htab, self.hpool, self.stab, self.spool, self.sitems, self.sstore,
+                                self.handed, self.hbuf, self.asm, self.kbuf, self.pending)
         return int(stop), int(why), got, at_eof, int(first), self.batch()
 
     def batch(self) -> ScanBatch:
@@ -422,8 +425,9 @@ def rows_table_of(batches: list[ScanBatch], slow: list[tuple[int, dict[str, floa
     never = np.iinfo(np.int64).max
     first = np.full((2, len(columns)), never, dtype=np.int64)
     r0 = rank0 = 0
+    pivot = loop("wandb_pivot", 0)
     for b, colmap in zip(batches, maps):
-        K.pivot(out, valid, first, b.item_key, b.item_row, b.values, b.item_kind, colmap, final, r0, rank0)
+        pivot(out, valid, first, b.item_key, b.item_row, b.values, b.item_kind, colmap, final, r0, rank0)
         r0 += len(b.row_offset)
         rank0 += len(b.item_key)
     for (_, row), i in zip(slow, final[len(fast):].tolist()):

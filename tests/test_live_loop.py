@@ -206,20 +206,47 @@ def test_each_cause_is_announced_once_by_its_key_and_a_return_joins_its_cause(de
         c["key"] for c in offline["causes"] if c["kind"] in batch}
 
 
+def _hf_jsonl_case(out: Path, live: Path) -> tuple[Path, list[str]]:
+    """A real Trainer run's case (its recorded plan and samples) whose metrics are its per-step log history as a
+    JSONL log written as it trains (steps 0-based: HF's ``global_step`` minus 1)."""
+    state = json.loads((out / "trainer_state.json").read_text())
+    rows = [h for h in state["log_history"] if "loss" in h and "step" in h]
+    lines = [json.dumps({"step": int(h["step"]) - 1, "loss": float(h["loss"]), "grad_norm": float(h["grad_norm"])})
+             + "\n" for h in rows]
+    live.mkdir(parents=True)
+    shutil.copytree(out / "plan", live / "plan")
+    shutil.copy(out / "samples.parquet", live / "samples.parquet")
+    (live / "run.toml").write_text('metrics = ["metrics.jsonl"]\nplan = "plan"\nsamples = "samples.parquet"\n'
+                                   'max_grad_norm = 1.0\n')
+    return live, lines
+
+
+@pytest.fixture(scope="module")
+def hf_case(hf_cases, tmp_path_factory) -> tuple[Path, list[str], dict]:
+    live, lines = _hf_jsonl_case(hf_cases["random_corrupt"].out, tmp_path_factory.mktemp("hf") / "case")
+    (live / "metrics.jsonl").write_text("".join(lines))
+    return live, lines, run_audit(open_case(live)).findings
+
+
+@pytest.mark.slow
+@settings(max_examples=2, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(cuts=st.lists(st.integers(130, 750), max_size=5, unique=True), first=st.integers(100, 125))
+def test_live_chunks_of_a_real_trainer_run_with_its_plan_give_the_audits_findings(hf_case, cuts, first):
+    """The harmful samples, the grad-norm spikes the loss did not follow and the spikes with their suspects: the
+    live loop over a real HF Trainer run with its recorded plan ends where the audit does."""
+    case, lines, offline = hf_case
+    assert {f["kind"] for f in offline["findings"]} == {"spike", "grad_norm_spikes", "harmful_samples"}
+    run = _live(case, lines, cuts, first)
+    assert _comparable(run.finish()) == _comparable(offline)
+
+
 @pytest.mark.slow
 def test_harmful_samples_accumulate_live_as_they_come_back(hf_cases, tmp_path):
     """A real Trainer run tailed as it writes: the run-level estimate is redone as rows arrive, and by the end it
     lists the corrupted samples, as the audit does."""
     case = hf_cases["random_corrupt"]
-    state = json.loads((case.out / "trainer_state.json").read_text())
-    rows = [h for h in state["log_history"] if "loss" in h and "step" in h]
-    lines = [json.dumps({"step": int(h["step"]) - 1, "loss": float(h["loss"]), "grad_norm": float(h["grad_norm"])})
-             + "\n" for h in rows]
-    live = tmp_path / "live"
-    live.mkdir()
-    shutil.copytree(case.out / "plan", live / "plan")
-    shutil.copy(case.out / "samples.parquet", live / "samples.parquet")
-    (live / "run.toml").write_text('metrics = ["metrics.jsonl"]\nplan = "plan"\nsamples = "samples.parquet"\n')
+    live, lines = _hf_jsonl_case(case.out, tmp_path / "live")
     run = _live(live, lines, cuts=list(range(200, len(lines), 150)), first=120)
     listed = {h["sample_id"] for h in run.harmful_samples}
     corrupt = set(case.corrupt_ids)

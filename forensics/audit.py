@@ -21,6 +21,16 @@ from typing import Any
 import pandas as pd
 
 from forensics.errors import ForensicsError
+from forensics.pipeline.run_tables import (  # noqa: F401  (the audit's names for them, kept for its callers)
+    assemble_run,
+    checkpoint_fields,
+    choose_keys,
+    eval_loss_choice,
+    health_fields,
+    logged_offset,
+    logging_steps,
+    replay_fields,
+)
 from forensics.schema import (
     SAMPLE_ID,
     STEP,
@@ -31,9 +41,8 @@ from forensics.schema import (
     load_samples,
     metric_columns,
     validate_plan,
-    written,
 )
-from forensics.schema.keys import KeyChoice, choose_key, key_choices_section
+from forensics.schema.keys import key_choices_section
 
 
 @dataclass
@@ -121,17 +130,9 @@ def run_audit(
     warnings += report.warnings
     if metrics.empty:
         raise ForensicsError(f"audit: the metrics sources hold no rows: {', '.join(s.path for s in sources)}")
-    # the loss and grad-norm keys by one lookup (schema.keys); values written per metric let a dense series beat
-    # a sparse one of the same name (HF's end-of-run train_loss beside the per-step loss)
-    cols = metric_columns(metrics)
-    counts = {c: int(written(metrics, c).sum()) for c in cols}
-    keys = (choose_key(cols, "loss", given=cfg.loss_key, counts=counts, required=True),
-            choose_key(cols, "grad_norm", counts=counts))
-    warnings += [k.warning for k in keys if k.warning]
-    loss_key, grad_key = str(keys[0].key), keys[1].key
-    eval_choice = eval_loss_choice(cols, counts, loss_key, cfg.eval_loss_key)
-    analysed = _analysed_metrics(metrics, loss_key, spike_metrics, grad_key)
-
+    keys = choose_keys(metrics, cfg, spike_metrics)
+    warnings += keys.warnings
+    loss_key, analysed = keys.loss_key, keys.analysed
     with _plan_engine(case, warnings) as engine:  # None: the plan is loaded whole (pandas)
         samples = plan = tags = view = None
         boundaries = list(cfg.boundaries) if cfg.boundaries else None
@@ -163,18 +164,10 @@ def run_audit(
             sections["plan"] = None
 
         from forensics.detect import Findings
-        from forensics.detect.base import RunTables
         from forensics.detect.rules import run_rules
 
-        run = RunTables(metrics=metrics, loss_key=loss_key, analysed=analysed,
-                        grad_norm_key=grad_key, tags=tags, plan=plan, samples=samples,
-                        boundaries=boundaries, max_len=cfg.max_len, sections=sections,
-                        steps_known=all(a.convention != "as logged" for a in report.alignments),
-                        logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
-                        max_grad_norm=cfg.max_grad_norm,
-                        rule_params={k: dict(v) for k, v in cfg.detect.items()}, eval_loss_key=eval_choice.key,
-                        **replay_fields(case, has_plan), **checkpoint_fields(case, warnings),
-                        **health_fields(case, report), plan_source=view)
+        run = assemble_run(case, metrics, report, keys, tags=tags, plan=plan, samples=samples,
+                           boundaries=boundaries, sections=sections, plan_source=view, warnings=warnings)
         judged = run_rules(rules, run, stage=stage)
         # the batches the report's cards show, while the engine is open
         from forensics.detect.findings import spike_span
@@ -189,7 +182,7 @@ def run_audit(
                         "names each spike's bucket, cluster, batch and suspect samples")
 
     sections["run"] = _run_section(case, metrics, loss_key, analysed, has_plan, tags, boundaries, report)
-    sections["run"].update(key_choices_section(*keys, eval_choice))
+    sections["run"].update(key_choices_section(keys.loss, keys.grad_norm, keys.eval_loss))
     sections["run"]["checkpoints"] = None if run.checkpoints is None else len(run.checkpoints)
     findings = Findings(items=found, sections=sections, warnings=warnings, logged_offset=run.logged_offset).to_dict()
     from forensics.detect.causes.verdict import facts, verdict
@@ -277,61 +270,10 @@ def _replay_doc(case: Case) -> dict[str, Any] | None:
     return read_replay(path) if path is not None else None
 
 
-def replay_fields(case: Case, has_plan: bool) -> dict[str, Any]:
-    """The case folder the printed commands name, and whether a replay can run on it (else what it lacks)."""
-    out: dict[str, Any] = {"case_path": str(case.root) if case.root else None}
-    if has_plan and case.root is not None:
-        from forensics.replay.readiness import replay_readiness
-
-        ready = replay_readiness(case)
-        out.update(replay_ready=ready.ok, replay_missing=ready.words())
-    return out
 
 
-def eval_loss_choice(cols: Sequence[str], counts: dict[str, int] | None, loss_key: str,
-                     given: str | None = None) -> KeyChoice:
-    """The held-out loss (run.toml ``eval_loss_key``, else found as the loss key is: DESIGN.md), never the training
-    loss itself (a run that logs only its eval loss analyses it as the loss and has no second one)."""
-    choice = choose_key(cols, "eval_loss", given=given, counts=counts)
-    if choice.key is not None and choice.key == loss_key and not choice.given:
-        return KeyChoice("eval_loss", None, f"'{loss_key}' is the only loss and is analysed as the loss",
-                         choice.candidates)
-    return choice
 
 
-def checkpoint_fields(case: Case, warnings: list[str] | None = None) -> dict[str, Any]:
-    """The case's checkpoints for the rules (the divergence finding names the one to resume from), listed from their
-    names without torch; a run.toml ``checkpoints`` that cannot be read is a warning, not a failure of the audit."""
-    from forensics.replay.readiness import list_checkpoints
-
-    found, warning = list_checkpoints(case)
-    if warning and warnings is not None:
-        warnings.append(warning)
-    return {"checkpoints": found}
-
-
-def health_fields(case: Case, report: Any) -> dict[str, Any]:
-    """What the run-health rules read beside the metrics: rewinds, crash-line files, the device memory."""
-    from forensics.sources.crash_logs import crash_log_files, shifted_rewinds
-
-    return {"rewinds": shifted_rewinds(report), "log_files": crash_log_files(case, report),
-            "device_memory_gb": case.config.device_memory_gb}
-
-
-def logged_offset(report: Any) -> int:
-    """Logged step minus canonical step: the step offset the sources were aligned with (HF's ``global_step``
-    counts from 1: 1), the most common one when sources differ; 0 without sources (DESIGN.md "logged step")."""
-    offsets = [int(a.step_offset) for a in report.alignments]
-    return max(set(offsets), key=offsets.count) if offsets else 0
-
-
-def logging_steps(cfg: RunConfig, report: Any) -> int:
-    """Steps each logged loss value covers: run.toml's ``logging_steps``, else what the loss's source says (HF's
-    trainer_state.json, W&B config), else 1."""
-    if cfg.logging_steps:
-        return int(cfg.logging_steps)
-    said = [a.logging_steps for a in report.alignments if a.logging_steps and a.convention == "hf-trainer"]
-    return int(said[-1]) if said else 1
 
 
 def _plan_sections(plan: Any, samples: pd.DataFrame, boundaries: list[int], cfg: RunConfig, case: Case,
@@ -356,17 +298,6 @@ def _plan_sections(plan: Any, samples: pd.DataFrame, boundaries: list[int], cfg:
                                max_len=cfg.max_len, grad_accum=cfg.grad_accum, world_size=cfg.world_size).to_dict()
     return out
 
-
-def _analysed_metrics(metrics: pd.DataFrame, loss_key: str, requested: Sequence[str] | None,
-                      grad: str | None) -> list[str]:
-    cols = metric_columns(metrics)
-    if requested:
-        missing = [m for m in requested if m not in cols]
-        if missing:
-            raise ForensicsError(f"--spike-metric: {', '.join(missing)} not among the metrics "
-                                 f"({', '.join(cols[:12])})")
-        return list(dict.fromkeys([loss_key, *requested]))
-    return [loss_key] + ([grad] if grad and grad != loss_key else [])
 
 
 def _run_section(case: Case, metrics: pd.DataFrame, loss_key: str, analysed: list[str],

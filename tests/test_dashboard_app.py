@@ -250,3 +250,21 @@ def test_new_plan_parts_are_tagged_with_the_fit_of_the_start(demo_small: Path, t
     loss = [n.finding for n in new if n.finding["metric"] == "train/loss"]
     assert [f["step"] for f in loss] == [254, 258]
     assert loss[0]["bucket"] == 5 and sorted(loss[0]["suspect_samples"]) == sorted(batches[254])
+
+
+def test_a_crash_line_written_while_watching_is_a_new_cause_on_the_page(tmp_path: Path) -> None:
+    """The dashboard's loop reads the run's health as the audit does: a ``slurm-123.out`` that ends in a CUDA
+    out-of-memory line, written after the last row, shows on the next refresh as a new critical crash cause."""
+    case = tmp_path / "case"
+    case.mkdir()
+    (case / "run.toml").write_text('metrics = ["metrics.jsonl"]\n')
+    (case / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3.0 - s / 400 + 0.01 * (s % 7)})
+                                                + "\n" for s in range(300)))
+    at = app(case).run()
+    assert not at.exception, at.exception
+    assert "crash cause" not in page_text(at)
+    (case / "slurm-123.out").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    at.run()
+    text = page_text(at)
+    assert "New causes (1, found while watching)" in text
+    assert "crash cause, steps 299 (critical)" in text

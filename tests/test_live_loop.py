@@ -56,12 +56,13 @@ def _comparable(findings: dict) -> dict:
             "spikes": findings["spikes"], "nonfinite": findings["nonfinite"], "causes": findings["causes"]}
 
 
-def _live(case: Path, lines: list[str], cuts: list[int], first: int) -> LiveRun:
-    (case / "metrics.jsonl").write_text("".join(lines[:first]))
+def _live(case: Path, lines: list[str], cuts: list[int], first: int, name: str = "metrics.jsonl") -> LiveRun:
+    """The run opened on its first ``first`` lines of ``case/name``, then refreshed once per chunk appended."""
+    (case / name).write_text("".join(lines[:first]))
     run = LiveRun(resolve_target([str(case)])).start()
     bounds = [first, *sorted(c for c in cuts if first < c < len(lines)), len(lines)]
     for a, b in zip(bounds, bounds[1:]):
-        with (case / "metrics.jsonl").open("a") as fh:
+        with (case / name).open("a") as fh:
             fh.write("".join(lines[a:b]))
         run.refresh()
     return run
@@ -81,6 +82,46 @@ def demo_case(demo_small, tmp_path_factory) -> tuple[Path, list[str], dict]:
     lines = (src / "metrics.jsonl").read_text().splitlines(keepends=True)
     toml = (src / "run.toml").read_text().replace('metrics = ["metrics.parquet"]', 'metrics = ["metrics.jsonl"]')
     case = _lines_case(tmp_path_factory.mktemp("demo-live") / "case", lines, toml, extra=src)
+    return case, lines, run_audit(open_case(case)).findings
+
+
+OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+
+
+def _health_run_lines(seed: int = 5) -> list[str]:
+    """A metrics-only run that resumed from a checkpoint: steps 0-319 logged, then 250-599 logged again from a loss
+    0.4 higher (a restart whose resumed values differ), with a loss spike at 180 and a warmup of the lr."""
+    rng = np.random.default_rng(seed)
+
+    def row(step: int, shift: float = 0.0) -> str:
+        loss = 2.5 - step / 800 + 0.03 * rng.standard_normal() + shift
+        loss *= 2.4 if step == 180 else 1.0
+        return json.dumps({"step": step, "loss": float(loss), "grad_norm": float(1 + 0.05 * rng.standard_normal()),
+                           "lr": float(min(1e-3, 1e-3 * (step + 1) / 50))}) + "\n"
+
+    return [row(s) for s in range(0, 320)] + [row(s, 0.4) for s in range(250, 600)]
+
+
+@pytest.fixture(scope="module")
+def health_case(tmp_path_factory) -> tuple[Path, list[str], dict]:
+    """The resumed run, audited with the scheduler's ``slurm-123.out`` ending in a CUDA out-of-memory line."""
+    lines = _health_run_lines()
+    case = _lines_case(tmp_path_factory.mktemp("health") / "case", lines, 'metrics = ["metrics.jsonl"]\n')
+    (case / "slurm-123.out").write_text("step 599 loss 2.41\n" + OOM_LINE)
+    offline = run_audit(open_case(case)).findings
+    (case / "slurm-123.out").unlink()  # each example writes it again when the run dies
+    return case, lines, offline
+
+
+@pytest.fixture(scope="module")
+def real_log_case(real_logs_dir, tmp_path_factory) -> tuple[Path, list[str], dict]:
+    """A real public log, metrics only: modded-nanogpt's 20,344 steps of a noisy per-step loss (its one-step spikes
+    and its NaN timing fields), tailed as the text log it is."""
+    lines = (real_logs_dir / "modded-nanogpt-1b-adamw.log").read_text().splitlines(keepends=True)
+    case = tmp_path_factory.mktemp("real-log") / "case"
+    case.mkdir()
+    (case / "run.toml").write_text('metrics = ["train.log"]\n')
+    (case / "train.log").write_text("".join(lines))
     return case, lines, run_audit(open_case(case)).findings
 
 
@@ -112,6 +153,46 @@ def test_live_chunks_of_a_planned_run_give_the_audits_causes_and_keys(demo_case,
     assert _comparable(run.finish()) == _comparable(offline)
 
 
+def test_the_health_and_real_cases_have_what_the_property_compares(health_case, real_log_case):
+    """The run-health case gives a crash, a restart and a spike (each a cause); the real log its spikes and the NaN
+    of its timing fields."""
+    _, _, health = health_case
+    assert [(f["kind"], f["step"], f["severity"]) for f in health["findings"]] == [
+        ("crash", 599, "critical"), ("restart", 250, "warning"), ("spike", 180, "warning")]
+    assert [c["key"] for c in health["causes"]] == ["crash:599:-", "restart:250:-", "event:180:-"]
+    restart = next(f for f in health["findings"] if f["kind"] == "restart")["details"]
+    assert (restart["last_step"], restart["rows_replaced"]) == (319, 70)
+    _, _, real = real_log_case
+    kinds = [f["kind"] for f in real["findings"]]
+    assert kinds.count("spike") >= 20 and "nonfinite" in kinds
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                    HealthCheck.too_slow])
+@given(cuts=st.lists(st.integers(1, 669), max_size=7, unique=True), first=st.integers(40, 330))
+def test_live_chunks_of_a_resumed_run_that_died_give_the_audits_crash_restart_and_spike(health_case, cuts, first):
+    """Rows in any chunks, the rewind cut anywhere, then the crash line written after the last row (the job died:
+    no row comes with it): the live loop announces the crash, and finishes with the audit's findings and causes."""
+    case, lines, offline = health_case
+    try:
+        run = _live(case, lines, cuts, first)
+        (case / "slurm-123.out").write_text("step 599 loss 2.41\n" + OOM_LINE)
+        assert run.refresh() == []
+        assert "crash:599:-" in [n.key for n in run.new_causes]
+        assert _comparable(run.finish()) == _comparable(offline)
+    finally:
+        (case / "slurm-123.out").unlink(missing_ok=True)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(cuts=st.lists(st.integers(1, 20500), max_size=6, unique=True), first=st.integers(300, 3000))
+def test_live_chunks_of_a_real_metrics_only_log_give_the_audits_findings(real_log_case, cuts, first):
+    case, lines, offline = real_log_case
+    run = _live(case, lines, cuts, first, name="train.log")
+    assert _comparable(run.finish()) == _comparable(offline)
+
+
 def test_each_cause_is_announced_once_by_its_key_and_a_return_joins_its_cause(demo_case):
     """The batch of 254 comes back later in the run: it joins the cause announced at 254 (same key), no new one."""
     case, lines, offline = demo_case
@@ -125,20 +206,47 @@ def test_each_cause_is_announced_once_by_its_key_and_a_return_joins_its_cause(de
         c["key"] for c in offline["causes"] if c["kind"] in batch}
 
 
+def _hf_jsonl_case(out: Path, live: Path) -> tuple[Path, list[str]]:
+    """A real Trainer run's case (its recorded plan and samples) whose metrics are its per-step log history as a
+    JSONL log written as it trains (steps 0-based: HF's ``global_step`` minus 1)."""
+    state = json.loads((out / "trainer_state.json").read_text())
+    rows = [h for h in state["log_history"] if "loss" in h and "step" in h]
+    lines = [json.dumps({"step": int(h["step"]) - 1, "loss": float(h["loss"]), "grad_norm": float(h["grad_norm"])})
+             + "\n" for h in rows]
+    live.mkdir(parents=True)
+    shutil.copytree(out / "plan", live / "plan")
+    shutil.copy(out / "samples.parquet", live / "samples.parquet")
+    (live / "run.toml").write_text('metrics = ["metrics.jsonl"]\nplan = "plan"\nsamples = "samples.parquet"\n'
+                                   'max_grad_norm = 1.0\n')
+    return live, lines
+
+
+@pytest.fixture(scope="module")
+def hf_case(hf_cases, tmp_path_factory) -> tuple[Path, list[str], dict]:
+    live, lines = _hf_jsonl_case(hf_cases["random_corrupt"].out, tmp_path_factory.mktemp("hf") / "case")
+    (live / "metrics.jsonl").write_text("".join(lines))
+    return live, lines, run_audit(open_case(live)).findings
+
+
+@pytest.mark.slow
+@settings(max_examples=2, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(cuts=st.lists(st.integers(130, 750), max_size=5, unique=True), first=st.integers(100, 125))
+def test_live_chunks_of_a_real_trainer_run_with_its_plan_give_the_audits_findings(hf_case, cuts, first):
+    """The harmful samples, the grad-norm spikes the loss did not follow and the spikes with their suspects: the
+    live loop over a real HF Trainer run with its recorded plan ends where the audit does."""
+    case, lines, offline = hf_case
+    assert {f["kind"] for f in offline["findings"]} == {"spike", "grad_norm_spikes", "harmful_samples"}
+    run = _live(case, lines, cuts, first)
+    assert _comparable(run.finish()) == _comparable(offline)
+
+
 @pytest.mark.slow
 def test_harmful_samples_accumulate_live_as_they_come_back(hf_cases, tmp_path):
     """A real Trainer run tailed as it writes: the run-level estimate is redone as rows arrive, and by the end it
     lists the corrupted samples, as the audit does."""
     case = hf_cases["random_corrupt"]
-    state = json.loads((case.out / "trainer_state.json").read_text())
-    rows = [h for h in state["log_history"] if "loss" in h and "step" in h]
-    lines = [json.dumps({"step": int(h["step"]) - 1, "loss": float(h["loss"]), "grad_norm": float(h["grad_norm"])})
-             + "\n" for h in rows]
-    live = tmp_path / "live"
-    live.mkdir()
-    shutil.copytree(case.out / "plan", live / "plan")
-    shutil.copy(case.out / "samples.parquet", live / "samples.parquet")
-    (live / "run.toml").write_text('metrics = ["metrics.jsonl"]\nplan = "plan"\nsamples = "samples.parquet"\n')
+    live, lines = _hf_jsonl_case(case.out, tmp_path / "live")
     run = _live(live, lines, cuts=list(range(200, len(lines), 150)), first=120)
     listed = {h["sample_id"] for h in run.harmful_samples}
     corrupt = set(case.corrupt_ids)

@@ -122,3 +122,30 @@ def test_a_spike_rule_parameter_from_run_toml_and_from_set_changes_the_finding(t
     (case / "run.toml").write_text('metrics = ["metrics.jsonl"]\n\n[detect.spikes]\nratio = 2.0\n')
     assert spike_steps() == []  # run.toml asks for a 2x jump
     assert spike_steps("--set", "detect.spikes.ratio=1.5") == [150]  # --set wins over run.toml
+
+
+@pytest.mark.parametrize("cuts", [[], [61], [30, 59, 60, 61, 150], list(range(5, 200, 7))])
+def test_a_registered_rule_gives_the_audits_findings_on_the_live_loop_for_any_chunking(tmp_path, toy_rule, cuts):
+    """The live loop runs every rule of the registry, a user's too: the rows fed in chunks (the run opened on its
+    first 20) end in the audit's findings and causes, the toy rule's included."""
+    from forensics.audit import run_audit
+    from forensics.live import LiveRun, resolve_target
+    from forensics.schema import open_case
+
+    case = tmp_path / "case"
+    case.mkdir()
+    (case / "run.toml").write_text('metrics = ["metrics.jsonl"]\n')
+    lines = _loss_log(case / "metrics.jsonl", peak_at=60).read_text().splitlines(keepends=True)
+    offline = run_audit(open_case(case)).findings
+    (case / "metrics.jsonl").write_text("".join(lines[:20]))
+    run = LiveRun(resolve_target([str(case)])).start()
+    bounds = [20, *(c for c in cuts if c > 20), len(lines)]
+    for a, b in zip(bounds, bounds[1:]):
+        with (case / "metrics.jsonl").open("a") as fh:
+            fh.write("".join(lines[a:b]))
+        run.refresh()
+    online = run.finish()
+    assert [(f["kind"], f["step"], f["severity"]) for f in offline["findings"] if f["kind"] == "loss_above"] == [
+        ("loss_above", 60, "critical")]
+    assert sorted(online["findings"], key=json.dumps) == sorted(offline["findings"], key=json.dumps)
+    assert online["causes"] == offline["causes"]

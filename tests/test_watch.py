@@ -190,6 +190,28 @@ def test_a_rewind_is_one_restart_alert_not_a_storm_of_spikes(run_log, webhook, m
     assert (err.count("no longer exists; polling on"), err.count("readable again")) == ((1, 1) if gone else (0, 0))
 
 
+@pytest.mark.parametrize("when", ["before", "while"])
+def test_a_cuda_oom_in_the_slurm_log_is_one_crash_alert(run_log, webhook, when):
+    """The job dies of CUDA out-of-memory: its ``slurm-123.out`` beside the log says so, before the watch opens the
+    run or while it watches (no row comes with it); the watch tells the audit's ``crash`` cause once, critical."""
+    path, rng = run_log
+    case = path.parent
+    (case / "run.toml").write_text('metrics = ["metrics.jsonl"]\n')
+    slurm = case / "slurm-123.out"
+    oom = "step 299 loss 2.3\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    if when == "before":
+        slurm.write_text(oom)
+    extra = ["--until-idle", "2.5"] + (["--alert-existing"] if when == "before" else [])
+    w = Watcher(str(case), *hook_args(webhook, *extra))
+    if when == "while":
+        time.sleep(2 * INTERVAL)
+        slurm.write_text(oom)
+    assert w.wait() == 0
+    assert webhook.keys() == ["crash:299:-"]
+    body = webhook.received[0][1]
+    assert body["severity"] == "critical" and "CUDA out of memory" in body["evidence"][0]
+
+
 def test_a_webhook_down_for_seconds_loses_no_alert(run_log):
     """Nothing listens on the port while two causes appear; the server comes up 3 s later: both arrive, once."""
     path, rng = run_log

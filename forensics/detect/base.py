@@ -125,6 +125,10 @@ class Rule:
     #: Enriches or groups the findings of the rules before it (attribution, causes): the live loop runs it again
     #: whenever new findings arrive, while whole-run rules keep the audit's answer until the run ends.
     explains: ClassVar[bool] = False
+    #: The kinds this rule finds from what arrives beside the metrics (rewinds, crash lines), cheaply: the live loop
+    #: runs it again whenever that changes, in place of the audit's findings of these kinds; empty: the audit's
+    #: answer stands until the run ends.
+    live_kinds: ClassVar[tuple[str, ...]] = ()
     parameter_constraints: ClassVar[Mapping[str, Param]] = {}
     required_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 

@@ -17,6 +17,7 @@ far gives, finding for finding and cause for cause.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -29,9 +30,18 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.live.tables import Inputs, Tagged, cached_audit, plan_parts, store_tags, tag_all, tag_new_parts
+from forensics.live.tables import (
+    Inputs,
+    Tagged,
+    cached_audit,
+    plan_parts,
+    stat_key,
+    store_tags,
+    tag_all,
+    tag_new_parts,
+)
 from forensics.live.target import Target
-from forensics.schema import SAMPLE_ID, STEP, TIMESTAMP, find_loss_key, grad_norm_column, metric_columns, written
+from forensics.schema import SAMPLE_ID, STEP, TIMESTAMP, metric_columns
 
 #: A run whose newest step is older than this many seconds (and at least 10 refresh intervals) stopped writing.
 STALE_AFTER_S = 120.0
@@ -118,7 +128,6 @@ class LiveRun:
         return self
 
     def _open_with_rows(self) -> None:
-        self.loss_key = find_loss_key(metric_columns(self.metrics), self.config.loss_key)
         stored = self.inputs.folder / "findings.json" if self.inputs.folder is not None else None
         if stored is not None and stored.exists():
             try:
@@ -160,32 +169,25 @@ class LiveRun:
         self.warnings += tagged.warnings
 
     def _build_rules(self) -> None:
-        """The audit's rules over tables that grow: the online states, and the rules that explain findings."""
-        from forensics.audit import checkpoint_fields, eval_loss_choice, logged_offset, logging_steps, replay_fields
-        from forensics.detect.base import RunTables
+        """The audit's rules over tables that grow, assembled as the audit assembles them: the online states, and
+        the rules that explain findings. The analysed metrics are the stored audit's when it names them (an audit
+        run with ``--spike-metric``)."""
         from forensics.detect.rules import build_rules
+        from forensics.pipeline.run_tables import analysed_metrics, assemble_run, choose_keys
 
         cfg = self.config
-        run_section = self.findings.get("run") or {}
+        keys = choose_keys(self.metrics, cfg)
         cols = metric_columns(self.metrics)
-        counts = {c: int(written(self.metrics, c).sum()) for c in cols}  # as the audit chooses its keys
-        grad = run_section.get("grad_norm_key") or grad_norm_column(cols)
-        analysed = [m for m in run_section.get("analysed_metrics") or [] if m in cols]
-        if not analysed:
-            analysed = [self.loss_key] + ([grad] if grad and grad != self.loss_key else [])
+        stored = (self.findings.get("run") or {}).get("analysed_metrics") or []
+        if stored and all(m in cols for m in stored) and stored[0] == keys.loss_key:
+            keys = dataclasses.replace(keys, analysed=analysed_metrics(cols, keys.loss_key, stored[1:], None))
+        self.loss_key = keys.loss_key
         sections = {k: self.findings.get(k) for k in ("plan", "whatif") if k in self.findings}
-        report = self.live.report
-        self.run = RunTables(metrics=self.metrics, loss_key=str(self.loss_key), analysed=analysed,
-                             grad_norm_key=grad if grad in analysed else None, tags=self.tags, plan=self._plan,
-                             samples=self.samples, boundaries=self.boundaries, max_len=cfg.max_len,
-                             sections=sections,
-                             steps_known=all(a.convention != "as logged" for a in report.alignments),
-                             logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
-                             max_grad_norm=cfg.max_grad_norm,
-                             rule_params={k: dict(v) for k, v in cfg.detect.items()},
-                             eval_loss_key=eval_loss_choice(cols, counts, str(self.loss_key), cfg.eval_loss_key).key,
-                             **replay_fields(self.inputs.case, bool(self.inputs.plan and self.samples is not None)),
-                             **checkpoint_fields(self.inputs.case, self.warnings))
+        self.run = assemble_run(self.inputs.case, self.metrics, self.live.report, keys, tags=self.tags,
+                                plan=self._plan, samples=self.samples, boundaries=self.boundaries,
+                                sections=sections, warnings=self.warnings,
+                                has_plan=bool(self.inputs.plan and self.samples is not None))
+        self._health = _health_key(self.run)
         self.rules = build_rules(cfg.detect, has_plan=bool(self.inputs.plan and self.samples is not None))
         self.online = {r.name: s for r in self.rules if (s := r.online(self.run)) is not None}
 
@@ -221,6 +223,8 @@ class LiveRun:
         self.metrics = table
         if not len(new):
             self._read_replay()
+            if self.started and self._poll_health():  # a job that died writes its crash line, not rows
+                self._announce(self._explain())
             return []
         self.last_arrival = self.clock()
         if not self.started:
@@ -228,18 +232,34 @@ class LiveRun:
             return []
         self._poll_plan()
         self.run.metrics = table
+        health = self._poll_health()
         before = len(self.new_findings)
         fresh = self._feed(new, now=self.clock())
         grown = len(self.metrics) - self._samples_rows
         due = grown >= max(SAMPLES_EVERY_ROWS, SAMPLES_EVERY_SHARE * self._samples_rows)
-        if fresh or (due and self.run.has_plan):
-            self.causes = self._explain(samples=due)
-            now = self.clock()
-            for c in self.causes:
-                if str(c.get("key")) not in self._keys:
-                    self._keys.add(str(c.get("key")))
-                    self.new_causes.append(NewCause(c, now))
+        if fresh or health or (due and self.run.has_plan):
+            self._announce(self._explain(samples=due))
         return self.new_findings[before:]
+
+    def _announce(self, causes: list[dict[str, Any]]) -> None:
+        """Take ``causes`` as the run's current ones; a key not seen before is a new cause, found now."""
+        self.causes = causes
+        now = self.clock()
+        for c in causes:
+            if str(c.get("key")) not in self._keys:
+                self._keys.add(str(c.get("key")))
+                self.new_causes.append(NewCause(c, now))
+
+    def _poll_health(self) -> bool:
+        """The sources' rewinds and the crash-line files as of this poll, into the run the rules read (the same
+        fields the audit assembles); whether they changed since the rules last read them."""
+        from forensics.pipeline.run_tables import health_fields
+
+        for name, value in health_fields(self.inputs.case, self.live.report).items():
+            setattr(self.run, name, value)
+        key = _health_key(self.run)
+        changed, self._health = key != self._health, key
+        return changed
 
     def _feed(self, rows: pd.DataFrame, now: float | None) -> bool:
         """Rows through every online state; findings past the audit's last step are recorded as new (``now`` None:
@@ -283,10 +303,12 @@ class LiveRun:
         from forensics.detect.rules import run_rules
 
         again = {"samples"} if samples else set()
+        # the rules over what arrives beside the metrics (rewinds, crash lines) run again; their kinds are theirs
+        rerun = {k for r in self.rules for k in r.live_kinds}
         kept = [Finding.from_dict(f) for f in self.findings.get("findings") or []
-                if isinstance(f, dict) and f.get("kind") not in LIVE_KINDS
+                if isinstance(f, dict) and f.get("kind") not in LIVE_KINDS and f.get("kind") not in rerun
                 and not (samples and f.get("kind") == "harmful_samples")]
-        explain = [r for r in self.rules if r.explains or r.name in again]
+        explain = [r for r in self.rules if r.explains or r.live_kinds or r.name in again]
         if samples:
             self._samples_rows = len(self.metrics)
         self.run.plan = self.plan  # read now if it was left in the cache
@@ -414,6 +436,13 @@ class LiveRun:
         for c in extra:
             batch.insert(0, c, rows[c].to_numpy()[ok])
         return batch
+
+
+def _health_key(run: Any) -> tuple:
+    """What the run-health rules read, as a value that changes when they would answer differently: each rewind, and
+    each crash-line file's path, size and modification time."""
+    rewinds = tuple((r.source, r.from_step, r.last_step, r.rows_replaced) for r in run.rewinds)
+    return rewinds, stat_key(run.log_files)
 
 
 def _raw(f: Any) -> Any:

@@ -7,15 +7,15 @@ first seen below it is told when it reaches it) prints one line and queues one a
 (:func:`forensics.live.alerts.alert_body`) to every sink (:class:`forensics.live.alerts.Delivery`: a sink that is
 down is retried in the background; the tail never waits).
 
-A source whose steps go back (the writer restarted from a checkpoint) is a ``restart`` cause, told once, as the
-audit tells it; the rewritten steps are not spikes. Exit rules: 1 on the first cause at or above ``exit_on``; 0 when
+A source whose steps go back (the writer restarted from a checkpoint) and a crash line in the run's logs are causes
+of the live loop like any other (``restart``, ``crash``: the audit's rules on the run the audit assembles), told
+once; the watch derives no finding of its own. Exit rules: 1 on the first cause at or above ``exit_on``; 0 when
 the source has not grown for ``until_idle_s`` seconds; 0 on SIGTERM / SIGINT, after pending alerts were given
 ``grace_s`` seconds to go out.
 """
 
 from __future__ import annotations
 
-import copy
 import signal
 import sys
 import threading
@@ -84,7 +84,6 @@ class Watch:
         self.stop = threading.Event()
         self.stop_reason: str | None = None
         self.live: LiveRun | None = None
-        self._rewinds: set[tuple] = set()
         self._delivery: Delivery | None = None
         self._failing: str | None = None
 
@@ -113,7 +112,6 @@ class Watch:
                  + f", {len(known)} causes so far; every {opt.interval_s:g}s")
         for c in known:
             self._tell(c, existing=not opt.alert_existing)
-        self._check_restarts()
         if (code := self._exit_code()) is not None:
             return code
         while not self.stop.wait(opt.interval_s):
@@ -125,7 +123,6 @@ class Watch:
             # evidence makes it reach it (a batch coming back turns a warning critical)
             for c in sorted(live.causes, key=lambda c: (c.get("steps") or [-1])[0]):
                 self._tell(c)
-            self._check_restarts()
             if (code := self._exit_code()) is not None:
                 return code
             if opt.until_idle_s is not None and self.clock() - grown_at >= opt.until_idle_s:
@@ -191,22 +188,6 @@ class Watch:
                 lines += [str(e) for e in f.get("evidence") or [] if str(e) not in lines]
         return lines or [str(cause.get("summary") or "")]
 
-    # --- restarts -------------------------------------------------------------------------------------------------
-    def _check_restarts(self) -> None:
-        """Rewinds the sources recorded since the last look, told as the audit's ``restart`` causes (same keys)."""
-        live = self.live
-        if live is None or not live.started:
-            return
-        from forensics.sources.crash_logs import shifted_rewinds
-
-        rewinds = shifted_rewinds(live.live.report)
-        fresh = [r for r in rewinds if (r.source, r.from_step, r.last_step) not in self._rewinds]
-        if not fresh:
-            return
-        self._rewinds |= {(r.source, r.from_step, r.last_step) for r in fresh}
-        for c in restart_causes(live, fresh):
-            self._tell(c)
-
     # --- signals --------------------------------------------------------------------------------------------------
     def _on_signals(self) -> dict[int, Any]:
         """SIGTERM and SIGINT stop the loop (then pending alerts are flushed); only the main thread can set them."""
@@ -221,22 +202,6 @@ class Watch:
         for sig in (signal.SIGTERM, signal.SIGINT):
             old[sig] = signal.signal(sig, handler)
         return old
-
-
-def restart_causes(live: LiveRun, rewinds: list[Any]) -> list[dict[str, Any]]:
-    """The ``restart`` causes of ``rewinds`` on the live run's tables, made by the audit's own rules (so a later
-    audit gives them the same keys)."""
-    from forensics.detect.causes.grouping import CauseRule
-    from forensics.detect.rules import run_rules
-    from forensics.detect.rules.restart import RestartRule
-
-    tables = copy.copy(live.run)
-    tables.metrics = live.metrics
-    tables.rewinds = list(rewinds)
-    tables.sections = {}
-    params = tables.rule_params
-    judged = run_rules([RestartRule(**params.get("restart", {})), CauseRule(**params.get("causes", {}))], tables)
-    return [c for c in judged.sections.get("causes") or [] if c.get("kind") == "restart"]
 
 
 def not_yet_written(targets: list[str]) -> list[str]:

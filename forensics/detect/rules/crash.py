@@ -26,6 +26,7 @@ class CrashRule(Rule):
     """Reads the crash lines of the run's text logs (``run.log_files``)."""
 
     name = "crash"
+    live_kinds = ("crash",)
 
     def __init__(self) -> None:
         pass

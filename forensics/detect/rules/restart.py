@@ -32,6 +32,7 @@ class RestartRule(Rule):
     """One finding per rewind the sources recorded (``run.rewinds``)."""
 
     name = "restart"
+    live_kinds = ("restart",)
     parameter_constraints = {"k": positive()}
 
     def __init__(self, k: float = 3.0) -> None:

@@ -16,6 +16,7 @@ out (:func:`forensics.schema.metrics_table`) tells a cell never written (null) f
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +28,9 @@ import pyarrow as pa
 from forensics.errors import ForensicsError
 from forensics.schema import STEP, TIMESTAMP, Rewind, metrics_table, parse_float_cells
 from forensics.sources.reader.records import MAX_EXAMPLES, STEP_KEYS, ReaderReport, Records
+
+#: Rewritten steps kept per metric in a rewind's ``overlap`` (the restart rule compares them against the noise).
+OVERLAP_LIMIT = 64
 
 #: ``malformed(where, reason)``: how the accumulator reports a record it cannot read.
 Malformed = Callable[[int, str], None]
@@ -75,6 +79,8 @@ class MetricsAccumulator:
         self.values: dict[str, np.ndarray] = {}
         self.written: dict[str, np.ndarray] = {}
         self._last_step: int | None = None
+        #: The index in ``report.rewinds`` of a rewind whose rewritten steps may go on in the next batch.
+        self._open_rewind: int | None = None
         self._resolved_step_key: str | None = None
         self._records_seen = 0
         self.strict = strict
@@ -237,7 +243,7 @@ class MetricsAccumulator:
         back = list(np.flatnonzero(steps[1:] < steps[:-1]) + 1)
         if prev is not None and steps[0] < prev:
             back.insert(0, 0)
-        if not back:
+        if not back and self._open_rewind is None:
             return
         rewritten = np.zeros(len(steps), bool)
         for name, mask in present.items():
@@ -251,6 +257,9 @@ class MetricsAccumulator:
             if name in self.written and len(self.steps):
                 again |= np.isin(written_steps, self.steps[self.written[name]])
             rewritten[rows[again]] = True
+        head = back[0] if back else len(steps)
+        if self._open_rewind is not None:
+            self._continue_rewind(steps, present, values or {}, rewritten, head)
         bounds = back + [len(steps)]
         for i, nxt in zip(back, bounds[1:]):
             seg = rewritten[i:nxt]
@@ -261,11 +270,32 @@ class MetricsAccumulator:
                 last = max(before) if before else None
                 self.report.rewinds.append(Rewind(int(steps[i]), n, self.report.source, last_step=last,
                                                   overlap=self._overlap(steps, present, values or {}, i, nxt)))
+                # a resumed writer read a poll at a time rewrites its steps over several batches: one rewind
+                self._open_rewind = (len(self.report.rewinds) - 1
+                                     if last is not None and int(steps[nxt - 1]) < last else None)
+
+    def _continue_rewind(self, steps: np.ndarray, present: dict[str, np.ndarray], values: dict[str, np.ndarray],
+                         rewritten: np.ndarray, head: int) -> None:
+        """The batch's first ``head`` rows go on rewriting the steps of the rewind an earlier batch opened (a live
+        file read as the resumed writer appends): they join it, so a file read a poll at a time records the rewind
+        a file read whole records (its steps replaced, its first overlapping values)."""
+        idx = self._open_rewind
+        assert idx is not None
+        rw = self.report.rewinds[idx]
+        if head and rewritten[:head].any():
+            n = len(np.unique(steps[:head][rewritten[:head]]))
+            overlap = {k: list(v) for k, v in rw.overlap.items()}
+            for name, rows in self._overlap(steps, present, values, 0, head).items():
+                overlap[name] = (overlap.get(name, []) + rows)[:OVERLAP_LIMIT]
+            self.report.rewinds[idx] = dataclasses.replace(rw, rows_replaced=rw.rows_replaced + n, overlap=overlap)
+        if head < len(steps) or rw.last_step is None or int(steps[head - 1]) >= rw.last_step:
+            self._open_rewind = None
 
     def _overlap(self, steps: np.ndarray, present: dict[str, np.ndarray], values: dict[str, np.ndarray],
-                 i: int, nxt: int, limit: int = 64) -> dict[str, list[tuple[int, float, float]]]:
+                 i: int, nxt: int, limit: int | None = None) -> dict[str, list[tuple[int, float, float]]]:
         """Per metric, (step, value first written, value written on resuming) for the first ``limit`` steps the
         segment ``steps[i:nxt]`` writes again (the first value from earlier in this batch, else from the table)."""
+        limit = OVERLAP_LIMIT if limit is None else limit
         out: dict[str, list[tuple[int, float, float]]] = {}
         for name, v in values.items():
             if name == TIMESTAMP:

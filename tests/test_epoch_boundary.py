@@ -89,3 +89,26 @@ def test_epoch_boundary_in_a_jsonl_audit_and_fail_on(tmp_path: Path):
     assert "set_epoch" in " ".join(found[0]["evidence"])
     assert [c["kind"] for c in findings["causes"] if c["kind"] == "epoch_boundary"] == ["epoch_boundary"]
     assert parse_fail_on("epoch-boundary") == ["epoch-boundary"]
+
+
+@pytest.fixture(scope="module")
+def epoch_order_run():
+    """A real Trainer run (tiny GPT-2 on CPU, fixtures/hf_runs.py) whose sampler restarts one order every epoch,
+    the corrupted near-duplicates' batch first."""
+    pytest.importorskip("transformers")
+    from fixtures.hf_runs import hf_runs
+
+    return hf_runs(("epoch_order",))["epoch_order"]
+
+
+def test_hf_run_whose_order_restarts_each_epoch_beside_the_gate(epoch_order_run):
+    from fixtures.hf_runs import CORRUPT_LEN
+
+    truth = [o["step"] for o in epoch_order_run.observed if any(len(r) == CORRUPT_LEN for r in o["rows"])]
+    assert truth == [0, 20, 40, 60, 80]  # what the trainer consumed: the hardest batch opens every epoch
+    findings = run_audit(open_case(str(epoch_order_run.out))).findings
+    found = [f for f in findings["findings"] if f["kind"] == "epoch_boundary"]
+    assert [(f["details"]["epochs"], f["details"]["steps"], f["details"]["offset"], f["severity"]) for f in found] == [
+        ([1, 2, 3, 4], [20, 40, 60, 80], 0, "warning")]
+    assert "The plan agrees: the plan shows each epoch in the same order" in " ".join(found[0]["evidence"])
+    assert [f["kind"] for f in findings["findings"] if f["kind"] == "static_plan"] == ["static_plan"]

@@ -133,7 +133,8 @@ class EpochBoundaryRule(Rule):
         summary = (f"{run.loss_key} jumps within {self.window} logged steps of the start of epoch"
                    f"{'s' if len(epochs) > 1 else ''} {', '.join(map(str, epochs))} ({len(jumped)} of {len(judged)} "
                    f"epochs judged, up to {max(j[3] for j in jumped):.1f}x its noise above the steps before; "
-                   f"peaks {offset} step{'s' if offset != 1 else ''} after each start, "
+                   + ("peaking at each start, " if offset == 0 else
+                      f"peaking {offset} step{'s' if offset != 1 else ''} after each start, ") +
                    f"{step_span(first, last, offset=run.logged_offset)}): the data order restarts with each epoch.")
         evidence = [summary, "Likely causes: the sampler's order restarts every epoch (DistributedSampler.set_epoch "
                              "never called, one fixed seed), so the same first batches open each epoch; or the "

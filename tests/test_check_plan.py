@@ -140,15 +140,63 @@ def _bucketed_plan(samples, epochs=3):
     return rebuild_plan(samples, bucketed_shuffle, epochs, 0)
 
 
-def test_dropped_sample_fails_coverage_unless_allowed(samples):
+def test_dropped_sample_passes_as_a_dropped_last_batch_unless_none_is_allowed(samples):
     plan = _bucketed_plan(samples)
     dropped = plan.drop(index=plan.index[(plan["epoch"] == 1)][5])
     r = check_plan(dropped, samples)
-    assert not r.passed and not r.static
+    assert r.passed and not r.static and r.dropped_last == [1]
     assert [(c.epoch, c.missing, c.duplicated) for c in r.coverage] == [(0, 0, 0), (1, 1, 0), (2, 0, 0)]
-    assert r.failures == ["epoch 1 misses 1 sample; none may be missing (--allow-drop-last N allows a dropped last "
-                          "batch)"]
+    strict = check_plan(dropped, samples, allow_drop_last=0)
+    assert not strict.passed and strict.dropped_last == []
+    assert strict.failures == ["epoch 1 misses 1 sample; none may be missing (--allow-drop-last N allows a dropped "
+                               "last batch)"]
     assert check_plan(dropped, samples, allow_drop_last=1).passed
+
+
+def _shuffled_batches(n: int, size: int, epochs: int, seed: int = 0) -> list[list[list[int]]]:
+    """A sampler that shuffles every epoch (set_epoch called) and cuts the order into batches of ``size``."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(epochs):
+        order = rng.permutation(n).tolist()
+        out.append([order[i:i + size] for i in range(0, n, size)])
+    return out
+
+
+@pytest.mark.parametrize("missing, repeated, allow, passed, dropped_last", [
+    (3, 0, None, True, [1]),  # batches of 4: three missing is the last partial batch dropped
+    (4, 0, None, False, []),  # a whole batch's worth is more than a dropped last batch
+    (1, 1, None, False, []),  # a repeat fails, and its epoch's missing sample is not excused
+    (3, 0, 0, False, []),  # --allow-drop-last 0: none may be missing
+    (3, 0, 3, True, []),  # --allow-drop-last 3: an explicit limit, no note needed
+    (4, 0, 4, True, []),
+    (5, 0, 4, False, []),
+])
+def test_dropped_last_batch_boundary(missing, repeated, allow, passed, dropped_last):
+    epochs = _shuffled_batches(400, 4, 3)
+    flat = [s for b in epochs[1] for s in b]
+    kept = flat[:len(flat) - missing]
+    kept += kept[:repeated]
+    epochs[1] = [kept[i:i + 4] for i in range(0, len(kept), 4)]
+    r = check_plan(batches_to_plan(epochs), allow_drop_last=allow)
+    assert [(c.missing, c.duplicated) for c in r.coverage] == [(0, 0), (missing, repeated), (0, 0)]
+    assert (r.passed, r.dropped_last, r.static) == (passed, dropped_last, False)
+    assert any("dropped last partial batch" in n for n in r.notes) is bool(dropped_last)
+
+
+def test_fixed_pair_retention_limit_is_one_tenth():
+    # the value itself, not the imported constant: the limit used without samples is part of the contract
+    assert FIXED_PAIR_RETENTION == 0.1
+    r = check_plan(batches_to_plan(_shuffled_batches(400, 4, 2)))
+    assert r.threshold.pair_retention == 0.1 and "fixed limits without samples" in r.threshold.how
+
+
+def test_one_third_retention_without_samples_fails():
+    # 3 of the 9 batch-mate pairs of epoch 1 were batch-mates in epoch 0; no batch is repeated whole
+    plan = batches_to_plan([[[0, 1, 2], [3, 4, 5], [6, 7, 8]], [[0, 1, 6], [3, 4, 2], [5, 7, 8]]])
+    r = check_plan(plan)
+    assert r.pair_retention == [pytest.approx(1 / 3)] and r.identical_batches == [0.0]
+    assert (r.passed, r.static, r.failure_kinds) == (False, True, ["regrouped"])
 
 
 def test_duplicated_sample_fails_coverage_even_with_drop_last_allowed(samples):
@@ -168,7 +216,7 @@ def test_coverage_without_samples_uses_every_sample_the_plan_names(samples):
     r = check_plan(plan)
     assert [c.missing for c in r.coverage] == [0, 0, 1]
     assert "fixed limits without samples" in r.threshold.how
-    assert r.threshold.pair_retention == FIXED_PAIR_RETENTION
+    assert r.threshold.pair_retention == 0.1
 
 
 def test_single_sample_batches_have_no_composition_to_fail_on():

@@ -105,6 +105,21 @@ def test_resumed_text_log_is_one_restart(tmp_path):
         (120, 101, "info")]
 
 
+FIXTURE_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+
+
+@pytest.mark.parametrize("name, last_step, resumed_at, logged", [
+    ("bigscience-tr8-104b-rollback.log", 7219, 6899, 6900),  # Megatron counts iterations from 1
+    ("nanogpt-resumed.log", 1130, 1000, 1000),
+])
+def test_real_format_text_log_that_goes_back_is_one_restart(name, last_step, resumed_at, logged):
+    findings = run_audit(open_case(None, overrides={"metrics": [str(FIXTURE_LOGS / name)]})).findings
+    found = _kinds(findings, "restart")
+    assert [(f["details"]["last_step"], f["details"]["resumed_at"], f["step"], f.get("logged_step", f["step"]))
+            for f in found] == [(last_step, resumed_at, resumed_at, logged)]
+    assert found[0]["details"]["source"].endswith(name)
+
+
 def test_resumed_wandb_offline_run_is_one_restart_with_other_values(wandb_runs):
     """The writer's ``resumed1``: 60 steps, then resumed with the same id from step 0 logging 1000 + i."""
     findings = run_audit(open_case(None, overrides={"metrics": [str(wandb_runs / "multi" / "wandb")]})).findings

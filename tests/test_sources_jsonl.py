@@ -86,6 +86,23 @@ def test_eval_record_for_an_earlier_step_is_merged_not_a_rewind(tmp_path):
     assert report.rewinds == []
 
 
+@pytest.mark.parametrize("records, rewinds", [
+    # logged every 10 steps, resumed below the high point at steps never written: a rewind from the first of them
+    ([(s, "loss") for s in (100, 110, 120)] + [(s, "loss") for s in (60, 70)], [(60, 0, 120)]),
+    # one lone record below the high point is too little to call a resume
+    ([(s, "loss") for s in (100, 110, 120)] + [(60, "loss"), (130, "loss")], []),
+    # a series logged late for earlier steps (nothing of it written yet) is merged, not a rewind
+    ([(s, "loss") for s in (100, 110, 120)] + [(60, "eval/loss"), (70, "eval/loss")], []),
+    # the series was written before only at steps below the jump's target: a late write, not a resume
+    ([(50, "eval/loss"), (100, "loss"), (110, "loss"), (120, "loss"), (60, "eval/loss"), (70, "eval/loss")], []),
+])
+def test_jump_back_without_rewritten_steps(tmp_path, records, rewinds):
+    path = tmp_path / "m.jsonl"
+    _write(path, [{"step": s, key: 1.0 + s} for s, key in records])
+    _, report = read_metrics([path])
+    assert [(r.from_step, r.rows_replaced, r.last_step) for r in report.rewinds] == rewinds
+
+
 def test_malformed_line_is_skipped_with_its_line_number(tmp_path):
     path = tmp_path / "m.jsonl"
     _write(path, [{"step": 0, "loss": 1.0}, '{"step": 1, "loss": 2.0', "", {"step": 2, "loss": 3.0}, "[1, 2]",

@@ -46,8 +46,9 @@ def register(sub) -> None:
                    help="override the derived pair-retention limit (0-1)")
     p.add_argument("--max-identical-batches", type=float, default=None, metavar="X",
                    help="override the derived identical-batches limit (0-1)")
-    p.add_argument("--allow-drop-last", type=int, default=0, metavar="N",
-                   help="an epoch may miss at most N samples (a dropped last partial batch); repeats always fail")
+    p.add_argument("--allow-drop-last", type=int, default=None, metavar="N",
+                   help="an epoch may miss at most N samples (default: fewer than one of its batches, a dropped "
+                        "last partial batch, noted; 0: none); repeats always fail")
     p.add_argument("--min-padding-efficiency", type=float, default=None, metavar="X",
                    help="fail when an epoch's real/padded tokens is below X (needs the samples)")
     p.add_argument("--grad-accum", type=int, default=None, metavar="G", help="micro-batches per step (cluster runs)")

@@ -140,6 +140,8 @@ register_kind(FindingKind("restart", "restart", fail_on="restart",
                                          f"{f['details']['resumed_at']} ({f.get('severity')})"))
 register_kind(FindingKind("throughput", "throughput slowdown", fail_on="throughput", line=_health_line))
 register_kind(FindingKind("memory", "memory growth", fail_on="memory", line=_health_line))
+register_kind(FindingKind("epoch_boundary", "spikes at each epoch's start", fail_on="epoch-boundary",
+                          line=_health_line))
 register_kind(FindingKind("crash", "crash", fail_on="crash",
                           line=lambda f: f"crash ({f['details']['what']}) after step {f.get('step')}: "
                                          f"{f['details']['line']}"))

@@ -40,7 +40,7 @@ CAUSE_KINDS = {
     "grad_norm_spikes": "grad_norm", "oscillation": "oscillation", "static_plan": "plan",
     "harmful_samples": "samples", "divergence": "divergence", "overfitting": "overfitting", "plateau": "plateau",
     "lr_schedule": "lr_schedule", "restart": "restart", "throughput": "throughput", "memory": "memory",
-    "crash": "crash",
+    "crash": "crash", "epoch_boundary": "epoch_boundary",
 }
 #: Suspect samples of an event read for its core (the attribution keeps at most this many).
 SUSPECTS_READ = 20

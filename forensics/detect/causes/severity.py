@@ -40,7 +40,7 @@ KIND_DEFAULTS = {
     "static_plan": WARNING, "oscillation": WARNING, "misaligned_steps": WARNING, "grad_norm_spikes": INFO,
     "expected_for_bucket": INFO, "divergence": CRITICAL, "crash": CRITICAL, "overfitting": WARNING,
     "plateau": WARNING, "throughput": WARNING, "memory": WARNING, "lr_schedule": INFO, "restart": INFO,
-    "harmful_samples": WARNING,
+    "harmful_samples": WARNING, "epoch_boundary": WARNING,
 }
 #: Kinds judged by their lines of evidence.
 EVENT_KINDS = ("spike", "level_shift", "nonfinite")

@@ -39,6 +39,7 @@ BUILTIN_RULES = (
     "forensics.detect.rules.crash:CrashRule",
     "forensics.detect.rules.throughput:ThroughputRule",
     "forensics.detect.rules.memory:MemoryRule",
+    "forensics.detect.rules.epoch_boundary:EpochBoundaryRule",
     "forensics.detect.causes.grouping:CauseRule",
 )
 _REGISTERED: dict[str, type[Rule]] = {}

@@ -20,7 +20,7 @@ class GateOptions:
 
     max_pair_retention: float | None = None
     max_identical_batches: float | None = None
-    allow_drop_last: int = 0
+    allow_drop_last: int | None = None
     min_padding_efficiency: float | None = None
 
     def __post_init__(self) -> None:
@@ -28,7 +28,8 @@ class GateOptions:
             v = getattr(self, name)
             if v is not None and not 0 <= v <= 1:
                 raise ForensicsError(f"check-plan: {name} must be between 0 and 1; got {v}")
-        if not isinstance(self.allow_drop_last, int) or self.allow_drop_last < 0:
+        if self.allow_drop_last is not None and (not isinstance(self.allow_drop_last, int)
+                                                 or self.allow_drop_last < 0):
             raise ForensicsError(f"check-plan: allow_drop_last must be a whole number >= 0; got {self.allow_drop_last}")
 
 

@@ -39,7 +39,7 @@ def check_plan(
     boundaries: Sequence[int] = DEFAULT_BOUNDARIES,
     max_pair_retention: float | None = None,
     max_identical_batches: float | None = None,
-    allow_drop_last: int = 0,
+    allow_drop_last: int | None = None,
     min_padding_efficiency: float | None = None,
     grad_accum: int = 1,
     world_size: int = 1,
@@ -51,6 +51,8 @@ def check_plan(
     callable; needs ``samples``) over ``epochs`` epochs (all of the plan's; 3 for a builder).
 
     ``engine`` (:mod:`forensics.engine`, default pandas) does the counting; ``plan`` may then be a path it reads.
+    ``allow_drop_last``: the samples an epoch may miss; None (default) lets it miss fewer than one of its batches
+    (a dropped last partial batch, noted), 0 none.
 
     Raises :class:`ForensicsError` for input the gate cannot judge: no plan nor builder, a builder without samples,
     a plan without epochs, fewer than two epochs.
@@ -97,6 +99,7 @@ def check_plan(
                       keep_epochs=keep if epochs is not None else None) if samples is not None else None
     result = GateResult(passed=True, static=False, epochs=keep, pairs=pairs,
                         first_last=first_last, coverage=cov, threshold=limits, epoch_padding_efficiency=padding,
-                        cluster_mix=mix, length_sorted=sorted_epochs, source=source or "plan")
+                        cluster_mix=mix, length_sorted=sorted_epochs, source=source or "plan",
+                        epoch_batch_size=[e.present / e.batches if e.batches else 0.0 for e in counts.epochs])
     judge(result)
     return result

@@ -4,9 +4,11 @@ Checks (all must hold):
 
 - **composition**: for every consecutive pair of epochs and for the first vs the last epoch, ``pair_retention`` and
   ``identical_batches`` at most their limits (``static`` = this check failed).
-- **coverage**: every sample of the universe once per epoch. ``allow_drop_last = N`` lets an epoch miss at most N
-  samples (the last partial batch dropped, as ``DataLoader(drop_last=True)`` does: set N to the batch size - 1); a
-  sample repeated within an epoch always fails.
+- **coverage**: every sample of the universe once per epoch. By default an epoch may miss fewer samples than one of
+  its batches holds (distinct samples / batches): that is the last partial batch dropped, as
+  ``DataLoader(drop_last=True)`` does (3 of 2,000,003 samples under batches of 8), said in a note and passing; more
+  fail, and so does an epoch that repeats a sample (its missing samples are then not excused either: a loader that
+  replays part of its epoch misses the rest). ``allow_drop_last = N`` replaces the default: at most N (0: none).
 - **padding** (only when ``min_padding_efficiency`` is given): every epoch's real / padded tokens at least that.
 
 Length-sorted plans. :func:`~forensics.plan.composition.length_sorted` tells whether an epoch's batches are the
@@ -86,15 +88,31 @@ def judge(r: GateResult) -> None:
             composition.append(f"the first and last epochs ({r.first_last.earlier} and {r.first_last.later}) "
                                f"{composition_cause(kind, [r.first_last], lim)}")
     r.notes = [sorted_note(sorted_passing, lim)] if sorted_passing and not composition else []
-    cov_fail = []
+    cov_fail, dropped = [], []
+    batch_sizes = dict(zip(r.epochs, r.epoch_batch_size or [0.0] * len(r.epochs)))
     for c in r.coverage:
         if c.duplicated:
             cov_fail.append(f"epoch {c.epoch} repeats samples: {c.duplicated} row{'s' if c.duplicated > 1 else ''} "
                             "beyond each sample's first")
-        if c.missing > lim.allow_drop_last:
-            allowed = f"at most {lim.allow_drop_last} may be dropped" if lim.allow_drop_last else \
-                "none may be missing (--allow-drop-last N allows a dropped last batch)"
-            cov_fail.append(f"epoch {c.epoch} misses {c.missing} sample{'s' if c.missing > 1 else ''}; {allowed}")
+        if not c.missing:
+            continue
+        missing = f"epoch {c.epoch} misses {c.missing} sample{'s' if c.missing > 1 else ''}"
+        batch = batch_sizes.get(c.epoch, 0.0)
+        if lim.allow_drop_last is not None:
+            if c.missing > lim.allow_drop_last:
+                allowed = f"at most {lim.allow_drop_last} may be dropped" if lim.allow_drop_last else \
+                    "none may be missing (--allow-drop-last N allows a dropped last batch)"
+                cov_fail.append(f"{missing}; {allowed}")
+        elif c.missing < batch and not c.duplicated:
+            dropped.append(c.epoch)
+        else:
+            why = "and repeats others" if c.duplicated else f"as many as one batch holds ({batch:.4g} samples)"
+            cov_fail.append(f"{missing}, {why}: more than a dropped last batch (--allow-drop-last N allows N)")
+    if dropped:
+        r.notes.append(f"epoch{'s' if len(dropped) > 1 else ''} {listing([str(e) for e in dropped])} miss"
+                       f"{'' if len(dropped) > 1 else 'es'} fewer samples than one batch: a dropped last partial "
+                       "batch (DataLoader drop_last=True), not a fault")
+    r.dropped_last = dropped
     pad_fail = []
     if lim.min_padding_efficiency is not None:
         if r.epoch_padding_efficiency is None:

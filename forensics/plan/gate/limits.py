@@ -84,7 +84,7 @@ class Limits:
     reference_token_budget: int | None = None
     reference_max_batch_size: int | None = None
     reference_megabatch_size: int | None = None
-    allow_drop_last: int = 0
+    allow_drop_last: int | None = None
     min_padding_efficiency: float | None = None
     floor: float = FLOOR
 
@@ -115,7 +115,7 @@ def derive_limits(
     boundaries: Sequence[int] = DEFAULT_BOUNDARIES,
     max_pair_retention: float | None = None,
     max_identical_batches: float | None = None,
-    allow_drop_last: int = 0,
+    allow_drop_last: int | None = None,
     min_padding_efficiency: float | None = None,
     length_sorted: bool = False,
 ) -> Limits:
@@ -163,7 +163,7 @@ def derive_limits(
         ib = float(max_identical_batches)
         how = f"identical batches {ib:g} given by --max-identical-batches; " + how
     return Limits(pr, ib, how, ref_pr, ref_id, budget if ref_pr is not None else None, bs, mega,
-                  int(allow_drop_last), min_padding_efficiency,
+                  None if allow_drop_last is None else int(allow_drop_last), min_padding_efficiency,
                   (FLOOR if length_sorted else UNSORTED_FLOOR) if ref_pr is not None else FIXED_PAIR_RETENTION)
 
 

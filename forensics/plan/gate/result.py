@@ -31,6 +31,10 @@ class GateResult:
     length_sorted: list[bool] | None = None
     notes: list[str] = field(default_factory=list)
     source: str = ""
+    #: per epoch, its samples per batch (distinct samples / batches): "one batch" for a dropped last batch
+    epoch_batch_size: list[float] | None = None
+    #: the epochs whose missing samples are a dropped last partial batch (fewer than one batch, nothing repeated)
+    dropped_last: list[int] = field(default_factory=list)
 
     @property
     def pair_retention(self) -> list[float]:
@@ -70,5 +74,6 @@ class GateResult:
             "failure_kinds": self.failure_kinds,
             "length_sorted": self.length_sorted,
             "notes": self.notes,
+            "dropped_last": self.dropped_last,
             "source": self.source,
         }

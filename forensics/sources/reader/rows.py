@@ -11,7 +11,9 @@ out (:func:`forensics.schema.metrics_table`) tells a cell never written (null) f
   as ``logged_step``.
 - **rewinds**: a resumed run goes back and rewrites (step, metric) cells already written; that is recorded
   (:class:`~forensics.schema.Rewind`), and per (step, metric) the last write wins. A metric logged late for earlier
-  steps (an eval record, a TensorBoard tag written after the others) replaces nothing and is no rewind.
+  steps (an eval record, a TensorBoard tag written after the others) replaces nothing and is no rewind. A jump back
+  that meets no written step (a log kept every N steps, an excerpt) is a rewind when the run's own series goes on
+  below its high point.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from forensics.sources.reader.records import MAX_EXAMPLES, STEP_KEYS, ReaderRepo
 
 #: Rewritten steps kept per metric in a rewind's ``overlap`` (the restart rule compares them against the noise).
 OVERLAP_LIMIT = 64
+#: A backward jump that rewrites no cell is a resume when its series goes on at this many distinct steps below the
+#: high point: one record could be a stray late write, two in a row are the run logging again.
+MIN_RESUMED_STEPS = 2
 
 #: ``malformed(where, reason)``: how the accumulator reports a record it cannot read.
 Malformed = Callable[[int, str], None]
@@ -234,7 +239,8 @@ class MetricsAccumulator:
 
     def _find_rewinds(self, steps: np.ndarray, present: dict[str, np.ndarray],
                       values: dict[str, np.ndarray] | None = None) -> None:
-        """A resumed run: the step goes backwards and rewrites (step, metric) cells already written.
+        """A resumed run: the step goes backwards and rewrites (step, metric) cells already written, or logs its
+        series again below the high point without meeting a written step (:meth:`_resumes_below`).
 
         ``rows_replaced`` counts the steps of the backward jump's segment that had a metric written before.
         """
@@ -263,11 +269,11 @@ class MetricsAccumulator:
         bounds = back + [len(steps)]
         for i, nxt in zip(back, bounds[1:]):
             seg = rewritten[i:nxt]
-            if seg.any():
+            before = [int(steps[:i].max())] if i else []
+            before += [int(self.steps[-1])] if len(self.steps) else []
+            last = max(before) if before else None
+            if seg.any() or self._resumes_below(steps, present, i, nxt, last):
                 n = len(np.unique(steps[i:nxt][seg]))
-                before = [int(steps[:i].max())] if i else []
-                before += [int(self.steps[-1])] if len(self.steps) else []
-                last = max(before) if before else None
                 self.report.rewinds.append(Rewind(int(steps[i]), n, self.report.source, last_step=last,
                                                   overlap=self._overlap(steps, present, values or {}, i, nxt)))
                 # a resumed writer read a poll at a time rewrites its steps over several batches: one rewind
@@ -290,6 +296,34 @@ class MetricsAccumulator:
             self.report.rewinds[idx] = dataclasses.replace(rw, rows_replaced=rw.rows_replaced + n, overlap=overlap)
         if head < len(steps) or rw.last_step is None or int(steps[head - 1]) >= rw.last_step:
             self._open_rewind = None
+
+    def _resumes_below(self, steps: np.ndarray, present: dict[str, np.ndarray], i: int, nxt: int,
+                       last: int | None) -> bool:
+        """A backward jump that rewrites nothing is still a resume when logging carries on below the high point.
+
+        A log kept at an interval, or an excerpt of one, may resume at steps it never wrote (Megatron logging every
+        10 iterations from 7000 to 7220, then again from 6900 after a rollback). The jump is a resume when the
+        segment writes, at ``MIN_RESUMED_STEPS`` or more distinct steps below the previous high point, a metric that
+        was already written at a step at or after the segment's first: the run is logging its own series over again.
+        A late record for earlier steps (an eval metric, a TensorBoard tag written after the others) writes a series
+        that has nothing at those steps yet, and a lone stray record is too little to call a resume.
+        """
+        if last is None:
+            return False
+        first = int(steps[i])
+        below = steps[i:nxt] < last
+        for name, mask in present.items():
+            if name == TIMESTAMP:
+                continue
+            resumed = np.unique(steps[i:nxt][mask[i:nxt] & below])
+            if len(resumed) < MIN_RESUMED_STEPS:
+                continue
+            earlier = bool((mask[:i] & (steps[:i] >= first)).any())
+            if not earlier and name in self.written and len(self.steps):
+                earlier = bool((self.written[name] & (self.steps >= first)).any())
+            if earlier:
+                return True
+        return False
 
     def _overlap(self, steps: np.ndarray, present: dict[str, np.ndarray], values: dict[str, np.ndarray],
                  i: int, nxt: int, limit: int | None = None) -> dict[str, list[tuple[int, float, float]]]:

@@ -31,6 +31,7 @@ def use(monkeypatch):
     def choose(kind: str) -> None:
         monkeypatch.setattr(loops, "_COMPILED", set(loops.LOOPS) if kind == "compiled" else set())
         monkeypatch.setattr(loops, "_is_warm", lambda name: False)
+        monkeypatch.setattr(loops, "_PLAIN_ROWS", {})
         monkeypatch.setenv(loops.COMPILE_FROM_ENV, "0" if kind == "compiled" else str(10**12))
 
     return choose
@@ -101,22 +102,26 @@ def test_the_greedy_packer_is_the_same_either_way(use, seed, n, budget, most, ki
 
 
 # --- which version runs -----------------------------------------------------------------------------------------------
-CHOICES = [  # (rows, compile from, already compiled in this process, warm on disk) -> compiled?
-    (10, 20_000, False, False, False),
-    (19_999, 20_000, False, False, False),
-    (20_000, 20_000, False, False, True),  # the threshold itself compiles
-    (10, 20_000, True, False, True),
-    (10, 20_000, False, True, True),
-    (0, 0, False, False, True),
+CHOICES = [  # (rows, rows given before, compile from, compiled in this process, warm on disk, loop) -> compiled?
+    (10, 0, 20_000, False, False, "rolling_medians", False),
+    (19_999, 0, 20_000, False, False, "rolling_medians", False),
+    (20_000, 0, 20_000, False, False, "rolling_medians", True),  # the threshold itself compiles
+    (9_999, 10_000, 20_000, False, False, "rolling_medians", False),
+    (10_000, 10_000, 20_000, False, False, "rolling_medians", True),  # small calls add up
+    (10, 0, 20_000, True, False, "rolling_medians", True),
+    (10, 0, 20_000, False, True, "rolling_medians", True),
+    (0, 0, 0, False, False, "rolling_medians", True),
+    (10, 0, 20_000, False, False, "wandb_scan", True),  # no plain version for the .wandb scanner
 ]
 
 
-@pytest.mark.parametrize(("rows", "threshold", "in_process", "warm", "is_compiled"), CHOICES)
-def test_which_version_of_a_loop_runs(monkeypatch, rows, threshold, in_process, warm, is_compiled):
-    monkeypatch.setattr(loops, "_COMPILED", {"rolling_medians"} if in_process else set())
-    monkeypatch.setattr(loops, "_is_warm", lambda name: warm)
+@pytest.mark.parametrize(("rows", "before", "threshold", "in_process", "warm", "name", "is_compiled"), CHOICES)
+def test_which_version_of_a_loop_runs(monkeypatch, rows, before, threshold, in_process, warm, name, is_compiled):
+    monkeypatch.setattr(loops, "_COMPILED", {name} if in_process else set())
+    monkeypatch.setattr(loops, "_PLAIN_ROWS", {name: before})
+    monkeypatch.setattr(loops, "_is_warm", lambda _: warm)
     monkeypatch.setenv(loops.COMPILE_FROM_ENV, str(threshold))
-    chosen = loops.loop("rolling_medians", rows)
+    chosen = loops.loop(name, rows)
     assert (getattr(chosen, "__name__", "").startswith("reference(")) is (not is_compiled)
 
 

@@ -5,9 +5,12 @@ keyed by :mod:`forensics.compiled.key`). Compiling is slow next to a small run: 
 ~14 s, where judging the small demo's 3,500 steps takes ~0.05 s compiled and ~0.5 s as plain Python. So a loop runs:
 
 - compiled, when its machine code is in the cache (or this process already compiled it);
-- as its plain-Python reference (:mod:`forensics.compiled.reference`, the same code), for an input of fewer than
-  :data:`COMPILE_FROM` rows while it is not (where :data:`LOOPS` allows it);
+- as its plain-Python reference (:mod:`forensics.compiled.reference`, the same code) while it is not, until the
+  process has given that loop :data:`COMPILE_FROM` rows in all (where :data:`LOOPS` allows it);
 - else compiled there and then, once for this version of the package, said on stderr with the time it took.
+
+Counting the rows a process gives a loop, not one call's, is what compiles a loop called many times on small inputs
+(the what-if packs ~150 orders of a dataset).
 
 Both give the same results (property tests compare them), so which one ran never shows in a finding.
 """
@@ -43,19 +46,23 @@ COMPILE_FROM_ENV = "FORENSICS_COMPILE_FROM"
 WARM_FOLDER = "warm"
 
 _COMPILED: set[str] = set()
+#: Rows each loop was given in this process as plain Python.
+_PLAIN_ROWS: dict[str, int] = {}
 
 
 def loop(name: str, rows: int) -> Callable[..., Any]:
-    """The loop ``name`` of :data:`LOOPS` for an input of ``rows`` rows: compiled when cached (or ``rows`` reaches
-    :data:`COMPILE_FROM`), else its plain-Python reference."""
+    """The loop ``name`` of :data:`LOOPS` for an input of ``rows`` rows: compiled when cached (or the rows this
+    process gave it reach :data:`COMPILE_FROM`), else its plain-Python reference."""
     module, function, _, plain_below = LOOPS[name]
     dispatcher = getattr(importlib.import_module(module), function)
     if name in _COMPILED or _is_warm(name):
         _COMPILED.add(name)
         return dispatcher
-    if plain_below and rows < compile_from():
+    given = _PLAIN_ROWS.get(name, 0) + int(rows)
+    if plain_below and given < compile_from():
         from forensics.compiled.reference import reference
 
+        _PLAIN_ROWS[name] = given
         return reference(dispatcher)
     return _compiling(name, dispatcher)
 

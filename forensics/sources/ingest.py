@@ -285,7 +285,8 @@ def read_metrics(
             reader.read_all()
             advance(reader.source)
             if reader.report.rows == 0:
-                raise ForensicsError(f"metrics source {reader.source} yields no rows: {empty_reason(reader)}")
+                raise ForensicsError(f"metrics source {reader.source} yields no rows: {empty_reason(reader)}; "
+                                     f"expected {reader.format_name} records of a step and its metrics")
     return merge_readers(readers, step_offset, keys)
 
 

@@ -34,6 +34,7 @@ from forensics.schema import (
     written,
 )
 from forensics.schema.keys import KeyChoice, choose_key, key_choices_section
+from forensics.schema.tables import LEFT_OUT
 
 
 @dataclass
@@ -131,7 +132,8 @@ def run_audit(
     # a sparse one of the same name (HF's end-of-run train_loss beside the per-step loss)
     cols = metric_columns(metrics)
     counts = {c: int(written(metrics, c).sum()) for c in cols}
-    keys = (choose_key(cols, "loss", given=cfg.loss_key, counts=counts, required=True),
+    keys = (choose_key(cols, "loss", given=cfg.loss_key, counts=counts, required=True,
+                       left_out=metrics.attrs.get(LEFT_OUT)),
             choose_key(cols, "grad_norm", counts=counts))
     warnings += [k.warning for k in keys if k.warning]
     loss_key, grad_key = str(keys[0].key), keys[1].key

@@ -6,6 +6,7 @@ import argparse
 
 from forensics.audit import validate_case
 from forensics.cli.common import add_case_argument, add_command, add_step_mapping_options, console, open_case_from
+from forensics.schema.words import counted
 
 
 def register(sub) -> None:
@@ -28,5 +29,5 @@ def run(args: argparse.Namespace) -> int:
         out.print(line, markup=False)
     for w in check.warnings:
         err.print(f"warning: {w}", markup=False)
-    out.print("ok" + (f" ({len(check.warnings)} warnings)" if check.warnings else ""))
+    out.print("ok" + (f" ({counted(len(check.warnings), 'warning')})" if check.warnings else ""))
     return 0

@@ -32,6 +32,7 @@ from forensics.errors import ForensicsError
 from forensics.live.tables import Inputs, Tagged, cached_audit, plan_parts, store_tags, tag_all, tag_new_parts
 from forensics.live.target import Target
 from forensics.schema import SAMPLE_ID, STEP, TIMESTAMP, find_loss_key, grad_norm_column, metric_columns, written
+from forensics.schema.tables import LEFT_OUT
 
 #: A run whose newest step is older than this many seconds (and at least 10 refresh intervals) stopped writing.
 STALE_AFTER_S = 120.0
@@ -120,7 +121,8 @@ class LiveRun:
         return self
 
     def _open_with_rows(self) -> None:
-        self.loss_key = find_loss_key(metric_columns(self.metrics), self.config.loss_key)
+        self.loss_key = find_loss_key(metric_columns(self.metrics), self.config.loss_key,
+                                      left_out=self.metrics.attrs.get(LEFT_OUT))
         stored = self.inputs.folder / "findings.json" if self.inputs.folder is not None else None
         if stored is not None and stored.exists():
             try:

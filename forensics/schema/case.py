@@ -108,16 +108,18 @@ def open_case(
     overrides: Mapping[str, Any] | None = None,
 ) -> Case:
     """Open a case folder (``run.toml`` optional: the defaults of DESIGN.md apply without it), or, with ``root``
-    None, a case made of the flags alone (``overrides`` naming ``metrics``, ``plan``, ``samples``)."""
+    None, a case made of the flags alone (``overrides`` naming ``metrics``, ``plan``, ``samples``). A file (a log, a
+    metrics table) or a folder that is itself a metrics source, given where a case is expected, is that case's
+    metrics: every command takes ``train.log`` as it takes ``--metrics train.log``."""
     if root is None:
         cfg, warnings = resolve_config(None, sets=sets, overrides=overrides)
         return Case(root=None, config=cfg, warnings=warnings)
     root = Path(root)
     if not root.exists():
         raise ForensicsError(f"case folder {root} does not exist")
-    if not root.is_dir():
-        raise ForensicsError(f"case folder {root} is not a folder")
-    if is_metrics_folder(root):
+    if not root.is_dir() or is_metrics_folder(root):
+        # a log or metrics file (or a W&B / TensorBoard folder) where a case is expected is read as ``--metrics``, as
+        # ``compare``, ``watch`` and the dashboard take it
         cfg, warnings = resolve_config(None, sets=sets, overrides={"metrics": [str(root)], **(overrides or {})})
         return Case(root=None, config=cfg, warnings=warnings)
     cfg, warnings = resolve_config(root, sets=sets, overrides=overrides)
@@ -172,8 +174,9 @@ def check_tables(plan: str | Path | None = None, samples: str | Path | None = No
     if plan is not None:
         for file, names in _parquet_names(Path(plan), "plan"):
             if not _plan_has_its_columns(names):
-                raise ForensicsError(f"plan {file}: expected a 'sample_id' column and either 'step' or both 'epoch' "
-                                     f"and 'batch_id'; it has {_names(names)}")
+                problem = "missing column 'sample_id'" if SAMPLE_ID not in names else "no 'step' column"
+                raise ForensicsError(f"plan {file}: {problem} (expected a 'sample_id' column and either 'step' or "
+                                     f"both 'epoch' and 'batch_id'); it has {_names(names)}")
 
 
 def _parquet_names(path: Path, what: str) -> list[tuple[Path, list[str]]]:

@@ -47,6 +47,9 @@ BUCKET = "bucket"
 CLUSTER_NAME = "cluster_name"
 
 PLAN_INT_COLUMNS = (STEP, SAMPLE_ID, EPOCH, BATCH_ID, MICRO, RANK)
+#: A metrics table's ``attrs`` key: ``{column: why}`` for the fields its sources logged with no numeric value (left
+#: out of the table as not metrics), so that a lookup for the loss can say the loss column holds no number.
+LEFT_OUT = "left_out"
 
 # --- defaults of the story (DESIGN.md Conventions) ----------------------------------------------------------------
 DEFAULT_BOUNDARIES: tuple[int, ...] = (0, 770, 1216, 1728, 2432, 3296, 8192)

@@ -26,6 +26,7 @@ from forensics.plan.composition import PairComposition
 from forensics.plan.gate.limits import Limits
 from forensics.plan.gate.result import GateResult
 from forensics.plan.gate.wording import composition_cause, listing, sorted_note
+from forensics.schema.words import counted
 
 FAILURE_KINDS = {
     "same_order": "reseeded",
@@ -89,12 +90,12 @@ def judge(r: GateResult) -> None:
     cov_fail = []
     for c in r.coverage:
         if c.duplicated:
-            cov_fail.append(f"epoch {c.epoch} repeats samples: {c.duplicated} row{'s' if c.duplicated > 1 else ''} "
+            cov_fail.append(f"epoch {c.epoch} repeats samples: {counted(c.duplicated, 'row')} "
                             "beyond each sample's first")
         if c.missing > lim.allow_drop_last:
             allowed = f"at most {lim.allow_drop_last} may be dropped" if lim.allow_drop_last else \
                 "none may be missing (--allow-drop-last N allows a dropped last batch)"
-            cov_fail.append(f"epoch {c.epoch} misses {c.missing} sample{'s' if c.missing > 1 else ''}; {allowed}")
+            cov_fail.append(f"epoch {c.epoch} misses {counted(c.missing, 'sample')}; {allowed}")
     pad_fail = []
     if lim.min_padding_efficiency is not None:
         if r.epoch_padding_efficiency is None:

@@ -115,7 +115,7 @@ def parquet_schema(path: str | Path, what: str) -> pa.Schema:
     try:
         return pq.read_schema(path)
     except Exception as exc:  # pyarrow's ArrowInvalid / OSError for a missing or damaged footer
-        raise ForensicsError(f"{what} file {path} is not a readable Parquet table ({_first_line(exc)}); expected a "
+        raise ForensicsError(f"{what} file {path} could not be read as Parquet ({_first_line(exc)}); expected a "
                              "Parquet file with its footer (was it truncated or overwritten?)") from exc
 
 

@@ -118,6 +118,12 @@ def run_audit(
                              "give --metrics SRC")
     if cfg.plan and not cfg.samples:
         raise ForensicsError("audit: a plan needs its samples table too (--samples, or samples.parquet in the case)")
+    if cfg.plan:  # footers and columns before any reading: the engine's choice reads the footers too
+        from forensics.schema.case import check_tables
+
+        check_tables(case.plan_path, case.samples_path)
+    # what earlier commands left, read before the work: a damaged file costs no reading and no progress lines
+    compared, replayed = _compare_doc(case), _replay_doc(case)
 
     from forensics.detect.rules import build_rules
     from forensics.sources import read_metrics
@@ -133,6 +139,7 @@ def run_audit(
     keys = choose_keys(metrics, cfg, spike_metrics)
     warnings += keys.warnings
     loss_key, analysed = keys.loss_key, keys.analysed
+
     with _plan_engine(case, warnings) as engine:  # None: the plan is loaded whole (pandas)
         samples = plan = tags = view = None
         boundaries = list(cfg.boundaries) if cfg.boundaries else None
@@ -189,12 +196,10 @@ def run_audit(
 
     findings["verdict"] = verdict(findings, loss_key)
     findings["verdict_facts"] = facts(findings)
-    compared = _compare_doc(case)
     if compared is not None:  # another run's spikes at the same data are evidence too (detect/causes/compared.py)
         from forensics.detect.causes.compared import apply_compare
 
         apply_compare(findings, compared)
-    replayed = _replay_doc(case)
     if replayed is not None:  # an earlier replay's verdicts are evidence of the causes (detect/causes/replayed.py)
         from forensics.detect.causes.replayed import apply_replay
 
@@ -256,14 +261,14 @@ def _plan_engine(case: Case, warnings: list[str]) -> Iterator[Any]:
 def _compare_doc(case: Case) -> dict[str, Any] | None:
     """The case's ``compare.json`` that ``forensics compare`` left (None when it compared no such case)."""
     from forensics.detect.causes.compared import COMPARE_FILE
-    from forensics.replay.result import read_replay
+    from forensics.schema.case import read_case_json
 
     path = case.output(COMPARE_FILE)
-    return read_replay(path) if path is not None else None
+    return read_case_json(path, "compare file", "spikes", "`forensics compare`") if path and path.is_file() else None
 
 
 def _replay_doc(case: Case) -> dict[str, Any] | None:
-    """The case's ``replay/replay.json`` (None when no replay ran, or it cannot be read)."""
+    """The case's ``replay/replay.json`` (None when no replay ran; a damaged one is bad input)."""
     from forensics.replay.result import read_replay
 
     path = case.output("replay/replay.json")

@@ -74,7 +74,7 @@ def test_a_text_log_matching_no_pattern_names_its_first_line_and_the_pattern_fla
                      "yields no rows", "the first line, 1, reads 'epoch one starting'", "--pattern")
     code, out, _ = _run(["ingest", log, "-o", tmp_path / "m.parquet", "--pattern",
                          r"batch=(?P<step>\d+) objective=(?P<loss>[\d.]+)"], capsys)
-    assert code == 0 and "1 rows, steps 12-12" in out
+    assert code == 0 and "1 row, steps 12-12" in out
 
 
 def test_validate_without_a_case_says_there_is_none(tmp_path, capsys, monkeypatch):

@@ -170,7 +170,7 @@ def test_a_damaged_findings_json_is_one_line_exit_2(tmp_path, capsys):
     (tmp_path / "findings.json").write_text('{"causes": [')
     assert main(["skip", str(tmp_path), "--format", "megatron"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"forensics: error: {tmp_path / 'findings.json'} is not a findings.json") and \
+    assert err.startswith(f"forensics: error: findings file {tmp_path / 'findings.json'} is not valid JSON") and \
         err.count("\n") == 1
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from forensics.audit import validate_case
 from forensics.cli.common import add_case_argument, add_command, add_step_mapping_options, console, open_case_from
 from forensics.errors import ForensicsError
+from forensics.schema.words import counted
 
 
 def register(sub) -> None:
@@ -46,5 +47,5 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"warning: {w}", markup=False)
     if args.json is not None:
         Path(args.json).write_text(json.dumps({**check.to_json(), "compiled": compiled}, indent=2) + "\n")
-    out.print("ok" + (f" ({len(check.warnings)} warnings)" if check.warnings else ""))
+    out.print("ok" + (f" ({counted(len(check.warnings), 'warning')})" if check.warnings else ""))
     return 0

@@ -31,6 +31,7 @@ from typing import Any
 from forensics.compare.align import Position
 from forensics.compare.classes import CLASSES, ECHOED, MEANING, SPIKED, UNREACHED
 from forensics.compare.runs import ComparedRun
+from forensics.schema.words import counted
 
 #: Two plans read the data in the same order when they consumed identical samples at this share of their common
 #: steps or more (a resumed run that re-consumed a stretch, a last partial step, still count as the same order).
@@ -140,7 +141,7 @@ class Comparison:
         if not n:
             return f"No loss spike in any of the {len(self.runs)} runs."
         parts = [f"{counts[c]} {c}" for c in CLASSES if counts[c]]
-        text = f"{n} spike position{'s' if n != 1 else ''} across {len(self.runs)} runs: {', '.join(parts)}"
+        text = f"{counted(n, 'spike position')} across {len(self.runs)} runs: {', '.join(parts)}"
         if self.is_pair:
             text += (f"; {self.runs[1].name} against {self.runs[0].name}: {len(self.removed())} removed, "
                      f"{len(self.left())} left, {len(self.new())} new")

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from forensics.errors import ForensicsError
-from forensics.schema.tables import hive_parts
+from forensics.schema.tables import hive_parts, parquet_metadata, parquet_schema
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -70,13 +70,8 @@ def parquet_columns(path: str | Path) -> list[str] | None:
     parts = parquet_parts(path)
     if parts is None or "://" in parts[0][0]:
         return None
-    import pyarrow.parquet as pq
-
     files, hive = parts
-    try:
-        names = list(pq.read_schema(files[0]).names)
-    except Exception as exc:  # pyarrow's own error types for a damaged footer
-        raise ForensicsError(f"{files[0]} could not be read: {str(exc).splitlines()[0]}") from exc
+    names = list(parquet_schema(files[0], "plan").names)
     return names + (list(hive_values(Path(files[0]), Path(path))) if hive else [])
 
 
@@ -94,11 +89,9 @@ def arrow_size(path: str | Path) -> int:
     files, hive = parts
     if "://" in files[0]:
         return 0
-    import pyarrow.parquet as pq
-
     total = 0
     for f in files:
-        meta = pq.ParquetFile(f).metadata
+        meta = parquet_metadata(f, "plan")
         cols = meta.num_columns + (len(hive_values(Path(f), Path(path))) if hive else 0)
         total += meta.num_rows * cols * 8
     return total

@@ -15,7 +15,6 @@ Built from findings.json alone (DESIGN.md, ``forensics skip``):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,13 +65,9 @@ def read_findings(path: str | Path) -> tuple[dict[str, Any], Path]:
         raise ForensicsError(f"{p} does not exist (expected a case folder with findings.json, or a findings.json)")
     if not file.is_file():
         raise ForensicsError(f"{p} has no findings.json: run `forensics audit {p}` first")
-    try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ForensicsError(f"{file} is not a findings.json the audit wrote: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("causes", []), list):
-        raise ForensicsError(f"{file} is not a findings.json the audit wrote: no 'causes' list")
-    return doc, file
+    from forensics.schema.case import read_case_json
+
+    return read_case_json(file, "findings file", "causes", "`forensics audit`"), file
 
 
 def skip_list(findings: dict[str, Any], min_severity: str = CRITICAL, all_verdicts: bool = False,

@@ -19,6 +19,7 @@ import pandas as pd
 from forensics.errors import ForensicsError
 from forensics.schema import Case, RunConfig, metric_columns, written
 from forensics.schema.keys import KeyChoice, choose_key
+from forensics.schema.tables import LEFT_OUT
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ def choose_keys(metrics: pd.DataFrame, cfg: RunConfig, spike_metrics: Sequence[s
     dense series beat a sparse one of the same name (HF's end-of-run ``train_loss`` beside the per-step ``loss``)."""
     cols = metric_columns(metrics)
     counts = {c: int(written(metrics, c).sum()) for c in cols}
-    loss = choose_key(cols, "loss", given=cfg.loss_key, counts=counts, required=True)
+    loss = choose_key(cols, "loss", given=cfg.loss_key, counts=counts, required=True,
+                      left_out=metrics.attrs.get(LEFT_OUT))
     grad = choose_key(cols, "grad_norm", counts=counts)
     loss_key = str(loss.key)
     return RunKeys(loss, grad, eval_loss_choice(cols, counts, loss_key, cfg.eval_loss_key),

@@ -57,14 +57,13 @@ def json_safe(x: Any) -> Any:
 
 
 def read_replay(path: Path) -> dict[str, Any] | None:
-    """An earlier replay.json (None when there is none or it cannot be read: it is only merged into)."""
+    """An earlier replay.json, None when there is none; a damaged one is bad input (the verdicts it holds would
+    silently vanish from the audit, and a later replay would overwrite them)."""
     if not path.is_file():
         return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    from forensics.schema.case import read_case_json
+
+    return read_case_json(path, "replay file", "steps", "`forensics replay`")
 
 
 def merge_write(path: Path, result: ReplayResult) -> dict[str, Any]:
@@ -75,7 +74,10 @@ def merge_write(path: Path, result: ReplayResult) -> dict[str, Any]:
                     key=lambda d: d["step"])
     doc = result.to_json() | {"steps": merged}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    # whole or not at all: a reader (the audit, the live loop) never meets a half-written file, now bad input
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    part.replace(path)
     return doc
 
 

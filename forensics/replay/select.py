@@ -13,12 +13,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from forensics.errors import ForensicsError
 
 #: Cause kinds whose events are steps with a batch to replay.
 BATCH_KINDS = ("batch", "samples", "event", "nonfinite")
@@ -42,10 +39,9 @@ def read_findings(root: Path | None) -> dict[str, Any] | None:
     path = root / "findings.json" if root is not None else None
     if path is None or not path.is_file():
         return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ForensicsError(f"{path} is not valid JSON: {exc}") from exc
+    from forensics.schema.case import read_case_json
+
+    return read_case_json(path, "findings file", "causes", "`forensics audit`")
 
 
 def cause_groups(findings: dict[str, Any], has_batch, max_causes: int | None = None) -> list[ReplayGroup]:

@@ -45,6 +45,7 @@ from forensics.replay.forward import LOSS_DENOMINATORS, Forwarder, SampleLoss
 from forensics.replay.model import LoadedModel, dropout_rate, load_model
 from forensics.replay.verdicts import tolerance
 from forensics.schema import DEFAULT_BOUNDARIES, STEP, Case, find_loss_key, load_plan, load_samples
+from forensics.schema.tables import LEFT_OUT
 
 #: Steps per checkpoint replayed to calibrate the tolerance of reproduction (see verdicts.tolerance).
 CALIBRATION = 4
@@ -129,7 +130,7 @@ class ReplaySession:
             self.warnings.append(f"run.toml [replay] metrics: the logged losses are those of {', '.join(names)} "
                                  "(the run that wrote the checkpoints), not the case's own metrics")
         metrics, report = read_metrics(sources, step_offset=cfg.step_offset, step_key=cfg.step_key)
-        loss_key = find_loss_key(metrics.columns, cfg.loss_key)
+        loss_key = find_loss_key(metrics.columns, cfg.loss_key, left_out=metrics.attrs.get(LEFT_OUT))
         self.loss_key = loss_key
         pairs = zip(metrics[STEP].tolist(), metrics[loss_key].astype(float), strict=False)
         self.logged = {int(s): float(v) for s, v in pairs if v == v}

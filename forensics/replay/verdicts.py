@@ -56,6 +56,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from forensics.schema.words import counted
+
 Z_HIGH = 3.0
 #: |z| at or below this: within the controls' spread (about 95% of batches drawn like the controls, with K = 8).
 Z_NORMAL = 2.0
@@ -200,7 +202,7 @@ def _f(x: float | None) -> str:
 def _where(m: Measured) -> str:
     d = abs(m.step - m.checkpoint_step)
     if m.after:
-        return f"checkpoint {m.checkpoint_step}, {d} update{'s' if d != 1 else ''} after the step (none is saved " \
+        return f"checkpoint {m.checkpoint_step}, {counted(d, 'update')} after the step (none is saved " \
                "at or before it)"
     return f"checkpoint {m.checkpoint_step}"
 

@@ -15,6 +15,7 @@ from forensics.detect.kinds import kind_of, run_level_kinds
 from forensics.report.cards import card_function
 from forensics.report.text import fmt_num, step_span, steps_list
 from forensics.schema.keys import key_line
+from forensics.schema.words import counted, plural
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,9 +25,11 @@ MAX_EVIDENCE = 4
 #: Causes the summary tells; the rest are folded into one line per kind (the report and dashboard do the same).
 MAX_CAUSES = 5
 MAX_WARNINGS = 4
-#: A cause kind in the folded line's words.
-CAUSE_WORDS = {"grad_norm": "set of grad-norm spikes the loss did not follow", "batch": "batch cause",
-               "event": "spike without a batch", "level_shift": "level shift", "nonfinite": "NaN/inf cause"}
+#: A cause kind in the folded line's words: (one, many).
+CAUSE_WORDS = {"grad_norm": ("set of grad-norm spikes the loss did not follow",
+                             "sets of grad-norm spikes the loss did not follow"),
+               "batch": ("batch cause", "batch causes"), "event": ("spike without a batch", "spikes without a batch"),
+               "level_shift": ("level shift", "level shifts"), "nonfinite": ("NaN/inf cause", "NaN/inf causes")}
 
 
 def run_line(findings: dict[str, Any]) -> str:
@@ -69,7 +72,7 @@ def render_summary(out: Console, findings: dict[str, Any], written: list[str] | 
                 out.print(f"  {escape(k.describe(items[0]))}")
             else:
                 steps = ", ".join(str(f.get("step")) for f in items[:6]) + (" ..." if len(items) > 6 else "")
-                out.print(f"  {len(items)} {escape(k.title)} findings (steps {escape(steps)})")
+                out.print(f"  {escape(counted(len(items), k.title + ' finding'))} (steps {escape(steps)})")
     for kind in run_level_kinds():
         _section(out, kind, findings)
     warnings = findings.get("warnings") or []
@@ -98,9 +101,9 @@ def fold_causes(causes: list[dict[str, Any]]) -> list[str]:
     for kind, items in by_kind.items():
         worst = max((str(c.get("severity")) for c in items), key=("info", "warning", "critical").index)
         ids = ", ".join(str(c.get("id")) for c in items[:8]) + (" ..." if len(items) > 8 else "")
-        what = CAUSE_WORDS.get(kind, f"{kind.replace('_', ' ')} cause")
-        out.append(f"and {len(items)} {what}{'s' if len(items) != 1 and not what.endswith('s') else ''} (at most "
-                   f"{worst}): findings.json cause{'s' if len(items) != 1 else ''} {ids}")
+        one, many = CAUSE_WORDS.get(kind, (f"{kind.replace('_', ' ')} cause", None))
+        out.append(f"and {counted(len(items), one, many)} (at most {worst}): findings.json "
+                   f"{plural('cause', len(items))} {ids}")
     return out
 
 

@@ -9,6 +9,7 @@ that is itself a metrics source (a W&B run folder, a TensorBoard log folder) is 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,19 @@ import pandas as pd
 
 from forensics.errors import ForensicsError
 from forensics.schema.config import RunConfig, SourceSpec, resolve_config
-from forensics.schema.tables import BATCH_ID, EPOCH, SAMPLE_ID, STEP, read_table, validate_plan, validate_samples
+from forensics.schema.tables import (
+    BATCH_ID,
+    EPOCH,
+    N_TOKENS,
+    SAMPLE_ID,
+    STEP,
+    hive_partition_values,
+    hive_parts,
+    parquet_schema,
+    read_table,
+    validate_plan,
+    validate_samples,
+)
 
 #: Metrics files a folder may hold, in merge order (later wins), looked for when run.toml names none.
 KNOWN_METRICS = ("metrics.parquet", "metrics.jsonl", "metrics.csv", "trainer_state.json", "runs", "lightning_logs",
@@ -95,16 +108,18 @@ def open_case(
     overrides: Mapping[str, Any] | None = None,
 ) -> Case:
     """Open a case folder (``run.toml`` optional: the defaults of DESIGN.md apply without it), or, with ``root``
-    None, a case made of the flags alone (``overrides`` naming ``metrics``, ``plan``, ``samples``)."""
+    None, a case made of the flags alone (``overrides`` naming ``metrics``, ``plan``, ``samples``). A file (a log, a
+    metrics table) or a folder that is itself a metrics source, given where a case is expected, is that case's
+    metrics: every command takes ``train.log`` as it takes ``--metrics train.log``."""
     if root is None:
         cfg, warnings = resolve_config(None, sets=sets, overrides=overrides)
         return Case(root=None, config=cfg, warnings=warnings)
     root = Path(root)
     if not root.exists():
         raise ForensicsError(f"case folder {root} does not exist")
-    if not root.is_dir():
-        raise ForensicsError(f"case folder {root} is not a folder")
-    if is_metrics_folder(root):
+    if not root.is_dir() or is_metrics_folder(root):
+        # a log or metrics file (or a W&B / TensorBoard folder) where a case is expected is read as ``--metrics``, as
+        # ``compare``, ``watch`` and the dashboard take it
         cfg, warnings = resolve_config(None, sets=sets, overrides={"metrics": [str(root)], **(overrides or {})})
         return Case(root=None, config=cfg, warnings=warnings)
     cfg, warnings = resolve_config(root, sets=sets, overrides=overrides)
@@ -141,3 +156,66 @@ def load_plan(path: str | Path, samples: pd.DataFrame | None = None,
 def _plan_has_its_columns(names: Sequence[str]) -> bool:
     have = set(names)
     return SAMPLE_ID in have and (STEP in have or {EPOCH, BATCH_ID} <= have)
+
+
+def check_tables(plan: str | Path | None = None, samples: str | Path | None = None) -> None:
+    """Check a plan's and a samples table's Parquet files, from their footers alone, before anything reads them.
+
+    Every command that reads a plan calls this first, before the engine's choice by size (which reads the footers)
+    and before any progress is shown: a damaged file (empty, truncated, not Parquet) or one without the columns its
+    table needs is one line naming the file and what was expected, never an error of the engine that met it first.
+    CSV and JSONL tables are read whole by :func:`read_table`, which validates them as it reads."""
+    if samples is not None:
+        for file, names in _parquet_names(Path(samples), "samples"):
+            if not {SAMPLE_ID, N_TOKENS} <= set(names):
+                missing = [c for c in (SAMPLE_ID, N_TOKENS) if c not in names]
+                raise ForensicsError(f"samples {file}: missing column {', '.join(map(repr, missing))} (expected "
+                                     f"columns 'sample_id', 'n_tokens'); it has {_names(names)}")
+    if plan is not None:
+        for file, names in _parquet_names(Path(plan), "plan"):
+            if not _plan_has_its_columns(names):
+                problem = "missing column 'sample_id'" if SAMPLE_ID not in names else "no 'step' column"
+                raise ForensicsError(f"plan {file}: {problem} (expected a 'sample_id' column and either 'step' or "
+                                     f"both 'epoch' and 'batch_id'); it has {_names(names)}")
+
+
+def _parquet_names(path: Path, what: str) -> list[tuple[Path, list[str]]]:
+    """Each Parquet file of a table (a file, a folder of parts, hive ``key=value/`` folders) with its column names
+    (a hive part's folder keys included); none for a table that is not Parquet or not there (its reader says so)."""
+    if "://" in str(path) or not path.exists():
+        return []
+    if path.is_file():
+        return [(path, list(parquet_schema(path, what).names))] if path.suffix in (".parquet", ".pq") else []
+    flat = sorted(path.glob("*.parquet"))
+    if flat:
+        return [(f, list(parquet_schema(f, what).names)) for f in flat]
+    return [(f, list(parquet_schema(f, what).names) + list(hive_partition_values(f, path)))
+            for f in hive_parts(path)]
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(repr(str(n)) for n in names[:12]) or "no columns"
+
+
+def read_case_json(path: str | Path, what: str, list_key: str, writer: str) -> dict[str, Any]:
+    """A JSON document a command left in the case (``findings.json``, ``replay.json``, ``compare.json``), read by
+    every command that reads it back: an unreadable, empty, invalid or wrongly shaped one is bad input (one line
+    naming the file, what was expected and who writes it), never a traceback and never silently skipped, since the
+    evidence it holds would be missing from what is reported. ``list_key``: the list the document must hold."""
+    path = Path(path)
+    expected = f"expected the JSON object {writer} writes, with a '{list_key}' list"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ForensicsError(f"{what} {path} could not be read ({reason}); {expected}") from exc
+    if not text.strip():
+        raise ForensicsError(f"{what} {path} is empty; {expected}")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ForensicsError(f"{what} {path} is not valid JSON ({exc}); {expected}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get(list_key, []), list):
+        held = f"an object whose {list_key!r} is not a list" if isinstance(doc, dict) else f"a {type(doc).__name__}"
+        raise ForensicsError(f"{what} {path} holds {held}; {expected}")
+    return doc

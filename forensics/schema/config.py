@@ -282,14 +282,22 @@ def _source(item: Any, origin: str) -> SourceSpec:
 
 # --- reading run.toml and the overrides ------------------------------------------------------------------------------
 def read_run_toml(path: str | Path) -> dict[str, Any]:
-    """The raw tables of a ``run.toml``."""
+    """The raw tables of a ``run.toml``.
+
+    An empty file is bad input, not a run without settings: a case without settings has no run.toml at all, and an
+    empty one is what an interrupted write leaves (every path it named would silently fall back to discovery)."""
     path = Path(path)
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if not text.strip():
+            raise ForensicsError(f"run.toml {path} is empty; expected the run's settings in TOML (or no run.toml "
+                                 "at all)")
+        return tomllib.loads(text)
     except FileNotFoundError as exc:
         raise ForensicsError(f"run.toml {path} does not exist") from exc
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ForensicsError(f"run.toml {path} could not be read: {_first_line(exc)}") from exc
+        raise ForensicsError(f"run.toml {path} could not be read: {_first_line(exc)}; expected a UTF-8 TOML file "
+                             "of the run's settings") from exc
 
 
 def parse_set(items: Sequence[str]) -> dict[str, Any]:

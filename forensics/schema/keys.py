@@ -41,6 +41,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 from forensics.errors import ForensicsError
+from forensics.schema.words import counted
 
 #: Words that mark a held-out split: such a series is context, and a training key only when nothing else qualifies.
 EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "testing", "heldout", "holdout"})
@@ -269,18 +270,25 @@ def choose_key(
     given: str | None = None,
     counts: Mapping[str, int] | None = None,
     required: bool = False,
+    left_out: Mapping[str, str] | None = None,
 ) -> KeyChoice:
     """Choose the metric for ``role`` (``loss``, ``grad_norm``, ``lr``, ``throughput``) among ``columns``.
 
     ``given`` wins and must be one of ``columns`` (ForensicsError otherwise). ``counts`` (values written per metric)
     lets a sparse series lose to a dense one of the same name quality. ``required``: no candidate is a
     ForensicsError rather than a choice with ``key=None``. Deterministic: the same names give the same choice.
+    ``left_out``: fields the sources logged with no numeric value (``{name: why}``, a metrics table's
+    ``attrs[LEFT_OUT]``), so that a loss column of text is named as such rather than reported missing.
     """
     r = ROLES[role] if isinstance(role, str) else role
     names = [str(c) for c in columns]
     matches = _candidates(r, names, counts)
     cands = tuple(m.name for m in matches)
+    left_out = dict(left_out or {})
     if given:
+        if given not in names and given in left_out:
+            raise ForensicsError(f"{r.what} key '{given}' holds no number: {left_out[given]}; expected a column "
+                                 f"of numbers")
         if given not in names:
             close = [n for n in names if n.lower() == given.lower()] or [m.name for m in matches[:3]]
             hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
@@ -288,6 +296,10 @@ def choose_key(
                                  f"the metrics are {_listing(names)}")
         return KeyChoice(r.name, given, f"given ({r.flag or 'by the caller'})", cands, given=True)
     if not matches:
+        unusable = [m.name for m in _candidates(r, list(left_out), None)]
+        if required and unusable:
+            raise ForensicsError(f"no {r.what} column found: {left_out[unusable[0]]}; expected a column of numbers "
+                                 f"(or give {r.flag or 'the key'})")
         if required:
             raise ForensicsError(f"no {r.what} column found: no metric name holds "
                                  f"{' or '.join(repr(' '.join(p)) for p in r.phrases[:3])}{r.note}; "
@@ -328,7 +340,7 @@ def _reason(role: Role, best: _Match, matches: list[_Match]) -> str:
 
 
 def _values(n: int | None) -> str:
-    return f"{n} value" + ("" if n == 1 else "s")
+    return counted(n, "value")
 
 
 def _listing(names: Sequence[str], n: int = 12) -> str:
@@ -343,9 +355,12 @@ def find_column(columns: Iterable[str], keys: Sequence[str], contains: Sequence[
     return choose_key(columns, role).key
 
 
-def find_loss_key(columns: Iterable[str], given: str | None = None) -> str:
-    """The loss column: ``given`` when set (it must exist), else the best-named loss (ForensicsError when none)."""
-    return choose_key(columns, LOSS, given=given, required=True).key  # type: ignore[return-value]
+def find_loss_key(columns: Iterable[str], given: str | None = None,
+                  left_out: Mapping[str, str] | None = None) -> str:
+    """The loss column: ``given`` when set (it must exist), else the best-named loss (ForensicsError when none);
+    ``left_out`` as in :func:`choose_key`."""
+    return choose_key(columns, LOSS, given=given, required=True,  # type: ignore[return-value]
+                      left_out=left_out).key
 
 
 def grad_norm_column(columns: Iterable[str]) -> str | None:

@@ -47,6 +47,9 @@ BUCKET = "bucket"
 CLUSTER_NAME = "cluster_name"
 
 PLAN_INT_COLUMNS = (STEP, SAMPLE_ID, EPOCH, BATCH_ID, MICRO, RANK)
+#: A metrics table's ``attrs`` key: ``{column: why}`` for the fields its sources logged with no numeric value (left
+#: out of the table as not metrics), so that a lookup for the loss can say the loss column holds no number.
+LEFT_OUT = "left_out"
 
 # --- defaults of the story (DESIGN.md Conventions) ----------------------------------------------------------------
 DEFAULT_BOUNDARIES: tuple[int, ...] = (0, 770, 1216, 1728, 2432, 3296, 8192)
@@ -75,6 +78,10 @@ def read_table(path: str | Path, what: str, columns: Sequence[str] | None = None
             return pd.concat([read_table(p, what, columns, required) for p in parts], ignore_index=True)
         return _read_hive(path, what, columns, required)
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    if suffix in (".parquet", ".pq"):
+        parquet_schema(path, what)  # the footer first: a damaged file is one line, whoever reads it next
+    if path.stat().st_size == 0:
+        raise ForensicsError(f"{what} file {path} is empty; expected a {_FORMATS.get(suffix, 'table')} table")
     try:
         if suffix in (".parquet", ".pq"):
             return pd.read_parquet(path) if columns is None else _read_parquet(path, columns, required)
@@ -83,8 +90,41 @@ def read_table(path: str | Path, what: str, columns: Sequence[str] | None = None
         if suffix in (".jsonl", ".json", ".jsonl.gz", ".ndjson"):
             return pd.read_json(path, lines=suffix != ".json")
     except Exception as exc:  # OSError, ValueError, and pyarrow's own types for corrupt files
-        raise ForensicsError(f"{what} file {path} could not be read: {_first_line(exc)}") from exc
+        raise ForensicsError(f"{what} file {path} could not be read: {_first_line(exc)}; expected a "
+                             f"{_FORMATS.get(suffix, 'table')} table") from exc
     raise ForensicsError(f"{what} file {path} has an unknown format {suffix!r}; expected .parquet, .csv or .jsonl")
+
+
+_FORMATS = {".parquet": "Parquet", ".pq": "Parquet", ".csv": "CSV", ".csv.gz": "CSV", ".jsonl": "JSONL",
+            ".jsonl.gz": "JSONL", ".ndjson": "JSONL", ".json": "JSON"}
+
+
+def parquet_schema(path: str | Path, what: str) -> pa.Schema:
+    """The schema in a Parquet file's footer, the one read every reader of a plan, samples or metrics file does first
+    (the engine's choice by size included), so that a damaged file is bad input (one line naming it) and never a
+    pyarrow error: an empty file, a truncated one (no footer) and one that is not Parquet at all."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ForensicsError(f"{what} file {path} could not be read: {exc.strerror or exc}") from exc
+    if size == 0:
+        raise ForensicsError(f"{what} file {path} is empty; expected a Parquet table")
+    try:
+        return pq.read_schema(path)
+    except Exception as exc:  # pyarrow's ArrowInvalid / OSError for a missing or damaged footer
+        raise ForensicsError(f"{what} file {path} could not be read as Parquet ({_first_line(exc)}); expected a "
+                             "Parquet file with its footer (was it truncated or overwritten?)") from exc
+
+
+def parquet_metadata(path: str | Path, what: str):  # -> pyarrow.parquet.FileMetaData
+    """A Parquet file's footer metadata (rows, columns), its footer checked by :func:`parquet_schema` first."""
+    import pyarrow.parquet as pq
+
+    parquet_schema(path, what)
+    return pq.ParquetFile(path).metadata
 
 
 def _read_hive(path: Path, what: str, columns: Sequence[str] | None,
@@ -123,7 +163,7 @@ def _read_parquet(path: Path, columns: Sequence[str],
     block per column: pandas' own reader consolidates the columns into one block, a copy of the whole table."""
     import pyarrow.parquet as pq
 
-    names = pq.read_schema(path).names
+    names = parquet_schema(path, "table").names
     wanted = [c for c in names if c in set(columns)] if required is None or required(names) else None
     return pq.read_table(path, columns=wanted).to_pandas(split_blocks=True, self_destruct=True)
 
@@ -218,7 +258,8 @@ def _require_columns(df: pd.DataFrame, columns: Sequence[str], what: str, origin
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ForensicsError(
-            f"{what} {origin}: missing column {', '.join(repr(c) for c in missing)}; "
+            f"{what} {origin}: missing column {', '.join(repr(c) for c in missing)} (expected columns "
+            f"{', '.join(repr(c) for c in columns)}); "
             f"it has {', '.join(repr(str(c)) for c in df.columns[:12]) or 'no columns'}"
         )
 
@@ -375,7 +416,7 @@ def validate_plan(df: pd.DataFrame, origin: str = "(table)", samples: pd.DataFra
     _require_columns(df, [SAMPLE_ID], what, origin)
     if STEP not in df.columns and not {EPOCH, BATCH_ID} <= set(df.columns):
         raise ForensicsError(
-            f"{what} {origin}: needs a 'step' column or both 'epoch' and 'batch_id'; "
+            f"{what} {origin}: needs a 'step' column or both 'epoch' and 'batch_id' (the columns expected of a plan); "
             f"it has {', '.join(map(str, df.columns[:12]))}"
         )
     df = df.copy(deep=False)  # copy-on-write: the caller's frame is never modified, and no column is copied

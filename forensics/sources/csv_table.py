@@ -97,6 +97,12 @@ class CsvReader(MetricsReader):
         self._keep = [n for n in self._names if not n.startswith("\0drop")]
 
     def _parse(self, block: bytes, first_line: int) -> Records:
+        try:
+            block.decode("utf-8")
+        except UnicodeDecodeError:
+            # pyarrow decodes a malformed row's text for the row handler and, on bytes that are not UTF-8, prints the
+            # decoding error's traceback past any handler; as replacement characters the row stays a data quirk
+            block = block.decode("utf-8", errors="replace").encode("utf-8")
         bad: list[tuple[int, str]] = []
         kept_lines: list[int] = []
 
@@ -115,7 +121,8 @@ class CsvReader(MetricsReader):
                 ),
             )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ForensicsError(f"{self.source}: could not be parsed as CSV: {str(exc).splitlines()[0]}") from exc
+            raise ForensicsError(f"{self.source}: could not be parsed as CSV ({str(exc).splitlines()[0]}); expected "
+                                 "comma-separated metrics under one header row") from exc
         for where, reason in bad:
             self._malformed(where, reason)
         if bad:

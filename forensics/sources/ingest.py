@@ -27,6 +27,8 @@ import pyarrow.compute as pc
 
 from forensics.errors import ForensicsError
 from forensics.schema import METRIC_DTYPE, STEP, SourceSpec, metric_columns, metric_values, metrics_table, written
+from forensics.schema.tables import LEFT_OUT
+from forensics.schema.words import counted
 from forensics.sources.reader.base import MetricsReader
 from forensics.sources.reader.records import ReaderReport
 from forensics.sources.registry import open_reader
@@ -86,10 +88,11 @@ class IngestReport:
     def summary_lines(self) -> list[str]:
         """The summary ``forensics ingest`` prints: rows, step range, metrics with NaN/inf, rewinds, skipped lines."""
         span = f"steps {self.step_range[0]}-{self.step_range[1]}" if self.step_range else "no steps"
-        lines = [f"{self.rows} rows, {span}, {len(self.metrics)} metrics from {len(self.sources)} sources"]
+        lines = [f"{counted(self.rows, 'row')}, {span}, {counted(len(self.metrics), 'metric')} from "
+                 f"{counted(len(self.sources), 'source')}"]
         for name, c in self.metrics.items():
             extra = [f"{c[k]} {label}" for k, label in (("nan", "NaN"), ("inf", "inf"), ("missing", "missing")) if c[k]]
-            lines.append(f"  {name}: {c['values']} values" + (f" ({', '.join(extra)})" if extra else ""))
+            lines.append(f"  {name}: {counted(c['values'], 'value')}" + (f" ({', '.join(extra)})" if extra else ""))
         for a in self.alignments:
             if a.step_offset or a.convention != "as logged":
                 lines.append(f"  {a.source}: step = {a.step_key or 'step'} - {a.step_offset} ({a.convention})")
@@ -243,6 +246,9 @@ def merge_readers(readers: list[MetricsReader], step_offset: int | None = None,
     if len(merged):
         report.step_range = (int(merged[STEP].iloc[0]), int(merged[STEP].iloc[-1]))
     report.metrics = summarize(merged)
+    # the columns no source could give a number, for the key lookup to name when it looks for one of them
+    merged.attrs[LEFT_OUT] = {name: f"column '{name}' of {r.source} {why}" for r in reversed(readers)
+                              for name, why in r.report.left_out.items() if name not in merged.columns}
     for r in readers:
         if r.report.rows == 0:
             report.warnings.append(f"{r.source}: no metrics rows found")
@@ -285,7 +291,8 @@ def read_metrics(
             reader.read_all()
             advance(reader.source)
             if reader.report.rows == 0:
-                raise ForensicsError(f"metrics source {reader.source} yields no rows: {empty_reason(reader)}")
+                raise ForensicsError(f"metrics source {reader.source} yields no rows: {empty_reason(reader)}; "
+                                     f"expected {reader.format_name} records of a step and its metrics")
     return merge_readers(readers, step_offset, keys)
 
 

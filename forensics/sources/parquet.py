@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from forensics.errors import ForensicsError
 from forensics.schema import STEP
+from forensics.schema.tables import parquet_schema
 from forensics.sources.reader.base import MetricsReader
 from forensics.sources.reader.records import STEP_KEYS, Records
 
@@ -38,14 +39,17 @@ class ParquetReader(MetricsReader):
         stamp = (st.st_mtime, st.st_size)
         if stamp == self._stamp:
             return None
+        parquet_schema(path, "metrics")  # the footer first: a damaged file is one line naming what was expected
         try:
             table = pq.read_table(path)
         except (OSError, pa.ArrowException) as exc:
-            raise ForensicsError(f"metrics file {path} could not be read as Parquet: {exc}") from exc
+            raise ForensicsError(f"metrics file {path} could not be read as Parquet ({str(exc).splitlines()[0]}); "
+                                 "expected a Parquet table of metrics") from exc
         self._stamp = stamp
         step_name = self.step_key or next((k for k in STEP_KEYS if k in table.column_names), STEP)
         if step_name not in table.column_names:
-            raise ForensicsError(f"metrics file {path}: missing column '{step_name}'; "
+            raise ForensicsError(f"metrics file {path}: missing column '{step_name}' (expected a step column beside "
+                                 "the metric columns); "
                                  f"it has {', '.join(table.column_names[:12])}")
         if self._max_step is not None:
             table = table.filter(pc.greater(table[step_name], self._max_step))

@@ -40,6 +40,7 @@ from forensics.schema import (
     load_samples,
     with_overrides,
 )
+from forensics.schema.case import check_tables
 from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER, ClusterInfo, cluster_samples
 from forensics.tagging.step_tags import tag_steps
 from forensics.tagging.text_at_scale import TextColumn, cluster_samples_at_scale
@@ -215,6 +216,7 @@ def tag_case_folder(
         raise ForensicsError("tag needs a plan: give a case folder, --plan or --builder")
     if epochs < 1 or max_fit < 1:
         raise ForensicsError(f"tag: epochs and max_fit must be >= 1; got {epochs} and {max_fit}")
+    check_tables(None if builder else case.plan_path, case.samples_path)
     engine = None if builder else engine_of(cfg, case.plan_path)
     on_engine = engine is not None and engine.name != "pandas"
     samples = None if on_engine else load_samples(case.samples_path)

@@ -33,6 +33,7 @@ from forensics.detect.findings import CRITICAL, SEVERITIES, Finding
 from forensics.detect.params import fraction
 from forensics.detect.rules.grad_norm import NOT_FOLLOWED, unfollowed
 from forensics.detect.spikes.kernel_state import JOINT_LEAD
+from forensics.schema.words import counted
 from forensics.stats import DisjointSets
 
 #: Run-level finding kinds that are causes of their own, and the cause kind each becomes.
@@ -71,7 +72,7 @@ def _narrowed(f: Finding, keep: list[int], run: RunTables) -> Finding:
     steps = sorted({int(s) for r in rows for s in r.get("steps") or []})
     out.details = {**f.details, "steps": steps, "count": len(keep)}
     n = len(keep)
-    out.evidence = [f"{n} more sample{'s' if n != 1 else ''} ({', '.join(map(str, keep[:8]))}) raised the loss each "
+    out.evidence = [f"{counted(n, 'more sample')} ({', '.join(map(str, keep[:8]))}) raised the loss each "
                     f"time {'they were' if n != 1 else 'it was'} consumed, beside the ones the returning batches "
                     f"hold (steps {', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''})."]
     out.evidence += [e for e in f.evidence[1:] if any(e.startswith(f"sample {i}:") for i in keep)]

@@ -26,6 +26,7 @@ from typing import Any
 from forensics.detect.causes.severity import most_severe, severity_of
 from forensics.detect.findings import SEVERITIES
 from forensics.schema.steps import step_span, steps_list
+from forensics.schema.words import plural
 
 #: Cause kinds whose events are batches a replay runs (the replay stage's own list, said again without torch).
 BATCH_KINDS = ("batch", "samples", "event", "nonfinite")
@@ -183,9 +184,8 @@ def replayed_next_step(cause: dict[str, Any], rv: dict[str, Any], case: str | No
         replayed = sorted(int(x) for x in rv.get("steps") or {})
         weak = " (at a checkpoint after the step: the model may have learned the batch since)" \
             if rv.get("checkpoint") == "after" else ""
-        plural = "s" if len(replayed) > 1 else ""
-        return (f"Replay clears step{plural} {steps_list(replayed, offset)}: the batch's loss lies within its "
-                f"same-bucket controls' spread{weak}; nothing in these samples to fix.")
+        return (f"Replay clears {plural('step', len(replayed))} {steps_list(replayed, offset)}: the batch's loss lies "
+                f"within its same-bucket controls' spread{weak}; nothing in these samples to fix.")
     if v == "misaligned":
         fix = next((e for e in rv.get("evidence") or [] if "step_offset" in e), "")
         hint = fix[fix.index("set step_offset"):].rstrip(".") if "set step_offset" in fix else "fix the step offset"

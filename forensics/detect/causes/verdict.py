@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from forensics.detect.rules.composition import plan_words
+from forensics.schema.words import counted, plural
 
 
 def _share(value: Any) -> str:
@@ -39,13 +40,13 @@ def verdict(findings: dict, loss_key: str | None = None) -> str:
         who = "near-duplicate samples" if all(x.get("near_duplicates") for x in d) else "the same samples"
         words = plan_words(findings.get("plan"))
         how = f" by a plan {words}" if words and all(x.get("static_plan") for x in d) else ""
-        text = (f"{len(batch)} batches of {who}, packed together{how}, caused the {loss} spikes at steps "
+        text = (f"{counted(len(batch), 'batch')} of {who}, packed together{how}, caused the {loss} spikes at steps "
                 f"{_list(firsts)} and spiked again when they came back at steps {_list(returns)}")
         rest = len(causes) - len(batch)
-        return text + (f"; {rest} other cause{'s' if rest > 1 else ''} below." if rest else ".")
+        return text + (f"; {counted(rest, 'other cause')} below." if rest else ".")
     text = str(main.get("summary") or "").rstrip(".")
     rest = len(causes) - 1
-    return text + (f"; {rest} other cause{'s' if rest > 1 else ''} below." if rest else ".")
+    return text + (f"; {counted(rest, 'other cause')} below." if rest else ".")
 
 
 def facts(findings: dict) -> list[str]:
@@ -73,11 +74,11 @@ def _all_clear(findings: dict, loss: str) -> str:
     spikes = findings.get("spikes") or []
     if spikes:
         text = (f"No fault found in {', '.join(map(str, analysed))} over {run.get('steps', 0):,} steps: "
-                f"{len(spikes)} spike{'s' if len(spikes) != 1 else ''} explained or not followed by the loss")
+                f"{counted(len(spikes), 'spike')} explained or not followed by the loss")
     else:
         text = f"No spike and no NaN/inf in {', '.join(map(str, analysed))} over {run.get('steps', 0):,} steps"
     if info:
-        text += f" ({len(info)} finding{'s' if len(info) > 1 else ''} recorded as info)"
+        text += f" ({counted(len(info), 'finding')} recorded as info)"
     return text + "."
 
 
@@ -112,10 +113,10 @@ def _listing(findings: dict, loss_key: str | None = None) -> str:
                     where += f" / '{items[0]['cluster_name']}'"
             elif None not in buckets:
                 where = f" across buckets {', '.join(_num(b) for b in sorted(buckets))}"
-            parts.append(f"{len(items)} {metric} spike{'s' if len(items) != 1 else ''} ({steps}{more}){where}")
+            parts.append(f"{len(items)} {metric} {plural('spike', len(items))} ({steps}{more}){where}")
     nonfinite = findings.get("nonfinite") or []
     if nonfinite:
-        parts.append(f"{len(nonfinite)} non-finite value{'s' if len(nonfinite) != 1 else ''}")
+        parts.append(counted(len(nonfinite), "non-finite value"))
     pf = findings.get("plan")
     if isinstance(pf, dict) and pf.get("static") is not None:
         parts.append("batch composition is static across epochs" if pf["static"] else

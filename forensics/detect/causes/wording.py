@@ -13,6 +13,7 @@ from forensics.detect.base import RunTables
 from forensics.detect.findings import Finding
 from forensics.detect.rules.composition import plan_fix_words, plan_words
 from forensics.schema.steps import step_span, steps_list
+from forensics.schema.words import counted
 
 #: Suspect samples named in a sentence.
 NAMED = 6
@@ -103,7 +104,7 @@ def event_next_step(kind: str, firsts: list[int], suspects: list[int], run: RunT
 
 def nonfinite_summary(metric: str, steps: list[int], offset: int) -> str:
     n = len(steps)
-    return f"{metric} is NaN/inf at {n} step{'s' if n > 1 else ''} ({steps_list(steps, offset)}): the numbers broke."
+    return f"{metric} is NaN/inf at {counted(n, 'step')} ({steps_list(steps, offset)}): the numbers broke."
 
 
 def nonfinite_next_step(steps: list[int], run: RunTables) -> str:

@@ -38,6 +38,7 @@ import pandas as pd
 
 from forensics.detect.findings import SpikeLike, spike_span
 from forensics.schema import STEP, grad_norm_column, lr_column, metric_columns, tokens_per_s_column
+from forensics.schema.words import counted
 from forensics.stats import MAD_TO_SD
 
 
@@ -220,7 +221,7 @@ def _evidence(item: dict[str, Any]) -> list[str]:
                 "with": f"at the same step as the loss ({first})",
                 "lags": f"{-item['lead_steps']} steps after the loss (step {first})"}[kind]
         few = item["grad_norm_baseline_rows"]
-        basis = f" (from {few} logged value{'s' if few != 1 else ''})" if few < 5 else ""
+        basis = f" (from {counted(few, 'logged value')})" if few < 5 else ""
         ev.append(f"{name} rose {when}: from its baseline {base:.3g}{basis} to {peak:.3g} "
                   f"({item['grad_norm_peak_ratio']:.3g}x)" + (
                       "; an optimizer-led event (updates grew before the loss followed)." if kind == "leads" else

@@ -47,6 +47,7 @@ from forensics.detect.rules.recurrence import MIN_JACCARD, batch_recurrence, sam
 from forensics.detect.tags import BUCKET, BUCKET_RANGE, CLUSTER_NAME, attach_tags
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
+from forensics.schema.words import counted
 from forensics.stats import binom_sf
 
 #: A recurrence whose loss is at least this many times its baseline counts as "the loss jumped again".
@@ -228,8 +229,8 @@ def _candidate_sentence(col: str, c: dict[str, Any], f: Finding) -> str:
     facts = []
     if c["share_of_steps"] is not None:
         n = c["n_events"]
-        facts.append(f"{100 * c['share_of_steps']:.0f}% of steps but {c['n_spikes']} of {n} {f.metric or ''} "
-                     f"spike{'s' if n != 1 else ''}".replace("  ", " ")
+        facts.append(f"{100 * c['share_of_steps']:.0f}% of steps but {c['n_spikes']} of "
+                     f"{counted(n, (f.metric or '') + ' spike')}".replace("  ", " ")
                      + (f" (binomial p = {c['p_value']:.2g})" if c["n_spikes"] else ""))
     if c["batch_size"]:
         facts.append(f"all {c['batch_size']} samples of this batch" if c["in_batch"] == c["batch_size"]

@@ -23,6 +23,7 @@ from forensics.detect.findings import INFO, Finding
 from forensics.detect.params import fraction, positive
 from forensics.detect.tags import BUCKET, StepLookup
 from forensics.schema import CLUSTER, EPOCH, STEP
+from forensics.schema.words import counted
 from forensics.stats import binom_sf
 
 #: The support a grad-norm spike carries when the loss did not follow it (set by the spike driver).
@@ -93,7 +94,7 @@ class GradNormRule(Rule):
         support: dict[str, Any] = {"warning": True} if clustered else {}
         first, last = min(peaks), max(peaks)
         ratio = details["max_ratio"]
-        evidence = [f"{len(spikes)} grad-norm spike{'s' if len(spikes) != 1 else ''} (up to {ratio:.3g}x its "
+        evidence = [f"{counted(len(spikes), 'grad-norm spike')} (up to {ratio:.3g}x its "
                     f"baseline) that the loss did not follow, from step {first} to {last}."]
         if details["clipped_share"] is not None:
             evidence.append(f"{100 * details['clipped_share']:.1f}% of steps are above the trainer's max_grad_norm "

@@ -36,6 +36,7 @@ from forensics.detect.findings import INFO, Finding
 from forensics.detect.params import at_least, fraction, positive
 from forensics.schema import N_TOKENS, SAMPLE_ID, STEP
 from forensics.schema.steps import steps_list
+from forensics.schema.words import counted
 
 __all__ = ["HarmfulSamplesRule"]
 
@@ -116,7 +117,7 @@ class HarmfulSamplesRule(Rule):
         support = {"critical": True} if any(x["content"] for x in repeated) or len(repeated) >= 2 else {}
         n = len(rows)
         ids = ", ".join(str(x["sample_id"]) for x in rows[:8]) + (" ..." if n > 8 else "")
-        summary = (f"{n} sample{'s' if n != 1 else ''} ({ids}) raised the loss each time they were consumed (steps "
+        summary = (f"{counted(n, 'sample')} ({ids}) raised the loss each time they were consumed (steps "
                    f"{steps_list(all_steps, run.logged_offset, limit=8)}): the loss was on average "
                    f"{100 * float(np.mean([x['effect'] for x in rows])):.0f}% above what the steps' trend and tags "
                    f"expect there (false-discovery limit q <= {self.q:g}).")

@@ -12,6 +12,7 @@ from forensics.plan.gate.result import GateResult
 from forensics.plan.optimal_boundaries import resolve_boundaries
 from forensics.plan.step_mapping import check_mapping
 from forensics.schema import DEFAULT_BOUNDARIES, PLAN_INT_COLUMNS, Case, load_plan, load_samples
+from forensics.schema.case import check_tables
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ def check_case(
     cfg = case.config
     if builder is None and cfg.plan is None:
         raise ForensicsError("check-plan needs a plan (--plan, or plan.parquet in the case) or --builder")
+    check_tables(case.plan_path if builder is None else None, case.samples_path if cfg.samples else None)
     samples = load_samples(case.samples_path) if cfg.samples else None
     plan = None
     engine = engine_of(cfg, case.plan_path) if builder is None else None

@@ -28,6 +28,7 @@ from forensics.plan.composition import PairComposition
 from forensics.plan.gate.limits import Limits
 from forensics.plan.gate.result import GateResult
 from forensics.plan.gate.wording import composition_cause, listing, sorted_note
+from forensics.schema.words import counted
 
 FAILURE_KINDS = {
     "same_order": "reseeded",
@@ -92,11 +93,11 @@ def judge(r: GateResult) -> None:
     batch_sizes = dict(zip(r.epochs, r.epoch_batch_size or [0.0] * len(r.epochs)))
     for c in r.coverage:
         if c.duplicated:
-            cov_fail.append(f"epoch {c.epoch} repeats samples: {c.duplicated} row{'s' if c.duplicated > 1 else ''} "
+            cov_fail.append(f"epoch {c.epoch} repeats samples: {counted(c.duplicated, 'row')} "
                             "beyond each sample's first")
         if not c.missing:
             continue
-        missing = f"epoch {c.epoch} misses {c.missing} sample{'s' if c.missing > 1 else ''}"
+        missing = f"epoch {c.epoch} misses {counted(c.missing, 'sample')}"
         batch = batch_sizes.get(c.epoch, 0.0)
         if lim.allow_drop_last is not None:
             if c.missing > lim.allow_drop_last:

@@ -25,6 +25,7 @@ from forensics.report.cards.blocks import (
     value_text,
 )
 from forensics.report.text import esc, fmt_num, fmt_share, snippet, step_span, steps_list
+from forensics.schema.words import counted
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -107,8 +108,8 @@ def nonfinite_card(items: list[dict]) -> str:
     more = len(items) - MAX_NONFINITE_ROWS
     return "\n".join([
         f'<article class="card finding nonfinite" data-kind="nonfinite" data-step="{first}">',
-        f'<header><span class="badge alert">non-finite</span><h3>{len(items)} NaN/inf value'
-        f'{"s" if len(items) != 1 else ""}<small> · steps {first}–{last}</small></h3></header>',
+        f'<header><span class="badge alert">non-finite</span><h3>{counted(len(items), "NaN/inf value")}'
+        f'<small> · steps {first}–{last}</small></h3></header>',
         numbers_block([("metrics", esc(", ".join(metrics))), ("first step", fmt_num(first)),
                        ("last step", fmt_num(last))]),
         f'<div class="scroll"><table><thead><tr><th>step</th><th>metric</th><th>value</th></tr></thead>'

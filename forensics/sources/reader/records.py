@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from forensics.schema import Rewind
+from forensics.schema.words import counted, plural
 
 #: Step keys tried in this order (case-insensitive) when none is given.
 STEP_KEYS = ("step", "_step", "global_step", "iter", "iteration")
@@ -110,7 +111,7 @@ def damage_line(damages: Sequence[Damage]) -> str | None:
     more = f" and {len(damages) - MAX_QUOTED} more" if len(damages) > MAX_QUOTED else ""
     reasons = "; ".join(sorted({d.reason for d in damages}))
     n = len(damages)
-    return (f"{n} record{'s' if n != 1 else ''} skipped for damage at byte offset{'s' if n != 1 else ''} "
+    return (f"{counted(n, 'record')} skipped for damage at byte {plural('offset', n)} "
             f"{shown}{more} ({reasons}): a value logged in that range is missing, never filled in")
 
 
@@ -137,6 +138,8 @@ class ReaderReport:
     damaged: list[Damage] = field(default_factory=list)
     #: Per column, cells that are not numbers (kept as missing): ``{column: [count, examples]}``.
     bad_cells: dict[str, list] = field(default_factory=dict)
+    #: Columns left out because no cell holds a number, and why (``holds no numeric value (e.g. 'high')``).
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def add_cells(self, column: str, n: int, examples: str) -> None:
         entry = self.bad_cells.setdefault(column, [0, examples])
@@ -165,7 +168,7 @@ class ReaderReport:
             shown = "; ".join(f"{w}: {r}" for w, r in self.malformed_examples)
             out.append(f"{self.source}: {self.malformed} malformed records skipped ({shown})")
         for column, (n, examples) in self.bad_cells.items():
-            out.append(f"{self.source}: column '{column}': {n} cell{'s' if n > 1 else ''} not a number, kept as "
+            out.append(f"{self.source}: column '{column}': {counted(n, 'cell')} not a number, kept as "
                        f"missing ({examples})")
         out += [r.describe() for r in self.rewinds]
         out += [f"{self.source}: {w}" for w in self.warnings]

@@ -235,6 +235,7 @@ class MetricsAccumulator:
     def _drop(self, name: str, why: str) -> None:
         if name not in self._dropped:
             self._dropped.add(name)
+            self.report.left_out[name] = why.removesuffix(": not a metric")
             self.report.warn(f"column '{name}' {why}; skipped")
 
     def _find_rewinds(self, steps: np.ndarray, present: dict[str, np.ndarray],

@@ -1,7 +1,7 @@
 """The registry of finding kinds: what each kind of finding is called, where it goes and how it is told.
 
 Every finding has a ``kind``, and every kind registers here: the findings.json section it fills (``spikes``,
-``nonfinite``, ... as DESIGN.md names them; a kind without one appears in ``findings`` only), its title, the
+``nonfinite``, ... as docs/concepts.md names them; a kind without one appears in ``findings`` only), its title, the
 ``--fail-on`` name that counts it, its line in the terminal summary and the dashboard, and its card in the report. A
 run-level section (the batch plan's gate, the oscillation measure, the forgetting signature) registers the same way,
 as a kind whose ``object_section`` is the section. The summary, the report, ``--fail-on`` and the verdict read this

@@ -94,7 +94,7 @@ def open_case(
     sets: Sequence[str] = (),
     overrides: Mapping[str, Any] | None = None,
 ) -> Case:
-    """Open a case folder (``run.toml`` optional: the defaults of DESIGN.md apply without it), or, with ``root``
+    """Open a case folder (``run.toml`` optional: the defaults of docs/concepts.md apply without it), or, with ``root``
     None, a case made of the flags alone (``overrides`` naming ``metrics``, ``plan``, ``samples``)."""
     if root is None:
         cfg, warnings = resolve_config(None, sets=sets, overrides=overrides)

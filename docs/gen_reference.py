@@ -45,7 +45,7 @@ def findings_reference() -> str:
         lines += [f"## `{k.kind}` {{#{k.kind.replace('_', '-')}}}", "", f"**{_md(k.title)}**.", ""]
         lines.append(f"- **Triggers**: {k.triggers or 'not described yet.'}")
         lines.append(f"- **`details`**: {k.details or 'nothing beyond the common fields.'}")
-        lines.append(f"- **`--fail-on`**: " + (f"`{k.fail_on}` (its critical findings count)" if k.fail_on
+        lines.append("- **`--fail-on`**: " + (f"`{k.fail_on}` (its critical findings count)" if k.fail_on
                                                 else "not a gate."))
         if k.told_by:
             lines.append(f"- **Told by**: the `{k.told_by}` section's card and lines.")

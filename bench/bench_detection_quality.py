@@ -15,7 +15,7 @@ Rows are ranked: first the detectors within the false-event target (at most 1 pe
 recall; then the others, by false-event rate. The target check below the table compares each of our rows with every
 rule: recall at least theirs, fewer false events than any rule of equal recall, at most 1 false event per 10,000
 clean steps. A second table splits the false events by kind of run; a third runs every detector on the real logs in
-``../shared/data/real-logs`` (modded-nanogpt's noisy ``train_loss``; BLOOM-176B's spike at iteration 31219).
+``fixtures/real-logs`` (modded-nanogpt's noisy ``train_loss``; BLOOM-176B's spike at iteration 31219).
 
 **The long corpus** (``--size long``, ``long-quick``, ``long-test``): metrics only, per noise family
 (:data:`~forensics.datasets.corpus.LONG_FAMILIES`: Gaussian, t5, t3, t2.5, t4 whose scale drifts with the lr), 220K-step
@@ -68,7 +68,7 @@ OURS_TAGS = "forensics + tags + plan"
 OURS_PLAIN = "forensics, metrics only"
 OURS = (OURS_TAGS, OURS_PLAIN)
 TARGET_FALSE_PER_10K = 1.0
-REAL_LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-logs"
+REAL_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "real-logs"
 BLOOM_SPIKE = 31219
 
 

@@ -27,9 +27,9 @@ short bucket in one batch that repeats every epoch (the gate fails that, rightly
 Needs ``transformers`` and ``lhotse`` (``pip install -e '.[test]'``); a row whose package is missing is skipped and
 said so. The 1M lhotse rows iterate its sampler 3 times (about 2 minutes each on one core).
 
-What it measured is the README's check-plan section: the classification table, and with ``--ratios`` the table of
+What it measured is docs/commands/check-plan.md: the classification table, and with ``--ratios`` the table of
 retention as a multiple of the reference, which is what the gate's constants (``MULTIPLE``, ``CAP``, the two floors
-of :mod:`forensics.plan.gate.limits`) were chosen from. A change to the limits reruns both and updates the README.
+of :mod:`forensics.plan.gate.limits`) were chosen from. A change to the limits reruns both and updates that page.
 """
 
 from __future__ import annotations

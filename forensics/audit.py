@@ -86,7 +86,7 @@ class Audit:
         return self.findings.get("spikes", [])
 
     def to_json(self) -> dict[str, Any]:
-        """``findings.json`` (DESIGN.md Contracts)."""
+        """``findings.json`` (docs/findings-json.md)."""
         return self.findings
 
     def replay_results(self) -> dict[str, Any] | None:
@@ -234,7 +234,7 @@ def check_logged_rows(view: Any, columns: Sequence[str], origin: str) -> list[st
 
 @contextmanager
 def _plan_engine(case: Case, warnings: list[str]) -> Iterator[Any]:
-    """The engine that reads a plan too large to load (DESIGN.md engines: ``auto`` picks by the plan's size), open
+    """The engine that reads a plan too large to load (docs/scale.md: ``auto`` picks by the plan's size), open
     for the whole audit; None when the plan is loaded whole (pandas), or there is no plan. A plan the engine cannot
     read step by step (not Parquet, or without a ``step`` column: mapped to steps in memory) is loaded whole."""
     if not case.config.plan:

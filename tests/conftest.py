@@ -43,11 +43,8 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def real_logs_dir(repo_root: Path) -> Path:
-    """Real public training logs shared beside the repository; tests using them skip when they are absent."""
-    path = repo_root.parent / "shared/data/real-logs"
-    if not path.is_dir():
-        pytest.skip(f"real logs not found at {path}")
-    return path
+    """The real public training logs committed under fixtures/real-logs (source and licence in its README)."""
+    return repo_root / "fixtures" / "real-logs"
 
 
 @pytest.fixture(scope="module")

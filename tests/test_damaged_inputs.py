@@ -3,7 +3,7 @@
 The table is commands x the inputs each reads x four kinds of damage. The inputs come from the real demo builder
 (the small static case, audited once so that ``findings.json`` exists); the damage is applied to a copy. A truncated
 JSONL or CSV metrics file is left out on purpose: a half-written last line is what a live run leaves, data the
-readers keep (DESIGN.md, bad input vs data quirks), not bad input.
+readers keep (docs/concepts.md, bad input vs data quirks), not bad input.
 """
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ def test_a_four_rank_recording_reads_the_same_in_every_engine(tmp_path: Path, ma
 
 
 def test_the_readmes_slurm_cluster_builds_its_job_script() -> None:
-    """The README's Slurm example, as written there, builds a cluster whose job script asks Slurm for what it says
+    """docs/scale.md's Slurm example, as written there, builds a cluster whose job script asks Slurm for what it says
     (no job is submitted: the cluster is never scaled)."""
     jobqueue = pytest.importorskip("dask_jobqueue")
     cluster = jobqueue.SLURMCluster(cores=8, processes=2, memory="64GB", walltime="02:00:00", queue="cpu",
@@ -283,8 +283,8 @@ def test_the_readmes_slurm_cluster_builds_its_job_script() -> None:
         assert cluster.scheduler_address.startswith("tcp://")
     finally:
         cluster.close()
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert 'SLURMCluster(cores=8, processes=2, memory="64GB", walltime="02:00:00", queue="cpu")' in readme
+    page = (Path(__file__).parents[1] / "docs" / "scale.md").read_text()
+    assert 'SLURMCluster(cores=8, processes=2, memory="64GB", walltime="02:00:00", queue="cpu")' in page
 
 
 def _die(rows: pd.DataFrame, start: int) -> int:

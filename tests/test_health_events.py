@@ -12,7 +12,7 @@ from forensics.detect.rules.restart import resume_differs
 from forensics.schema import open_case
 from forensics.sources.crash_logs import crash_lines
 
-REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "real-logs"
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real-logs"
 
 
 def _audit(tmp_path: Path, name: str, text: str):
@@ -76,7 +76,6 @@ def test_crash_in_a_text_source_is_critical(tmp_path):
     assert [(f["step"], f["details"]["what"], f["severity"]) for f in found] == [(1399, "oom", "critical")]
 
 
-@pytest.mark.skipif(not REAL.is_dir(), reason="needs ../shared/data/real-logs")
 @pytest.mark.parametrize("name", ["bloom-176b-tr11-megatron.log", "modded-nanogpt-1b-adamw.log"])
 def test_real_logs_have_no_crash_and_no_restart(name):
     findings = run_audit(open_case(None, overrides={"metrics": [str(REAL / name)]})).findings

@@ -1,4 +1,4 @@
-"""The house rules of DESIGN.md's Layout, read from the source: no import cycle anywhere (lazy imports count), the
+"""The house rules of docs/architecture.md, read from the source: no import cycle anywhere (lazy imports count), the
 detect stage reads tables and never the report or tagging code, no product stage imports the means to judge itself
 (datasets/, evaluation/), and the CLI stays thin (no Parquet writes, no contract JSON, no range checks)."""
 

@@ -117,8 +117,6 @@ def test_static_demo_spikes_are_data_led(demo_small: Path):
 def test_bloom_grad_norm_leads_its_first_loss_spike(real_logs_dir: Path):
     import forensics.sources as sources
     log = real_logs_dir / "bloom-176b-tr11-megatron.log"
-    if not log.exists():
-        pytest.skip(f"{log} not found")
     metrics, _ = sources.read_metrics([log])
     (p,) = precedence([Finding(kind="spike", step=31218, metric="lm loss")], metrics)  # printed 31219
     assert p["columns"]["grad_norm"] == "grad norm"

@@ -1,4 +1,4 @@
-"""The real public logs of ../shared/data/real-logs, audited as a user pastes them: no false all-clear on a short
+"""The real public logs of fixtures/real-logs, audited as a user pastes them: no false all-clear on a short
 excerpt around a spike, and no alarm from a timing field that is NaN before timing starts."""
 
 from __future__ import annotations

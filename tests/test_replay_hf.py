@@ -68,7 +68,7 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     samples.to_parquet(out / "samples.parquet", index=False)
     plan = pd.DataFrame({"step": np.arange(len(samples)) // BATCH, "sample_id": samples["sample_id"]})
     plan[plan["step"] < STEPS].astype("int64").to_parquet(out / "plan.parquet", index=False)
-    # global_step counts from 1 after the update (DESIGN.md): step_offset 1, as the HF recorder writes it
+    # global_step counts from 1 after the update (docs/concepts.md): step_offset 1, as the HF recorder writes it
     # no 'checkpoints' key: the output folder's own checkpoint-N/ folders are found
     (out / "run.toml").write_text('metrics = ["trainer_state.json"]\nstep_offset = 1\n'
                                   "boundaries = [0, 24, 64]\nmax_len = 64\n")

@@ -45,7 +45,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def replayed(audited, tmp_path_factory) -> tuple[Path, str]:
-    """``forensics replay OUTPUT_DIR --from-findings`` after the audit, as the README gives it: no flag."""
+    """``forensics replay OUTPUT_DIR --from-findings`` after the audit, as docs/your-run.md gives it: no flag."""
     case = _copy(audited, tmp_path_factory.mktemp("replayed") / "out")
     import contextlib
     import io

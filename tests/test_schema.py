@@ -193,7 +193,7 @@ def test_run_toml_round_trip(tmp_path):
 
 
 def test_step_mapping_round_robin_worked_example():
-    """The README's worked example: G=2, W=2, 10 batches in epoch 0 and 3 in epoch 1."""
+    """The worked example of docs/data-model.md: G=2, W=2, 10 batches in epoch 0 and 3 in epoch 1."""
     plan = pd.DataFrame({"epoch": [0] * 10 + [1] * 3, "batch_id": list(range(10)) + [0, 1, 2],
                          "sample_id": range(13)})
     out = assign_steps(plan, grad_accum=2, world_size=2)

@@ -1,5 +1,5 @@
 """Severity is evidence: one function turns the lines of evidence a finding carries into its severity, at every
-boundary of the rule (DESIGN.md Conventions)."""
+boundary of the rule (docs/concepts.md)."""
 
 from __future__ import annotations
 

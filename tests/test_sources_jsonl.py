@@ -198,7 +198,7 @@ def test_hf_trainer_state_json_log_history(tmp_path):
     path = tmp_path / "trainer_state.json"
     path.write_text(_json.dumps(state))
     table, report = _read([path])
-    # HF logs global_step after the update, counting from 1: recognised, aligned to 0-based steps (DESIGN.md)
+    # HF logs global_step after the update, counting from 1: recognised, aligned to 0-based steps (docs/concepts.md)
     assert table["step"].tolist() == [9, 19, 29] and report.alignments[0].convention == "hf-trainer"
     assert table["eval_loss"].isna().tolist() == [True, False, True]
     assert report.metrics["loss"]["nan"] == 1 and report.metrics["eval_loss"]["missing"] == 2

@@ -251,14 +251,12 @@ def test_missing_metric_column_is_bad_input():
 
 def _modded_nanogpt(real_logs_dir: Path) -> pd.DataFrame:
     path = real_logs_dir / "modded-nanogpt-1b-adamw.log"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
     rows = re.findall(r"^step:(\d+)/\d+ train_loss:(\S+)", path.read_text(), flags=re.M)
     return pd.DataFrame({"step": [int(a) for a, _ in rows], LOSS: [float(b) for _, b in rows]})
 
 
 def test_real_log_one_step_spikes_are_found(real_logs_dir):
-    """modded-nanogpt's 20,344-step log has ~36 one-step spikes of 1.5-1.9x its median (README of real-logs),
+    """modded-nanogpt's 20,344-step log has ~36 one-step spikes of 1.5-1.9x its median (fixtures/real-logs/README.md),
     e.g. step 5964 at 5.70 against ~3.03."""
     metrics = _modded_nanogpt(real_logs_dir)
     found = SpikeDetector(LOSS).detect(metrics)

@@ -1,4 +1,4 @@
-"""The step mapping of DESIGN.md, checked against cases computed by hand (not by re-deriving the formula)."""
+"""The step mapping of docs/concepts.md, checked against cases computed by hand (not by re-deriving the formula)."""
 
 from __future__ import annotations
 

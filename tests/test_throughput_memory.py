@@ -15,7 +15,7 @@ from forensics.detect.rules.memory import MemoryRule
 from forensics.detect.rules.throughput import ThroughputRule, find_slowdown, speed_metric
 from forensics.schema import open_case
 
-REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "real-logs"
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real-logs"
 
 
 def _run(**cols) -> RunTables:
@@ -87,7 +87,6 @@ def test_steady_control_is_quiet(tmp_path):
     assert _kinds(findings, "throughput") == [] and _kinds(findings, "memory") == []
 
 
-@pytest.mark.skipif(not REAL.is_dir(), reason="needs ../shared/data/real-logs")
 @pytest.mark.parametrize("name, metric", [("bloom-176b-tr11-megatron.log", None),
                                           ("modded-nanogpt-1b-adamw.log", "step_avg")])
 def test_real_logs_have_no_slowdown_and_no_leak(name, metric):

@@ -100,7 +100,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_steps_as_option(p: argparse.ArgumentParser) -> None:
-    """``--steps-as logged|canonical``: which numbering the steps a user types are in (DESIGN.md "logged step")."""
+    """``--steps-as logged|canonical``: which numbering the steps a user types are in (docs/concepts.md)."""
     p.add_argument("--steps-as", choices=("canonical", "logged"), default="canonical",
                    help="the steps given are canonical 0-based steps (default) or the run's logged steps "
                         "(HF global_step = canonical + 1)")

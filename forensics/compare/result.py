@@ -1,4 +1,4 @@
-"""The comparison as compare.json (DESIGN.md Contracts, ``forensics compare``) and its before/after pair.
+"""The comparison as compare.json (docs/commands/compare.md) and its before/after pair.
 
 ``{runs: [{name, source, steps}], spikes: [{step, logged_step, runs, class, data_position, values, states}],
 removed: [...], before_after: {jumpiness_share, tokens_per_s}, summary}``, the Contract's keys plus ``states``:

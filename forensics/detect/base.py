@@ -29,7 +29,7 @@ from forensics.schema import MAX_LEN, STEP, written
 
 @dataclass
 class RunTables:
-    """What the detect stage reads: the tables of DESIGN.md, never another stage's internals.
+    """What the detect stage reads: the tables of docs/architecture.md, never another stage's internals.
 
     ``metrics``: the metrics table (null = not written); ``analysed``: the metrics judged for spikes (the loss and
     grad-norm keys by default); ``tags``: step tags; ``plan``: the step-mapped plan; ``samples``: the sample tags;
@@ -71,7 +71,7 @@ class RunTables:
     rewinds: list[Any] = field(default_factory=list)
     log_files: list[str] = field(default_factory=list)
     device_memory_gb: float | None = None
-    #: A plan too large to load, read through an engine where it lies (DESIGN.md engines); ``plan`` is then None.
+    #: A plan too large to load, read through an engine where it lies (docs/scale.md); ``plan`` is then None.
     plan_source: PlanView | None = None
     _view: PlanView | None = field(default=None, init=False, repr=False, compare=False)
 

@@ -2,7 +2,7 @@
 
 A :class:`Finding` is one verdict (a spike, a non-finite step, a level shift, ...) with the numbers behind it and
 sentences a user can check against the loss curve. :class:`Findings` holds them together with the sections other
-stages own (``oscillation``, ``plan``, ...) and writes the JSON of DESIGN.md's Contracts.
+stages own (``oscillation``, ``plan``, ...) and writes the JSON of docs/findings-json.md.
 
 JSON layout (``version`` = :data:`FINDINGS_VERSION`)::
 
@@ -47,7 +47,7 @@ FINDINGS_VERSION = 2
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
 SEVERITIES = (INFO, WARNING, CRITICAL)
 
-#: Lists that are always present in the JSON, even when empty (DESIGN.md Contracts).
+#: Lists that are always present in the JSON, even when empty (docs/findings-json.md Contracts).
 REQUIRED_LISTS = ("spikes", "nonfinite")
 
 _TEXT_SUFFIX = "_text"
@@ -262,7 +262,7 @@ def _order(f: Finding) -> tuple:
 
 
 def _rank(d: Mapping[str, Any]) -> tuple:
-    """Most urgent first: severity, then confidence, then step (DESIGN.md Conventions, ``severity``)."""
+    """Most urgent first: severity, then confidence, then step (docs/concepts.md, ``severity``)."""
     return (-SEVERITIES.index(d.get("severity", INFO)), -round(d.get("confidence") or 0.0, 3), d.get("step") or 0)
 
 

@@ -4,8 +4,8 @@ The plan of a finished pretraining run does not fit in memory, and no rule needs
 a few flagged steps (a spike's span and batch), the steps where a few samples were trained (where a batch comes
 back), and aggregates over the logged steps (the forgetting design's token shares, the per-sample membership of
 the harmful-samples estimate), which they build a chunk at a time. :class:`PlanView` is that interface.
-:class:`FramePlan` answers it from a table in memory; :class:`EnginePlan` answers it through an engine (DESIGN.md
-engines) and holds no more than one chunk and the answers. Both give the rules the same rows, so the findings do
+:class:`FramePlan` answers it from a table in memory; :class:`EnginePlan` answers it through an engine (docs/scale.md)
+and holds no more than one chunk and the answers. Both give the rules the same rows, so the findings do
 not depend on where the plan lies.
 """
 

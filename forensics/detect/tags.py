@@ -1,6 +1,6 @@
 """Looking up a step's tags (bucket, cluster, epoch, ...) for detectors and findings.
 
-The tags table is the tagging stage's output: one row per ``step`` (DESIGN.md Contracts). Detectors only need a
+The tags table is the tagging stage's output: one row per ``step`` (docs/architecture.md). Detectors only need a
 step -> group id lookup; findings copy a few columns of their peak step's row.
 """
 

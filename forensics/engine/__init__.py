@@ -1,4 +1,4 @@
-"""Engines: where the computations that grow with the plan run (DESIGN.md Layout, Contracts: engines).
+"""Engines: where the computations that grow with the plan run (docs/architecture.md, docs/scale.md).
 
 ``pandas`` holds the plan in memory; ``duckdb`` (a core dependency) reads its Parquet parts out of core under a
 memory limit, spilling to disk; ``dask`` (the ``[dask]`` extra) runs them on a ``distributed`` cluster. ``auto`` is

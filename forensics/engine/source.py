@@ -39,7 +39,7 @@ def available_memory() -> int:
 
 
 def memory_limit(text: str | int | None) -> int:
-    """The limit an engine works under: the one given, else half the available memory (DESIGN.md)."""
+    """The limit an engine works under: the one given, else half the available memory (docs/scale.md)."""
     return parse_size(text) or available_memory() // 2
 
 

@@ -7,7 +7,7 @@ One module per framework, each importing its framework only inside its functions
 - :mod:`forensics.integrations.lightning`: ``PlanRecorderCallback(case_dir)`` for PyTorch Lightning.
 - :mod:`forensics.integrations.torch`: a plain PyTorch loop (the sampler wrapper of :mod:`forensics.plan.recorder`).
 
-What they write is the case folder of DESIGN.md: ``plan/`` (Parquet parts of
+What they write is the case folder of docs/concepts.md: ``plan/`` (Parquet parts of
 :class:`~forensics.plan.recorder.PlanRecorder`: ``step``, ``micro``, ``epoch``, ``batch_id``, ``sample_id``, and
 ``rank`` under several processes), ``samples.parquet`` and ``run.toml``.
 

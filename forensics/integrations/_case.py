@@ -84,7 +84,7 @@ def _scalar(v: Any) -> Any:
 
 def samples_table(dataset: Any, ids: np.ndarray | None, decode: Callable[[list[list[int]]], list[str]] | None,
                   who: str):
-    """The samples table (DESIGN.md) of a train dataset, as a :class:`pyarrow.Table`.
+    """The samples table (docs/concepts.md) of a train dataset, as a :class:`pyarrow.Table`.
 
     ``n_tokens`` counts the attention mask's ones when the rows carry a mask (padded rows), else the token ids;
     ``input_ids`` are the unpadded tokens (the mask's positions); ``text`` is the dataset's text column, else the

@@ -14,7 +14,7 @@ So the sample ids travel *with the data*: each row the train dataset returns car
 :data:`SAMPLE_ID_KEY`, the collator turns those into one id tensor beside the batch's tensors, and the Trainer's
 ``training_step`` (wrapped on this trainer instance) takes the tensor out before the model sees the batch. What is
 recorded is therefore exactly the batch ``training_step``/``compute_loss`` receives, at the optimizer step it is
-consumed in (``state.global_step`` before the update: the 0-based plan step of DESIGN.md), whatever happens in
+consumed in (``state.global_step`` before the update: the 0-based plan step of docs/concepts.md), whatever happens in
 between: prefetching workers, ``get_batch_samples`` fetching all micro-batches of a step ahead,
 ``skip_first_batches`` on resume, accelerate moving tensors to the device or sharding batches across processes
 (``dispatch_batches`` splits the id tensor along with the rows). ``training_step`` is the public method the

@@ -13,7 +13,7 @@ it) or, for tuple batches, the position ``id_key`` (an int). A sampler wrapper i
 the loader draws them, which Lightning's prefetching puts one batch ahead of the step consuming them.
 
 **Steps.** ``trainer.global_step`` at the start of a batch is the number of optimizer updates done, i.e. the
-0-based plan step of DESIGN.md that this batch belongs to; with ``accumulate_grad_batches`` G each update
+0-based plan step of docs/concepts.md that this batch belongs to; with ``accumulate_grad_batches`` G each update
 consumes G batches, recorded as ``micro`` 0..G-1 (a partial group at an epoch's end is its own step, as Lightning
 steps the optimizer there). ``epoch`` is ``trainer.current_epoch``; ``batch_id`` is Lightning's ``batch_idx`` (the
 batch's index in its

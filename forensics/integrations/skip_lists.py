@@ -1,13 +1,13 @@
 """Skip lists: the steps and samples an audit blames, in the forms trainers read, so a run can train past bad data.
 
-Built from findings.json alone (DESIGN.md, ``forensics skip``):
+Built from findings.json alone (docs/commands/skip.md):
 
 - **which causes**: those of a data kind (:data:`SKIPPABLE`: a batch, a set of harmful samples, an event without a
   plan, a non-finite step) at ``min_severity`` or above. When the audit carries replay verdicts
   (``cause["replay"]``), only causes whose verdict is ``data`` are taken, unless ``all_verdicts``: a replay that
   cleared a batch (``normal``) or blamed the optimizer state is not a reason to drop data. Every cause left out is
   kept with its reason, for the header the command prints.
-- **steps** are canonical (0-based, DESIGN.md "step"); :func:`megatron_steps` turns them into Megatron-LM's
+- **steps** are canonical (0-based, docs/concepts.md "step"); :func:`megatron_steps` turns them into Megatron-LM's
   ``--iterations-to-skip`` numbering.
 - **samples** of a cause: the replay's leave-one-out samples when the replay confirmed it, else its suspects (the
   attribution's ranking; a run-level harmful-samples cause's own list).
@@ -134,7 +134,7 @@ def megatron_steps(skip: SkipList, indexing: str = "logged") -> list[int]:
 
 
 def ids_document(skip: SkipList) -> dict[str, Any]:
-    """``{"sample_ids": [...], "why": {id: cause}}`` (DESIGN.md), with ``about`` saying what it holds (JSON has
+    """``{"sample_ids": [...], "why": {id: cause}}``, with ``about`` saying what it holds (JSON has
     no comments); :func:`forensics.integrations.exclude.exclude_samples` reads it."""
     return {"sample_ids": skip.sample_ids, "why": {str(i): skip.why_samples[i] for i in skip.sample_ids},
             "about": skip.header()}

@@ -11,7 +11,7 @@ Example (five lines)::
 
 Batches are recorded as the loader *draws* them (``epoch``, ``batch_id`` in draw order, ``sample_id``); a loop that
 consumes every batch it draws, in order, gets exactly its consumed plan, mapped to steps with ``grad_accum`` and
-``world_size`` (DESIGN.md, step mapping). Where the loop may skip or reorder batches (a resume that fast-forwards
+``world_size`` (docs/concepts.md, step mapping). Where the loop may skip or reorder batches (a resume that fast-forwards
 the loader, a step that drops a batch), record in the loop instead: ``recorder.record(ids, step=s, micro=m)`` with
 the ids the batch carries. Write ``samples.parquet`` with the dataset's ``sample_id``/``n_tokens`` (and
 ``input_ids``/``text`` for replay and clusters) beside ``plan/``.

@@ -109,7 +109,7 @@ def replay_fields(case: Case, has_plan: bool) -> dict[str, Any]:
 
 def eval_loss_choice(cols: Sequence[str], counts: dict[str, int] | None, loss_key: str,
                      given: str | None = None) -> KeyChoice:
-    """The held-out loss (run.toml ``eval_loss_key``, else found as the loss key is: DESIGN.md), never the training
+    """The held-out loss (run.toml ``eval_loss_key``, else found as the loss key is), never the training
     loss itself (a run that logs only its eval loss analyses it as the loss and has no second one)."""
     choice = choose_key(cols, "eval_loss", given=given, counts=counts)
     if choice.key is not None and choice.key == loss_key and not choice.given:
@@ -140,7 +140,7 @@ def health_fields(case: Case, report: Any) -> dict[str, Any]:
 
 def logged_offset(report: Any) -> int:
     """Logged step minus canonical step: the step offset the sources were aligned with (HF's ``global_step``
-    counts from 1: 1), the most common one when sources differ; 0 without sources (DESIGN.md "logged step")."""
+    counts from 1: 1), the most common one when sources differ; 0 without sources (docs/concepts.md "logged step")."""
     offsets = [int(a.step_offset) for a in report.alignments]
     return max(set(offsets), key=offsets.count) if offsets else 0
 

@@ -325,7 +325,7 @@ def cluster_mix(
     keep_epochs: list[int] | None = None,
 ) -> list[EpochMix] | None:
     """Per epoch, the mean within-step cluster entropy (bits) and the longest run of steps with one dominant
-    cluster; None when the samples have no ``cluster`` or ``source``. Steps follow DESIGN.md's step mapping (a plan
+    cluster; None when the samples have no ``cluster`` or ``source``. Steps follow the step mapping (a plan
     an engine reads from disk must carry ``step``); ``engine`` (:mod:`forensics.engine`) counts."""
     labelled = cluster_labels(samples)
     if labelled is None:

@@ -11,7 +11,7 @@ Two measures, because they answer different questions:
   (:mod:`forensics.plan.padding`). It is a simulation of boundaries, not a measure of a given plan: the gate's
   per-epoch figure of a real plan is :func:`~forensics.plan.composition.epoch_padding_efficiency`.
 
-Buckets follow DESIGN.md: boundaries ``[0, b1, ..., max_len]``, bucket ``k`` holds lengths in ``(b_k, b_{k+1}]``
+Buckets follow docs/concepts.md: boundaries ``[0, b1, ..., max_len]``, bucket ``k`` holds lengths in ``(b_k, b_{k+1}]``
 after capping at ``max_len``.
 """
 
@@ -324,7 +324,7 @@ def resolve_boundaries(
     max_len: int = MAX_LEN,
     n_buckets: int | None = None,
 ) -> list[int]:
-    """``None`` or ``"optimal"`` -> the optimal-boundary finder with ``n_buckets`` buckets (default 6: DESIGN.md
+    """``None`` or ``"optimal"`` -> the optimal-boundary finder with ``n_buckets`` buckets (default 6: docs/concepts.md
     Conventions, ``buckets``); a list -> checked, and made to end at ``max_len`` (a last boundary below it gains a
     bucket up to ``max_len``; boundaries above it are dropped, since lengths are capped there)."""
     if boundaries is None or isinstance(boundaries, str):
@@ -349,7 +349,7 @@ class BucketsReport:
     settings: dict
 
     def to_json(self) -> dict:
-        """The contract of DESIGN.md: the optimum's figures at the top level, ``compared`` and ``settings``."""
+        """The JSON contract: the optimum's figures at the top level, ``compared`` and ``settings``."""
         out = dict(self.figures["optimal"])
         out["compared"] = {name: f for name, f in self.figures.items() if name != "optimal"}
         out["settings"] = dict(self.settings)

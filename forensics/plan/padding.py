@@ -1,6 +1,6 @@
 """Padded tokens: what a batch costs once every sample is padded to the batch's longest sample.
 
-DESIGN.md: a batch (one micro-batch on one rank) is padded to its longest sample, so it occupies ``size x longest``
+A batch (one micro-batch on one rank) is padded to its longest sample, so it occupies ``size x longest``
 tokens, whatever its real tokens are. The builders pack under that cost, the gate and the what-if measure real /
 padded tokens with it, tagging reports each step's padded tokens and padding ratio from it, and the simulator prices
 a step's time by it; all of them take it from here, so that the packing rule and every padding figure agree.

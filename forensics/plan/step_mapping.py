@@ -1,4 +1,4 @@
-"""Which optimizer step consumed which batch: the one place the step mapping of DESIGN.md is written down.
+"""Which optimizer step consumed which batch: the one place the step mapping of docs/concepts.md is written down.
 
 With grad accumulation ``G`` and ``W`` ranks one optimizer step consumes ``G * W`` batches.
 
@@ -56,7 +56,7 @@ def batches_to_plan(batches_per_epoch: list[list[list[int]]], first_epoch: int =
 def assign_steps(
     plan: pd.DataFrame, grad_accum: int = 1, world_size: int = 1, rank_split: str = "round_robin"
 ) -> pd.DataFrame:
-    """Return the plan with ``step`` (and ``micro``, ``rank`` where derived) per DESIGN.md's step mapping.
+    """Return the plan with ``step`` (and ``micro``, ``rank`` where derived) per docs/concepts.md's step mapping.
 
     A plan that already has ``step`` is returned unchanged (the explicit column wins). Rows keep their order.
     """

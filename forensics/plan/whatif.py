@@ -113,7 +113,7 @@ class WhatIf:
 
 
 def step_tokens(per_batch: np.ndarray, batches_per_step: int) -> np.ndarray:
-    """Tokens per optimizer step of one epoch: consecutive groups of ``G x W`` batches (round robin, DESIGN.md);
+    """Tokens per optimizer step of one epoch: consecutive groups of ``G x W`` batches (round robin, docs/concepts.md);
     a partial group at the epoch's end is a step of its own."""
     per_batch = np.asarray(per_batch, dtype=np.int64)
     if not len(per_batch):

@@ -1,6 +1,6 @@
 """Checkpoints: find them and their steps, load their state dicts without unpickling code, fit them to the model.
 
-Step convention (DESIGN.md): checkpoint N is the state after N optimizer updates, which is the state plan step N's
+Step convention: checkpoint N is the state after N optimizer updates, which is the state plan step N's
 batch saw (HF ``checkpoint-N/`` counts ``global_step`` the same way). Layouts understood:
 
 - a folder of HF ``checkpoint-N/`` folders (weights in ``model.safetensors``, a sharded index, or ``pytorch_model.bin``;

@@ -24,7 +24,7 @@ SAMPLE_Z = 3.0
 
 def step_result(ses: ReplaySession, p: StepPlan, probed: dict[str, Any], train: TrainReplay | None,
                 doc_freq: np.ndarray, n_docs: int, offset: int) -> dict[str, Any]:
-    """The replay.json entry of ``p``'s step (DESIGN.md Contracts, ``forensics replay``)."""
+    """The replay.json entry of ``p``'s step (docs/commands/replay.md)."""
     s, ck, denom = p.step, p.ck, ses.denom
     log = ses.logged.get(s)
     log = None if log is None or not math.isfinite(log) else log

@@ -1,4 +1,4 @@
-"""The result of a replay: replay.json's shape (DESIGN.md), JSON-safe numbers, merging with an earlier file, and
+"""The result of a replay: replay.json's shape, JSON-safe numbers, merging with an earlier file, and
 the table a person reads (integer steps, ``-`` for none, the run's own step numbers beside the canonical ones)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class ReplayResult:
 
 
 def json_safe(x: Any) -> Any:
-    """JSON-safe numbers: NaN/inf as strings (DESIGN.md), floats rounded to 6 significant digits."""
+    """JSON-safe numbers: NaN/inf as strings (docs/commands/replay.md), floats rounded to 6 significant digits."""
     if isinstance(x, float):
         return float(f"{x:.6g}") if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
     if isinstance(x, dict):

@@ -1,7 +1,7 @@
 """One replay session: the case's tables, the model and the checkpoints loaded once, and the forwards of a group of
 suspect steps planned and run checkpoint by checkpoint.
 
-For each suspect step s (DESIGN.md ``replay.json``):
+For each suspect step s (docs/commands/replay.md ``replay.json``):
 
 1. its checkpoint: the latest one at or before s (the state s's batch saw, or the nearest before it); with none, the
    nearest one after s (``checkpoint = "after"``: the model has trained on the batch since);

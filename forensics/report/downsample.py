@@ -2,7 +2,7 @@
 
 A 1M-step curve cannot be drawn point by point in a browser, and taking every k-th point (striding) silently drops
 one-step spikes: with k = 250, a spike survives only if it happens to sit on a multiple of 250. Here each bin keeps
-its extreme points instead (DESIGN.md: keep each bin's min and max): tsdownsample's MinMax downsampler (milliseconds
+its extreme points instead (keep each bin's min and max): tsdownsample's MinMax downsampler (milliseconds
 for 1M points), or, where tsdownsample is not installed, the same rule in numpy. ``method="minmaxlttb"`` selects
 tsdownsample's MinMaxLTTB, which looks smoother but keeps only one point per LTTB bucket, so it can drop a bin's
 extreme (two spikes a few steps apart, or the top of the noise band); the default keeps the exact envelope. On top

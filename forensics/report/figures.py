@@ -1,6 +1,6 @@
 """Plotly figures of a run, shared by the HTML report and the dashboard.
 
-Every function takes the tables of DESIGN.md (``metrics``, ``tags``, ``samples``, ``plan``) and the findings dict,
+Every function takes the pipeline's tables (``metrics``, ``tags``, ``samples``, ``plan``) and the findings dict,
 and returns a :class:`plotly.graph_objects.Figure`; none of them reads files or mutates its inputs. Long series are
 downsampled with :mod:`forensics.report.downsample` (per-bin extremes, full resolution around findings), per-step
 categorical data is summarised per bin, so a figure's size does not grow with the run's length.

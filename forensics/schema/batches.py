@@ -1,6 +1,6 @@
 """What names a batch in a plan table: the one definition every stage keys batches by.
 
-DESIGN.md: a batch is the unit a builder packs and pads, one micro-batch on one rank. A plan names it either by
+docs/concepts.md: a batch is the unit a builder packs and pads, one micro-batch on one rank. A plan names it either by
 (``epoch``, ``batch_id``) or by (``step``, ``micro``, ``rank``); ``rank`` belongs to both, because ranks that run
 their own batch stream (torch's ``DistributedSampler``) reuse the same ``batch_id`` values, and merging their
 micro-batches would pair samples that never shared a forward pass. Pair retention, identical batches, recurrence

@@ -107,7 +107,7 @@ def open_case(
     sets: Sequence[str] = (),
     overrides: Mapping[str, Any] | None = None,
 ) -> Case:
-    """Open a case folder (``run.toml`` optional: the defaults of DESIGN.md apply without it), or, with ``root``
+    """Open a case folder (``run.toml`` optional: the defaults of docs/concepts.md apply without it), or, with ``root``
     None, a case made of the flags alone (``overrides`` naming ``metrics``, ``plan``, ``samples``). A file (a log, a
     metrics table) or a folder that is itself a metrics source, given where a case is expected, is that case's
     metrics: every command takes ``train.log`` as it takes ``--metrics train.log``."""

@@ -1,6 +1,6 @@
 """The run configuration: one frozen object, resolved once from ``run.toml`` and the overrides, used by every stage.
 
-Precedence, lowest first: the defaults of DESIGN.md, the case's ``run.toml``, ``--set KEY=VALUE`` (repeatable;
+Precedence, lowest first: the defaults of docs/concepts.md, the case's ``run.toml``, ``--set KEY=VALUE`` (repeatable;
 dotted keys reach the ``[detect.<rule>]`` tables: ``--set detect.spikes.z=5``), then a command's own flags. Every
 value is checked here, once, and an error names the key and where the value came from (:class:`ConfigError`); only
 the CLI turns a key into the flag that set it.
@@ -23,7 +23,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-#: Buckets fitted to the samples when no boundaries are named (DESIGN.md Conventions, ``buckets``).
+#: Buckets fitted to the samples when no boundaries are named (docs/concepts.md, ``buckets``).
 DEFAULT_N_BUCKETS = 6
 OPTIMAL = "optimal"
 
@@ -51,7 +51,7 @@ class SourceSpec:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The settings of one run (every key of ``run.toml`` optional; DESIGN.md Conventions, ``case folder``).
+    """The settings of one run (every key of ``run.toml`` optional; docs/concepts.md, ``case folder``).
 
     ``boundaries`` None means fitted to the samples (``optimal``, ``n_buckets`` buckets); ``clusters`` None means k
     chosen from the texts; ``detect`` holds the per-rule parameter tables (``{"spikes": {"z": 6.0}}``), checked by
@@ -375,7 +375,7 @@ def write_run_toml(cfg: RunConfig | Mapping[str, Any], path: str | Path, extra: 
                    header: str = "") -> Path:
     """Write ``run.toml`` (plain TOML by hand: flat scalars and lists, tables such as ``[replay]``, and the
     ``[detect.<rule>]`` tables), only the
-    keys given (None left out: the defaults of DESIGN.md apply), atomically (a crash never leaves half a file)."""
+    keys given (None left out: the defaults apply), atomically (a crash never leaves half a file)."""
     import os
 
     data = dict(cfg.to_toml_dict() if isinstance(cfg, RunConfig) else cfg)

@@ -410,7 +410,7 @@ def key_line(run: dict[str, Any]) -> str:
 
 
 def is_training_quantity(name: str, loss_key: str | None, grad_norm_key: str | None = None) -> bool:
-    """Whether ``name`` is a training quantity (DESIGN.md Conventions) rather than context.
+    """Whether ``name`` is a training quantity (docs/concepts.md) rather than context.
 
     The loss key and the grad-norm key are; so is any other metric with ``loss`` or ``norm`` among its words (or
     ending a word: ``totalloss``, ``layernorm``) and no ``val``/``eval``/``test`` word. The fp16 loss scale

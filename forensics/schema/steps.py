@@ -1,5 +1,5 @@
 """Steps in words, the one way every output writes them: canonical 0-based steps, with the run's own numbering beside
-them where it differs (DESIGN.md Conventions, "logged step": HF's ``global_step`` is the canonical step + 1).
+them where it differs (docs/concepts.md, "logged step": HF's ``global_step`` is the canonical step + 1).
 
 ``offset`` is the logged step minus the canonical step (findings.json ``run.logged_offset``); 0 or None shows the
 canonical step alone.
@@ -12,7 +12,7 @@ from typing import Any
 
 def step_span(start: Any, end: Any = None, offset: int | None = 0, word: str = "step") -> str:
     """``step 254`` or ``steps 254-260``, with the run's own numbering beside it where it differs: ``step 254
-    (logged 255)`` for an HF run (``offset``: logged step minus canonical step, DESIGN.md "logged step")."""
+    (logged 255)`` for an HF run (``offset``: logged step minus canonical step, docs/concepts.md "logged step")."""
     start = int(start)
     end = start if end is None else int(end)
     text = f"{word} {start}" if end == start else f"{word}s {start}-{end}"

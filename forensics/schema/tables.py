@@ -4,7 +4,7 @@ This module owns the column names and validates input once, at the boundary: aft
 documented dtypes, and no other module re-checks them. Bad input raises :class:`~forensics.errors.ForensicsError`
 (one sentence: file, column, a few offending values). Data quirks of real runs are kept and returned as warnings.
 
-Tables (see DESIGN.md):
+Tables (see docs/architecture.md):
 - **metrics**: ``step`` int64, unique and sorted; any number of float64 metric columns named as logged;
   optional ``_timestamp``. NaN and inf are values, never dropped. Every source reaches this form through the
   readers of :mod:`forensics.sources` (one validation path, built on :func:`cast_float`; null cells were never written,
@@ -51,7 +51,7 @@ PLAN_INT_COLUMNS = (STEP, SAMPLE_ID, EPOCH, BATCH_ID, MICRO, RANK)
 #: out of the table as not metrics), so that a lookup for the loss can say the loss column holds no number.
 LEFT_OUT = "left_out"
 
-# --- defaults of the story (DESIGN.md Conventions) ----------------------------------------------------------------
+# --- defaults of the story (docs/concepts.md) ----------------------------------------------------------------
 DEFAULT_BOUNDARIES: tuple[int, ...] = (0, 770, 1216, 1728, 2432, 3296, 8192)
 MAX_LEN = 8192
 MAX_BATCH_SIZE = 64

@@ -36,7 +36,7 @@ from forensics.sources.registry import open_reader
 
 @dataclass
 class SourceAlignment:
-    """How one source's steps were aligned to optimizer steps (DESIGN.md Conventions ``step``)."""
+    """How one source's steps were aligned to optimizer steps (docs/concepts.md ``step``)."""
 
     source: str
     format: str
@@ -152,7 +152,7 @@ def open_readers(
 
 
 def alignment_of(reader: MetricsReader, step_offset: int | None) -> SourceAlignment:
-    """How ``reader``'s steps map to optimizer steps (DESIGN.md Conventions ``step``): an explicit ``step_offset``
+    """How ``reader``'s steps map to optimizer steps (docs/concepts.md ``step``): an explicit ``step_offset``
     or step key replaces what the source says of itself (:mod:`forensics.sources.step_conventions`: HF Trainer's
     trainer_state.json, TensorBoard scalars and W&B runs count from 1); else the steps are taken as logged."""
     from forensics.sources.step_conventions import recognise
@@ -276,7 +276,7 @@ def read_metrics(
     run_id: str | None = None,
     progress: bool = False,
 ) -> tuple[pd.DataFrame, IngestReport]:
-    """Read finished sources and merge them on step into the canonical metrics table (DESIGN.md).
+    """Read finished sources and merge them on step into the canonical metrics table (docs/concepts.md).
 
     A later source wins a (step, metric) that several sources hold, with a warning; ``step_offset`` N makes
     metrics step = logged step - N for every source. Bad input raises :class:`~forensics.errors.ForensicsError`;

@@ -1,6 +1,6 @@
 """Step conventions recognised from a source itself, so that sources that say how they count need no flag.
 
-DESIGN.md, Conventions "step": metrics row ``step = s`` is the update that consumed plan step ``s`` (0-based);
+docs/concepts.md, Conventions "step": metrics row ``step = s`` is the update that consumed plan step ``s`` (0-based);
 a source logging otherwise is aligned with ``step_offset`` N (metrics step = logged step - N). What is recognised
 here, each from evidence the reader already holds after a read (column names, ``ReaderReport.metadata``):
 
@@ -166,7 +166,7 @@ def aligned_table(source: str | Path, *, finished: bool = True, **reader_options
 
 
 def apply_step_offset(table: pd.DataFrame, step_offset: int) -> pd.DataFrame:
-    """Metrics step = logged step - N (DESIGN.md Conventions); the table is not modified in place."""
+    """Metrics step = logged step - N (docs/concepts.md); the table is not modified in place."""
     if not step_offset:
         return table
     out = table.copy()

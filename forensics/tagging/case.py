@@ -188,7 +188,7 @@ def tag_case(
     """Map a plan to steps and tag it: :func:`forensics.plan.step_plan` then :func:`tag_run`.
 
     ``settings`` are run-configuration keys (``grad_accum``, ``boundaries``, ``clusters``, ``cluster_by``,
-    ``n_buckets``, ``max_len``, ...) that change ``cfg`` (default: the defaults of DESIGN.md).
+    ``n_buckets``, ``max_len``, ...) that change ``cfg`` (default: the defaults of docs/concepts.md).
     """
     from forensics.plan.step_mapping import step_plan
 

@@ -1,6 +1,6 @@
 """One row of tags per optimizer step: tokens, padding, length bucket, content cluster and their sequence.
 
-Definitions the rest of the tool relies on (DESIGN.md Conventions):
+Definitions the rest of the tool relies on (docs/concepts.md):
 
 - lengths are capped at ``max_len`` first (what the trainer sees);
 - a batch (one micro-batch on one rank, :func:`~forensics.schema.batches.batch_keys`) is padded to its longest
@@ -90,7 +90,7 @@ def tag_steps(
     """The tags table, one row per step of ``plan`` (which must have ``step``; see ``assign_steps``).
 
     ``packed``: the plan holds documents packed into fixed-length sequences without padding (nanoGPT, Megatron):
-    each sample's ``n_tokens`` is its share of the step and nothing is padded (DESIGN.md Conventions).
+    each sample's ``n_tokens`` is its share of the step and nothing is padded (docs/concepts.md).
 
     ``samples`` needs ``sample_id`` and ``n_tokens``; its ``cluster`` (and ``cluster_name``) columns are used when
     present, else every sample is cluster -1. Every plan sample must be in ``samples``. ``engine``

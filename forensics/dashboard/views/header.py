@@ -1,6 +1,6 @@
 """The top of the page, always shown as plain text: the run's state, every cause and every new finding with its steps.
 
-DESIGN.md asks that causes and new findings be readable without opening a table or a tab: they are Markdown lines
+Causes and new findings must be readable without opening a table or a tab: they are Markdown lines
 (dataset text escaped by :func:`~forensics.dashboard.text.md`).
 """
 

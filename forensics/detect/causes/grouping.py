@@ -1,4 +1,4 @@
-"""Causes: findings that one explanation covers, told as one story (DESIGN.md Conventions, ``cause``).
+"""Causes: findings that one explanation covers, told as one story (docs/concepts.md, ``cause``).
 
 - **Events**: spikes of several metrics whose spans overlap are one event (the loss and the grad norm at step 254),
   and a grad-norm spike the loss answered within the joint window joins the loss's event.

@@ -1,4 +1,4 @@
-"""Severity is evidence (DESIGN.md Conventions): the one place that turns the evidence a finding carries into its
+"""Severity is evidence (docs/concepts.md): the one place that turns the evidence a finding carries into its
 severity. Rules report evidence (``details["support"]``), never a severity of their own.
 
 The lines of evidence a finding may carry (``support`` keys; a rule sets those it measured):

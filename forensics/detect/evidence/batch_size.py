@@ -1,4 +1,4 @@
-"""A spike on an unusually small batch is judged for its size and says so (DESIGN.md Conventions, "batch size").
+"""A spike on an unusually small batch is judged for its size and says so (docs/concepts.md, "batch size").
 
 An epoch's last, partial batch (2 samples where the others hold 8) averages its loss and its gradient over few
 samples: both are noisier, and the gradient norm is larger by about ``sqrt(median / n)`` (the noise part of the

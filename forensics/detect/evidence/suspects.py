@@ -13,7 +13,7 @@ The ranking (attribution adds the run-level evidence):
      is there (copies of one bad document in one batch push the same wrong direction at once).
 3. Ties: lower ``sample_id`` first (deterministic).
 
-Inputs are the tables of DESIGN.md: ``plan`` with ``step`` and ``sample_id`` (map ``epoch``/``batch_id`` plans with
+Inputs are the pipeline's tables: ``plan`` with ``step`` and ``sample_id`` (map ``epoch``/``batch_id`` plans with
 :func:`forensics.plan.step_mapping.assign_steps` first) and ``samples`` with ``sample_id``, ``n_tokens`` and optional
 ``cluster``, ``cluster_name``, ``source``, ``text``.
 """

@@ -1,4 +1,4 @@
-"""Crash lines: a run that died says why in the last lines of its logs (DESIGN.md run-health kinds, ``crash``).
+"""Crash lines: a run that died says why in the last lines of its logs (docs/reference/findings.md, ``crash``).
 
 One finding per crash kind per file (``details``: ``line``, ``what``, ``path``, ``line_no``); its step is the last
 step the file logged before the line (metrics step: logged minus the run's offset), else the run's last step.

@@ -1,4 +1,4 @@
-"""Divergence: the loss leaves its trend for good, and where to resume (DESIGN.md "Run-health kinds").
+"""Divergence: the loss leaves its trend for good, and where to resume (docs/reference/findings.md).
 
 A spike comes back; a divergence does not. The loss is read as a centred rolling median (``window_share`` of its
 values, at least 5), which a one-step spike does not move, against its best level so far (the running minimum of that

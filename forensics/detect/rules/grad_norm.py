@@ -1,4 +1,4 @@
-"""Grad-norm spikes the loss did not follow: one run-level finding, not one per spike (DESIGN.md Conventions).
+"""Grad-norm spikes the loss did not follow: one run-level finding, not one per spike (docs/concepts.md).
 
 A grad-norm spike the loss answered belongs to the loss event's cause; one it followed weakly is an event of its own
 (a warning). What is left, spikes the loss ignored, says something about the run as a whole (how often the clipping

@@ -1,5 +1,5 @@
 """The learning-rate schedule: no warmup when the first steps are unstable, a schedule that resets or jumps
-(DESIGN.md "Run-health kinds").
+(docs/reference/findings.md).
 
 - ``no_warmup``: the first logged rate is already at least ``warm_share`` of its peak, and the first steps are
   unstable: within the first ``early_share`` of the run (at least 20 values) the loss climbs back above its lowest

@@ -74,7 +74,7 @@ class NonfiniteDetector(MetricDetector):
 class NonfiniteRule(Rule):
     """NaN/inf in the metrics that are not judged for spikes (the spike rule reports its own metrics' NaN/inf).
 
-    Severity (DESIGN.md Conventions): ``critical`` in a training quantity (the loss and grad-norm keys, and metrics
+    Severity (docs/concepts.md): ``critical`` in a training quantity (the loss and grad-norm keys, and metrics
     whose names hold ``loss`` or ``norm`` but not val/eval/test), ``info`` in context metrics (timing, throughput,
     lr, eval-only fields): a timing field that is NaN before timing starts is recorded, not a fault.
     """

@@ -1,4 +1,4 @@
-"""Overfitting: the held-out loss turns up while the training loss keeps falling (DESIGN.md "Run-health kinds").
+"""Overfitting: the held-out loss turns up while the training loss keeps falling (docs/reference/findings.md).
 
 The eval loss (run.toml ``eval_loss_key``, else found as the loss key is: ``run.eval_loss_key``) is read where it was
 written. Its minimum is the run's best point (``best_step``: keep the checkpoint there). The run overfits when, after

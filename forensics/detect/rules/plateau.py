@@ -1,5 +1,5 @@
 """Plateau / not learning: the loss never leaves its start, or stops falling far above the run's own trend
-(DESIGN.md "Run-health kinds").
+(docs/reference/findings.md).
 
 The loss is read as medians of ``share`` of its values (a one-step spike moves none of them):
 

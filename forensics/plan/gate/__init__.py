@@ -8,7 +8,7 @@ sort, a sampler re-seeded identically every epoch, ``set_epoch`` never called. T
 - :mod:`~forensics.plan.gate.check`: :func:`check_plan`, which measures a plan or a builder and judges it;
 - :mod:`~forensics.plan.gate.classify`: which way each pair of epochs fails, and the verdict over every check;
 - :mod:`~forensics.plan.gate.wording`: the causes in words and the plain-text summary;
-- :mod:`~forensics.plan.gate.result`: :class:`GateResult` and its JSON (DESIGN.md's check-plan contract);
+- :mod:`~forensics.plan.gate.result`: :class:`GateResult` and its JSON (docs/commands/check-plan.md);
 - :mod:`~forensics.plan.gate.junit`: the JUnit XML file for CI;
 - :mod:`~forensics.plan.gate.assertion`: :func:`assert_batches_vary`, the gate from pytest;
 - :mod:`~forensics.plan.gate.case`: ``forensics check-plan`` on a case folder, with the gate's own options.

@@ -19,7 +19,7 @@ of a few, and pair retention is counted over pairs, which the big batches domina
 this is HF's own mega-batch. Sorted mega-batches are the reference, not a bucketed shuffle, because they are what the
 ecosystem's most common length-grouped sampler does, and a gate that fails it gets switched off.
 
-Why these constants (the measured ratios are the README's check-plan tables, printed by
+Why these constants (the measured ratios are the check-plan tables of docs/commands/check-plan.md, printed by
 ``bench/bench_gate_classification.py --ratios``): MULTIPLE sits between the finest length grouping that must pass
 (64 quantile buckets, at most about 3x the reference) and the closest failure (shuffle-then-sort, about 8x at 2K
 samples and far more from 12K up). On small datasets the reference itself keeps a large share (4 mega-batches), the

@@ -1,4 +1,4 @@
-"""The gate's result: the verdict, every measure behind it, and the JSON of DESIGN.md's check-plan contract."""
+"""The gate's result: the verdict, every measure behind it, and the JSON of docs/commands/check-plan.md."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class GateResult:
         return [p.order_only for p in self.pairs]
 
     def to_json(self) -> dict:
-        """The JSON of DESIGN.md's check-plan contract, plus per-epoch extras and the failure causes."""
+        """The JSON of docs/commands/check-plan.md, plus per-epoch extras and the failure causes."""
         mix = self.cluster_mix
         return {
             "passed": self.passed,

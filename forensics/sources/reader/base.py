@@ -1,6 +1,6 @@
 """The reader protocol: what every metrics source implements, and what callers may rely on.
 
-A reader turns one source (a file, a folder, a run) into the metrics table of DESIGN.md. Subclasses only say how
+A reader turns one source (a file, a folder, a run) into the metrics table of docs/concepts.md. Subclasses only say how
 to get the records written since their last call (:meth:`MetricsReader._read_records`); turning records into rows
 happens once, in :class:`~forensics.sources.reader.rows.MetricsAccumulator`.
 

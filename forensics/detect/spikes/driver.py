@@ -48,6 +48,9 @@ WEAK_FOLLOW_Z, WEAK_FOLLOW_RATIO = 3.0, 1.1
 #: Rows of the other metrics' scores kept to look back over when a grad-norm spike is reported (its own span, its
 #: confirmation and the joint window fit many times over).
 FOLLOW_ROWS = 1024
+#: An expectation factor from which the step's composition predicts a clearly higher value than the trend: the same
+#: samples spiking again there is their content returning, not a second line of evidence (detect/causes/severity.py).
+COMPOSITION_HIGH = 1.25
 
 
 def joint_order(names: Sequence[str | None], support_metric: str | None) -> list[str | None]:
@@ -92,6 +95,8 @@ class SpikeDriver:
         self.tags_: pd.DataFrame | None = None
         self.expect_: dict[str, CompositionExpectation] = {}  # per metric, once tags arrive
         self.factors_: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # per metric: steps, factors
+        self.last_factors_: dict[str, np.ndarray] = {}  # per metric: the factors of its last chunk's rows
+        self.explained_: dict[str, dict[str, Any]] = {}  # per metric: steps above the trend its composition explains
         # the other metrics' recent (step, score, ratio): how strongly they followed a grad-norm spike
         self.recent_ = (np.empty(0, np.int64), np.empty(0), np.empty(0))
 
@@ -112,6 +117,7 @@ class SpikeDriver:
             if self._composed(metric, det):
                 found = det.update(self._adjusted(metric, part), None, given)
                 new += [self._expectation(f) for f in found]
+                self._count_explained(metric, det)
             else:
                 new += det.update(part, self.tags_, given)
             if metric == self.grad_norm_key:
@@ -124,6 +130,7 @@ class SpikeDriver:
         pending = copy.deepcopy(self.held_)
         for det in self.detectors_.values():
             pending += [self._expectation(f) for f in det.finish()]
+        pending += self._explained_findings()
         spans = self.spans_ + [(str(f.metric), *_span(f)) for f in pending if f.kind == "spike"]
         out = [self._finalise(f, spans) for f in pending]
         return _sorted(out)
@@ -176,8 +183,45 @@ class SpikeDriver:
         known_steps, known = self.factors_[metric]
         known_steps.append(steps)
         known.append(factors)
+        self.last_factors_[metric] = factors
         out = part.copy()
         out[metric] = values / factors
+        return out
+
+    def _count_explained(self, metric: str, det: SpikeDetector) -> None:
+        """Steps of the last chunk that the spike thresholds would flag against the trend alone but not against
+        their expectation: their composition explains them (one ``info`` summary per metric, from ``finish``)."""
+        steps, values, base, _ = det.last_rows_
+        factors = self.last_factors_.get(metric)
+        if factors is None or len(factors) != len(steps) or not len(steps):
+            return
+        with np.errstate(divide="ignore", invalid="ignore"):
+            raw = values * factors
+            above_trend = (raw >= det.ratio * base) & (raw - base >= det.min_jump) & (base > 0)
+            within = values < det.ratio * base
+        sel = np.flatnonzero(above_trend & within & ~np.isin(steps, det.flagged_steps_))
+        if not len(sel):
+            return
+        rec = self.explained_.setdefault(metric, {"n_steps": 0, "first_step": int(steps[sel[0]]), "last_step": 0,
+                                                  "max_value": -np.inf, "max_factor": 0.0, "examples": []})
+        rec["n_steps"] += len(sel)
+        rec["last_step"] = int(steps[sel[-1]])
+        rec["max_value"] = max(rec["max_value"], float(raw[sel].max()))
+        rec["max_factor"] = max(rec["max_factor"], float(factors[sel].max()))
+        rec["examples"] += [int(x) for x in steps[sel[:max(0, 10 - len(rec["examples"]))]]]
+
+    def _explained_findings(self) -> list[Finding]:
+        out = []
+        for metric, rec in self.explained_.items():
+            out.append(Finding(
+                kind="expected_for_bucket", step=rec["first_step"], end_step=rec["last_step"], metric=metric,
+                value=rec["max_value"], evidence=[
+                    f"{rec['n_steps']} steps of {metric} (steps {rec['first_step']}-{rec['last_step']}) were above "
+                    f"the run's trend by more than the spike thresholds (up to {rec['max_value']:.4g}) but within "
+                    f"what their batch's composition predicts (up to {rec['max_factor']:.2f}x the trend: bucket, "
+                    f"clusters, tokens, batch size, padding): expected for their composition, not spikes."],
+                details={"n_steps": rec["n_steps"], "example_steps": rec["examples"], "group": "composition",
+                         "max_factor": rec["max_factor"], "support": {"explained": "composition"}}))
         return out
 
     def factor_at(self, metric: str, step: int) -> float:
@@ -204,6 +248,8 @@ class SpikeDriver:
             f.details["trend"] = float(f.baseline)
             f.baseline = float(f.baseline) * factor
         f.details["expected_factor"] = factor
+        if factor >= COMPOSITION_HIGH and f.kind == "spike":
+            f.details.setdefault("support", {"moved": True})["composition_high"] = True
         if f.kind in ("spike", "level_shift") and f.baseline is not None and f.evidence:
             words = (f"{factor:.2f}x the trend" if abs(factor - 1.0) >= 0.005 else "the trend itself")
             f.evidence[0] = (f"{f.metric} rose to {f.value:.4g} at step {at} against {f.baseline:.4g}, what the "

@@ -40,7 +40,7 @@ def test_the_expectation_is_the_same_for_any_chunking_and_learns_the_bucket_leve
     chunked_exp = CompositionExpectation(tags)
     parts = [chunked_exp.factors(tags["step"].to_numpy()[a:b], loss[a:b]) for a, b in ((0, 7), (7, 150), (150, n))]
     assert np.array_equal(whole, np.concatenate(parts))
-    assert (whole[:96] == 1.0).all()  # min_rows: no fit before 96 rows of history
+    assert (whole[:48] == 1.0).all()  # min_rows: no fit before 48 rows of history
     late = np.arange(n) >= 200
     ratio = np.median(whole[late & (tags["bucket"] == 1)]) / np.median(whole[late & (tags["bucket"] == 0)])
     assert ratio == pytest.approx(1.6, rel=0.05)
@@ -156,3 +156,37 @@ def test_findings_give_the_share_of_the_jumpiness_the_composition_explains(hf_fa
     assert osc["bucket_variance_share"] == pytest.approx(0.443, abs=0.01)
     assert set(osc["variance_share_by_tag"]) == {"bucket", "cluster", "tokens", "padding"}
     assert osc["variance_share_by_tag"]["tokens"] == pytest.approx(0.574, abs=0.01)
+
+
+def _driver_run(seed: int = 3, n: int = 600) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Loss and grad norm 1.6x higher on bucket 1, a real spike at step 450 in bucket 0."""
+    rng = np.random.default_rng(seed)
+    tags = _tags(n, rng)
+    tags.loc[450, ["bucket", "bucket_share_0", "bucket_share_1", "real_tokens"]] = [0, 1.0, 0.0, 160]
+    level = np.where(tags["bucket"] == 1, 1.6, 1.0)
+    loss = 3.0 * np.exp(-np.arange(n) / 500) * level * np.exp(0.03 * rng.standard_normal(n))
+    grad = level * np.exp(0.05 * rng.standard_normal(n))
+    loss[450] *= 2.5
+    return pd.DataFrame({"step": np.arange(n), "loss": loss, "grad_norm": grad}), tags
+
+
+@pytest.mark.parametrize("cuts", [[], [97, 98, 300], [1, 451, 455, 599]])
+def test_the_live_driver_judges_with_the_causal_expectation_and_agrees_with_the_audit(cuts):
+    from forensics.detect.spikes.driver import SpikeDriver
+
+    metrics, tags = _driver_run()
+    offline = SpikeDriver(["loss", "grad_norm"], "grad_norm").detect(metrics, tags)
+    live = SpikeDriver(["loss", "grad_norm"], "grad_norm")
+    found = []
+    bounds = [0, *cuts, len(metrics)]
+    for a, b in zip(bounds, bounds[1:]):
+        found += live.update(metrics.iloc[a:b], tags)
+    found += live.finish()
+    as_dicts = lambda fs: sorted(json.dumps(f.to_dict(), sort_keys=True, default=str) for f in fs)  # noqa: E731
+    assert as_dicts(found) == as_dicts(offline)
+    # the first 48 rows have no fit yet: they are judged as a run without tags (its warm-up), so only later rows
+    spikes = [f for f in offline if f.kind == "spike" and f.metric == "loss" and f.step >= 48]
+    assert [f.peak_step for f in spikes] == [450]
+    assert spikes[0].baseline == pytest.approx(spikes[0].value / 2.5, rel=0.1)
+    (explained,) = [f for f in offline if f.kind == "expected_for_bucket" and f.metric == "loss"]
+    assert explained.details["group"] == "composition" and explained.severity == "info"

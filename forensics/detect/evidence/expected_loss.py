@@ -150,7 +150,8 @@ class CompositionExpectation:
     block:
         Rows predicted by one fit (default 32): the fit is refreshed every ``block`` rows.
     min_rows:
-        Rows of history before any fit (default 64); earlier rows get factor 1 (the bucket-free baseline).
+        Rows of history before any fit (default 48); earlier rows get factor 1 (the bucket-free baseline: the
+        warm-up of a run with tags is judged as one without them).
     fit_rows:
         The most recent rows each fit uses (default 2048: bounds the cost on long runs, follows a changing run).
     trend_window:
@@ -159,7 +160,7 @@ class CompositionExpectation:
         A bucket's or cluster's mean share of the fitted steps before it predicts anything (default 0.05).
     """
 
-    def __init__(self, tags: pd.DataFrame, block: int = 32, min_rows: int = 96, fit_rows: int = 2048,
+    def __init__(self, tags: pd.DataFrame, block: int = 32, min_rows: int = 48, fit_rows: int = 2048,
                  trend_window: int = 32, min_share: float = 0.05) -> None:
         self.block = block
         self.min_rows = min_rows

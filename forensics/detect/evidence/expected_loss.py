@@ -90,11 +90,15 @@ class CompositionFit:
     beta: np.ndarray
     noise: float
     owner: list[str] = field(default_factory=list)
+    #: The range of the log factors the fit gave its own inlier rows: a composition unlike any it saw is not
+    #: extrapolated past what the run has shown.
+    low: float = -np.inf
+    high: float = np.inf
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """The log factor of each row of ``x`` (0 where a feature is missing)."""
+        """The log factor of each row of ``x`` (0 where a feature is missing), within ``[low, high]``."""
         z = (x[:, self.columns] - self.centre) / self.scale
-        out = z @ self.beta
+        out = np.clip(z @ self.beta, self.low, self.high)
         return np.where(np.isfinite(out), out, 0.0)
 
 
@@ -139,7 +143,9 @@ def fit_composition(x: np.ndarray, y: np.ndarray, owner: list[str], min_share: f
         u = np.abs(r) / noise
         w = np.where(u <= huber, 1.0, huber / np.maximum(u, 1e-12))
         w[u > trim] = 0.0  # a spike row does not bend the fit at all
-    return CompositionFit(cols, centre, scale, beta[1:], float(noise), [owner[j] for j in cols])
+    fitted = z[w > 0] @ beta[1:]
+    low, high = (float(fitted.min()), float(fitted.max())) if len(fitted) else (0.0, 0.0)
+    return CompositionFit(cols, centre, scale, beta[1:], float(noise), [owner[j] for j in cols], low, high)
 
 
 class CompositionExpectation:

@@ -15,9 +15,10 @@ here is the run's trend times what the step's tags predict (DESIGN.md Convention
   cannot absorb its own spikes into its coefficient;
 - **robust**: Huber M-estimation by iteratively reweighted ridge least squares, and rows past ``trim`` robust SDs of
   the fit get no weight, so spikes do not bend the coefficients;
-- **causal**: the rows of block ``k`` (``block`` rows each, counted from the run's first finite row) are predicted by
-  a fit on the ``fit_rows`` rows before the block. A step never predicts itself (the fit is out of fold by
-  construction) and the live loop, fed any chunking of the same rows, gets the same expectation as the audit;
+- **causal**: the rows of a block (``block`` rows, or a 16th of the history when more, counted from the run's first
+  finite row) are predicted by a fit on the ``fit_rows`` rows before the block. A step never predicts itself (the
+  fit is out of fold by construction) and the live loop, fed any chunking of the same rows, gets the same
+  expectation as the audit;
 - the **trend** the fit is relative to is the median of the ``trend_window`` values before each row; the spike
   detector's own rolling baseline, run on ``value / factor``, keeps the run's level, so only the factor matters.
 
@@ -28,6 +29,7 @@ nothing here applies (the bucket-free baseline of a run without a plan).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -154,7 +156,8 @@ class CompositionExpectation:
     Parameters
     ----------
     block:
-        Rows predicted by one fit (default 32): the fit is refreshed every ``block`` rows.
+        Rows predicted by one fit (default 32), or a 16th of the rows before it when that is more: refits stay
+        frequent early and cost little on long runs (about 90 fits for 50,000 rows).
     min_rows:
         Rows of history before any fit (default 48); earlier rows get factor 1 (the bucket-free baseline: the
         warm-up of a run with tags is judged as one without them).
@@ -174,15 +177,20 @@ class CompositionExpectation:
         self.trend_window = trend_window
         self.min_share = min_share
         self.set_tags(tags)
-        self.logs_: list[float] = []  # log value of every finite row seen
-        self.y_: list[float] = []  # its log over the median of the trend_window values before it
-        self.x_: list[np.ndarray] = []  # its features
+        self.logs_ = np.empty(0)  # log value of every finite row seen
+        self.y_ = np.empty(0)  # its log over the median of the trend_window values before it
+        self.x_ = np.empty((0, len(self.owner_)))  # its features
         self.fit_: CompositionFit | None = None
         self.fit_block_ = -1
+        self.bounds_ = [min_rows]  # the first row of each block (a fixed sequence: the same for any chunking)
 
     def set_tags(self, tags: pd.DataFrame) -> None:
-        """The run's current tags (the live loop's grow): features of rows not seen yet come from them."""
-        self.features_, self.owner_ = composition_features(tags)
+        """The run's current tags (the live loop's grow): features of rows not seen yet come from them; the columns
+        stay those of the first tags (a cluster that appears later is not a column: every fit has the same ones)."""
+        features, owner = composition_features(tags)
+        if not hasattr(self, "columns_"):
+            self.columns_, self.owner_ = list(features.columns), owner
+        self.features_ = features.reindex(columns=self.columns_, fill_value=0.0)
 
     def _features(self, steps: np.ndarray) -> np.ndarray:
         return self.features_.reindex(steps).to_numpy(np.float64)
@@ -190,31 +198,46 @@ class CompositionExpectation:
     def factors(self, steps: np.ndarray, values: np.ndarray) -> np.ndarray:
         """The expectation factor (over the trend) of each new row, in order; non-finite rows get 1 and are not
         part of any fit."""
-        x = self._features(steps)
         out = np.ones(len(steps))
         with np.errstate(divide="ignore", invalid="ignore"):
-            logs = np.log(values)
-        for i in range(len(steps)):
-            if not np.isfinite(logs[i]):
-                continue
-            n = len(self.logs_)
-            if n >= self.min_rows:
-                k = n // self.block
-                if k != self.fit_block_:
-                    self.fit_ = self._fit(k * self.block)
-                    self.fit_block_ = k
+            logs = np.log(np.asarray(values, np.float64))
+        ok = np.flatnonzero(np.isfinite(logs))
+        if not len(ok):
+            return out
+        x = self._features(np.asarray(steps)[ok])
+        w = self.trend_window
+        n0 = len(self.logs_)
+        prev = self.logs_[-w:]
+        padded = np.concatenate([np.full(w, np.nan), prev, logs[ok]])
+        windows = np.lib.stride_tricks.sliding_window_view(padded, w)[len(prev):len(prev) + len(ok)]
+        enough = np.isfinite(windows).sum(axis=1) >= 8
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the all-NaN windows of the first rows
+            trend = np.nanmedian(windows, axis=1)
+        self.logs_ = np.concatenate([self.logs_, logs[ok]])
+        self.y_ = np.concatenate([self.y_, np.where(enough, logs[ok] - trend, np.nan)])
+        self.x_ = np.concatenate([self.x_, x]) if len(self.x_) else x
+        index = n0 + np.arange(len(ok))  # each row's place among the finite rows
+        factor = np.ones(len(ok))
+        judged = index >= self.min_rows
+        if judged.any():
+            while self.bounds_[-1] <= index[-1]:  # each block a 16th of the history, at least `block` rows
+                self.bounds_.append(self.bounds_[-1] + max(self.block, self.bounds_[-1] // 16))
+            bounds = np.asarray(self.bounds_)
+            start = bounds[np.searchsorted(bounds, index, side="right") - 1]
+            for b in np.unique(start[judged]):
+                if b != self.fit_block_:
+                    self.fit_ = self._fit(int(b))  # rows before the block only: causal
+                    self.fit_block_ = int(b)
+                sel = judged & (start == b)
                 if self.fit_ is not None:
-                    out[i] = float(np.exp(self.fit_.predict(x[i:i + 1])[0]))
-            w = self.logs_[-self.trend_window:]
-            self.y_.append(float(logs[i] - np.median(w)) if len(w) >= 8 else np.nan)
-            self.logs_.append(float(logs[i]))
-            self.x_.append(x[i])
+                    factor[sel] = np.exp(self.fit_.predict(x[sel]))
+        out[ok] = factor
         return out
 
     def _fit(self, upto: int) -> CompositionFit | None:
         lo = max(0, upto - self.fit_rows)
-        return fit_composition(np.asarray(self.x_[lo:upto]), np.asarray(self.y_[lo:upto]), self.owner_,
-                               self.min_share)
+        return fit_composition(self.x_[lo:upto], self.y_[lo:upto], self.owner_, self.min_share)
 
 
 def variance_shares(values: np.ndarray, steps: np.ndarray, tags: pd.DataFrame,

@@ -106,3 +106,21 @@ def wandb_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, str(script), str(out)], env=isolated_env(out), check=True, timeout=120,
                    capture_output=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def hf_family():
+    """``{member name: HFCase}`` of the family of small real Trainer runs whose loss moves with their batches'
+    content (fixtures/hf_family.py: three content types, three samplers, clean and corrupted twins), each built on
+    first access or read from the content-keyed cache; read-only."""
+    pytest.importorskip("transformers")
+    from fixtures.hf_family import family_member, members
+
+    built: dict = {}
+
+    def member(name: str):
+        if name not in built:
+            built[name] = family_member(next(m for m in members() if m.name == name))
+        return built[name]
+
+    return member

@@ -11,7 +11,12 @@ The lines of evidence a finding may carry (``support`` keys; a rule sets those i
 - ``replay``: the replay verdict of its step (``data`` agrees; ``normal`` clears it);
 - ``compare``: what another run says of the same data (``recurring``: it spiked there too, a second line;
   ``unique_held``: it consumed the same data and did not spike, one line less; :mod:`.compared`);
-- ``explained``: what explains it without a fault (``batch_size``, ``bucket``, ``cluster``, ``not_followed``);
+- ``explained``: what explains it without a fault (``batch_size``, ``bucket``, ``cluster``, ``composition``,
+  ``not_followed``);
+- ``composition_high``: the step's composition predicts a clearly higher value than the trend (its expectation
+  factor, :mod:`forensics.detect.evidence.expected_loss`): the same samples spiking again may be their content type
+  coming back, so ``recurs`` is no second line for it; recurrence counts only where the composition does not
+  predict the rise;
 - ``nonfinite``: ``training`` (NaN/inf in a training quantity: critical by itself) or ``context``.
 
 The verdicts:
@@ -59,7 +64,8 @@ def severity_of(kind: str, support: Mapping[str, Any] | None, given: str = INFO)
     if kind in EVENT_KINDS:
         if not s.get("moved"):
             return INFO
-        lines = sum(bool(s.get(k)) for k in SECOND_LINES) + (s.get("replay") == "data")
+        lines = sum(bool(s.get(k)) for k in SECOND_LINES if not (k == "recurs" and s.get("composition_high")))
+        lines += s.get("replay") == "data"
         lines += {"recurring": 1, "unique_held": -1}.get(str(s.get("compare")), 0)
         if lines >= 1:
             return CRITICAL

@@ -53,12 +53,13 @@ import numpy as np
 import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
+from forensics.detect.evidence.expected_loss import variance_shares as composition_shares
 from forensics.detect.evidence.jumpiness import bucket_variance_share
 from forensics.detect.findings import Finding
 from forensics.detect.params import Param, fraction, positive
 from forensics.detect.tags import BUCKET, StepLookup
 from forensics.errors import ForensicsError
-from forensics.schema import CLUSTER, STEP, find_loss_key
+from forensics.schema import CLUSTER, STEP, find_loss_key, written
 from forensics.stats import MAD_TO_SD, rolling_median
 
 #: Share of the period-P profile that removing a group's offsets must remove to call the swing that group's.
@@ -356,13 +357,23 @@ def detect_oscillation(
     return out
 
 
-def _variance_shares(metrics: pd.DataFrame, tags: pd.DataFrame | None, metric: str) -> dict[str, float | None]:
-    shares: dict[str, float | None] = {"bucket_variance_share": None, "cluster_variance_share": None}
+def _variance_shares(metrics: pd.DataFrame, tags: pd.DataFrame | None, metric: str) -> dict[str, Any]:
+    """The shares of the detrended variance the bucket, the cluster and the whole composition explain
+    (:func:`forensics.detect.evidence.expected_loss.variance_shares`: ``composition_variance_share`` and
+    ``variance_share_by_tag``, each tag alone)."""
+    shares: dict[str, Any] = {"bucket_variance_share": None, "cluster_variance_share": None,
+                              "composition_variance_share": None, "variance_share_by_tag": {}}
     if tags is None:
         return shares
     for col, key in ((BUCKET, "bucket_variance_share"), (CLUSTER, "cluster_variance_share")):
         if col in tags.columns:
             shares[key] = _share_or_none(bucket_variance_share(metrics, tags, metric, group=col))
+    rows = metrics.loc[written(metrics, metric)] if metric in metrics.columns else metrics.iloc[:0]
+    rows = rows.sort_values(STEP, kind="stable")
+    total, by_tag = composition_shares(rows[metric].to_numpy(np.float64, na_value=np.nan),
+                                       rows[STEP].to_numpy(np.int64), tags)
+    shares["composition_variance_share"] = _share_or_none(total)
+    shares["variance_share_by_tag"] = {k: _share_or_none(v) for k, v in by_tag.items()}
     return shares
 
 

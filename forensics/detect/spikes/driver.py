@@ -8,7 +8,13 @@ What it adds to one :class:`~forensics.detect.spikes.detector.SpikeDetector` per
   when the loss and the grad norm moved together (:func:`joint_confidence`);
 - **logging windows**: a value logged every ``logging_steps`` steps is the mean over them (HF's ``loss``), so its
   spike covers the steps of its window (``details.window_steps``);
-- the tags of each finding's step (bucket, cluster, epoch) and the bucket range of each ``expected_for_bucket``.
+- the tags of each finding's step (bucket, cluster, epoch) and the bucket range of each ``expected_for_bucket``;
+- **the expected value from the composition** (:mod:`forensics.detect.evidence.expected_loss`): with step tags and
+  one step per logged value, each metric is judged on ``value / factor``, the factor being what the step's
+  composition predicts over the run's trend (fitted causally, on earlier rows only), against the detector's
+  bucket-free baseline; a finding's ``value`` and ``baseline`` are then put back on the metric's scale (the
+  baseline is the expectation) and ``details.expected_factor`` says by how much the composition moved it.
+  Without tags (no plan) the bucket-free baseline judges the raw values.
 
 Online and offline agree finding by finding: a spike's confidence depends on the other metric's spikes near it, so
 :meth:`SpikeDriver.update` holds a spike back until every event that could change it is final
@@ -27,6 +33,7 @@ import pandas as pd
 
 from forensics.detect.causes.severity import assign_severities
 from forensics.detect.evidence.batch_size import judge_batch_size
+from forensics.detect.evidence.expected_loss import CompositionExpectation
 from forensics.detect.findings import Finding
 from forensics.detect.spikes.detector import JOINT_LEAD, SpikeDetector
 from forensics.detect.tags import BUCKET, BUCKET_RANGE, attach_tags
@@ -41,6 +48,9 @@ WEAK_FOLLOW_Z, WEAK_FOLLOW_RATIO = 3.0, 1.1
 #: Rows of the other metrics' scores kept to look back over when a grad-norm spike is reported (its own span, its
 #: confirmation and the joint window fit many times over).
 FOLLOW_ROWS = 1024
+#: An expectation factor from which the step's composition predicts a clearly higher value than the trend: the same
+#: samples spiking again there is their content returning, not a second line of evidence (detect/causes/severity.py).
+COMPOSITION_HIGH = 1.25
 
 
 def joint_order(names: Sequence[str | None], support_metric: str | None) -> list[str | None]:
@@ -83,6 +93,10 @@ class SpikeDriver:
         self.held_: list[Finding] = []  # spikes whose confidence waits on another metric's events
         self.spans_: list[tuple[str, int, int]] = []  # (metric, step, end_step) of every spike reported so far
         self.tags_: pd.DataFrame | None = None
+        self.expect_: dict[str, CompositionExpectation] = {}  # per metric, once tags arrive
+        self.factors_: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # per metric: steps, factors
+        self.last_factors_: dict[str, np.ndarray] = {}  # per metric: the factors of its last chunk's rows
+        self.explained_: dict[str, dict[str, Any]] = {}  # per metric: steps above the trend its composition explains
         # the other metrics' recent (step, score, ratio): how strongly they followed a grad-norm spike
         self.recent_ = (np.empty(0, np.int64), np.empty(0), np.empty(0))
 
@@ -91,13 +105,21 @@ class SpikeDriver:
         """Feed the next metrics rows (any columns; each metric judged where it was written); return the findings
         that became final with them."""
         if tags is not None:
+            if self.tags_ is not tags and self.expect_:
+                for exp in self.expect_.values():
+                    exp.set_tags(tags)
             self.tags_ = tags
         new: list[Finding] = []
         support = None
         for metric, det in self.detectors_.items():
             part = _written_rows(rows, metric)
             given = None if self.grad_norm_key is None or metric == self.grad_norm_key else support
-            new += det.update(part, self.tags_, given)
+            if self._composed(metric, det):
+                found = det.update(self._adjusted(metric, part), None, given)
+                new += [self._expectation(f) for f in found]
+                self._count_explained(metric, det)
+            else:
+                new += det.update(part, self.tags_, given)
             if metric == self.grad_norm_key:
                 support = det.flagged_steps_
         self._follow(new)
@@ -107,7 +129,8 @@ class SpikeDriver:
         """Every held spike and every open or pending event, as they would be reported if the run ended now."""
         pending = copy.deepcopy(self.held_)
         for det in self.detectors_.values():
-            pending += det.finish()
+            pending += [self._expectation(f) for f in det.finish()]
+        pending += self._explained_findings()
         spans = self.spans_ + [(str(f.metric), *_span(f)) for f in pending if f.kind == "spike"]
         out = [self._finalise(f, spans) for f in pending]
         return _sorted(out)
@@ -127,6 +150,113 @@ class SpikeDriver:
                            "detector's history) were judged two-sided, against the span itself (details.judged_by "
                            "of each finding says which rule judged it)")
         return out
+
+    # --- the expectation from the composition ------------------------------------------------------------------------
+    def _composed(self, metric: str, det: SpikeDetector) -> bool:
+        """Whether ``metric`` is judged against its composition's expectation (fixed with its first rows: tags
+        and one step per logged value)."""
+        if metric in self.expect_:
+            return True
+        if det.n_rows_ or self.tags_ is None or self.logging_steps > 1:
+            return False
+        exp = CompositionExpectation(self.tags_)
+        if not exp.owner_:
+            return False
+        self.expect_[metric] = exp
+        self.factors_[metric] = ([], [])
+        return True
+
+    def _adjusted(self, metric: str, part: pd.DataFrame) -> pd.DataFrame:
+        """The rows of ``metric`` divided by their expectation factor (rows the detector would skip as out of order
+        are left out first, so the fit sees each step once)."""
+        steps = part[STEP].to_numpy(np.int64)
+        det = self.detectors_[metric]
+        keep = np.ones(len(steps), bool)
+        if len(steps) > 1:
+            keep[1:] = steps[1:] > np.maximum.accumulate(steps)[:-1]
+        if det.last_step_ is not None:
+            keep &= steps > det.last_step_
+        part = part.loc[keep]
+        steps = steps[keep]
+        values = part[metric].to_numpy(np.float64, na_value=np.nan)
+        factors = self.expect_[metric].factors(steps, values)
+        known_steps, known = self.factors_[metric]
+        known_steps.append(steps)
+        known.append(factors)
+        self.last_factors_[metric] = factors
+        out = part.copy()
+        out[metric] = values / factors
+        return out
+
+    def _count_explained(self, metric: str, det: SpikeDetector) -> None:
+        """Steps of the last chunk that the spike thresholds would flag against the trend alone but not against
+        their expectation: their composition explains them (one ``info`` summary per metric, from ``finish``)."""
+        steps, values, base, _ = det.last_rows_
+        factors = self.last_factors_.get(metric)
+        if factors is None or len(factors) != len(steps) or not len(steps):
+            return
+        with np.errstate(divide="ignore", invalid="ignore"):
+            raw = values * factors
+            above_trend = (raw >= det.ratio * base) & (raw - base >= det.min_jump) & (base > 0)
+            within = values < det.ratio * base
+        sel = np.flatnonzero(above_trend & within & ~np.isin(steps, det.flagged_steps_))
+        if not len(sel):
+            return
+        rec = self.explained_.setdefault(metric, {"n_steps": 0, "first_step": int(steps[sel[0]]), "last_step": 0,
+                                                  "max_value": -np.inf, "max_factor": 0.0, "examples": []})
+        rec["n_steps"] += len(sel)
+        rec["last_step"] = int(steps[sel[-1]])
+        rec["max_value"] = max(rec["max_value"], float(raw[sel].max()))
+        rec["max_factor"] = max(rec["max_factor"], float(factors[sel].max()))
+        rec["examples"] += [int(x) for x in steps[sel[:max(0, 10 - len(rec["examples"]))]]]
+
+    def _explained_findings(self) -> list[Finding]:
+        out = []
+        for metric, rec in self.explained_.items():
+            out.append(Finding(
+                kind="expected_for_bucket", step=rec["first_step"], end_step=rec["last_step"], metric=metric,
+                value=rec["max_value"], evidence=[
+                    f"{rec['n_steps']} steps of {metric} (steps {rec['first_step']}-{rec['last_step']}) were above "
+                    f"the run's trend by more than the spike thresholds (up to {rec['max_value']:.4g}) but within "
+                    f"what their batch's composition predicts (up to {rec['max_factor']:.2f}x the trend: bucket, "
+                    f"clusters, tokens, batch size, padding): expected for their composition, not spikes."],
+                details={"n_steps": rec["n_steps"], "example_steps": rec["examples"], "group": "composition",
+                         "max_factor": rec["max_factor"], "support": {"explained": "composition"}}))
+        return out
+
+    def factor_at(self, metric: str, step: int) -> float:
+        """The expectation factor of ``metric`` at ``step`` (1 when it was not judged against its composition)."""
+        if metric not in self.factors_ or not self.factors_[metric][0]:
+            return 1.0
+        steps_parts, factor_parts = self.factors_[metric]
+        if len(steps_parts) > 1:  # one array each, so lookups stay a search
+            self.factors_[metric] = ([np.concatenate(steps_parts)], [np.concatenate(factor_parts)])
+        steps, factors = self.factors_[metric][0][0], self.factors_[metric][1][0]
+        i = int(np.searchsorted(steps, step))
+        return float(factors[i]) if i < len(steps) and steps[i] == step else 1.0
+
+    def _expectation(self, f: Finding) -> Finding:
+        """A detector's finding on the adjusted values, back on the metric's scale: its baseline is the
+        expectation of its peak step."""
+        if f.metric not in self.expect_:
+            return f
+        at = f.peak_step if f.peak_step is not None else f.step
+        factor = self.factor_at(str(f.metric), int(at))
+        if f.value is not None and np.isfinite(f.value):
+            f.value = float(f.value) * factor
+        if f.baseline is not None and np.isfinite(f.baseline):
+            f.details["trend"] = float(f.baseline)
+            f.baseline = float(f.baseline) * factor
+        f.details["expected_factor"] = factor
+        if factor >= COMPOSITION_HIGH and f.kind == "spike":
+            f.details.setdefault("support", {"moved": True})["composition_high"] = True
+        if f.kind in ("spike", "level_shift") and f.baseline is not None and f.evidence:
+            words = (f"{factor:.2f}x the trend" if abs(factor - 1.0) >= 0.005 else "the trend itself")
+            f.evidence[0] = (f"{f.metric} rose to {f.value:.4g} at step {at} against {f.baseline:.4g}, what the "
+                             f"step's composition predicts ({words}: its bucket, clusters, tokens, batch size and "
+                             f"padding): {f.details.get('ratio', float('nan')):.2f}x the expectation and "
+                             f"{(f.score or 0.0):.1f} times the noise of the residual.")
+        return f
 
     # --- how the loss followed the grad norm --------------------------------------------------------------------------
     def _follow(self, new: list[Finding]) -> None:

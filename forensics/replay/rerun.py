@@ -1,0 +1,502 @@
+"""Re-run the optimizer steps up to a suspect step from the checkpoint before it, and say what class of cause the
+step's spike has (DESIGN.md Contracts, ``forensics replay CASE --rerun``).
+
+From a checkpoint's weights and optimizer state (HF ``checkpoint-N/`` with ``optimizer.pt``, or a ``.pt`` holding
+``optimizer``; loaded with ``torch.load(weights_only=True)``), each step of the segment runs as the trainer ran it:
+the plan's batch of the step (gradient accumulation: one backward of the summed loss over every micro-batch, divided
+by the step's label count as HF Trainer does), clipping at run.toml's ``max_grad_norm``, the logged learning rate of
+the step (the checkpoint's own when none is logged), then the optimizer's step. Recorded at each step: the loss, the
+pre-clip gradient norm, and per parameter group (:func:`param_group`) the gradient norm, the update/weight ratio,
+Adam's share of second moments whose root is below epsilon (where epsilon, not the gradient, sets the step) and the
+largest g^2/v (the new gradient against the bias-corrected running average of squares); the largest attention logit
+(GPT-2 style ``c_attn`` modules) and the largest log-sum-exp of the output logits.
+
+**The segment** starts at the last checkpoint at least :data:`MIN_LEAD` steps before the suspect (so that the jumps
+of the steps before it have a baseline), else the last one at or before it. **Counterfactuals**: the loss of a
+same-bucket control batch at the suspect's state (the segment with only the suspect batch replaced: the steps before
+it are the same, so its loss at the step is the control batch through that state); the segment run twice from the same
+state (determinism); per-sample gradient norms of the suspect batch (micro-batches of one, each sample's mean loss).
+The class: :mod:`forensics.replay.cause_class`.
+
+Dropout: the RNG state the trainer saved (``rng_state.pth``) seeds torch's CPU generator for the segment (restored
+afterwards: the caller's generators are untouched), but a re-run draws the same masks only when it consumes the
+generator exactly as the trainer did; a model with dropout makes a miss inconclusive, and the class says so.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forensics.errors import ForensicsError
+from forensics.replay import _torch
+from forensics.replay.batches import pad_batch
+from forensics.replay.cause_class import ClassEvidence, action, cause_class
+from forensics.replay.checkpoints import Checkpoint, apply_state, load_optimizer_state, load_state_dict, torch_load
+
+#: Steps the segment should hold before the suspect (a baseline for the jumps before it).
+MIN_LEAD = 2
+#: Reproduced: the re-run loss within this relative error of the logged one, or 3x the segment's worst before it.
+REPRO_REL = 0.02
+#: Deterministic: two re-runs agree to this relative error at every step.
+DETERMINISM_REL = 1e-6
+#: A jump: a value this many times the median of the segment's earlier steps (the update ratio; g^2/v, a maximum
+#: over entries and far noisier, 100x).
+JUMP = 3.0
+G2V_JUMP = 100.0
+#: An epsilon-share jump: the share rose by this much (it is a 0-1 share, near 0 in a healthy run).
+EPS_SHARE_RISE = 0.1
+#: The replaced batch removed the spike when less than this share of the step's excess over the baseline is left.
+GONE_SHARE = 0.5
+#: A step is a spike worth replacing when its re-run loss exceeds the baseline by this relative margin.
+SPIKE_MIN_REL = 0.05
+#: Logits past the range: the attention logit this many times, the log-sum-exp this many times the earlier maximum.
+ATTN_GROWTH, LSE_GROWTH = 2.0, 1.5
+#: A crash line within this many steps of the suspect is near it.
+CRASH_WINDOW = 50
+#: HF Trainer's rule for the parameters without weight decay (its second optimizer group).
+_NO_DECAY = (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
+_BLOCK = re.compile(r"(?:^|\.)(?:h|layers|layer|blocks|block)\.(\d+)\.")
+
+
+def param_group(name: str) -> str:
+    """The group a parameter belongs to: ``embeddings``, ``block.N.attn``, ``block.N.mlp``, ``norms`` or ``head``."""
+    low = name.lower()
+    if re.search(r"(?:^|\.|_)(?:ln|norm|layernorm|rmsnorm)(?:_|\.|\d|$)", low) or "norm." in low:
+        return "norms"
+    m = _BLOCK.search(low)
+    if m:
+        return f"block.{m.group(1)}.{'attn' if 'attn' in low or 'attention' in low else 'mlp'}"
+    if "emb" in low or re.search(r"(?:^|\.)w[tp]e\.", low):
+        return "embeddings"
+    return "head"
+
+
+def _decay_names(module: Any) -> set[str]:
+    torch = _torch.torch()
+    out = set()
+    for name, _ in module.named_parameters():
+        owner = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+        if isinstance(owner, torch.nn.LayerNorm) or any(re.search(p, name.lower()) for p in _NO_DECAY):
+            continue
+        out.add(name)
+    return out
+
+
+def build_optimizer(module: Any, state: dict[str, Any], origin: Path) -> tuple[Any, list[str]]:
+    """AdamW over ``module``'s parameters grouped as the saved state's groups (HF Trainer: weight decay, then none),
+    with the saved state loaded; returns it and the parameter names in the state's order."""
+    torch = _torch.torch()
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    if not groups or not isinstance(state.get("state"), dict):
+        raise ForensicsError(f"checkpoint {origin}: expected an optimizer state_dict with 'state' and 'param_groups'")
+    if len(groups) == 1:
+        split = [named]
+    elif len(groups) == 2:
+        decay = _decay_names(module)
+        split = [[x for x in named if x[0] in decay], [x for x in named if x[0] not in decay]]
+    else:
+        raise ForensicsError(f"checkpoint {origin}: the optimizer has {len(groups)} parameter groups; the re-run "
+                             "knows one group or HF Trainer's two (weight decay, none)")
+    if [len(g["params"]) for g in groups] != [len(s) for s in split]:
+        raise ForensicsError(f"checkpoint {origin}: the optimizer's groups hold {[len(g['params']) for g in groups]} "
+                             f"parameters, the model's {[len(s) for s in split]}")
+    flat = [x for s in split for x in s]
+    saved = state["state"]
+    for i, (n, p) in enumerate(flat):
+        entry = saved.get(i, saved.get(str(i)))
+        if isinstance(entry, dict) and "exp_avg_sq" not in entry:
+            raise ForensicsError(f"checkpoint {origin}: the optimizer state holds no Adam moments (exp_avg_sq); the "
+                                 "re-run replays Adam/AdamW only")
+        if isinstance(entry, dict) and tuple(entry["exp_avg_sq"].shape) != tuple(p.shape):
+            raise ForensicsError(f"checkpoint {origin}: optimizer state {i} has shape "
+                                 f"{tuple(entry['exp_avg_sq'].shape)}, parameter {n} {tuple(p.shape)}")
+    opt = torch.optim.AdamW([{"params": [p for _, p in s]} for s in split], lr=float(groups[0].get("lr", 1e-3)))
+    opt.load_state_dict(state)
+    return opt, [n for n, _ in flat]
+
+
+class _AttentionLogits:
+    """The largest pre-softmax attention logit of a forward, from the query/key projections of GPT-2 style attention
+    modules (``c_attn`` with ``num_heads``/``head_dim``), causal and padding masks applied; None for other models."""
+
+    def __init__(self, module: Any) -> None:
+        self.mask: Any = None
+        self.value = -math.inf
+        self.handles = [m.c_attn.register_forward_hook(self._hook(m)) for m in module.modules()
+                        if hasattr(m, "c_attn") and hasattr(m, "num_heads") and hasattr(m, "head_dim")
+                        and not getattr(m, "is_cross_attention", False)]
+
+    def _hook(self, attn: Any):
+        torch = _torch.torch()
+        h, hd = int(attn.num_heads), int(attn.head_dim)
+        scale = float(getattr(attn, "scaling", hd ** -0.5 if getattr(attn, "scale_attn_weights", True) else 1.0))
+
+        def hook(_mod, _inp, out):
+            with torch.no_grad():
+                qkv = out.detach().float()
+                b, t, _ = qkv.shape
+                q = qkv[..., : h * hd].view(b, t, h, hd).transpose(1, 2)
+                k = qkv[..., h * hd: 2 * h * hd].view(b, t, h, hd).transpose(1, 2)
+                scores = (q @ k.transpose(-1, -2)) * scale
+                ok = torch.ones(t, t, dtype=torch.bool, device=qkv.device).tril()
+                if self.mask is not None:
+                    m = self.mask.bool().to(qkv.device)
+                    ok = ok & m[:, None, :, None] & m[:, None, None, :]
+                sel = scores.masked_select(ok.expand_as(scores))
+                if sel.numel():
+                    self.value = max(self.value, float(sel.max()))
+        return hook
+
+    def result(self) -> float | None:
+        return self.value if self.handles else None
+
+    def close(self) -> None:
+        for hd in self.handles:
+            hd.remove()
+
+
+def _norm(tensors: list[Any]) -> float:
+    return float(math.sqrt(sum(float((t.double() ** 2).sum()) for t in tensors))) if tensors else 0.0
+
+
+def _train_step(ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr: float | None,
+                max_norm: float | None) -> dict[str, Any]:
+    """One optimizer step on ``seqs`` (module docstring) and its signals."""
+    torch = _torch.torch()
+    fwd, module = ses.fwd, ses.model.module
+    params = [p for g in opt.param_groups for p in g["params"]]
+    by_group: dict[str, list[int]] = {}
+    for i, n in enumerate(names):
+        by_group.setdefault(param_group(n), []).append(i)
+    opt.zero_grad(set_to_none=True)
+    module.train(True)
+    n = sum(max(len(s) - 1, 0) for s in seqs) + (len(seqs) if ses.denom == "labels" else 0)
+    attn = _AttentionLogits(module)
+    total, lse = 0.0, -math.inf
+    try:
+        for chunk in fwd._chunks(seqs, fwd.max_tokens):
+            ids, mask = pad_batch(chunk, fwd.pad_id, fwd.pad_side)
+            ids, mask = ids.to(fwd.device), mask.to(fwd.device)
+            attn.mask = mask
+            with torch.enable_grad(), fwd._autocast():
+                logits = ses.model.logits(ids, mask)
+                ok = mask[:, 1:].bool()
+                ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:],
+                                                       reduction="none")
+                summed = (ce * ok).sum()
+                (summed / max(n, 1)).backward()
+            total += float(summed.detach())
+            z = torch.logsumexp(logits.detach().float(), dim=-1).masked_select(mask.bool())
+            if z.numel():
+                lse = max(lse, float(z.max()))
+    finally:
+        attn.close()
+        module.train(False)
+    grads = [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in params]
+    group_grad = {g: _norm([grads[i] for i in idx]) for g, idx in by_group.items()}
+    pre_clip = _norm(grads)
+    if max_norm:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if lr is not None:
+        for g in opt.param_groups:
+            g["lr"] = lr
+    g2v: dict[str, float] = {}
+    for g, idx in by_group.items():
+        worst = 0.0
+        for i in idx:
+            p = params[i]
+            st, hyper = opt.state.get(p) or {}, _hyper(opt, p)
+            v = st.get("exp_avg_sq")
+            if v is None or p.grad is None:
+                continue
+            t = float(st.get("step", 0))
+            vhat = v / max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else v
+            ratio = (p.grad.detach().float() ** 2) / (vhat.float() + hyper["eps"] ** 2)
+            worst = max(worst, float(ratio.max())) if torch.isfinite(ratio).all() else math.inf
+        g2v[g] = worst
+    before = [p.detach().clone() for p in params]
+    opt.step()
+    groups: dict[str, dict[str, float]] = {}
+    for g, idx in by_group.items():
+        upd = _norm([params[i].detach() - before[i] for i in idx])
+        weight = _norm([before[i] for i in idx])
+        below = entries = 0
+        for i in idx:
+            p = params[i]
+            st, hyper = opt.state.get(p) or {}, _hyper(opt, p)
+            v = st.get("exp_avg_sq")
+            if v is None:
+                continue
+            t = float(st.get("step", 0))
+            vhat = v / max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else v
+            below += int((vhat.sqrt() < hyper["eps"]).sum())
+            entries += v.numel()
+        groups[g] = {"grad_norm": group_grad[g], "update_ratio": upd / weight if weight else math.inf,
+                     "eps_share": below / entries if entries else 0.0, "g2_over_v_max": g2v.get(g, 0.0)}
+    return {"loss": total / n if n else math.nan, "grad_norm": pre_clip, "groups": groups,
+            "max_attention_logit": attn.result(), "logsumexp": lse if math.isfinite(lse) or lse > 0 else None}
+
+
+def _hyper(opt: Any, p: Any) -> dict[str, Any]:
+    for g in opt.param_groups:
+        if any(q is p for q in g["params"]):
+            return g
+    return opt.param_groups[0]
+
+
+@dataclass
+class Segment:
+    """One pass over a segment: its step records, and the counterfactuals taken at the suspect's state."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    replaced_loss: float | None = None
+    per_sample: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _rng_state(ck: Checkpoint) -> Any:
+    """The CPU generator state the trainer saved (HF ``rng_state.pth``), or None when absent or unreadable."""
+    path = ck.path / "rng_state.pth" if ck.kind == "hf" else None
+    if path is None or not path.exists():
+        return None
+    try:
+        obj = torch_load(path)
+    except ForensicsError:  # numpy's state needs a pickled global: the torch state alone is not worth failing for
+        return None
+    return obj.get("cpu") if isinstance(obj, dict) else None
+
+
+def run_segment(ses: Any, ck: Checkpoint, steps: list[int], suspect: int, lrs: dict[int, float],
+                max_norm: float | None, control: int | None = None, per_sample: bool = False) -> Segment:
+    """The segment ``steps`` from checkpoint ``ck`` (module docstring); ``control``: the step whose batch replaces the
+    suspect's in the counterfactual; ``per_sample``: the suspect batch's per-sample gradient norms."""
+    torch = _torch.torch()
+    from forensics.replay.forward import batch_loss, grad_norm
+
+    opt_state = load_optimizer_state(ck)
+    if opt_state is None:
+        raise ForensicsError(f"--rerun: checkpoint {ck.path} has no optimizer state (optimizer.pt, or 'optimizer' in "
+                             "the .pt); the optimizer steps cannot be re-run without it")
+    module = ses.model.module
+    apply_state(module, load_state_dict(ck), ck.path)
+    ses._applied = None  # the weights change below: the next replay forward loads its checkpoint again
+    opt, names = build_optimizer(module, opt_state, ck.path)
+    out = Segment()
+    rng = _rng_state(ck)
+    with torch.random.fork_rng(devices=[]):
+        if rng is not None:
+            torch.set_rng_state(rng)
+        for t in steps:
+            seqs = [ses.tokens[i] for i in ses.index.samples_of[t]]
+            if t == suspect:
+                if control is not None:
+                    cseqs = [ses.tokens[i] for i in ses.index.samples_of[control]]
+                    out.replaced_loss = batch_loss(ses.fwd.losses(cseqs), ses.denom)
+                if per_sample:
+                    ids = ses.index.samples_of[t]
+                    norms = [grad_norm(ses.fwd, [ses.tokens[i]], ses.denom) for i in ids]
+                    out.per_sample = sorted(({"sample_id": int(i), "grad_norm": g} for i, g in zip(ids, norms,
+                                                                                                  strict=True)),
+                                            key=lambda d: (-_finite_or_inf(d["grad_norm"]), d["sample_id"]))
+            rec = _train_step(ses, opt, names, seqs, lrs.get(t), max_norm)
+            out.records.append({"step": t} | rec)
+    for p in module.parameters():
+        p.grad = None
+    return out
+
+
+def _finite_or_inf(x: float) -> float:
+    return math.inf if not math.isfinite(x) else x
+
+
+# --- judging ---------------------------------------------------------------------------------------------------
+def segment_start(checkpoints: list[Checkpoint], step: int) -> Checkpoint | None:
+    """The checkpoint the segment of ``step`` starts at (module docstring)."""
+    before = [c for c in checkpoints if c.step <= step]
+    lead = [c for c in before if c.step <= step - MIN_LEAD]
+    return lead[-1] if lead else (before[-1] if before else None)
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def _jumps(records: list[dict[str, Any]], upto: int) -> list[tuple[int, str, str, float]]:
+    """(step, group, signal, factor) of every jump at a step <= ``upto`` against the segment's earlier steps."""
+    out = []
+    for j in range(1, len(records)):
+        rec = records[j]
+        if rec["step"] > upto:
+            break
+        for g, sig in rec["groups"].items():
+            earlier = [r["groups"][g] for r in records[:j] if g in r["groups"]]
+            if not earlier:
+                continue
+            for key, limit in (("update_ratio", JUMP), ("g2_over_v_max", G2V_JUMP)):
+                base = float(np.median([e[key] for e in earlier]))
+                if math.isfinite(sig[key]) and base > 0 and sig[key] >= limit * base:
+                    out.append((rec["step"], g, key, sig[key] / base))
+                elif not math.isfinite(sig[key]):
+                    out.append((rec["step"], g, key, math.inf))
+            rise = sig["eps_share"] - max(e["eps_share"] for e in earlier)
+            if rise >= EPS_SHARE_RISE:
+                out.append((rec["step"], g, "eps_share", rise))
+    return out
+
+
+def _first_group(jumps: list[tuple[int, str, str, float]]) -> tuple[str, int, float] | None:
+    """The first group whose update ratio jumped: the earliest step, then the largest factor, then the name."""
+    ur = [(s, g, f) for s, g, k, f in jumps if k == "update_ratio"]
+    if not ur:
+        return None
+    s, g, f = min(ur, key=lambda x: (x[0], -x[2], x[1]))
+    return g, s, f
+
+
+def _crash_near(findings: dict[str, Any] | None, step: int) -> str | None:
+    for f in (findings or {}).get("findings") or []:
+        if isinstance(f, dict) and f.get("kind") == "crash" and f.get("step") is not None \
+                and abs(int(f["step"]) - step) <= CRASH_WINDOW:
+            what = (f.get("details") or {}).get("what")
+            if what in ("ecc", "nccl"):
+                return str(what)
+    return None
+
+
+def judge(suspect: int, ck: Checkpoint, first: Segment, second: Segment, logged: dict[int, float],
+          logged_gn: dict[int, float], control: int | None, dropout: bool,
+          findings: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``rerun`` object of replay.json for ``suspect`` from two passes over its segment."""
+    recs = first.records
+    for r in recs:
+        r["logged"] = logged.get(r["step"])
+        if r["step"] in logged_gn:
+            r["logged_grad_norm"] = logged_gn[r["step"]]
+    at = next(r for r in recs if r["step"] == suspect)
+    before = [r for r in recs if r["step"] < suspect]
+    evidence: list[str] = []
+    # reproduced
+    log = logged.get(suspect)
+    nonfinite = any(not math.isfinite(r["grad_norm"]) or not math.isfinite(r["loss"]) for r in recs
+                    if r["step"] <= suspect)
+    if not math.isfinite(at["loss"]) or not math.isfinite(at["grad_norm"]):
+        gn = logged_gn.get(suspect)
+        reproduced = (log is not None and not math.isfinite(log)) or (gn is not None and not math.isfinite(gn))
+        evidence.append(f"the re-run's loss or gradient at step {suspect} is not finite; the run logged "
+                        f"loss {log} and grad norm {gn}")
+    elif log is None or not math.isfinite(log):
+        reproduced = None
+    else:
+        errs = [_rel(r["loss"], r["logged"]) for r in before if r["logged"] is not None and math.isfinite(r["logged"])
+                and math.isfinite(r["loss"])]
+        tol = max(REPRO_REL, 3 * max(errs, default=0.0))
+        reproduced = _rel(at["loss"], log) <= tol
+        evidence.append(f"re-run from checkpoint {ck.step}: loss {at['loss']:.4g} at step {suspect} against the logged "
+                        f"{log:.4g} ({'reproduced' if reproduced else 'not reproduced'}; tolerance {tol:.2%})")
+    # deterministic
+    diffs = [(_rel(a["loss"], b["loss"]), _rel(a["grad_norm"], b["grad_norm"])) for a, b in
+             zip(first.records, second.records, strict=True)
+             if math.isfinite(a["loss"]) and math.isfinite(b["loss"]) and math.isfinite(a["grad_norm"])
+             and math.isfinite(b["grad_norm"])]
+    same_nan = all(math.isfinite(a["loss"]) == math.isfinite(b["loss"]) for a, b in
+                   zip(first.records, second.records, strict=True))
+    deterministic = bool(same_nan and all(max(d) <= DETERMINISM_REL for d in diffs))
+    if not deterministic:
+        evidence.append("two re-runs from the same state disagree (max relative difference "
+                        f"{max((max(d) for d in diffs), default=math.nan):.2g})")
+    # replaced
+    finite_before = [r["loss"] for r in before if math.isfinite(r["loss"])]
+    baseline = float(np.median(finite_before)) if finite_before else None
+    spike_gone = None
+    if first.replaced_loss is not None and baseline is not None:
+        rl = first.replaced_loss
+        if not math.isfinite(at["loss"]):
+            spike_gone = math.isfinite(rl)
+        elif at["loss"] - baseline > SPIKE_MIN_REL * abs(baseline):
+            spike_gone = bool(math.isfinite(rl) and rl - baseline <= GONE_SHARE * (at["loss"] - baseline))
+        evidence.append(f"with the batch replaced by step {control}'s (same bucket): loss {rl:.4g} against "
+                        f"{at['loss']:.4g} and the segment's baseline {baseline:.4g}"
+                        + ("" if spike_gone is None else f" (spike {'gone' if spike_gone else 'persists'})"))
+    # jumps and logits
+    jumps = _jumps(recs, suspect)
+    before_jumps = [j for j in jumps if j[0] < suspect]
+    if before_jumps:
+        s, g, k, f = min(before_jumps, key=lambda x: (x[0], -x[3], x[1]))
+        evidence.append(f"{k} of {g} jumped at step {s}, before the spike ({f:.3g}x the segment's earlier steps)"
+                        if k != "eps_share" else f"eps_share of {g} rose by {f:.2f} at step {s}, before the spike")
+    fg = _first_group(jumps)
+    if fg is not None:
+        evidence.append(f"the first group whose update/weight ratio jumped: {fg[0]} at step {fg[1]} ({fg[2]:.3g}x)")
+    past = False
+    if before:
+        a_prev = [r["max_attention_logit"] for r in before if r["max_attention_logit"] is not None]
+        l_prev = [r["logsumexp"] for r in before if r["logsumexp"] is not None]
+        if a_prev and at["max_attention_logit"] is not None and at["max_attention_logit"] > ATTN_GROWTH * max(
+                max(a_prev), 1e-6):
+            past = True
+            evidence.append(f"the largest attention logit reached {at['max_attention_logit']:.4g} "
+                            f"(earlier at most {max(a_prev):.4g})")
+        if l_prev and at["logsumexp"] is not None and at["logsumexp"] > LSE_GROWTH * max(max(l_prev), 1e-6):
+            past = True
+            evidence.append(f"the logits' log-sum-exp reached {at['logsumexp']:.4g} (earlier at most "
+                            f"{max(l_prev):.4g})")
+    crash = _crash_near(findings, suspect)
+    ev = ClassEvidence(nonfinite=nonfinite, crash=crash, reproduced=reproduced, deterministic=deterministic,
+                       dropout=dropout, spike_gone=spike_gone, optimizer_jump=bool(before_jumps),
+                       logits_past_range=past)
+    cls, why = cause_class(ev)
+    evidence.append(f"cause class {cls}: {why}")
+    return {"from_checkpoint": ck.step, "reproduced": reproduced, "deterministic": deterministic,
+            "segment": recs, "replaced": {"loss": first.replaced_loss, "spike_gone": spike_gone,
+                                          "control_step": control},
+            "per_sample": first.per_sample, "first_group": fg[0] if fg else None, "cause_class": cls,
+            "action": action(cls, suspect, ck.step, fg[0] if fg else None), "evidence": evidence}
+
+
+def rerun_step(ses: Any, suspect: int, exclude: set[int], findings: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``rerun`` object for ``suspect`` (None when no checkpoint is at or before it: nothing to re-run from)."""
+    from forensics.schema.keys import grad_norm_column, lr_column
+
+    ck = segment_start(ses.checkpoints, suspect)
+    if ck is None:
+        ses.warnings.append(f"--rerun: step {suspect} has no checkpoint at or before it; not re-run")
+        return None
+    steps = list(range(ck.step, suspect + 1))
+    missing = [t for t in steps if not ses.index.has(t)]
+    if missing:
+        raise ForensicsError(f"--rerun: the plan has no batch for step(s) {missing[:5]} of the segment "
+                             f"{ck.step}-{suspect}")
+    metrics = ses.metrics
+    lr_key, gn_key = lr_column(metrics.columns), grad_norm_column(metrics.columns)
+    lrs = _column(metrics, lr_key)
+    if not lr_key:
+        ses.warnings.append("--rerun: no learning rate is logged; the segment runs at the checkpoint's own")
+    same, _ = ses.pick_controls(suspect, exclude)
+    control = same[0] if same else None
+    max_norm = ses.case.config.max_grad_norm
+    first = run_segment(ses, ck, steps, suspect, lrs, max_norm, control=control, per_sample=True)
+    second = run_segment(ses, ck, steps, suspect, lrs, max_norm)
+    return judge(suspect, ck, first, second, ses.logged, _column(metrics, gn_key), control,
+                 _has_dropout(ses.model.module), findings)
+
+
+def _has_dropout(module: Any) -> bool:
+    """Whether a train-mode step draws dropout masks: a dropout module with p > 0 (a config's ``*dropout*`` value
+    of a head the model does not have, such as GPT-2's ``summary_first_dropout``, draws none)."""
+    torch = _torch.torch()
+    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules())
+
+
+def _column(metrics: Any, key: str | None) -> dict[int, float]:
+    if not key:
+        return {}
+    from forensics.schema import STEP
+
+    col = metrics[[STEP, key]].dropna()
+    return {int(s): float(v) for s, v in zip(col[STEP].tolist(), col[key].astype(float).tolist(), strict=True)}

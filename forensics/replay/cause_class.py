@@ -22,6 +22,7 @@ The rules, in order (the first that holds decides; the order is the argument):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 CAUSE_CLASSES = ("data", "optimizer", "numerics", "hardware", "unknown")
 
@@ -79,3 +80,20 @@ def action(cls: str, step: int, checkpoint: int | None, group: str | None = None
     """The one-sentence fix for class ``cls`` at ``step`` (``group``: the first group that moved, when known)."""
     return ACTIONS[cls].format(step=step, checkpoint=checkpoint if checkpoint is not None else "before it",
                                group=f" (first in {group})" if group else "", group_or_model=group or "the model")
+
+
+def apply_cause_classes(findings: dict[str, Any], replay: dict[str, Any] | None) -> dict[str, Any]:
+    """``findings`` (changed in place and returned) with each cause's ``cause_class`` and ``action`` taken from the
+    re-run of its first re-run step (replay.json's ``rerun`` objects); causes no re-run reached are left as they are."""
+    reruns = {int(d["step"]): d["rerun"] for d in (replay or {}).get("steps") or []
+              if isinstance(d, dict) and isinstance(d.get("rerun"), dict) and d.get("step") is not None}
+    if not reruns:
+        return findings
+    for c in findings.get("causes") or []:
+        if not isinstance(c, dict):
+            continue
+        steps = [int(s) for s in (c.get("events") or [])] + [int(s) for s in (c.get("steps") or [])]
+        hit = next((reruns[s] for s in dict.fromkeys(steps) if s in reruns), None)
+        if hit is not None and hit.get("cause_class") in CAUSE_CLASSES:
+            c["cause_class"], c["action"] = hit["cause_class"], hit.get("action")
+    return findings

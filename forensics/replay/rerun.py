@@ -277,7 +277,7 @@ def run_segment(ses: Any, ck: Checkpoint, steps: list[int], suspect: int, lrs: d
     """The segment ``steps`` from checkpoint ``ck`` (module docstring); ``control``: the step whose batch replaces the
     suspect's in the counterfactual; ``per_sample``: the suspect batch's per-sample gradient norms."""
     torch = _torch.torch()
-    from forensics.replay.forward import batch_loss, grad_norm
+    from forensics.replay.forward import batch_loss
 
     opt_state = load_optimizer_state(ck)
     if opt_state is None:
@@ -299,16 +299,33 @@ def run_segment(ses: Any, ck: Checkpoint, steps: list[int], suspect: int, lrs: d
                     cseqs = [ses.tokens[i] for i in ses.index.samples_of[control]]
                     out.replaced_loss = batch_loss(ses.fwd.losses(cseqs), ses.denom)
                 if per_sample:
-                    ids = ses.index.samples_of[t]
-                    norms = [grad_norm(ses.fwd, [ses.tokens[i]], ses.denom) for i in ids]
-                    out.per_sample = sorted(({"sample_id": int(i), "grad_norm": g} for i, g in zip(ids, norms,
-                                                                                                  strict=True)),
-                                            key=lambda d: (-_finite_or_inf(d["grad_norm"]), d["sample_id"]))
+                    out.per_sample = per_sample_norms(ses, ses.index.samples_of[t])
             rec = _train_step(ses, opt, names, seqs, lrs.get(t), max_norm)
             out.records.append({"step": t} | rec)
     for p in module.parameters():
         p.grad = None
     return out
+
+
+def per_sample_norms(ses: Any, sample_ids: list[int]) -> list[dict[str, Any]]:
+    """Each sample's gradient norm as a micro-batch of one (its mean loss), most first.
+
+    ``grad_norm`` leaves the embedding table out (``grad_norm_all`` keeps it): a sample pushes the rows of the tokens
+    it holds, so that part grows with how few distinct tokens it repeats (a clean three-token motif outweighed
+    corrupted text there) and says more about its vocabulary than about how hard it pulls the network's body."""
+    from forensics.replay.forward import accumulate_grad
+
+    module = ses.model.module
+    named = list(module.named_parameters())
+    out = []
+    for i in sample_ids:
+        accumulate_grad(ses.fwd, [ses.tokens[i]], ses.denom)
+        body = [p.grad for n, p in named if p.grad is not None and param_group(n) != "embeddings"]
+        every = [p.grad for _, p in named if p.grad is not None]
+        out.append({"sample_id": int(i), "grad_norm": _norm(body), "grad_norm_all": _norm(every)})
+        for _, p in named:
+            p.grad = None
+    return sorted(out, key=lambda d: (-_finite_or_inf(d["grad_norm"]), d["sample_id"]))
 
 
 def _finite_or_inf(x: float) -> float:

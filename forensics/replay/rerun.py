@@ -149,9 +149,9 @@ class _AttentionLogits:
                 if self.mask is not None:
                     m = self.mask.bool().to(qkv.device)
                     ok = ok & m[:, None, :, None] & m[:, None, None, :]
-                sel = scores.masked_select(ok.expand_as(scores))
-                if sel.numel():
-                    self.value = max(self.value, float(sel.max()))
+                top = float(scores.masked_fill(~ok, -math.inf).amax())
+                if top > -math.inf:
+                    self.value = max(self.value, top)
         return hook
 
     def result(self) -> float | None:
@@ -163,7 +163,11 @@ class _AttentionLogits:
 
 
 def _norm(tensors: list[Any]) -> float:
-    return float(math.sqrt(sum(float((t.double() ** 2).sum()) for t in tensors))) if tensors else 0.0
+    """The L2 norm of several tensors together (as ``clip_grad_norm_`` computes it: the norm of the norms)."""
+    if not tensors:
+        return 0.0
+    torch = _torch.torch()
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors])))
 
 
 def _train_step(ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr: float | None,
@@ -207,19 +211,21 @@ def _train_step(ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr
     if lr is not None:
         for g in opt.param_groups:
             g["lr"] = lr
+    hyper_of = {id(p): g for g in opt.param_groups for p in g["params"]}
     g2v: dict[str, float] = {}
     for g, idx in by_group.items():
         worst = 0.0
         for i in idx:
             p = params[i]
-            st, hyper = opt.state.get(p) or {}, _hyper(opt, p)
+            st, hyper = opt.state.get(p) or {}, hyper_of[id(p)]
             v = st.get("exp_avg_sq")
             if v is None or p.grad is None:
                 continue
             t = float(st.get("step", 0))
             vhat = v / max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else v
             ratio = (p.grad.detach().float() ** 2) / (vhat.float() + hyper["eps"] ** 2)
-            worst = max(worst, float(ratio.max())) if torch.isfinite(ratio).all() else math.inf
+            top = float(ratio.max())  # NaN propagates through max: a non-finite entry makes it non-finite
+            worst = max(worst, top) if math.isfinite(top) else math.inf
         g2v[g] = worst
     before = [p.detach().clone() for p in params]
     opt.step()
@@ -230,7 +236,7 @@ def _train_step(ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr
         below = entries = 0
         for i in idx:
             p = params[i]
-            st, hyper = opt.state.get(p) or {}, _hyper(opt, p)
+            st, hyper = opt.state.get(p) or {}, hyper_of[id(p)]
             v = st.get("exp_avg_sq")
             if v is None:
                 continue
@@ -242,13 +248,6 @@ def _train_step(ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr
                      "eps_share": below / entries if entries else 0.0, "g2_over_v_max": g2v.get(g, 0.0)}
     return {"loss": total / n if n else math.nan, "grad_norm": pre_clip, "groups": groups,
             "max_attention_logit": attn.result(), "logsumexp": lse if math.isfinite(lse) or lse > 0 else None}
-
-
-def _hyper(opt: Any, p: Any) -> dict[str, Any]:
-    for g in opt.param_groups:
-        if any(q is p for q in g["params"]):
-            return g
-    return opt.param_groups[0]
 
 
 @dataclass

@@ -48,3 +48,24 @@ def test_every_class_has_an_action_naming_the_checkpoint() -> None:
         assert "12" in text and text.endswith(".")
     assert "block.0.attn" in action("optimizer", 14, 12, "block.0.attn")
     assert "before it" in action("hardware", 3, None)
+
+
+@pytest.mark.parametrize(("name", "group"), [
+    ("transformer.wte.weight", "embeddings"),
+    ("transformer.wpe.weight", "embeddings"),
+    ("model.embed_tokens.weight", "embeddings"),
+    ("transformer.h.0.attn.c_attn.weight", "block.0.attn"),
+    ("transformer.h.11.attn.c_proj.bias", "block.11.attn"),
+    ("transformer.h.1.mlp.c_fc.weight", "block.1.mlp"),
+    ("model.layers.3.self_attn.q_proj.weight", "block.3.attn"),
+    ("model.layers.3.mlp.down_proj.weight", "block.3.mlp"),
+    ("transformer.h.0.ln_1.weight", "norms"),
+    ("transformer.ln_f.bias", "norms"),
+    ("model.layers.2.input_layernorm.weight", "norms"),
+    ("model.norm.weight", "norms"),
+    ("lm_head.weight", "head"),
+])
+def test_parameter_groups_follow_the_modules(name: str, group: str) -> None:
+    from forensics.replay.rerun import param_group
+
+    assert param_group(name) == group

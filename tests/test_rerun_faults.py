@@ -35,13 +35,20 @@ def runs():
     return fault_runs()
 
 
-def _rerun(run, tmp_path: Path, step: int | None = None) -> dict:
+#: The first re-run of each fault run in this session (a second one is asked for only to compare with it).
+_FIRST: dict[str, dict] = {}
+
+
+def _rerun(run, tmp_path: Path, again: bool = False) -> dict:
+    if run.name in _FIRST and not again:
+        return _FIRST[run.name]
     case = run.copy_to(tmp_path / run.name)
-    s = run.spike_step if step is None else step
+    s = run.spike_step
     result = replay_case(case, ReplayOptions(steps=[s], **LIGHT))
     entry = next(d for d in result.steps if d["step"] == s)
     on_disk = json.loads((case / "replay" / "replay.json").read_text(encoding="utf-8"))
     assert next(d for d in on_disk["steps"] if d["step"] == s)["rerun"] == entry["rerun"]
+    _FIRST.setdefault(run.name, entry["rerun"])
     return entry["rerun"]
 
 
@@ -100,9 +107,8 @@ def test_planted_overflow_is_numerics(runs, tmp_path):
 
 
 def test_same_inputs_give_the_same_rerun(runs, tmp_path):
-    a = _rerun(runs["lr_spike"], tmp_path / "a")
-    b = _rerun(runs["lr_spike"], tmp_path / "b")
-    assert a == b
+    first = _rerun(runs["lr_spike"], tmp_path / "a")
+    assert _rerun(runs["lr_spike"], tmp_path / "b", again=True) == first
 
 
 def test_rerun_from_findings_puts_the_class_on_the_cause(runs, tmp_path):

@@ -120,6 +120,11 @@ def print_result(out, result) -> None:
     for d in result.steps:
         out.print(f"step {d['step']} ({d['verdict']}, confidence {float(d.get('confidence') or 0):.2f}): "
                   + " ".join(d.get("evidence", [])), markup=False)
+        r = d.get("rerun")
+        if isinstance(r, dict):
+            first = f"; first group to move: {r['first_group']}" if r.get("first_group") else ""
+            out.print(f"step {d['step']} re-run, cause class {r['cause_class']}{first}: "
+                      f"{'; '.join(r.get('evidence', [])[:-1])}. Action: {r.get('action')}", markup=False)
     for g in result.not_replayed:
         out.print(f"not replayed (budget {result.budget_s:g} s): cause {g['cause']} (steps "
                   f"{', '.join(map(str, g['steps']))})", markup=False)

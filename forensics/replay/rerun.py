@@ -13,8 +13,9 @@ largest g^2/v (the new gradient against the bias-corrected running average of sq
 
 **The segment** starts at the last checkpoint at least :data:`MIN_LEAD` steps before the suspect (so that the jumps
 of the steps before it have a baseline), else the last one at or before it. **Counterfactuals**: the loss of a
-same-bucket control batch at the suspect's state (the segment with only the suspect batch replaced: the steps before
-it are the same, so its loss at the step is the control batch through that state); the segment run twice from the same
+same-bucket control batch at the suspect's state (the nearest after the suspect first: the segment's state has not
+just trained on it), which is the segment with only the suspect batch replaced (the steps before it are the same, so
+its loss at the step is the control batch through that state); the segment run twice from the same
 state (determinism); per-sample gradient norms of the suspect batch (micro-batches of one, each sample's mean loss).
 The class: :mod:`forensics.replay.cause_class`.
 
@@ -494,7 +495,8 @@ def rerun_step(ses: Any, suspect: int, exclude: set[int], findings: dict[str, An
     if not lr_key:
         ses.warnings.append("--rerun: no learning rate is logged; the segment runs at the checkpoint's own")
     same, _ = ses.pick_controls(suspect, exclude)
-    control = same[0] if same else None
+    # a control the segment's state has not just trained on: the nearest same-bucket batch after the suspect first
+    control = next((c for c in same if c > suspect), same[0] if same else None)
     max_norm = ses.case.config.max_grad_norm
     first = run_segment(ses, ck, steps, suspect, lrs, max_norm, control=control, per_sample=True)
     second = run_segment(ses, ck, steps, suspect, lrs, max_norm)

@@ -89,6 +89,9 @@ def merge_into_audit(case_dir: str | Path | Case, result: Any) -> list[Path]:
     # the folder replayed, as the user named it: a case copied or moved since its audit prints its own path
     findings.setdefault("run", {})["case"] = str(case_dir if not isinstance(case_dir, Case) else case.root)
     apply_replay(findings, replay)
+    from forensics.replay.cause_class import apply_cause_classes
+
+    apply_cause_classes(findings, replay)
     _write_json(case, findings)
     written = [path]
     report = case.report_path

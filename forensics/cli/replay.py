@@ -48,6 +48,10 @@ def register(sub) -> None:
     p.add_argument("--second-dtype", default=None, choices=("float32", "bfloat16"),
                    help="determinism: also run the suspect batch in this dtype")
     p.add_argument("--no-probes", action="store_true", help="skip the gradient and update probes (loss only)")
+    p.add_argument("--rerun", action="store_true",
+                   help="also re-run the optimizer steps from the checkpoint before each step (weights, optimizer, "
+                   "RNG state; the plan's batches, the logged lr): per-group signals, a replaced-batch "
+                   "counterfactual, determinism, per-sample gradient norms and a cause class")
     p.add_argument("--json", default=None, metavar="F", help="also write replay.json to F")
     p.set_defaults(func=run)
 
@@ -72,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                          device=args.device, dtype=args.dtype, controls=args.controls, mode=args.mode,
                          seeds=args.seeds, max_tokens_per_forward=args.max_tokens_per_forward, json_path=args.json,
                          progress=True, second_device=args.second_device, second_dtype=args.second_dtype,
-                         probes=not args.no_probes, control_step=not args.no_control_step)
+                         probes=not args.no_probes, control_step=not args.no_control_step, rerun=args.rerun)
     result = replay_case(args.case, opts)
     err = console(stderr=True)
     for w in result.warnings:
@@ -116,6 +120,11 @@ def print_result(out, result) -> None:
     for d in result.steps:
         out.print(f"step {d['step']} ({d['verdict']}, confidence {float(d.get('confidence') or 0):.2f}): "
                   + " ".join(d.get("evidence", [])), markup=False)
+        r = d.get("rerun")
+        if isinstance(r, dict):
+            first = f"; first group to move: {r['first_group']}" if r.get("first_group") else ""
+            out.print(f"step {d['step']} re-run, cause class {r['cause_class']}{first}: "
+                      f"{'; '.join(r.get('evidence', [])[:-1])}. Action: {r.get('action')}", markup=False)
     for g in result.not_replayed:
         out.print(f"not replayed (budget {result.budget_s:g} s): cause {g['cause']} (steps "
                   f"{', '.join(map(str, g['steps']))})", markup=False)

@@ -11,7 +11,10 @@ needs them; a missing one is one line naming the ``[replay]`` extra. The modules
 - :mod:`~forensics.replay.verdicts`: the experiments' numbers -> a verdict with evidence sentences;
 - :mod:`~forensics.replay.probes`: determinism, gradient norm and the one-step update probe;
 - :mod:`~forensics.replay.result`: replay.json's shape, merged by step with an earlier file;
-- :mod:`~forensics.replay.core`: :func:`replay_case`, which plans the forwards, runs them and writes replay.json.
+- :mod:`~forensics.replay.core`: :func:`replay_case`, which plans the forwards, runs them and writes replay.json;
+- :mod:`~forensics.replay.rerun`: ``--rerun``: the optimizer steps up to a suspect re-run from the checkpoint before
+  it, with per-group signals and counterfactuals; :mod:`~forensics.replay.rerun_judge` judges them and
+  :mod:`~forensics.replay.cause_class` names the class of cause and its action.
 """
 
 from __future__ import annotations

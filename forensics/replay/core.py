@@ -62,6 +62,8 @@ class ReplayOptions:
     control_step: bool = True
     #: The audit's findings when they are not yet written (``audit --replay``): their spikes are never controls.
     findings: dict[str, Any] | None = None
+    #: Also re-run the optimizer steps from the checkpoint before each suspect (:mod:`forensics.replay.rerun`).
+    rerun: bool = False
 
 
 def _resolved(opt: ReplayOptions, case: Case) -> ReplayOptions:
@@ -115,6 +117,8 @@ def replay_case(case_dir: str | Path | Case, options: ReplayOptions | None = Non
             if c is not None and _affordable(ses, opt, [c], exclude, t0):
                 results += [r | {"role": "control", "control_of": first}
                             for r in _replay_group(ses, [c], exclude - {c}, offset, bar)]
+    if opt.rerun:
+        _rerun(ses, results, exclude, findings, bar)
     result = ReplayResult(steps=json_safe(sorted(results, key=lambda d: d["step"])), device=ses.device,
                           dtype=ses.dtype, forwards=ses.fwd.forwards, tokens_forwarded=ses.fwd.tokens,
                           warnings=warnings, logged_offset=offset, steps_as=opt.steps_as,
@@ -131,6 +135,21 @@ def replay_case(case_dir: str | Path | Case, options: ReplayOptions | None = Non
         jp.write_text(json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
         result.written.append(jp)
     return result
+
+
+def _rerun(ses: ReplaySession, results: list[dict[str, Any]], exclude: set[int], findings: dict | None,
+           bar: Any) -> None:
+    """The segment re-run of every suspect step, added to its entry as ``rerun`` (none for a step with no
+    checkpoint at or before it)."""
+    from forensics.replay.rerun import rerun_step
+
+    suspects = [r for r in results if r.get("role") == "suspect"]
+    bar.add(len(suspects))
+    for r in suspects:
+        found = rerun_step(ses, int(r["step"]), exclude, findings)
+        if found is not None:
+            r["rerun"] = found
+        bar.advance(f"re-run to step {r['step']}")
 
 
 def _groups(opt: ReplayOptions, ses: ReplaySession, findings: dict | None, offset: int,

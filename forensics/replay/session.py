@@ -132,6 +132,7 @@ class ReplaySession:
         metrics, report = read_metrics(sources, step_offset=cfg.step_offset, step_key=cfg.step_key)
         loss_key = find_loss_key(metrics.columns, cfg.loss_key, left_out=metrics.attrs.get(LEFT_OUT))
         self.loss_key = loss_key
+        self.metrics = metrics  # the segment re-run reads the logged learning rate and grad norm
         pairs = zip(metrics[STEP].tolist(), metrics[loss_key].astype(float), strict=False)
         self.logged = {int(s): float(v) for s, v in pairs if v == v}
         offsets = [int(a.step_offset) for a in report.alignments]

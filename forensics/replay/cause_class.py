@@ -1,0 +1,99 @@
+"""The cause class of a re-run step (DESIGN.md Conventions, "cause class"): one decision function over the evidence
+of a segment re-run, and the action each class implies.
+
+The rules, in order (the first that holds decides; the order is the argument):
+
+1. ``numerics``: non-finite gradients in the re-run, or a loss-scale drop. Nothing else can be judged from a step
+   whose numbers overflowed, and no other class explains an overflow reproduced from a clean state.
+2. ``hardware``: a crash line naming the hardware or the interconnect (ECC, NCCL) near the step.
+3. ``hardware``: the re-run from the same state with the same batches does not reproduce the logged loss while two
+   re-runs agree with each other (the replay itself is deterministic) and the model has no dropout (whose masks a
+   re-run cannot be sure to draw again): what the run computed is not what its inputs imply.
+4. ``unknown``: not reproduced, but the re-runs disagree or dropout is on: the miss proves nothing.
+5. ``data``: reproduced, and the spike is gone with the suspect batch replaced by a same-bucket control.
+6. ``optimizer``: reproduced, and the spike persists with the batch replaced (the state, not the batch, is bad).
+7. ``optimizer``: a group's update/weight ratio, Adam's epsilon share or the largest g^2/v jumped *before* the step
+   (the update that produced the step's state; a jump at the step itself is the batch's gradient, which says data).
+8. ``numerics``: the largest attention logit or the logits' log-sum-exp grew past the segment's range (weaker than
+   the rules above: an optimizer step too large also grows the logits, so it decides only when nothing else does).
+9. ``unknown``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+CAUSE_CLASSES = ("data", "optimizer", "numerics", "hardware", "unknown")
+
+#: The fix each class implies (one sentence, formatted with the step, checkpoint and group when known).
+ACTIONS = {
+    "data": "Skip the suspect samples (forensics skip CASE --format ids) and resume from checkpoint {checkpoint}.",
+    "optimizer": "Lower the learning rate, raise Adam's epsilon or clip the update around step {step}{group}, and "
+                 "resume from checkpoint {checkpoint}.",
+    "numerics": "Train in bf16 (or keep {group_or_model} in fp32) or set a loss-scale floor, and resume from "
+                "checkpoint {checkpoint}.",
+    "hardware": "Quarantine the node that ran step {step} and resume from checkpoint {checkpoint}.",
+    "unknown": "Re-run the segment from checkpoint {checkpoint} on another device to tell hardware from the run's own "
+               "nondeterminism.",
+}
+
+
+@dataclass(frozen=True)
+class ClassEvidence:
+    """What a segment re-run found about one step (``None``: the experiment could not run)."""
+
+    nonfinite: bool = False
+    loss_scale_drop: bool = False
+    crash: str | None = None
+    reproduced: bool | None = None
+    deterministic: bool | None = None
+    dropout: bool = False
+    spike_gone: bool | None = None
+    optimizer_jump: bool = False
+    logits_past_range: bool = False
+
+
+def cause_class(ev: ClassEvidence) -> tuple[str, str]:
+    """``(class, rule)``: the class the evidence implies (module docstring) and why, in words."""
+    if ev.nonfinite or ev.loss_scale_drop:
+        return "numerics", "non-finite gradients in the re-run" if ev.nonfinite else "the loss scale dropped"
+    if ev.crash in ("ecc", "nccl"):
+        return "hardware", f"a {ev.crash.upper()} crash line near the step"
+    if ev.reproduced is False:
+        if ev.deterministic is True and not ev.dropout:
+            return "hardware", "the re-run from the same state and batches does not reproduce the logged loss"
+        why = "dropout is on" if ev.dropout else "two re-runs disagree"
+        return "unknown", f"not reproduced, but {why}: the miss proves nothing"
+    if ev.reproduced is True and ev.spike_gone is True:
+        return "data", "reproduced, and gone with the batch replaced by a same-bucket control"
+    if ev.reproduced is True and ev.spike_gone is False:
+        return "optimizer", "reproduced, and still there with the batch replaced by a same-bucket control"
+    if ev.optimizer_jump:
+        return "optimizer", "an update ratio, epsilon share or g^2/v jumped before the step"
+    if ev.logits_past_range:
+        return "numerics", "attention logits or the logits' log-sum-exp grew past the segment's range"
+    return "unknown", "no experiment decided"
+
+
+def action(cls: str, step: int, checkpoint: int | None, group: str | None = None) -> str:
+    """The one-sentence fix for class ``cls`` at ``step`` (``group``: the first group that moved, when known)."""
+    return ACTIONS[cls].format(step=step, checkpoint=checkpoint if checkpoint is not None else "before it",
+                               group=f" (first in {group})" if group else "", group_or_model=group or "the model")
+
+
+def apply_cause_classes(findings: dict[str, Any], replay: dict[str, Any] | None) -> dict[str, Any]:
+    """``findings`` (changed in place and returned) with each cause's ``cause_class`` and ``action`` taken from the
+    re-run of its first re-run step (replay.json's ``rerun`` objects); causes no re-run reached are left as they are."""
+    reruns = {int(d["step"]): d["rerun"] for d in (replay or {}).get("steps") or []
+              if isinstance(d, dict) and isinstance(d.get("rerun"), dict) and d.get("step") is not None}
+    if not reruns:
+        return findings
+    for c in findings.get("causes") or []:
+        if not isinstance(c, dict):
+            continue
+        steps = [int(s) for s in (c.get("events") or [])] + [int(s) for s in (c.get("steps") or [])]
+        hit = next((reruns[s] for s in dict.fromkeys(steps) if s in reruns), None)
+        if hit is not None and hit.get("cause_class") in CAUSE_CLASSES:
+            c["cause_class"], c["action"] = hit["cause_class"], hit.get("action")
+    return findings

@@ -1,0 +1,171 @@
+"""The judging half of the segment re-run (:mod:`forensics.replay.rerun`): two passes over a segment -> replay.json's
+``rerun`` object (reproduced, deterministic, the replaced batch, the jumps, the first group to move, the class).
+
+Every threshold is a named constant below, with its reasoning; the class itself is decided in one place,
+:func:`forensics.replay.cause_class.cause_class`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from forensics.replay.cause_class import ClassEvidence, action, cause_class
+from forensics.replay.checkpoints import Checkpoint
+
+#: Reproduced: the re-run loss within this relative error of the logged one, or 3x the segment's worst before it.
+REPRO_REL = 0.02
+#: Deterministic: two re-runs agree to this relative error at every step.
+DETERMINISM_REL = 1e-6
+#: A jump: a value this many times the median of the segment's earlier steps (the update ratio; g^2/v, a maximum
+#: over entries and far noisier, 100x).
+JUMP = 3.0
+G2V_JUMP = 100.0
+#: An epsilon-share jump: the share rose by this much (it is a 0-1 share, near 0 in a healthy run).
+EPS_SHARE_RISE = 0.1
+#: The replaced batch removed the spike when less than this share of the step's excess over the baseline is left.
+GONE_SHARE = 0.5
+#: A step is a spike worth replacing when its re-run loss exceeds the baseline by this relative margin.
+SPIKE_MIN_REL = 0.05
+#: Logits past the range: the attention logit this many times, the log-sum-exp this many times the earlier maximum.
+ATTN_GROWTH, LSE_GROWTH = 2.0, 1.5
+#: A crash line within this many steps of the suspect is near it.
+CRASH_WINDOW = 50
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def _jumps(records: list[dict[str, Any]], upto: int) -> list[tuple[int, str, str, float]]:
+    """(step, group, signal, factor) of every jump at a step <= ``upto`` against the segment's earlier steps."""
+    out = []
+    for j in range(1, len(records)):
+        rec = records[j]
+        if rec["step"] > upto:
+            break
+        for g, sig in rec["groups"].items():
+            earlier = [r["groups"][g] for r in records[:j] if g in r["groups"]]
+            if not earlier:
+                continue
+            for key, limit in (("update_ratio", JUMP), ("g2_over_v_max", G2V_JUMP)):
+                base = float(np.median([e[key] for e in earlier]))
+                if math.isfinite(sig[key]) and base > 0 and sig[key] >= limit * base:
+                    out.append((rec["step"], g, key, sig[key] / base))
+                elif not math.isfinite(sig[key]):
+                    out.append((rec["step"], g, key, math.inf))
+            rise = sig["eps_share"] - max(e["eps_share"] for e in earlier)
+            if rise >= EPS_SHARE_RISE:
+                out.append((rec["step"], g, "eps_share", rise))
+    return out
+
+
+def _first_group(jumps: list[tuple[int, str, str, float]]) -> tuple[str, int, float] | None:
+    """The first group whose update ratio jumped: the earliest step, then the largest factor, then the name."""
+    ur = [(s, g, f) for s, g, k, f in jumps if k == "update_ratio"]
+    if not ur:
+        return None
+    s, g, f = min(ur, key=lambda x: (x[0], -x[2], x[1]))
+    return g, s, f
+
+
+def _crash_near(findings: dict[str, Any] | None, step: int) -> str | None:
+    for f in (findings or {}).get("findings") or []:
+        if isinstance(f, dict) and f.get("kind") == "crash" and f.get("step") is not None \
+                and abs(int(f["step"]) - step) <= CRASH_WINDOW:
+            what = (f.get("details") or {}).get("what")
+            if what in ("ecc", "nccl"):
+                return str(what)
+    return None
+
+
+def judge(suspect: int, ck: Checkpoint, first: Any, second: Any, logged: dict[int, float],
+          logged_gn: dict[int, float], control: int | None, dropout: bool,
+          findings: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``rerun`` object of replay.json for ``suspect`` from two passes over its segment."""
+    recs = first.records
+    for r in recs:
+        r["logged"] = logged.get(r["step"])
+        if r["step"] in logged_gn:
+            r["logged_grad_norm"] = logged_gn[r["step"]]
+    at = next(r for r in recs if r["step"] == suspect)
+    before = [r for r in recs if r["step"] < suspect]
+    evidence: list[str] = []
+    # reproduced
+    log = logged.get(suspect)
+    nonfinite = any(not math.isfinite(r["grad_norm"]) or not math.isfinite(r["loss"]) for r in recs
+                    if r["step"] <= suspect)
+    if not math.isfinite(at["loss"]) or not math.isfinite(at["grad_norm"]):
+        gn = logged_gn.get(suspect)
+        reproduced = (log is not None and not math.isfinite(log)) or (gn is not None and not math.isfinite(gn))
+        evidence.append(f"the re-run's loss or gradient at step {suspect} is not finite; the run logged "
+                        f"loss {log} and grad norm {gn}")
+    elif log is None or not math.isfinite(log):
+        reproduced = None
+    else:
+        errs = [_rel(r["loss"], r["logged"]) for r in before if r["logged"] is not None and math.isfinite(r["logged"])
+                and math.isfinite(r["loss"])]
+        tol = max(REPRO_REL, 3 * max(errs, default=0.0))
+        reproduced = _rel(at["loss"], log) <= tol
+        evidence.append(f"re-run from checkpoint {ck.step}: loss {at['loss']:.4g} at step {suspect} against the logged "
+                        f"{log:.4g} ({'reproduced' if reproduced else 'not reproduced'}; tolerance {tol:.2%})")
+    # deterministic
+    diffs = [(_rel(a["loss"], b["loss"]), _rel(a["grad_norm"], b["grad_norm"])) for a, b in
+             zip(first.records, second.records, strict=True)
+             if math.isfinite(a["loss"]) and math.isfinite(b["loss"]) and math.isfinite(a["grad_norm"])
+             and math.isfinite(b["grad_norm"])]
+    same_nan = all(math.isfinite(a["loss"]) == math.isfinite(b["loss"]) for a, b in
+                   zip(first.records, second.records, strict=True))
+    deterministic = bool(same_nan and all(max(d) <= DETERMINISM_REL for d in diffs))
+    if not deterministic:
+        evidence.append("two re-runs from the same state disagree (max relative difference "
+                        f"{max((max(d) for d in diffs), default=math.nan):.2g})")
+    # replaced
+    finite_before = [r["loss"] for r in before if math.isfinite(r["loss"])]
+    baseline = float(np.median(finite_before)) if finite_before else None
+    spike_gone = None
+    if first.replaced_loss is not None and baseline is not None:
+        rl = first.replaced_loss
+        if not math.isfinite(at["loss"]):
+            spike_gone = math.isfinite(rl)
+        elif at["loss"] - baseline > SPIKE_MIN_REL * abs(baseline):
+            spike_gone = bool(math.isfinite(rl) and rl - baseline <= GONE_SHARE * (at["loss"] - baseline))
+        evidence.append(f"with the batch replaced by step {control}'s (same bucket): loss {rl:.4g} against "
+                        f"{at['loss']:.4g} and the segment's baseline {baseline:.4g}"
+                        + ("" if spike_gone is None else f" (spike {'gone' if spike_gone else 'persists'})"))
+    # jumps and logits
+    jumps = _jumps(recs, suspect)
+    before_jumps = [j for j in jumps if j[0] < suspect]
+    if before_jumps:
+        s, g, k, f = min(before_jumps, key=lambda x: (x[0], -x[3], x[1]))
+        evidence.append(f"{k} of {g} jumped at step {s}, before the spike ({f:.3g}x the segment's earlier steps)"
+                        if k != "eps_share" else f"eps_share of {g} rose by {f:.2f} at step {s}, before the spike")
+    fg = _first_group(jumps)
+    if fg is not None:
+        evidence.append(f"the first group whose update/weight ratio jumped: {fg[0]} at step {fg[1]} ({fg[2]:.3g}x)")
+    past = False
+    if before:
+        a_prev = [r["max_attention_logit"] for r in before if r["max_attention_logit"] is not None]
+        l_prev = [r["logsumexp"] for r in before if r["logsumexp"] is not None]
+        if a_prev and at["max_attention_logit"] is not None and at["max_attention_logit"] > ATTN_GROWTH * max(
+                max(a_prev), 1e-6):
+            past = True
+            evidence.append(f"the largest attention logit reached {at['max_attention_logit']:.4g} "
+                            f"(earlier at most {max(a_prev):.4g})")
+        if l_prev and at["logsumexp"] is not None and at["logsumexp"] > LSE_GROWTH * max(max(l_prev), 1e-6):
+            past = True
+            evidence.append(f"the logits' log-sum-exp reached {at['logsumexp']:.4g} (earlier at most "
+                            f"{max(l_prev):.4g})")
+    crash = _crash_near(findings, suspect)
+    ev = ClassEvidence(nonfinite=nonfinite, crash=crash, reproduced=reproduced, deterministic=deterministic,
+                       dropout=dropout, spike_gone=spike_gone, optimizer_jump=bool(before_jumps),
+                       logits_past_range=past)
+    cls, why = cause_class(ev)
+    evidence.append(f"cause class {cls}: {why}")
+    return {"from_checkpoint": ck.step, "reproduced": reproduced, "deterministic": deterministic,
+            "segment": recs, "replaced": {"loss": first.replaced_loss, "spike_gone": spike_gone,
+                                          "control_step": control},
+            "per_sample": first.per_sample, "first_group": fg[0] if fg else None, "cause_class": cls,
+            "action": action(cls, suspect, ck.step, fg[0] if fg else None), "evidence": evidence}

@@ -1,0 +1,71 @@
+"""The cause-class decision at each of its boundaries: one row per rule, and the rows where two rules meet."""
+
+from __future__ import annotations
+
+import pytest
+
+from forensics.replay.cause_class import CAUSE_CLASSES, ClassEvidence, action, cause_class
+
+E = ClassEvidence
+ROWS = [
+    # numerics first: an overflow decides whatever else holds
+    (E(nonfinite=True, reproduced=True, spike_gone=True), "numerics"),
+    (E(nonfinite=True, reproduced=False, deterministic=True), "numerics"),
+    (E(loss_scale_drop=True, reproduced=True, spike_gone=False), "numerics"),
+    # a hardware crash line beats everything but an overflow
+    (E(crash="ecc", reproduced=True, spike_gone=True), "hardware"),
+    (E(crash="nccl"), "hardware"),
+    (E(crash="oom", reproduced=True, spike_gone=True), "data"),
+    # not reproduced: hardware only when the replay itself is deterministic and no dropout
+    (E(reproduced=False, deterministic=True), "hardware"),
+    (E(reproduced=False, deterministic=False), "unknown"),
+    (E(reproduced=False, deterministic=True, dropout=True), "unknown"),
+    (E(reproduced=False, deterministic=None), "unknown"),
+    # reproduced: the replaced batch decides
+    (E(reproduced=True, deterministic=True, spike_gone=True), "data"),
+    (E(reproduced=True, deterministic=True, spike_gone=True, optimizer_jump=True), "data"),
+    (E(reproduced=True, deterministic=True, spike_gone=False), "optimizer"),
+    (E(reproduced=True, spike_gone=False, logits_past_range=True), "optimizer"),
+    # no replaced batch: the jumps before the step, then the logits
+    (E(reproduced=True, spike_gone=None, optimizer_jump=True), "optimizer"),
+    (E(reproduced=None, optimizer_jump=True, logits_past_range=True), "optimizer"),
+    (E(reproduced=True, spike_gone=None, logits_past_range=True), "numerics"),
+    (E(reproduced=True, spike_gone=None), "unknown"),
+    (E(), "unknown"),
+]
+
+
+@pytest.mark.parametrize(("evidence", "expected"), ROWS)
+def test_cause_class_rule_order(evidence: ClassEvidence, expected: str) -> None:
+    cls, why = cause_class(evidence)
+    assert cls == expected
+    assert why
+
+
+def test_every_class_has_an_action_naming_the_checkpoint() -> None:
+    for cls in CAUSE_CLASSES:
+        text = action(cls, 14, 12, "block.0.attn")
+        assert "12" in text and text.endswith(".")
+    assert "block.0.attn" in action("optimizer", 14, 12, "block.0.attn")
+    assert "before it" in action("hardware", 3, None)
+
+
+@pytest.mark.parametrize(("name", "group"), [
+    ("transformer.wte.weight", "embeddings"),
+    ("transformer.wpe.weight", "embeddings"),
+    ("model.embed_tokens.weight", "embeddings"),
+    ("transformer.h.0.attn.c_attn.weight", "block.0.attn"),
+    ("transformer.h.11.attn.c_proj.bias", "block.11.attn"),
+    ("transformer.h.1.mlp.c_fc.weight", "block.1.mlp"),
+    ("model.layers.3.self_attn.q_proj.weight", "block.3.attn"),
+    ("model.layers.3.mlp.down_proj.weight", "block.3.mlp"),
+    ("transformer.h.0.ln_1.weight", "norms"),
+    ("transformer.ln_f.bias", "norms"),
+    ("model.layers.2.input_layernorm.weight", "norms"),
+    ("model.norm.weight", "norms"),
+    ("lm_head.weight", "head"),
+])
+def test_parameter_groups_follow_the_modules(name: str, group: str) -> None:
+    from forensics.replay.rerun import param_group
+
+    assert param_group(name) == group

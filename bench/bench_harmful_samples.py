@@ -54,7 +54,7 @@ def cost(n_steps: int = 100_000, per_step: int = 100, n_samples: int = 2_000_000
     import tempfile
 
     import forensics.detect.rules as registry
-    from forensics.audit import run_audit
+    from forensics.pipeline.audit import run_audit
     from forensics.schema import open_case
 
     rng = np.random.default_rng(seed)

@@ -18,7 +18,7 @@ import pytest
 from forensics.compiled import compiled_state, key, loops
 from forensics.detect import SpikeDetector
 from forensics.plan.builders import pack_greedy
-from forensics.rolling_median import rolling_median
+from forensics.stats.fenwick_median import rolling_median
 from tests.test_spike_reference import LOSS, random_run
 
 ROOT = Path(__file__).resolve().parent.parent

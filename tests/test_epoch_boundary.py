@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.audit import parse_fail_on, run_audit
 from forensics.detect.base import RunTables
 from forensics.detect.rules.epoch_boundary import EpochBoundaryRule, epoch_starts
+from forensics.pipeline.audit import parse_fail_on, run_audit
 from forensics.schema import open_case
 
 EPOCH = 120  # steps per epoch

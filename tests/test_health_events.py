@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from forensics.audit import run_audit
 from forensics.detect.rules.restart import resume_differs
+from forensics.pipeline.audit import run_audit
 from forensics.schema import open_case
 from forensics.sources.crash_logs import crash_lines
 
@@ -130,7 +130,7 @@ def test_resumed_wandb_offline_run_is_one_restart_with_other_values(wandb_runs):
 @pytest.mark.parametrize("name", ["divergence", "overfitting", "plateau", "lr-schedule", "restart", "throughput",
                                   "memory", "crash"])
 def test_every_run_health_kind_is_a_fail_on_name(name):
-    from forensics.audit import parse_fail_on
+    from forensics.pipeline.audit import parse_fail_on
 
     assert parse_fail_on(name) == [name]
 

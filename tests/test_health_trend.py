@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from forensics.audit import run_audit
 from forensics.datasets.health import health_run, write_case
 from forensics.detect.base import RunTables
 from forensics.detect.rules.divergence import DivergenceRule, find_divergence
 from forensics.detect.rules.lr_schedule import LrScheduleRule, schedule_problems, unstable_start
 from forensics.detect.rules.overfitting import OverfittingRule, find_overfitting
 from forensics.detect.rules.plateau import PlateauRule, find_plateau
+from forensics.pipeline.audit import run_audit
 from forensics.schema.case import open_case
 
 HEALTH = ("divergence", "overfitting", "plateau", "lr_schedule")

@@ -132,3 +132,26 @@ def test_a_command_imports_only_its_own_module():
 
     help_text = build_parser().format_help()
     assert all(name in help_text for name in ("audit", "ingest", "check-plan", "demo", "validate"))
+
+
+def test_the_top_level_holds_only_what_every_stage_imports():
+    """Everything else lives in a package whose name says its job (compiled/, pipeline/, stats/, ...)."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(top) <= 4, top
+    assert top == ["_threads.py", "cache.py", "errors.py"]
+
+
+def test_the_robust_sd_constant_is_read_through_its_helper():
+    """``stats.robust_sd`` is the one formula; the compiled spike kernel alone multiplies by the constant itself (a
+    compiled loop cannot call a Python helper) and the per-group scales of pandas group-bys name it."""
+    allowed = {"stats/__init__.py", "detect/spikes/kernel.py", "detect/rules/recurrence.py",
+               "detect/evidence/jumpiness.py", "detect/evidence/sample_effects.py"}
+    users = set()
+    for f in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            named = (isinstance(node, ast.Name) and node.id == "MAD_TO_SD") or (
+                isinstance(node, ast.Constant) and node.value == 1.4826)
+            if named:
+                users.add(f.relative_to(PACKAGE).as_posix())
+    assert "stats/__init__.py" in users  # the walk sees the constant where it is declared
+    assert users <= allowed, users - allowed

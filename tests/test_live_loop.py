@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from forensics.audit import run_audit
 from forensics.live import LiveRun, resolve_target
+from forensics.pipeline.audit import run_audit
 from forensics.schema import open_case
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forensics.audit import run_audit
 from forensics.errors import ForensicsError
+from forensics.pipeline.audit import run_audit
 from forensics.schema import open_case
 from forensics.sources import open_reader
 

@@ -1,4 +1,4 @@
-"""The compiled rolling median (forensics.rolling_median) is pandas' ``rolling(...).median()``, bit for bit."""
+"""The compiled rolling median (forensics.stats.fenwick_median) is pandas' ``rolling(...).median()``, bit for bit."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forensics.rolling_median import rolling_median
+from forensics.stats.fenwick_median import rolling_median
 
 VALUES = st.lists(st.one_of(st.floats(-1e6, 1e6, allow_nan=False), st.just(np.nan), st.just(np.inf),
                             st.just(-np.inf), st.sampled_from([0.0, 1.0, 1.5])), max_size=80)

@@ -128,8 +128,8 @@ def test_a_spike_rule_parameter_from_run_toml_and_from_set_changes_the_finding(t
 def test_a_registered_rule_gives_the_audits_findings_on_the_live_loop_for_any_chunking(tmp_path, toy_rule, cuts):
     """The live loop runs every rule of the registry, a user's too: the rows fed in chunks (the run opened on its
     first 20) end in the audit's findings and causes, the toy rule's included."""
-    from forensics.audit import run_audit
     from forensics.live import LiveRun, resolve_target
+    from forensics.pipeline.audit import run_audit
     from forensics.schema import open_case
 
     case = tmp_path / "case"

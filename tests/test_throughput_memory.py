@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.audit import run_audit
 from forensics.detect.base import RunTables
 from forensics.detect.rules.memory import MemoryRule
 from forensics.detect.rules.throughput import ThroughputRule, find_slowdown, speed_metric
+from forensics.pipeline.audit import run_audit
 from forensics.schema import open_case
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real-logs"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from forensics.audit import failed_kinds, parse_fail_on, run_audit
 from forensics.cli.common import (
     add_case_argument,
     add_command,
@@ -20,6 +19,7 @@ from forensics.cli.common import (
     write_json,
 )
 from forensics.detect.kinds import fail_kinds
+from forensics.pipeline.audit import failed_kinds, parse_fail_on, run_audit
 from forensics.schema import check_output
 
 DEMO_DIR = Path("forensics-demo")
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     opened = open_case_from(args)
 
     audit = run_audit(opened, spike_metrics=args.spike_metric, stage=stage, pattern=args.pattern)
-    from forensics.replay_loop import replay_requested
+    from forensics.pipeline.replay_loop import replay_requested
 
     replayed = None
     if replay_requested(opened, args.replay):
@@ -112,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _replay(case, audit, budget: float | None):
     """``--replay``: the top causes through the checkpoints, merged into the audit's findings
-    (forensics.replay_loop)."""
-    from forensics.replay_loop import replay_causes
+    (forensics.pipeline.replay_loop)."""
+    from forensics.pipeline.replay_loop import replay_causes
 
     plan_steps = audit.plan_steps
     if plan_steps is None:

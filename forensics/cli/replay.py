@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"note: {w}", markup=False)
     from pathlib import Path
 
-    from forensics.replay_loop import merge_into_audit
+    from forensics.pipeline.replay_loop import merge_into_audit
 
     written = []
     if (Path(args.case) / "findings.json").is_file():

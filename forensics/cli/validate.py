@@ -6,9 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from forensics.audit import validate_case
 from forensics.cli.common import add_case_argument, add_command, add_step_mapping_options, console, open_case_from
 from forensics.errors import ForensicsError
+from forensics.pipeline.audit import validate_case
 from forensics.schema.words import counted
 
 

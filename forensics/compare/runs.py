@@ -3,8 +3,8 @@
 A RUN is a case folder (anything ``forensics audit`` takes: an HF Trainer output folder, a demo case) or a metrics
 source alone (a log file, a W&B or TensorBoard folder). Its spikes are the audit's: the case's ``findings.json``
 when it is newer than every input it was made from (run.toml, the metrics sources, the plan, the samples) and of
-this tool's findings version, else a fresh :func:`forensics.audit.run_audit` (nothing is written into the case: a
-comparison never modifies its inputs). Only spikes of the run's loss key are compared (like with like: the grad
+this tool's findings version, else a fresh :func:`~forensics.pipeline.audit.run_audit` (nothing is written into the
+case: a comparison never modifies its inputs). Only spikes of the run's loss key are compared (like with like: the grad
 norm and other metrics differ in scale and meaning between runs).
 
 ``jumpiness_share`` is the audit's ``oscillation.bucket_variance_share`` (with a plan); ``tokens_per_s`` the median
@@ -144,12 +144,12 @@ def load_run(source: str, name: str, *, sets: Sequence[str] = (),
         findings = reused
         metrics, plan, samples = _tables(case)
     else:
-        from forensics.audit import run_audit
+        from forensics.pipeline.audit import run_audit
 
         audit = run_audit(case, stage=stage)
         findings, metrics, plan, samples = audit.findings, audit.metrics, audit.plan, audit.samples
         if audit.plan_on_engine:  # audited through an engine: compare reads it whole
-            from forensics.audit import load_step_plan
+            from forensics.pipeline.audit import load_step_plan
 
             plan = load_step_plan(case, samples)
     run_section = findings.get("run") or {}
@@ -239,7 +239,7 @@ def _tables(case: Case) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame
                              f"{', '.join(s.path for s in case.metrics_sources)}")
     plan = samples = None
     if cfg.plan and cfg.samples:
-        from forensics.audit import load_step_plan
+        from forensics.pipeline.audit import load_step_plan
 
         samples = load_samples(case.samples_path)
         plan = load_step_plan(case, samples)

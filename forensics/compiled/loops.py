@@ -32,7 +32,7 @@ from typing import Any
 LOOPS: dict[str, tuple[str, str, str, bool]] = {
     "spike_rows": ("forensics.detect.spikes.kernel", "run_rows", "the spike detector", True),
     "spike_flush": ("forensics.detect.spikes.kernel", "flush", "the spike detector's last events", True),
-    "rolling_medians": ("forensics.rolling_median_kernel", "medians", "the rolling median", True),
+    "rolling_medians": ("forensics.stats.fenwick_median_kernel", "medians", "the rolling median", True),
     "greedy_cuts": ("forensics.plan.greedy_kernel", "greedy_cuts", "the greedy batch packer", True),
     "wandb_scan": ("forensics.sources.wandb.scan_kernel", "scan", "the .wandb file reader", False),
     "wandb_pivot": ("forensics.sources.wandb.scan_kernel", "pivot", "the .wandb file reader's table", False),

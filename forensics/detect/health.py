@@ -19,7 +19,7 @@ import numpy as np
 from forensics.detect.base import RunTables
 from forensics.schema import STEP, metric_columns
 from forensics.schema.keys import lr_column
-from forensics.stats import MAD_TO_SD
+from forensics.stats import robust_sd
 
 #: The findings.json section where each run-health rule says whether it judged the run (and why not).
 HEALTH = "health"
@@ -70,7 +70,7 @@ def diff_noise(values: np.ndarray) -> float:
     if len(values) < 3:
         return 0.0
     d = np.diff(np.asarray(values, dtype=np.float64))
-    return float(MAD_TO_SD * np.median(np.abs(d - np.median(d))) / math.sqrt(2.0))
+    return robust_sd(d) / math.sqrt(2.0)
 
 
 def run_steps(run: RunTables) -> int:

@@ -145,7 +145,7 @@ class LiveRun:
             self.tags, self.plan, self.samples, self.boundaries = audit.tags, audit.plan, audit.samples, \
                 audit.boundaries
             if audit.plan_on_engine:  # audited through an engine: the live loop
-                from forensics.audit import load_step_plan  # holds the plan it extends as parts arrive
+                from forensics.pipeline.audit import load_step_plan  # holds the plan it extends as parts arrive
 
                 self.plan = load_step_plan(self.inputs.case, audit.samples)
             if audit.tags is not None:  # the next opening reads them from the cache

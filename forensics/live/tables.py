@@ -106,9 +106,9 @@ def fit_clusters(samples_path: str | Path) -> pd.DataFrame:
 
 
 def cached_audit(inputs: Inputs) -> Any:
-    """:func:`forensics.audit.run_audit` of ``inputs``, computed once per process for the same files; the samples'
-    clusters come from :func:`clustered_samples_path`."""
-    from forensics.audit import run_audit
+    """:func:`~forensics.pipeline.audit.run_audit` of ``inputs``, computed once per process for the same files; the
+    samples' clusters come from :func:`clustered_samples_path`."""
+    from forensics.pipeline.audit import run_audit
 
     key = (stat_key([*inputs.metrics, inputs.plan, inputs.samples]), repr(inputs.config))
     if key not in _AUDITS:

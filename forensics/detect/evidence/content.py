@@ -29,7 +29,7 @@ import pandas as pd
 
 from forensics.cache import load_array, store_array
 from forensics.schema import CLUSTER, SAMPLE_ID, SOURCE, TEXT
-from forensics.stats import MAD_TO_SD
+from forensics.stats import robust_sd
 
 #: Robust SDs from which a signal flags a sample.
 FLAG_Z = 4.0
@@ -319,7 +319,7 @@ def _robust_z(values: np.ndarray, ref: np.ndarray) -> np.ndarray:
     med = float(np.median(ref))
     # a floor on the scale: a signal that hardly varies in the reference (30 random words compress alike) must move
     # by a real amount, not by a few robust SDs of nothing
-    sd = max(float(np.median(np.abs(ref - med))) * MAD_TO_SD, SCALE_FLOOR * abs(med), SCALE_FLOOR / 2)
+    sd = robust_sd(ref, floor=max(SCALE_FLOOR * abs(med), SCALE_FLOOR / 2))
     return np.where(np.isfinite(values), (values - med) / sd, 0.0)
 
 
@@ -373,7 +373,7 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
                                _foreign_shares(ref_tokens, vocab, doc_freq, floor)])
         ref_dups = dup_of.reindex(sample_ids[ref_idx]).fillna(0).to_numpy(np.float64)
         dup_med = float(np.median(ref_dups))
-        dup_sd = max(float(np.median(np.abs(ref_dups - dup_med))) * MAD_TO_SD, 1.0)
+        dup_sd = robust_sd(ref_dups, floor=1.0)
         mine = wanted[groups[wanted] == g]
         mine_tokens = data.tokens_of(mine)
         vals = np.column_stack([data.repeat_and_entropy(mine, mine_tokens),

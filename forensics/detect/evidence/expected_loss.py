@@ -36,19 +36,16 @@ import numpy as np
 import pandas as pd
 
 from forensics.schema import CLUSTER, STEP
+from forensics.stats import robust_sd
 
 #: Tag names of the feature groups (``variance_share_by_tag`` keys), in the order columns are built.
 TAGS = ("bucket", "cluster", "tokens", "batch_size", "padding")
-#: Robust SD of a normal sample from its median absolute deviation.
-MAD_SD = 1.4826
 
 
 def robust_scale(x: np.ndarray) -> float:
-    """The median absolute deviation of ``x`` around its median, as a normal SD (0 when empty)."""
+    """The robust SD of the finite values of ``x`` (:func:`forensics.stats.robust_sd`; 0 when none)."""
     x = x[np.isfinite(x)]
-    if not len(x):
-        return 0.0
-    return float(MAD_SD * np.median(np.abs(x - np.median(x))))
+    return robust_sd(x) if len(x) else 0.0
 
 
 def composition_features(tags: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:

@@ -39,7 +39,7 @@ import pandas as pd
 from forensics.detect.findings import SpikeLike, spike_span
 from forensics.schema import STEP, grad_norm_column, lr_column, metric_columns, tokens_per_s_column
 from forensics.schema.words import counted
-from forensics.stats import MAD_TO_SD
+from forensics.stats import robust_sd
 
 
 class _Series:
@@ -67,11 +67,17 @@ class _Series:
         return (int(self.steps[i]), float(self.values[i])) if i >= 0 else None
 
 
+#: A leading metric "rose before" the loss when it moved this many times its baseline...
+PRECEDENCE_FACTOR = 1.5
+#: ... and this many robust SDs above it (the defaults of every caller: the attribution rule passes its own).
+PRECEDENCE_Z = 4.0
+
+
 def _baseline(values: np.ndarray) -> tuple[float, float]:
     if len(values) == 0:
         return float("nan"), float("nan")
     med = float(np.median(values))
-    return med, float(np.median(np.abs(values - med))) * MAD_TO_SD
+    return med, robust_sd(values)
 
 
 def _elevated(values: np.ndarray, med: float, sd: float, factor: float, z: float) -> np.ndarray:
@@ -91,8 +97,8 @@ def precedence(
     lead_window: int = 10,
     lag_window: int = 3,
     baseline_rows: int = 50,
-    factor: float = 1.5,
-    z: float = 4.0,
+    factor: float = PRECEDENCE_FACTOR,
+    z: float = PRECEDENCE_Z,
     lr_window: int = 20,
     lr_jump: float = 0.2,
     lr_drift: float = 0.05,

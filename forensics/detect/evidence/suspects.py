@@ -31,7 +31,7 @@ from forensics.detect.evidence.content import ContentEvidence, content_evidence
 from forensics.detect.findings import Finding
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, SOURCE, STEP, TEXT
-from forensics.stats import MAD_TO_SD
+from forensics.stats import robust_sd
 
 #: Robust SDs from which a length is called unusual in a reason.
 LENGTH_REASON_Z = 2.0
@@ -138,7 +138,7 @@ class _RunContext:
         n = samples[N_TOKENS].to_numpy(dtype=np.float64)
         logn = np.log(np.maximum(n, 1.0))
         self.log_med = float(np.median(logn)) if len(logn) else 0.0
-        self.log_sd = max(float(np.median(np.abs(logn - self.log_med))) * MAD_TO_SD, 1e-6)
+        self.log_sd = robust_sd(logn, floor=1e-6) if len(logn) else 1e-6
         self.label = CLUSTER if CLUSTER in samples.columns else (SOURCE if SOURCE in samples.columns else None)
         self.run_share = (samples[self.label].value_counts(normalize=True).to_dict() if self.label else {})
 
@@ -151,7 +151,7 @@ class _RunContext:
         batch = self.samples.loc[known]
         n = batch[N_TOKENS].to_numpy(dtype=np.float64)
         med = float(np.median(n))
-        sd = max(float(np.median(np.abs(n - med))) * MAD_TO_SD, 0.05 * med, 1.0)
+        sd = robust_sd(n, floor=max(0.05 * med, 1.0))
         z_batch = np.abs(n - med) / sd
         z_run = np.abs(np.log(np.maximum(n, 1.0)) - self.log_med) / self.log_sd
         dup_sim, dup_of = _near_duplicates(batch)

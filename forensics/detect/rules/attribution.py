@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
-from forensics.detect.evidence.precedence import precedence
+from forensics.detect.evidence.precedence import PRECEDENCE_FACTOR, PRECEDENCE_Z, precedence
 from forensics.detect.evidence.suspects import rank_all
 from forensics.detect.findings import Finding, spike_span
 from forensics.detect.params import fraction, positive
@@ -71,8 +71,8 @@ def attribute(
     checkpoints: Sequence[int] | None = None,
     min_jaccard: float = MIN_JACCARD,
     top: int = 20,
-    precedence_factor: float = 1.5,
-    precedence_z: float = 4.0,
+    precedence_factor: float = PRECEDENCE_FACTOR,
+    precedence_z: float = PRECEDENCE_Z,
 ) -> list[Finding]:
     """Copies of ``spikes`` (same order) with the attribution of the module docstring.
 
@@ -386,7 +386,7 @@ class AttributionRule(Rule):
     replaces = "spike"
 
     def __init__(self, top: int = 20, min_jaccard: float = MIN_JACCARD, checkpoint_every: int | None = None,
-                 precedence_factor: float = 1.5, precedence_z: float = 4.0) -> None:
+                 precedence_factor: float = PRECEDENCE_FACTOR, precedence_z: float = PRECEDENCE_Z) -> None:
         self.top = top
         self.min_jaccard = min_jaccard
         self.checkpoint_every = checkpoint_every

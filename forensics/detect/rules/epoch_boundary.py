@@ -20,13 +20,12 @@ the plan gate's verdict when it found the order repeating.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.findings import Finding
+from forensics.detect.health import diff_noise
 from forensics.detect.params import at_least, fraction, positive
 from forensics.schema import STEP
 from forensics.schema.steps import step_span
@@ -61,11 +60,8 @@ def epoch_starts(run: RunTables) -> dict[int, int]:
 
 
 def noise_sd(values: np.ndarray) -> float:
-    """The robust SD of one step's noise: 1.4826 x the MAD of the step-to-step changes, over sqrt 2."""
-    d = np.diff(values[np.isfinite(values)])
-    if len(d) < 2:
-        return 0.0
-    return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2))
+    """The robust SD of one step's noise (:func:`forensics.detect.health.diff_noise` of the finite values)."""
+    return diff_noise(values[np.isfinite(values)])
 
 
 def jump_scores(values: np.ndarray, window: int, baseline: int, noise: float) -> np.ndarray:

@@ -44,7 +44,7 @@ from forensics.detect.plan_view import FramePlan, PlanView
 from forensics.errors import ForensicsError
 from forensics.plan.buckets import bucket_index
 from forensics.schema import CLUSTER, DEFAULT_BOUNDARIES, MAX_LEN, N_TOKENS, SAMPLE_ID, STEP, find_loss_key
-from forensics.stats import MAD_TO_SD, rolling_median, steps_since_seen, t_ppf, t_sf
+from forensics.stats import robust_sd, rolling_median, steps_since_seen, t_ppf, t_sf
 
 if TYPE_CHECKING:
     from scipy import sparse
@@ -178,11 +178,6 @@ def _ols(X: sparse.csr_matrix, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, i
     return beta, cov, dof
 
 
-def _robust_sd(x: np.ndarray) -> float:
-    med = float(np.median(x))
-    return float(np.median(np.abs(x - med))) * MAD_TO_SD
-
-
 def forgetting_signature(
     metrics: pd.DataFrame,
     plan: pd.DataFrame | PlanView,
@@ -255,7 +250,7 @@ def forgetting_signature(
         beta, cov, dof = _ols(X_all[np.flatnonzero(used)], r[used])
         fitted = X_all @ beta
         e = r - fitted
-        sd = _robust_sd(e[base])
+        sd = robust_sd(e[base])
         used = base & (np.abs(e - np.median(e[base])) <= outlier_sd * sd) if sd > 0 else base.copy()
     X_common, cnames = design.matrices(all_rows, tau, per_cluster=False)
     rows = np.flatnonzero(used)
@@ -368,7 +363,7 @@ def judge(out: dict[str, Any], run: RunTables, static: bool | None) -> dict[str,
     """Whether the signature matters, in plain words: its size at the longest gap against the loss's own step-to-step
     noise, and what the plan already does about it (a plan whose composition varies keeps clusters close: a small
     value is expected there and is no alarm)."""
-    noise = _robust_sd(np.diff(run.metrics[run.loss_key].to_numpy(np.float64, na_value=np.nan)))
+    noise = robust_sd(np.diff(run.metrics[run.loss_key].to_numpy(np.float64, na_value=np.nan)))
     effect = out.get("effect_at_max_gap")
     out["noise_sd"] = noise
     out["effect_vs_noise"] = effect / noise if effect is not None and noise and np.isfinite(noise) else None

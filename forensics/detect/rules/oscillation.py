@@ -60,7 +60,7 @@ from forensics.detect.params import Param, fraction, positive
 from forensics.detect.tags import BUCKET, StepLookup
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key, written
-from forensics.stats import MAD_TO_SD, rolling_median
+from forensics.stats import robust_sd, rolling_median
 
 #: Share of the period-P profile that removing a group's offsets must remove to call the swing that group's.
 ALIGN_EXPLAINED = 0.5
@@ -136,7 +136,7 @@ def warmup_end(values: np.ndarray, trend: np.ndarray, short: int = SHORT_WINDOW,
     t_short = rolling_median(values, short)
     noise = values - t_short
     ok = np.isfinite(noise)
-    sd = float(np.median(np.abs(noise[ok] - np.median(noise[ok])))) * MAD_TO_SD if ok.any() else 0.0
+    sd = robust_sd(noise[ok]) if ok.any() else 0.0
     dev = np.abs(trend - t_short)
     agree = np.flatnonzero(np.isfinite(dev) & (dev <= agree_sd * sd))
     return int(agree[0]) if len(agree) else 0
@@ -152,7 +152,7 @@ def detrended_residual(values: np.ndarray, trend: np.ndarray, clip_sd: float = 5
     ok = np.isfinite(r)
     if ok.any():
         med = float(np.median(r[ok]))
-        sd = float(np.median(np.abs(r[ok] - med))) * MAD_TO_SD
+        sd = robust_sd(r[ok])
         if sd > 0:
             r = np.clip(r, med - clip_sd * sd, med + clip_sd * sd)
     r = np.where(np.isfinite(r), r, 0.0)

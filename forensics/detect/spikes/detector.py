@@ -119,7 +119,7 @@ class SpikeDetector(MetricDetector):
         corpus).
     """
 
-    def __init__(self, metric: str | None = None, window: int = 64, z: float = 6.0, ratio: float = 1.5,
+    def __init__(self, metric: str | None = None, window: int = 64, z: float = 6.0, ratio: float = K.DEFAULT_RATIO,
                  min_jump: float = 0.0, max_duration: int = 50, confirm: int = 5, min_periods: int = 32,
                  trend: bool = True, bucket_window: int = 64, min_bucket_periods: int = 5, group: str = BUCKET,
                  z_large: float = 4.5, ratio_large: float = 1.75, false_rate: float | None = 0.05,

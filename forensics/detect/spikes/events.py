@@ -14,7 +14,7 @@ import numpy as np
 from forensics.detect.findings import INFO, Finding
 from forensics.detect.spikes import kernel_state as K
 from forensics.detect.spikes.kernel_state import OBSERVED_MAX_FACTOR
-from forensics.stats import MAD_TO_SD
+from forensics.stats import robust_sd
 
 if TYPE_CHECKING:
     from forensics.detect.spikes.detector import SpikeDetector
@@ -40,7 +40,7 @@ def two_sided_events(values: np.ndarray, z: float, ratio: float,
         others = np.delete(values, i)
         med = float(np.median(others))
         base = max(med, float(np.median(before[-SHORT_LEFT:])))
-        scale = max(MAD_TO_SD * float(np.median(np.abs(others - med))), 1e-9 * abs(base) + 1e-12)
+        scale = robust_sd(others, floor=1e-9 * abs(base) + 1e-12)
         r = float(values[i]) - base
         if r > 0 and r / scale >= z and r >= max((ratio - 1.0) * abs(base), min_jump):
             flagged.append((i, base, scale, r / scale))

@@ -26,6 +26,9 @@ BY_FIXED = 0  # the fixed rule: no false_rate, or too few peaks for a fit
 BY_TAIL = 1  # the fitted tail's threshold (or its joint one)
 BY_OBSERVED_MAX = 2  # the fit extrapolated past the run's largest clean score: the fixed rule and that maximum
 
+#: The jump a spike must make over its baseline by default (the detector's ``ratio``; the tail's fallback too).
+DEFAULT_RATIO = 1.5
+
 #: Steps by which a grad-norm spike may lead a loss spike and still be the same event (BLOOM-176B's led by 4).
 JOINT_LEAD = 10
 

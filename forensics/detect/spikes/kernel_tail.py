@@ -12,6 +12,7 @@ from forensics.detect.spikes.kernel_state import (  # noqa: F401 - the threshold
     BY_FIXED,
     BY_OBSERVED_MAX,
     BY_TAIL,
+    DEFAULT_RATIO,
     JOINT_MAX_P,
     OBSERVED_MAX_FACTOR,
 )
@@ -36,7 +37,7 @@ XI_LO = -0.5
 XI_HI = 0.95
 #: With a false_rate but fewer than min_peaks peaks, the jump condition is at least this (the fixed rule's default):
 #: the fixed score z alone flags heavy-tailed noise every few hundred steps.
-FALLBACK_RATIO = 1.5
+FALLBACK_RATIO = DEFAULT_RATIO
 OBSERVED_EXTRAPOLATION = 1.0
 
 

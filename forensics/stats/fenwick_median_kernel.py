@@ -1,6 +1,6 @@
 """The rolling median's compiled loop (numba): a Fenwick tree over the values' ranks, moved along the windows.
 
-:mod:`forensics.rolling_median` ranks the values and calls it through :mod:`forensics.compiled`.
+:mod:`forensics.stats.fenwick_median` ranks the values and calls it through :mod:`forensics.compiled`.
 """
 
 from __future__ import annotations

@@ -61,10 +61,19 @@ def steps_since_seen(pair_step: np.ndarray, pair_label: np.ndarray, step_values:
 MAD_TO_SD = 1.4826
 
 
+def robust_sd(values: np.ndarray, floor: float = 0.0) -> float:
+    """The robust standard deviation of ``values``: :data:`MAD_TO_SD` times their median absolute deviation from
+    their median (the SD for Gaussian noise, unmoved by a few spikes), at least ``floor``; NaN for an empty array or
+    one holding NaN. Every rule's noise scale is this one formula; callers choose the floor their scale needs."""
+    x = np.asarray(values, dtype=np.float64)
+    med = float(np.median(x))
+    return max(float(np.median(np.abs(x - med))) * MAD_TO_SD, floor)
+
+
 def rolling_median(values: np.ndarray, window: int, center: bool = True, min_periods: int = 1) -> np.ndarray:
     """The rolling median the detect rules share as a run's trend (centred by default; NaN skipped; edges use what
-    is there): pandas' ``rolling(...).median()``, compiled (:mod:`forensics.rolling_median`)."""
-    from forensics.rolling_median import rolling_median as compiled_median  # numba only when a trend is made
+    is there): pandas' ``rolling(...).median()``, compiled (:mod:`forensics.stats.fenwick_median`)."""
+    from forensics.stats.fenwick_median import rolling_median as compiled_median  # numba only when a trend is made
 
     return compiled_median(values, int(window), center=center, min_periods=min_periods)
 

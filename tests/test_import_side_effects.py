@@ -40,6 +40,7 @@ def state():
             "gc_enabled": gc.isenabled(),
             "signals": {s.name: repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)},
             "threads": sorted(t.name for t in threading.enumerate()),
+            "import_hooks": [repr(type(f)) for f in sys.meta_path] + [repr(h) for h in sys.path_hooks],
             "children": _children()}
 
 def _children():
@@ -54,8 +55,9 @@ def _children():
                 pass
     return kids
 
-before = state()
 changed = {}
+import torch  # torch's own import hooks are the baseline, not a change
+before = state()
 for name in sys.argv[1:]:
     __import__(name)
     now = state()

@@ -136,7 +136,7 @@ def cause_rows(causes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         replay = c.get("replay") if isinstance(c.get("replay"), dict) else {}
         rows.append({
             "id": str(c.get("id", "")), "severity": severity_label(c.get("severity")), "kind": str(c.get("kind", "")),
-            "steps": steps_list([int(s) for s in steps]) if steps else "whole run",
+            "steps": steps_list(sorted({int(s) for s in steps})) if steps else "whole run",
             "summary": one_line(c.get("summary")),
             "class": str(c.get("cause_class") or ""), "replay": str(replay.get("verdict") or ""),
             "_rank": SEVERITY_RANK.get(str(c.get("severity")), 2), "_first": min((int(s) for s in steps), default=-1),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import streamlit as st
 
 from forensics.dashboard.state import LiveRun
-from forensics.dashboard.text import md, spike_line
+from forensics.dashboard.text import md, spike_line, steps_text
 from forensics.dashboard.views import VIEWS, header
 from forensics.dashboard.views import run as curve
 
@@ -31,8 +31,11 @@ def controls() -> tuple[float, bool]:
 def body(run: LiveRun, interval_s: float, paused: bool) -> None:
     """One refresh: read new rows, toast what they brought, draw the head, the curve and the chosen view."""
     new = run.refresh()
-    for n in new:
-        st.toast(md(f"new {spike_line(n.finding)}"), icon="⚠️")
+    if len(new) == 1:
+        st.toast(md(f"new {spike_line(new[0].finding)}"), icon="⚠️")
+    elif new:  # one toast per refresh: a burst of findings must not cover the page
+        steps = sorted({int(n.finding.get("logged_step", n.finding.get("step"))) for n in new})
+        st.toast(md(f"{len(new)} new findings at steps {steps_text(steps, 8)}"), icon="⚠️")
     header.render(run, interval_s, paused)
     curve.render(run)
     if st.session_state.get(curve.CLICKED):  # a click on a spike opens its cause's card

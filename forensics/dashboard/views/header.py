@@ -102,12 +102,17 @@ def render(run: LiveRun, interval_s: float, paused: bool) -> None:
     new_at = {n.key: n.found_at for n in run.new_causes}
     lines = cause_lines(run.causes or list(run.findings.get("causes") or []), run.findings, new_at)
     label = "Causes" if (run.causes or run.findings.get("causes")) else "Spikes and causes"
+    block = []
     if lines:
-        st.markdown(f"**{label}** ({len(lines)}):\n\n" + "\n".join(f"- {md(x)}" for x in lines))
+        block.append(f"**{label}** ({len(lines)}):  \n" + "  \n".join(md(x) for x in lines))
     elif run.started:
-        st.markdown(f"**{label}:** no spike found ({md(run.findings_source)}).")
+        block.append(f"**{label}:** no spike found ({md(run.findings_source)}).")
     line = new_finding_line(run)
     if line:
-        st.markdown(md(line))
-    for w in run.warnings[-3:]:
-        st.caption(md(w))
+        block.append(md(line))
+    if block:  # caption-sized, so that the curve stays above the fold
+        st.caption("  \n".join(block))
+    if run.warnings:
+        with st.sidebar.expander(f"Data warnings ({len(run.warnings)})"):
+            for w in run.warnings[-20:]:
+                st.caption(md(w))

@@ -27,7 +27,7 @@ def _from_slider() -> None:
 #: The range choices: label -> steps shown back from the newest (None: the whole run; 0: chosen by hand).
 RANGES = {"whole run": None, "last 200 steps": 200, "last 1,000": 1000, "last 5,000": 5000, "choose": 0}
 #: The curve's height on the page: with the strip above it, it fits a 1280x800 screen without scrolling.
-HEIGHT = 400
+HEIGHT = 370
 #: The cause a click on a spike marker opened (read by the causes view).
 CLICKED = "clicked_cause"
 
@@ -79,7 +79,8 @@ def figure(run: LiveRun, start: int | None = None, end: int | None = None):
     top = 40 + (fig.layout.margin.t or 105) - 105
     # the report's y-range buttons would sit on the legend here; the range control above replaces them
     fig.update_layout(height=HEIGHT + max(0, top - 40), margin=dict(t=max(40, top), b=35), title=None,
-                      uirevision=str(start is None), updatemenus=[])
+                      uirevision=str(start is None))
+    fig.layout.updatemenus = ()
     return fig
 
 

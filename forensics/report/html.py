@@ -124,7 +124,9 @@ def _overview(findings: dict) -> str:
 
     parts = ['<section id="causes"><h2>Causes</h2>']
     if causes:
-        parts.append(table_html(cause_rows(causes), CAUSE_COLUMNS, "causes-table"))
+        rows = cause_rows(causes)
+        columns = {k: v for k, v in CAUSE_COLUMNS.items() if k not in ("class", "replay") or any(r[k] for r in rows)}
+        parts.append(table_html(rows, columns, "causes-table"))
     if harmful:
         rows = [dict(r, effect=f"{r['effect']:+.0%}") for r in sample_groups(harmful)]
         parts.append('<h3 style="margin-top:14px">Harmful samples <small>(samples always consumed together share '

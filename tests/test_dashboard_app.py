@@ -91,27 +91,99 @@ def append_jsonl(src: Path, dst: Path, upto: int) -> None:
         fh.write("".join(lines[have:upto]))
 
 
+def cause_table(at: AppTest) -> pd.DataFrame:
+    """The causes table widget's rows (the first table of the page)."""
+    return next(d.value for d in at.dataframe if "summary" in d.value.columns)
+
+
 def test_static_demo_shows_its_spikes_in_every_view(demo_small: Path) -> None:
     at = app(demo_small / "static").run()
     assert not at.exception, at.exception
     text = page_text(at)
     # one line per cause at the top, each with its steps: the batches of 254 and 258 and their returns
-    assert "C1: batch" in text and "C2: batch" in text
-    for step in (254, 258, 754, 1107):
-        assert str(step) in text
+    assert "C1: batch · ■ critical · steps 254, 754" in text and "C2: batch · ■ critical · steps 258, 1107" in text
     assert "built once and only reordered" in text  # the verdict, at the top
-    assert len(at.get("plotly_chart")) == 1  # the run view's curves
+    assert len(at.get("plotly_chart")) == 1  # the curve, always drawn
+    # the default view under the curve: the causes table, the harmful samples grouped, the first cause's card
+    assert cause_table(at)["id"].tolist() == ["C1", "C2"]
+    assert "The batch of step 254 (3 samples, suspects first)" in text
+    samples = next(d.value for d in at.dataframe if "appearances" in d.value.columns)
+    assert samples["samples"].tolist() == ["6567, 6768, 147", "4483, 1034, 2300"]
+    assert samples["appearances"].tolist() == [6, 6]
     shown = {}
-    for view in ("Buckets & clusters", "Composition", "Causes", "Step inspector"):
+    for view in ("Buckets & clusters", "Composition", "Step inspector"):
         at.radio(key="view").set_value(view).run()
         assert not at.exception, (view, at.exception)
         shown[view] = (len(at.get("plotly_chart")), page_text(at))
-    assert shown["Buckets & clusters"][0] == 3
+    assert shown["Buckets & clusters"][0] == 1 + 3
     assert "length buckets explain 87.8%" in shown["Buckets & clusters"][1]
-    assert shown["Composition"][0] == 1 and "Composition gate FAILED" in shown["Composition"][1]
-    assert "The batch of step 254 (3 samples, suspects first)" in shown["Causes"][1]
+    assert shown["Composition"][0] == 1 + 1 and "Composition gate FAILED" in shown["Composition"][1]
     cards = at.get("table")
     assert cards, "the step inspector shows the batch as a table"
+
+
+def audited_case(src: Path, dst: Path, plan: bool) -> dict:
+    """A copy of a demo case (its metrics only, or with its plan and samples) audited by ``forensics audit``: the
+    findings.json the page then reads."""
+    import subprocess
+    import sys
+
+    dst.mkdir(parents=True)
+    shutil.copy(src / "metrics.jsonl", dst / "metrics.jsonl")
+    toml = 'metrics = ["metrics.jsonl"]\nloss_key = "train/loss"\n'
+    if plan:
+        for name in ("plan.parquet", "samples.parquet"):
+            shutil.copy(src / name, dst / name)
+        toml = (src / "run.toml").read_text().replace('metrics = ["metrics.parquet"]', 'metrics = ["metrics.jsonl"]')
+    (dst / "run.toml").write_text(toml)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "forensics", "audit", str(dst)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(root)), timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((dst / "findings.json").read_text())
+
+
+@pytest.mark.parametrize("plan", [False, True], ids=["metrics-only", "with-plan"])
+def test_the_causes_table_is_findings_json_causes(demo_small: Path, tmp_path: Path, plan: bool) -> None:
+    """The table's rows are findings.json's causes, id for id, severity (word and shape) and steps as logged; the
+    page works with no plan (metrics only: no harmful samples, no batch) and with one."""
+    from forensics.report.overview import severity_label
+    from forensics.schema.steps import steps_list
+
+    findings = audited_case(demo_small / "static", tmp_path / "case", plan)
+    at = app(tmp_path / "case").run()
+    assert not at.exception, at.exception
+    table = cause_table(at)
+    causes = findings["causes"]
+    assert len(causes) >= 2
+    rank = {"critical": 0, "warning": 1, "info": 2}
+    want = sorted(causes, key=lambda c: (rank[c["severity"]], min(c["logged_steps"])))
+    assert table["id"].tolist() == [c["id"] for c in want]
+    assert table["severity"].tolist() == [severity_label(c["severity"]) for c in want]
+    assert table["steps"].tolist() == [steps_list(c["logged_steps"]) for c in want]
+    text = page_text(at)
+    for c in causes:  # and each as a plain-text line at the top
+        assert f"{c['id']}: {c['kind']} · {severity_label(c['severity'])} · steps " in text
+    assert ("Harmful samples" in text) is plan
+    assert ("The batch of step" in text) is plan
+
+
+def test_severity_is_never_colour_alone(demo_small: Path, tmp_path: Path) -> None:
+    """Every place a severity shows carries its word and a shape: the strip, the lines, the table, the markers."""
+    case = tmp_path / "static"
+    shutil.copytree(demo_small / "static", case, ignore=shutil.ignore_patterns("wandb"))
+    old = (case / "metrics.parquet").stat().st_mtime - 3600
+    for f in case.rglob("*"):
+        os.utime(f, (old, old))
+    at = app(case).run()
+    strip = next(m.value for m in at.markdown if "status-strip" in m.value)
+    assert "▲ WARNING</span>" in strip  # a finished run stopped writing: a warning, said in words
+    assert "2 ■ critical, 0 ▲ warning, 0 ● info" in strip
+    assert set(cause_table(at)["severity"]) == {"■ critical"}
+    fig = at.session_state["fig_curves_cache"][1]
+    spikes = [t for t in fig.data if t.name and t.name.startswith("spike (")]
+    assert {t.name for t in spikes} == {"spike (critical)"}
+    assert {t.marker.symbol for t in spikes} == {"square-open"}
 
 
 def test_bucketed_demo_shows_no_spike(demo_small: Path) -> None:
@@ -121,9 +193,8 @@ def test_bucketed_demo_shows_no_spike(demo_small: Path) -> None:
     assert "no spike found" in text
     assert "spike at step" not in text
     assert len(at.get("plotly_chart")) == 1
-    at.radio(key="view").set_value("Causes").run()
-    assert not at.exception
-    assert "No causes: no spike was found." in page_text(at)
+    assert "No causes: no spike was found." in text
+    assert "0 ■ critical, 0 ▲ warning, 0 ● info" in text
 
 
 def test_appended_jsonl_rows_and_a_new_spike_appear_on_refresh(demo_small: Path, tmp_path: Path) -> None:
@@ -131,30 +202,51 @@ def test_appended_jsonl_rows_and_a_new_spike_appear_on_refresh(demo_small: Path,
     case = live_case(src, tmp_path / "live", rows=200)
     at = app(case).run()
     assert not at.exception, at.exception
-    assert "200 steps read, newest step 199" in page_text(at)
+    assert "newest step 199" in page_text(at) and "200 steps read" in page_text(at)
     assert "New findings" not in page_text(at)
+    assert "Nothing new since the page opened." in page_text(at)
     append_jsonl(src, case / "metrics.jsonl", 240)  # round 1: rows, no spike yet
     at.run()
-    assert "240 steps read, newest step 239" in page_text(at)
+    assert "newest step 239" in page_text(at) and "240 steps read" in page_text(at)
     assert "New findings" not in page_text(at)
     append_jsonl(src, case / "metrics.jsonl", 300)  # round 2: past the spikes at 254 and 258
     at.run()
     text = page_text(at)
-    assert "300 steps read, newest step 299" in text
-    assert "New findings (4, found while watching)" in text  # loss and grad norm at 254 and 258
-    assert "spike at step 254: train/loss" in text and "spike at step 258: train/loss" in text
+    assert "newest step 299" in text and "300 steps read" in text
+    assert ("New findings (4, found while watching): step 254 spike train/loss ■ critical, step 258 spike "
+            "train/loss ■ critical, step 254 spike grad_norm ■ critical, step 258 spike grad_norm ■ critical") in text
     run = at.session_state["forensics_run"]
     new = [n.finding for n in run.new_findings if n.finding["metric"] == "train/loss"]
     assert [f["step"] for f in new] == [254, 258]
     assert new[0]["bucket"] == 5 and HOSTILE_SAMPLE in new[0]["suspect_samples"]
     assert [t.value for t in at.toast][:1] and "254" in at.toast[0].value
-    # the hostile text shows as text in the causes card of the live spike
-    at.radio(key="view").set_value("Causes").run()
-    picks = at.selectbox(key="cause_pick")
-    picks.set_value(picks.options.index(next(o for o in picks.options if o.startswith("live-1")))).run()
+    # the new causes are rows of the table on this refresh, and the timeline lists each with its time and step
+    rows = cause_table(at)
+    assert sorted(rows["id"]) == sorted(c["id"] for c in run.causes)
+    spiked = [c for c in run.causes if 254 in c["steps"]]
+    assert spiked and all(c["id"] in rows["id"].tolist() for c in spiked)
+    found = next(d.value for d in at.dataframe if "found" in d.value.columns)
+    assert "254" in found["step"].tolist() and "258" in found["step"].tolist()
+    assert set(found["severity"]) == {"■ critical"} and len(found) == len(run.new_causes) + 4
+    # the hostile text shows as text in the card of the spike's cause
+    at.selectbox(key="cause_pick").set_value(spiked[0]["id"]).run()
     assert not at.exception
-    table = at.get("table")[0].value
+    table = next(t.value for t in at.get("table") if "text" in t.value.columns)
     assert any(SCRIPT_TEXT in str(t) for t in table["text"])
+
+
+def test_a_harmful_sample_text_is_shown_as_text(demo_small: Path, tmp_path: Path) -> None:
+    """A sample's text, opened from the harmful samples table, is plain text: a script tag shows literally and no
+    Markdown or HTML element carries it."""
+    case = live_case(demo_small / "static", tmp_path / "live", rows=3504)
+    at = app(case).run()
+    assert not at.exception, at.exception
+    run = at.session_state["forensics_run"]
+    assert HOSTILE_SAMPLE in [h["sample_id"] for h in run.harmful_samples]
+    at.selectbox(key="sample_text_pick").set_value(HOSTILE_SAMPLE).run()
+    assert not at.exception
+    assert [t.value for t in at.text] == [f"code def {SCRIPT_TEXT} return"]
+    assert not any("<script" in m.value for m in at.markdown)
 
 
 def test_appended_wandb_records_and_a_new_spike_appear_on_refresh(demo_small: Path, tmp_path: Path) -> None:
@@ -171,29 +263,33 @@ def test_appended_wandb_records_and_a_new_spike_appear_on_refresh(demo_small: Pa
     dst.write_bytes(data[: history_ends[199]])  # steps 0-199
     at = app(case).run()
     assert not at.exception, at.exception
-    assert "200 steps read, newest step 199" in page_text(at)
+    assert "200 steps read" in page_text(at) and "newest step 199" in page_text(at)
     for upto, want_new in ((239, 0), (299, 4)):
         with dst.open("ab") as fh:
             fh.write(data[dst.stat().st_size: history_ends[upto]])
         at.run()
         text = page_text(at)
-        assert f"{upto + 1} steps read, newest step {upto}" in text
+        assert f"{upto + 1} steps read" in text and f"newest step {upto}" in text
         assert (f"New findings ({want_new}," in text) if want_new else "New findings" not in text
-    assert "spike at step 254: train/loss" in text
+    assert "step 254 spike train/loss ■ critical" in text
 
 
 def test_a_run_that_stopped_writing_says_so(demo_small: Path, tmp_path: Path) -> None:
-    from forensics.dashboard.views.header import status_line
+    from forensics.dashboard.views.header import strip_words
 
     now = [2e9]
     run = LiveRun(resolve_target([str(demo_small / "static")]), clock=lambda: now[0]).start()
     run.last_arrival = now[0] - 3
     run.metrics = run.metrics.drop(columns=["_timestamp"])
-    text, stale = status_line(run, 5.0, False)
-    assert not stale and "written 3 s ago" in text and "refreshing every 5 s" in text
+    text = strip_words(run, 5.0, False)
+    assert text.startswith("✓ OK: no cause at warning or above in the last 175 steps │ newest step 3,503 · row age "
+                           "3 s │ throughput 30.4K tokens_per_s")
+    assert "STALE" not in text and text.endswith("3,504 steps read · refreshing every 5 s")
     now[0] += 600
-    text, stale = status_line(run, 5.0, True)
-    assert stale and "written 10 min ago · stopped writing · refresh paused" in text
+    text = strip_words(run, 5.0, True)
+    assert text.startswith("▲ WARNING: the run stopped writing │ newest step 3,503 · row age 10 min · STALE (no new "
+                           "row for 2 min)")
+    assert text.endswith("refresh paused")
 
 
 def test_stored_findings_are_read_and_steps_past_them_are_judged_live(demo_small: Path, tmp_path: Path) -> None:
@@ -262,9 +358,16 @@ def test_a_crash_line_written_while_watching_is_a_new_cause_on_the_page(tmp_path
                                                 + "\n" for s in range(300)))
     at = app(case).run()
     assert not at.exception, at.exception
-    assert "crash cause" not in page_text(at)
+    assert ": crash ·" not in page_text(at) and "■ CRITICAL" not in page_text(at)
     (case / "slurm-123.out").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
     at.run()
     text = page_text(at)
-    assert "New causes (1, found while watching)" in text
-    assert "crash cause, steps 299 (critical)" in text
+    run = at.session_state["forensics_run"]
+    (crash,) = [n.cause for n in run.new_causes]
+    assert crash["kind"] == "crash" and crash["severity"] == "critical"
+    assert f"{crash['id']}: crash · ■ critical · steps 299 · new at " in text  # its line at the top
+    assert f"■ CRITICAL</span> <span>crash cause {crash['id']} at steps 299</span>" in text  # the state now
+    assert f"last new cause {crash['id']} crash · critical at " in text
+    assert crash["id"] in cause_table(at)["id"].tolist()
+    found = next(d.value for d in at.dataframe if "found" in d.value.columns)
+    assert found[["step", "severity", "what"]].values.tolist() == [["299", "■ critical", f"cause {crash['id']}: crash"]]

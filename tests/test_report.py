@@ -312,7 +312,7 @@ def test_report_without_plan_or_tags_still_marks_spikes_and_says_the_plan_is_mis
     html = build_report(findings, case["metrics"])
     figs = json.loads(_embedded_json(html))
     assert list(figs) == ["curves"]
-    marked = [t for t in figs["curves"]["data"] if t.get("name") == "spike"]
+    marked = [t for t in figs["curves"]["data"] if t.get("name", "").startswith("spike (")]
     assert [x for t in marked for x in t["x"]] == list(SPIKE_STEPS)
     assert html.count("No plan was given") == 2
     assert "2 train/loss spikes (254, 258)" in html
@@ -334,7 +334,7 @@ def test_nonfinite_steps_are_marked_and_carded_but_not_drawn_as_values():
     assert "metric &#x27;train/loss&#x27;: 1 NaN and 0 inf values kept" in html
     fig = loss_figure(case["metrics"], case["findings"], case["tags"])
     for trace in fig.data:
-        if trace.mode in ("lines", "markers") and trace.name not in ("NaN/inf", "spike"):
+        if trace.mode in ("lines", "markers") and trace.name != "NaN/inf" and not trace.name.startswith("spike"):
             assert np.isfinite(np.asarray(trace.y, dtype=float)).all()
 
 
@@ -469,3 +469,32 @@ def test_next_steps_asking_the_same_of_single_steps_fold_into_one(steps, expecte
     from forensics.report.summary import _next_steps
 
     assert _next_steps({"causes": [{"next_step": s} for s in steps]}) == expected
+
+
+def test_report_top_shares_the_dashboards_strip_and_tables():
+    """The report's top reads like the dashboard's: the status strip (state in words and shape), the causes as a
+    sortable table, most severe first, and harmful samples consumed together in one row; dataset text escaped."""
+    import re
+
+    case = synthetic_case()
+    findings = dict(case["findings"])
+    last = int(case["metrics"]["step"].iloc[-1])
+    findings["causes"] = [
+        {"id": "C1", "kind": "batch", "severity": "warning", "steps": [254], "logged_steps": [254],
+         "summary": "spike <script>x</script> at 254: detail"},
+        {"id": "C2", "kind": "crash", "severity": "critical", "steps": [last], "logged_steps": [last],
+         "summary": "CUDA out of memory", "replay": {"verdict": "data"}},
+    ]
+    findings["harmful_samples"] = [
+        {"sample_id": 7, "appearances": 2, "steps": [3, 9], "effect": 0.4, "q": 0.01, "reason": "r"},
+        {"sample_id": 8, "appearances": 2, "steps": [3, 9], "effect": 0.4, "q": 0.02, "reason": "r"}]
+    html = build_report(findings, case["metrics"])
+    assert "■ CRITICAL</span> <span>crash cause C2 at steps " in html
+    assert "causes: 1 ■ critical, 1 ▲ warning, 0 ● info" in html
+    body = html[html.index('id="causes-table"'):html.index("</table>", html.index('id="causes-table"'))]
+    rows = re.findall(r"<tr><td>(C\d)</td><td[^>]*>([^<]+)</td><td>([^<]+)</td><td>([^<]+)</td>", body)
+    assert rows == [("C2", "■ critical", "crash", str(last)), ("C1", "▲ warning", "batch", "254")]
+    assert "<th data-col=\"5\">replay verdict</th>" in body and "cause class" not in body
+    assert "spike &lt;script&gt;x&lt;/script&gt; at 254</td>" in body and "<script>x" not in body
+    samples = html[html.index('id="samples-table"'):html.index("</table>", html.index('id="samples-table"'))]
+    assert samples.count("<tr><td>") == 1 and "<td>7, 8</td><td>2</td><td>+40%</td>" in samples

@@ -19,6 +19,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Draw the page for this session (Streamlit re-runs this on every interaction)."""
     st.set_page_config(page_title="loss-spike forensics", layout="wide")
     argv = list(sys.argv[1:] if argv is None else argv)
+    st.sidebar.title("loss-spike forensics")
     session.target_args(argv)
     session.sidebar_target()
     run = session.current_run(argv)
@@ -30,5 +31,4 @@ def main(argv: Sequence[str] | None = None) -> None:
         with st.spinner("Re-fitting tags..."):
             run.refit()
     st.sidebar.caption(md(f"watching {run.target.label}"))
-    st.title("loss-spike forensics")
     live.page(run, interval, paused)

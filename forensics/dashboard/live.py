@@ -1,5 +1,6 @@
 """The refresh loop: a Streamlit fragment that re-runs alone every few seconds, reads only the new rows and
-redraws the head and the open view; the page around it (sidebar, scroll position, selections) stays.
+redraws the head (the status strip, a line per cause), the curve and the open view; the page around it (sidebar,
+scroll position, selections) stays.
 
 ``st.fragment(run_every=...)`` re-runs the fragment on a timer in the browser; paused, it runs only when one of its
 own widgets changes. Tests (AppTest runs no timers) drive a refresh with an explicit rerun: every run of the
@@ -11,8 +12,9 @@ from __future__ import annotations
 import streamlit as st
 
 from forensics.dashboard.state import LiveRun
-from forensics.dashboard.text import md, spike_line
+from forensics.dashboard.text import md, spike_line, steps_text
 from forensics.dashboard.views import VIEWS, header
+from forensics.dashboard.views import run as curve
 
 DEFAULT_INTERVAL_S = 5.0
 VIEW_KEY = "view"
@@ -27,13 +29,19 @@ def controls() -> tuple[float, bool]:
 
 
 def body(run: LiveRun, interval_s: float, paused: bool) -> None:
-    """One refresh: read new rows, toast what they brought, draw the head and the chosen view."""
+    """One refresh: read new rows, toast what they brought, draw the head, the curve and the chosen view."""
     new = run.refresh()
-    for n in new:
-        st.toast(md(f"new {spike_line(n.finding)}"), icon="⚠️")
+    if len(new) == 1:
+        st.toast(md(f"new {spike_line(new[0].finding)}"), icon="⚠️")
+    elif new:  # one toast per refresh: a burst of findings must not cover the page
+        steps = sorted({int(n.finding.get("logged_step", n.finding.get("step"))) for n in new})
+        st.toast(md(f"{len(new)} new findings at steps {steps_text(steps, 8)}"), icon="⚠️")
     header.render(run, interval_s, paused)
+    curve.render(run)
+    if st.session_state.get(curve.CLICKED):  # a click on a spike opens its cause's card
+        st.session_state[VIEW_KEY] = "Causes"
     view = st.radio("View", list(VIEWS), horizontal=True, key=VIEW_KEY, label_visibility="collapsed")
-    VIEWS[view or "Run"](run)
+    VIEWS[view or "Causes"](run)
 
 
 def page(run: LiveRun, interval_s: float, paused: bool) -> None:

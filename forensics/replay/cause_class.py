@@ -1,4 +1,4 @@
-"""The cause class of a re-run step (DESIGN.md Conventions, "cause class"): one decision function over the evidence
+"""The cause class of a re-run step (docs/concepts.md, "cause classes"): one decision function over the evidence
 of a segment re-run, and the action each class implies.
 
 The rules, in order (the first that holds decides; the order is the argument):

@@ -1,5 +1,5 @@
 """Re-run the optimizer steps up to a suspect step from the checkpoint before it, and say what class of cause the
-step's spike has (DESIGN.md Contracts, ``forensics replay CASE --rerun``).
+step's spike has (docs/commands/replay.md, ``--rerun``).
 
 From a checkpoint's weights and optimizer state (HF ``checkpoint-N/`` with ``optimizer.pt``, or a ``.pt`` holding
 ``optimizer``; loaded with ``torch.load(weights_only=True)``), each step of the segment runs as the trainer ran it:

@@ -25,6 +25,7 @@ from forensics.report.inputs import (
     sample_row,
     spikes_of,
 )
+from forensics.report.overview import SEVERITY_STYLE
 from forensics.report.style import (
     HOUSE_TEMPLATE,
     LINE,
@@ -84,14 +85,7 @@ def loss_figure(
                                      hovertemplate=f"step %{{x}}<br>{esc(col)} %{{y:.4g}}<extra></extra>"),
                           row=r, col=1)
         mine = [s for s in spikes if s.get("metric", loss_key) == col][:MAX_MARKED_SPIKES]
-        if mine:
-            fig.add_trace(go.Scatter(
-                x=[int(s.get("peak_step", s["step"])) for s in mine],
-                y=[as_float(s.get("value")) for s in mine],
-                mode="markers", name="spike", legendgroup="spike", showlegend="spike" not in in_legend,
-                marker=dict(symbol="circle-open", size=14, color=SPIKE, line=dict(width=2.5)),
-                hovertext=[_spike_hover(s, lookup) for s in mine], hoverinfo="text"), row=r, col=1)
-            in_legend.add("spike")
+        _add_spike_markers(fig, mine, lookup, in_legend, row=r)
         bad = [n for n in nonfinite_of(findings) if n.get("metric", loss_key) == col]
         if bad:
             fig.add_trace(go.Scatter(
@@ -145,6 +139,36 @@ def after_warmup_range(values: np.ndarray, peaks: list[float | None] = (), warmu
         return None
     pad = 0.06 * (hi - lo)
     return [lo - pad, hi + pad]
+
+def _add_spike_markers(fig: go.Figure, spikes: list[dict], lookup: pd.DataFrame | None, in_legend: set[str],
+                       row: int) -> None:
+    """Spikes marked by severity, shape and colour both (``spike (critical)`` squares, ``spike (warning)``
+    triangles, ``spike (info)`` circles), each with its cause id as ``customdata`` (a click opens the cause); the
+    baseline the spike was judged against, where the finding carries one, as a short dash under its peak."""
+    for sev, (_, color, symbol) in SEVERITY_STYLE.items():
+        mine = [s for s in spikes if str(s.get("severity") or "info") == sev
+                or (sev == "info" and str(s.get("severity") or "info") not in SEVERITY_STYLE)]
+        if not mine:
+            continue
+        name = f"spike ({sev})"
+        fig.add_trace(go.Scatter(
+            x=[int(s.get("peak_step", s["step"])) for s in mine], y=[as_float(s.get("value")) for s in mine],
+            mode="markers", name=name, legendgroup=name, showlegend=name not in in_legend,
+            marker=dict(symbol=f"{symbol}-open", size=14, color=color, line=dict(width=2.5)),
+            customdata=[str(s.get("cause") or "") for s in mine],
+            hovertext=[_spike_hover(s, lookup) for s in mine], hoverinfo="text"), row=row, col=1)
+        in_legend.add(name)
+    based = [s for s in spikes if as_float(s.get("baseline")) is not None]
+    if based:
+        fig.add_trace(go.Scatter(
+            x=[int(s.get("peak_step", s["step"])) for s in based], y=[as_float(s.get("baseline")) for s in based],
+            mode="markers", name="spike's baseline", legendgroup="baseline",
+            showlegend="baseline" not in in_legend,
+            marker=dict(symbol="line-ew", size=16, color=MUTED, line=dict(width=2, color=MUTED)),
+            hovertext=[f"baseline {fmt_num(s.get('baseline'))} at step {int(s.get('peak_step', s['step']))}"
+                       for s in based], hoverinfo="text"), row=row, col=1)
+        in_legend.add("baseline")
+
 
 def _spike_hover(s: dict, lookup: pd.DataFrame | None) -> str:
     start, end = int(s["step"]), int(s.get("end_step") if s.get("end_step") is not None else s["step"])

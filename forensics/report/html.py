@@ -22,6 +22,7 @@ from plotly.offline import get_plotlyjs
 
 from forensics.detect.causes.verdict import verdict
 from forensics.report.cards import finding_cards
+from forensics.report.overview import CAUSE_COLUMNS, SAMPLE_COLUMNS, cause_rows, sample_groups, strip_html, strip_of
 from forensics.report.text import esc, fmt_share
 from forensics.schema import EPOCH, STEP, find_loss_key, metric_columns
 
@@ -107,6 +108,34 @@ def _warnings(findings: dict) -> str:
             f"contained that you may want to know.</p><ul class=\"warnings\">{lis}{more}</ul></section>")
 
 
+def _strip(findings: dict, metrics: pd.DataFrame) -> str:
+    """The dashboard's status strip, as of the run's last step (a report has no row age)."""
+    causes = [c for c in findings.get("causes") or [] if isinstance(c, dict)]
+    return f'<div class="strip-wrap">{strip_html(strip_of(causes, metrics))}</div>'
+
+
+def _overview(findings: dict) -> str:
+    """The causes and the harmful samples as sortable tables, as the dashboard shows them; '' when there are none."""
+    causes = [c for c in findings.get("causes") or [] if isinstance(c, dict)]
+    harmful = [h for h in findings.get("harmful_samples") or [] if isinstance(h, dict)]
+    if not causes and not harmful:
+        return ""
+    from forensics.report.overview import table_html
+
+    parts = ['<section id="causes"><h2>Causes</h2>']
+    if causes:
+        rows = cause_rows(causes)
+        columns = {k: v for k, v in CAUSE_COLUMNS.items() if k not in ("class", "replay") or any(r[k] for r in rows)}
+        parts.append(table_html(rows, columns, "causes-table"))
+    if harmful:
+        rows = [dict(r, effect=f"{r['effect']:+.0%}") for r in sample_groups(harmful)]
+        parts.append('<h3 style="margin-top:14px">Harmful samples <small>(samples always consumed together share '
+                     "a row: the run cannot tell them apart)</small></h3>")
+        parts.append(table_html(rows, SAMPLE_COLUMNS, "samples-table"))
+    parts.append("</section>")
+    return "".join(parts)
+
+
 def _plot_div(name: str, fig: go.Figure) -> str:
     """The element a figure is drawn into, sized to the figure's height so the page does not reflow or overlap."""
     height = int(fig.layout.height or 450)
@@ -143,6 +172,9 @@ def build_report(
             plots = "".join(_plot_div(n, figs[n]) for n in present)
             sections.append((key, f'<section id="{key}"><h2>{esc(heading)}</h2>{plots}</section>'))
         if key == "curves":
+            overview = _overview(findings)
+            if overview:
+                sections.append(("causes", overview))
             body = "\n".join(cards) if cards else '<p class="muted">Nothing to report: no finding.</p>'
             sections.append(("findings", f'<section id="findings"><h2>Findings</h2><div class="cards">{body}'
                                          "</div></section>"))
@@ -156,6 +188,7 @@ def build_report(
     head = (f'<header class="top"><div class="brand">{esc(title)}</div><nav>{nav}</nav></header>'
             f'<div class="verdict {severity}"><div class="label">Verdict</div>'
             f'<p>{esc(verdict(findings, loss_key))}</p></div>'
+            f'{_strip(findings, metrics)}'
             f'<p class="run">{_run_line(metrics, loss_key, tags, plan, samples, batch_rows is not None)}</p>'
             f'{_tiles(findings)}')
     return "".join([
@@ -190,6 +223,19 @@ _LOADER = """
   Object.keys(figs).forEach(function (name) {
     var el = document.getElementById('fig-' + name);
     if (el) { Plotly.newPlot(el, figs[name].data, figs[name].layout, config); }
+  });
+  document.querySelectorAll('table.sortable th').forEach(function (th) {
+    th.style.cursor = 'pointer';
+    th.title = 'sort';
+    th.addEventListener('click', function () {
+      var table = th.closest('table'), body = table.tBodies[0], col = Number(th.dataset.col);
+      var dir = th.dataset.dir === 'asc' ? -1 : 1;
+      th.dataset.dir = dir === 1 ? 'asc' : 'desc';
+      var key = function (tr) { var t = tr.cells[col].textContent, n = parseFloat(t.replace(/[%%+,]/g, ''));
+        return isNaN(n) ? t : n; };
+      Array.from(body.rows).sort(function (a, b) { var x = key(a), y = key(b);
+        return (x < y ? -1 : x > y ? 1 : 0) * dir; }).forEach(function (tr) { body.appendChild(tr); });
+    });
   });
   document.querySelectorAll('button.zoom').forEach(function (b) {
     b.addEventListener('click', function () {
@@ -231,6 +277,11 @@ h4 { font-size:12px; text-transform:uppercase; letter-spacing:.6px; color:var(--
 .tile .v { font-size:20px; font-weight:700; } .tile .k { font-size:12px; color:var(--muted); }
 .tile.alert .v { color:var(--alert); } .tile.warn .v { color:var(--warn); } .tile.ok .v { color:var(--ok); }
 .tile.info .v { color:var(--info); }
+.strip-wrap { margin:10px 0; }
+table.overview { width:100%; border-collapse:collapse; background:#fff; font-size:13px; }
+table.overview th, table.overview td { text-align:left; padding:5px 8px; border-bottom:1px solid var(--line);
+  vertical-align:top; }
+table.overview th { font-size:12px; color:var(--muted); user-select:none; }
 .plot-frame { background:#fff; border:1px solid var(--line); border-radius:8px; padding:8px 6px 4px;
   margin-bottom:14px; }
 .plot { width:100%; }

@@ -1,8 +1,10 @@
-"""View 4, causes: one row per cause; the selected one's card shows its evidence, the batch's samples (length,
-cluster, an escaped text snippet), its recurrence in other epochs, the replay command and replay results.
+"""The causes view, under the curve: the causes as a sortable table beside the timeline of what was found while
+watching, the harmful samples as a table (samples the run cannot tell apart in one row, a sample's text on demand),
+and the card of the cause a row (or a click on a spike) picked: its evidence, the batch's samples (length, cluster,
+an escaped text snippet), its recurrence in other epochs, the replay command and replay results.
 
-Causes come from ``findings["causes"]`` (one per explanation); a findings file without them gives one row per spike
-event. Live findings join the list as their own rows.
+Causes are :attr:`LiveRun.causes` (the audit's, and those found since, crashes and restarts included); a findings
+file without causes gives one row per spike event, and live spikes join it as their own rows.
 """
 
 from __future__ import annotations
@@ -13,27 +15,34 @@ import pandas as pd
 import streamlit as st
 
 from forensics.dashboard.state import LiveRun
-from forensics.dashboard.text import events, md, steps_text
+from forensics.dashboard.text import clock, events, md, steps_text
+from forensics.dashboard.views import run as run_view
+from forensics.report import overview
 from forensics.report.text import fmt_num, snippet
 from forensics.schema import N_TOKENS, SAMPLE_ID, TEXT
 
+PICK = "cause_pick"
+
 
 def cause_rows(run: LiveRun) -> list[dict[str, Any]]:
-    """``{id, kind, steps, metrics, suspect_samples, severity, confidence, summary, next_step, spikes}`` per cause."""
-    findings = run.findings
+    """``{id, kind, steps, metrics, suspect_samples, severity, confidence, summary, next_step, spikes}`` per cause,
+    in the order of :func:`forensics.report.overview.cause_rows` (most severe first, then by first step)."""
+    findings = run.current_findings()
     spikes = list(findings.get("spikes") or [])
     rows: list[dict[str, Any]] = []
-    if isinstance(findings.get("causes"), list) and findings["causes"]:
-        for c in findings["causes"]:
+    causes = [c for c in (run.causes or findings.get("causes") or []) if isinstance(c, dict)]
+    if causes:
+        order = {r["id"]: i for i, r in enumerate(overview.cause_rows(causes))}
+        for c in sorted(causes, key=lambda c: order.get(str(c.get("id", "")), len(order))):
             mine = [s for s in spikes if s.get("cause") == c.get("id")] or \
                 [s for s in spikes if int(s["step"]) in set(c.get("steps") or [])]
             rows.append({**c, "spikes": mine})
     else:
-        for i, (first, also) in enumerate(events(findings), start=1):
+        for i, (first, also) in enumerate(events(run.findings), start=1):
             rows.append(_event_row(f"event-{i}", first, also))
-    for i, n in enumerate(run.new_findings, start=1):
-        if n.finding.get("kind") == "spike":
-            rows.append(_event_row(f"live-{i}", n.finding, []))
+        for i, n in enumerate(run.new_findings, start=1):
+            if n.finding.get("kind") == "spike":
+                rows.append(_event_row(f"live-{i}", n.finding, []))
     return rows
 
 
@@ -47,14 +56,35 @@ def _event_row(cid: str, first: dict[str, Any], also: list[dict[str, Any]]) -> d
             "next_step": first.get("next_step"), "spikes": items}
 
 
-def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame([{
-        "id": r.get("id"), "kind": r.get("kind"), "severity": r.get("severity"),
-        "confidence": fmt_num(r.get("confidence"), 2), "steps": steps_text(r.get("steps") or [], 6),
-        "metrics": ", ".join(map(str, r.get("metrics") or [])),
-        "suspects": ", ".join(str(int(s)) for s in (r.get("suspect_samples") or [])[:5]),
-        "summary": snippet(r.get("summary"), 160),
-    } for r in rows])
+def cause_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The causes as the report's table shows them (severity as word and shape); the cause class and replay verdict
+    columns only when some cause has one."""
+    causes = [{k: v for k, v in r.items() if k != "spikes"} for r in rows]
+    table = pd.DataFrame([{overview.CAUSE_COLUMNS[k]: v for k, v in r.items() if k in overview.CAUSE_COLUMNS}
+                          for r in overview.cause_rows(causes)], columns=list(overview.CAUSE_COLUMNS.values()))
+    for col in ("cause class", "replay verdict"):
+        if not table[col].astype(bool).any():
+            table = table.drop(columns=col)
+    return table
+
+
+def sample_table(run: LiveRun) -> pd.DataFrame:
+    """The harmful samples, one row per group the run cannot tell apart, effect as a share."""
+    rows = overview.sample_groups(run.harmful_samples)
+    return pd.DataFrame([{k: r[k] for k in overview.SAMPLE_COLUMNS} for r in rows],
+                        columns=list(overview.SAMPLE_COLUMNS))
+
+
+def timeline(run: LiveRun) -> pd.DataFrame:
+    """What was found while watching, newest first: the time found, the step (as logged), severity, what."""
+    items = [(n.found_at, n.cause.get("logged_steps") or n.cause.get("steps") or [], n.cause.get("severity"),
+              f"cause {n.cause.get('id')}: {n.cause.get('kind')}") for n in run.new_causes]
+    items += [(n.found_at, [n.finding.get("logged_step", n.finding.get("step"))], n.finding.get("severity"),
+               f"{n.finding.get('kind')} {n.finding.get('metric') or ''}".strip()) for n in run.new_findings]
+    items.sort(key=lambda t: (-t[0], -(max(t[1]) if t[1] else -1)))
+    return pd.DataFrame([{"found": clock(t), "step": steps_text(steps, 3), "severity": overview.severity_label(sev),
+                          "what": what} for t, steps, sev, what in items],
+                        columns=["found", "step", "severity", "what"])
 
 
 def batch_table(run: LiveRun, step: int, suspects: list[int]) -> pd.DataFrame | None:
@@ -127,11 +157,59 @@ def card(run: LiveRun, row: dict[str, Any]) -> None:
 
 
 def render(run: LiveRun) -> None:
+    """The causes table beside the timeline, the harmful samples, then the card of the picked cause."""
     rows = cause_rows(run)
+    left, right = st.columns([3, 1])
+    with left:
+        if rows:
+            table = cause_table(rows)
+            st.markdown(f"**Causes** ({len(rows)}; sort by a column's header, select a row to open its card)")
+            event = st.dataframe(table, hide_index=True, width="stretch", key="cause_table", on_select="rerun",
+                                 selection_mode="single-row")
+            chosen = list(getattr(getattr(event, "selection", None), "rows", None) or [])
+            if chosen and chosen != st.session_state.get("cause_table_last"):
+                st.session_state["cause_table_last"] = chosen
+                st.session_state[PICK] = str(table.iloc[chosen[0]]["id"])
+        else:
+            st.markdown("No causes: no spike was found.")
+    with right:
+        st.markdown("**Found while watching**")
+        found = timeline(run)
+        if len(found):
+            st.dataframe(found, hide_index=True, width="stretch", key="timeline")
+        else:
+            st.caption("Nothing new since the page opened.")
+    if run.harmful_samples:
+        samples_section(run)
     if not rows:
-        st.markdown("No causes: no spike was found.")
         return
-    st.dataframe(_table(rows), hide_index=True, width="stretch")
-    labels = [f"{r.get('id')}: steps {steps_text(r.get('steps') or [], 4)}" for r in rows]
-    picked = st.selectbox("Show the card of", range(len(rows)), format_func=lambda i: labels[i], key="cause_pick")
-    card(run, rows[int(picked or 0)])
+    ids = [str(r.get("id")) for r in rows]
+    clicked = st.session_state.pop(run_view.CLICKED, None)
+    if clicked in ids:
+        st.session_state[PICK] = clicked
+    if st.session_state.get(PICK) not in ids:
+        st.session_state[PICK] = ids[0]
+    labels = {str(r.get("id")): f"{r.get('id')}: {r.get('kind')}, steps {steps_text(r.get('steps') or [], 4)}"
+              for r in rows}
+    picked = st.selectbox("Card of", ids, format_func=lambda i: labels[i], key=PICK)
+    card(run, rows[ids.index(picked)] if picked in ids else rows[0])
+
+
+def samples_section(run: LiveRun) -> None:
+    """The harmful samples table and, on demand, one sample's text (shown as plain text, never as Markdown)."""
+    table = sample_table(run)
+    st.markdown(f"**Harmful samples** ({len(run.harmful_samples)} in {len(table)} rows: samples always consumed "
+                "together share a row, the run cannot tell them apart)")
+    st.dataframe(table, hide_index=True, width="stretch", key="samples_table", column_config={
+        "effect": st.column_config.NumberColumn("effect", format="percent", help="mean share of the step loss above "
+                                                "what the step's trend and tags expect"),
+        "q": st.column_config.NumberColumn("q", format="%.2g", help="false-discovery q value")})
+    ids = [int(h["sample_id"]) for h in run.harmful_samples]
+    shown = st.selectbox("Text of sample", [None, *ids], key="sample_text_pick",
+                         format_func=lambda i: "choose a sample" if i is None else str(i))
+    if shown is not None:
+        text = None
+        if run.samples is not None and TEXT in run.samples.columns:
+            hit = run.samples.loc[run.samples[SAMPLE_ID] == int(shown), TEXT]
+            text = None if hit.empty else hit.iloc[0]
+        st.text(text if isinstance(text, str) else f"sample {shown}: no text in the samples table")

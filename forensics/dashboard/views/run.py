@@ -24,14 +24,25 @@ def _from_slider() -> None:
     st.session_state["run_from"], st.session_state["run_to"] = int(lo), int(hi)
 
 
+#: The range choices: label -> steps shown back from the newest (None: the whole run; 0: chosen by hand).
+RANGES = {"whole run": None, "last 200 steps": 200, "last 1,000": 1000, "last 5,000": 5000, "choose": 0}
+#: The curve's height on the page: with the strip above it, it fits a 1280x800 screen without scrolling.
+HEIGHT = 370
+#: The cause a click on a spike marker opened (read by the causes view).
+CLICKED = "clicked_cause"
+
+
 def step_range(run: LiveRun) -> tuple[int, int] | None:
-    """The range the user chose (``None``: the whole run, following new steps). The two inputs hold the range;
-    the slider writes into them."""
+    """The range the user chose (``None``: the whole run). "last N" follows the live end: each refresh moves it to
+    the newest step. "choose": two inputs hold the range; the slider writes into them."""
     steps = run.metrics[STEP]
     lo, hi = int(steps.iloc[0]), int(steps.iloc[-1])
-    whole = st.checkbox("Whole run (follows new steps)", value=True, key="run_whole")
-    if whole or hi <= lo:
+    pick = st.radio("Steps shown", list(RANGES), horizontal=True, key="run_range", label_visibility="collapsed")
+    back = RANGES.get(pick or "whole run")
+    if back is None or hi <= lo:
         return None
+    if back:
+        return max(lo, hi - back + 1), hi
     st.session_state.setdefault("run_from", max(lo, hi - 2000))
     st.session_state.setdefault("run_to", hi)
     c1, c2, c3 = st.columns([6, 1, 1])
@@ -42,9 +53,20 @@ def step_range(run: LiveRun) -> tuple[int, int] | None:
     return start, end
 
 
+def curve_columns(run: LiveRun) -> list[str]:
+    """The loss and, when logged, the grad norm: the two curves a glance needs (the report draws the others)."""
+    from forensics.schema import grad_norm_column, metric_columns
+
+    cols = metric_columns(run.metrics)
+    loss = run.loss_key if run.loss_key in cols else (cols[0] if cols else None)
+    grad = (run.findings.get("run") or {}).get("grad_norm_key") or grad_norm_column(cols)
+    return [c for c in dict.fromkeys((loss, grad)) if c is not None and c in cols]
+
+
 def figure(run: LiveRun, start: int | None = None, end: int | None = None):
-    """The curves of ``[start, end]`` (the whole run when not given): full resolution when the range is short."""
-    metrics = run.metrics
+    """The loss and grad norm of ``[start, end]`` (the whole run when not given): full resolution when the range
+    is short; spikes marked by severity."""
+    metrics = run.metrics[[STEP, *curve_columns(run)]]
     n_out = DEFAULT_POINTS
     if start is not None and end is not None:
         steps = metrics[STEP].to_numpy(np.int64)
@@ -52,16 +74,24 @@ def figure(run: LiveRun, start: int | None = None, end: int | None = None):
         if hi - lo < len(metrics):
             metrics = metrics.iloc[lo:hi]
             n_out = max(DEFAULT_POINTS, min(hi - lo, FULL_RESOLUTION))
-    return loss_figure(metrics, run.current_findings(), run.tags, run.samples, run.loss_key, n_out=n_out)
+    findings = run.current_findings()
+    fig = loss_figure(metrics, findings, run.tags, run.samples, run.loss_key, n_out=n_out)
+    top = 40 + (fig.layout.margin.t or 105) - 105
+    # the report's y-range buttons would sit on the legend here; the range control above replaces them
+    fig.update_layout(height=HEIGHT + max(0, top - 40), margin=dict(t=max(40, top), b=35), title=None,
+                      uirevision=str(start is None))
+    fig.layout.updatemenus = ()
+    return fig
 
 
 def render(run: LiveRun) -> None:
+    """The curve, with the range control above it; a click on a spike marker opens its cause's card."""
     if not len(run.metrics):
         st.info("No rows yet: the page fills in as the run writes.")
         return
     chosen = step_range(run)
     # a rerun with nothing new (a widget elsewhere, an idle refresh) reuses the figure instead of rebuilding it
-    key = (id(run), len(run.metrics), run.last_step, len(run.new_findings), chosen,
+    key = (id(run), len(run.metrics), run.last_step, len(run.new_findings), len(run.causes), chosen,
            None if run.tags is None else len(run.tags))
     cached = st.session_state.get("fig_curves_cache")
     if cached is not None and cached[0] == key:
@@ -69,4 +99,8 @@ def render(run: LiveRun) -> None:
     else:
         fig = figure(run, *(chosen or (None, None)))
         st.session_state["fig_curves_cache"] = (key, fig)
-    st.plotly_chart(fig, width="stretch", key="fig_curves")
+    event = st.plotly_chart(fig, width="stretch", key="fig_curves", on_select="rerun", selection_mode="points")
+    points = list(((event or {}).get("selection") or {}).get("points") or []) if event is not None else []
+    picked = [p.get("customdata") for p in points if p.get("customdata")]
+    if picked and picked[0] != st.session_state.get(CLICKED + "_last"):
+        st.session_state[CLICKED] = st.session_state[CLICKED + "_last"] = str(picked[0])

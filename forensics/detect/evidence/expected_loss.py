@@ -3,7 +3,7 @@
 A step's loss moves with what is in its batch: its length bucket, its content clusters (a type of text with a
 higher per-token loss), its tokens, its batch size, its padding. Judging a step against its bucket's baseline alone
 calls a batch of a harder content type a spike whenever a bucket boundary cuts through that type. The expectation
-here is the run's trend times what the step's tags predict (DESIGN.md Conventions, "expected loss (composition)"):
+here is the run's trend times what the step's tags predict (docs/concepts.md, "expected loss"):
 
     log(value_t) = log(trend_t) + x_t . beta + noise
 

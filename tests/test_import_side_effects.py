@@ -40,7 +40,10 @@ def state():
             "gc_enabled": gc.isenabled(),
             "signals": {s.name: repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)},
             "threads": sorted(t.name for t in threading.enumerate()),
-            "import_hooks": [repr(type(f)) for f in sys.meta_path] + [repr(h) for h in sys.path_hooks],
+            # the package's own import hooks (a library it imports, six say, may add one of its own)
+            "import_hooks": [repr(f) for f in [*sys.meta_path, *sys.path_hooks]
+                             if getattr(type(f), "__module__", "").startswith("forensics")
+                             or getattr(f, "__module__", "").startswith("forensics")],
             "children": _children()}
 
 def _children():

@@ -78,11 +78,25 @@ def compiled(**options: Any) -> Callable[[Callable], Any]:
 
     def decorate(function: Callable) -> Any:
         dispatcher = nb.njit(_nrt=False, **options)(function)
-        dispatcher._cache = KeyedCache(dispatcher.py_func)  # what ``cache=True`` does, with the keyed locator
-        _load_cache_hits_without_refresh(dispatcher)
+        if cache_writable():  # else numba's default: compiled in memory, once per process
+            dispatcher._cache = KeyedCache(dispatcher.py_func)  # what ``cache=True`` does, with the keyed locator
+            _load_cache_hits_without_refresh(dispatcher)
         return dispatcher
 
     return decorate
+
+
+def cache_writable() -> bool:
+    """Whether the key's folder can be made (its nearest existing ancestor is writable): read-only homes and
+    containers compile in memory instead of failing on the first save. Only asks the file system; writes nothing."""
+    import os
+
+    from forensics.compiled.key import compiled_root
+
+    path = compiled_root()
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return os.access(path, os.W_OK | os.X_OK)
 
 
 def _load_cache_hits_without_refresh(dispatcher: Any) -> None:

@@ -144,6 +144,7 @@ register_kind(FindingKind("epoch_boundary", "spikes at each epoch's start", fail
                           line=_health_line))
 register_kind(FindingKind("resume_data", "data replayed or skipped after a resume", fail_on="resume-data",
                           line=_health_line))
+register_kind(FindingKind("rank_drift", "a rank drifting from the others", fail_on="rank-drift", line=_health_line))
 register_kind(FindingKind("crash", "crash", fail_on="crash",
                           line=lambda f: f"crash ({f['details']['what']}) after step {f.get('step')}: "
                                          f"{f['details']['line']}"))

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from forensics.audit import parse_fail_on, run_audit
-from forensics.detect.rules.rank_drift import drift_factors, rank_metrics, spiking_ranks
+from forensics.detect.rules.rank_drift import drift_factors, max_avg_pairs, rank_metrics, spiking_ranks
 from forensics.schema import open_case
 
 N = 400
@@ -73,3 +73,26 @@ def test_a_spike_on_one_rank_names_it(tmp_path: Path):
     findings = run_audit(open_case(None, overrides={"metrics": [str(src)]})).findings
     spikes = [(s["peak_step"], s.get("ranks")) for s in findings["spikes"] if s["metric"] == "loss"]
     assert spikes == [(300, [1])]
+
+
+def test_max_avg_pairs_from_names():
+    cols = ["global_avg_loss", "global_max_loss", "loss_mean", "loss_max", "max_lr", "grad_norm/max"]
+    assert max_avg_pairs(cols) == {"global_avg_loss": "global_max_loss", "loss_mean": "loss_max"}
+
+
+@pytest.mark.parametrize("on_ranks, some", [(1, True), (2, True), (3, False), (4, False)])
+def test_spike_on_some_ranks_from_max_and_average(tmp_path: Path, on_ranks, some):
+    # 4 ranks, a jump of 3.0 on `on_ranks` of them at step 300: the maximum rises 3.0, the average 0.75 x on_ranks;
+    # max_over_avg 1.5 puts 1 and 2 ranks (4x, 2x) on some ranks only, 3 (1.33x) and 4 (1x) not
+    rng = np.random.default_rng(2)
+    rows = []
+    for s in range(N):
+        per_rank = 3.0 * np.exp(-s / 300) + rng.normal(0, 0.01, 4)
+        if s == 300:
+            per_rank[:on_ranks] += 3.0
+        rows.append({"step": s, "global_avg_loss": float(per_rank.mean()), "global_max_loss": float(per_rank.max())})
+    (tmp_path / "m.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+    findings = run_audit(open_case(None, overrides={"metrics": [str(tmp_path / "m.jsonl")]})).findings
+    spikes = [(s["peak_step"], s.get("on_some_ranks", False)) for s in findings["spikes"]
+              if s["metric"] == "global_avg_loss"]
+    assert spikes == [(300, some)]

@@ -12,6 +12,10 @@ least two ranks of a metric:
 - **spikes on some ranks**: a spike on a metric whose per-rank columns exist gets ``ranks`` (the ranks whose value at
   the peak stands ``z`` noise units above their own median over the ``window`` steps before it), when that is not every
   rank: the spike happened there.
+- **max-vs-average pairs** (torchtitan's ``global_max_loss`` / ``global_avg_loss``, ``loss_max`` / ``loss_mean``):
+  no rank is named, but when the maximum over ranks rose at least ``max_over_avg`` times as much as the average at a
+  spike's peak (one rank of W jumping by J lifts the maximum by J and the average by J / W; a jump on every rank lifts
+  both alike), the spike is on some ranks only: it gets ``on_some_ranks`` (true) and the two rises in its evidence.
 """
 
 from __future__ import annotations
@@ -85,18 +89,44 @@ def spiking_ranks(values: pd.DataFrame, steps: np.ndarray, peak_step: int, windo
     return out
 
 
+def max_avg_pairs(columns: list[str]) -> dict[str, str]:
+    """``{average column: maximum column}``: names that differ only in a ``max`` token against ``avg``/``mean``."""
+    names = set(map(str, columns))
+    out = {}
+    for col in names:
+        parts = re.split(r"([/_.\- ])", col)
+        for i, p in enumerate(parts):
+            if p.lower() != "max":
+                continue
+            for avg in ("avg", "mean"):
+                twin = "".join(parts[:i] + [avg] + parts[i + 1:])
+                if twin in names:
+                    out[twin] = col
+    return out
+
+
+def rise_at(values: np.ndarray, i: int, window: int) -> float:
+    """``values[i]`` minus the median of the ``window`` finite values before it (NaN when fewer than two)."""
+    before = values[max(i - window, 0):i]
+    before = before[np.isfinite(before)]
+    return float(values[i] - np.median(before)) if len(before) >= 2 and np.isfinite(values[i]) else float("nan")
+
+
 class RankDriftRule(Rule):
     """``rank_drift`` findings, and ``ranks`` on the spikes of per-rank metrics (module docstring).
 
     Parameters: ``factor`` 1.2 (a rank's median ratio to the others that is a drift), ``tail`` 0.5 (the share of the
-    run, at its end, the ratio is taken over), ``window`` 20 and ``z`` 4.0 (a rank's own spike at a peak).
+    run, at its end, the ratio is taken over), ``window`` 20 and ``z`` 4.0 (a rank's own spike at a peak),
+    ``max_over_avg`` 1.5 (the maximum's rise over the average's at a peak that puts a spike on some ranks only).
     """
 
     name = "rank_drift"
     parameter_constraints = {"factor": at_least(1.0), "tail": fraction(), "window": at_least(2, "int"),
-                             "z": positive()}
+                             "z": positive(), "max_over_avg": at_least(1.0)}
 
-    def __init__(self, factor: float = 1.2, tail: float = 0.5, window: int = 20, z: float = 4.0) -> None:
+    def __init__(self, factor: float = 1.2, tail: float = 0.5, window: int = 20, z: float = 4.0,
+                 max_over_avg: float = 1.5) -> None:
+        self.max_over_avg = max_over_avg
         self.factor = factor
         self.tail = tail
         self.window = window
@@ -104,10 +134,12 @@ class RankDriftRule(Rule):
 
     def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
-        per_rank = rank_metrics(list(metric_columns(run.metrics)))
+        columns = list(metric_columns(run.metrics))
+        steps = run.metrics[STEP].to_numpy(np.int64)
+        self._mark_pairs(run, found or [], max_avg_pairs(columns), steps)
+        per_rank = rank_metrics(columns)
         if not per_rank:
             return []
-        steps = run.metrics[STEP].to_numpy(np.int64)
         tables = {b: pd.DataFrame({r: run.metrics[c].to_numpy(np.float64, na_value=np.nan) for r, c in cols.items()})
                   for b, cols in per_rank.items()}
         self._mark_spikes(run, found or [], tables, steps)
@@ -119,6 +151,21 @@ class RankDriftRule(Rule):
                 if f >= self.factor:
                     out.append(self._finding(run, base, rank, f, factors, steps))
         return out
+
+    def _mark_pairs(self, run: RunTables, found: list[Finding], pairs: dict[str, str], steps: np.ndarray) -> None:
+        for f in found:
+            if f.kind != "spike" or f.metric not in pairs:
+                continue
+            at = np.flatnonzero(steps == int(f.peak_step if f.peak_step is not None else f.step))
+            if not len(at):
+                continue
+            top = pairs[f.metric]
+            avg_rise = rise_at(run.metrics[f.metric].to_numpy(np.float64, na_value=np.nan), int(at[0]), self.window)
+            max_rise = rise_at(run.metrics[top].to_numpy(np.float64, na_value=np.nan), int(at[0]), self.window)
+            if avg_rise > 0 and max_rise >= self.max_over_avg * avg_rise:
+                f.tags["on_some_ranks"] = True
+                f.evidence.append(f"{top} rose {max_rise:.4g} at the peak while {f.metric} rose {avg_rise:.4g}: the "
+                                  "spike is on some ranks only.")
 
     def _mark_spikes(self, run: RunTables, found: list[Finding], tables: dict[str, pd.DataFrame],
                      steps: np.ndarray) -> None:

@@ -96,3 +96,23 @@ def test_spike_on_some_ranks_from_max_and_average(tmp_path: Path, on_ranks, some
     spikes = [(s["peak_step"], s.get("on_some_ranks", False)) for s in findings["spikes"]
               if s["metric"] == "global_avg_loss"]
     assert spikes == [(300, some)]
+
+
+def test_rank_column_becomes_one_column_per_rank_and_a_drift(tmp_path: Path):
+    # each of 3 ranks writes its own line per step into one JSONL file; rank 2's step time is 1.5x from step 200
+    rng = np.random.default_rng(3)
+    lines = []
+    for s in range(N):
+        for r in range(3):
+            t = 0.5 * (1.5 if r == 2 and s >= 200 else 1.0) + rng.normal(0, 0.005)
+            lines.append({"step": s, "rank": r, "loss": 3.0 * np.exp(-s / 300) + rng.normal(0, 0.02), "step_time": t})
+    (tmp_path / "m.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    from forensics.sources import read_metrics
+
+    metrics, report = read_metrics([str(tmp_path / "m.jsonl")])
+    assert len(metrics) == N and not report.rewinds
+    assert sorted(c for c in metrics.columns if "rank" in c) == [
+        "loss/rank0", "loss/rank1", "loss/rank2", "step_time/rank0", "step_time/rank1", "step_time/rank2"]
+    findings = run_audit(open_case(None, overrides={"metrics": [str(tmp_path / "m.jsonl")]})).findings
+    assert [(f["details"]["rank"], f["details"]["metric"], round(f["details"]["factor"], 1))
+            for f in findings["findings"] if f["kind"] == "rank_drift"] == [(2, "step_time", 1.5)]

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from forensics.errors import ForensicsError
+from forensics.plan.rewinds import read_rewinds
 from forensics.schema import load_plan, load_samples
 
 if sys.version_info >= (3, 11):
@@ -79,12 +80,13 @@ def test_resumed_run_continues_the_same_plan(runs):
     first = {o["step"]: o["rows"] for o in run.observed if not o.get("resumed")}
     second = {o["step"]: o["rows"] for o in run.observed if o.get("resumed")}
     assert sorted(first) == list(range(50)) and sorted(second) == list(range(40, 60))
-    # the resumed run replays steps 40-49 with the same batches (the plan keeps them once) and continues at 50
-    assert all(first[s] == second[s] for s in range(40, 50))
+    # the resumed run trains steps 40-49 again: the plan keeps its batches (the last consumption wins), once
     tokens = _tokens(run)
     by_step = {s: [tokens[i] for i in g["sample_id"]] for s, g in plan.groupby("step")}
-    assert all(by_step[s] == second[s] for s in range(50, 60))
-    assert all(by_step[s] == first[s] for s in range(50))
+    assert all(by_step[s] == second[s] for s in range(40, 60))
+    assert all(by_step[s] == first[s] for s in range(40))
+    assert read_rewinds(run.out / "plan") == [{"rank": None, "last_step": 49, "resumed_at": 40, "rows_replaced": 80,
+                                               "sampler": {"epoch": 2, "batch_id": 0, "skipped_data": True}}]
     cfg = tomllib.loads((run.out / "run.toml").read_text())
     assert len([m for m in cfg["metrics"] if m.startswith("runs/")]) == 2
     assert len([m for m in cfg["metrics"] if m.startswith("wandb/")]) == 2

@@ -153,6 +153,9 @@ register_kind(FindingKind("throughput", "throughput slowdown", fail_on="throughp
 register_kind(FindingKind("memory", "memory growth", fail_on="memory", line=_health_line))
 register_kind(FindingKind("epoch_boundary", "spikes at each epoch's start", fail_on="epoch-boundary",
                           line=_health_line))
+register_kind(FindingKind("resume_data", "data replayed or skipped after a resume", fail_on="resume-data",
+                          line=_health_line))
+register_kind(FindingKind("rank_drift", "a rank drifting from the others", fail_on="rank-drift", line=_health_line))
 register_kind(FindingKind("crash", "crash", fail_on="crash",
                           line=lambda f: f"crash ({f['details']['what']}) after step {f.get('step')}: "
                                          f"{f['details']['line']}"))

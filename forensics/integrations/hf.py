@@ -39,8 +39,10 @@ and at the end of training.
   accumulation), ``epoch`` and ``batch_id`` (the micro-batch's index in its epoch; both from the step and the
   length of the train dataloader the Trainer builds), ``sample_id``, and ``rank`` (the process index) when there are
   several processes, each writing its own parts.
-  A run resumed from a checkpoint continues the same parts: the steps it replays are skipped as already recorded
-  (HF's seedable sampler replays the same batches). A fresh run (starting at step 0) into a folder that already
+  A run resumed from a checkpoint continues the same parts, and the last consumption of a step wins: the steps it
+  trains again (a crash after step N, a resume from checkpoint r <= N) replace the crashed process's rows, and the
+  rewind is appended to ``plan/rewinds.json`` with the loader position the Trainer resumed at
+  (:mod:`forensics.plan.rewinds`). A fresh run (starting at step 0) into a folder that already
   holds a plan is refused at its first step, so that two runs never mix.
 - ``trainer_state.json`` (rank 0, at each checkpoint and at the end; the file ``trainer.save_state()`` writes),
   so that the whole run's ``log_history`` is in one place.
@@ -76,6 +78,7 @@ import numpy as np
 from forensics.errors import ForensicsError
 from forensics.integrations import _case
 from forensics.plan.recorder import PlanRecorder, recorded_parts
+from forensics.plan.rewinds import rewind_plan
 
 #: The field that carries a row's index from the dataset to ``training_step`` (removed before the model sees it).
 SAMPLE_ID_KEY = "forensics_sample_id"
@@ -167,6 +170,8 @@ class HFRecording:
         self.flush_every = flush_every
         self.recorder: PlanRecorder | None = None
         self.resumed = False
+        #: The rewind of the plan this run made when it resumed (:func:`forensics.plan.rewinds.rewind_plan`), if any.
+        self.rewind: dict[str, Any] | None = None
         #: len() of the train dataloader the Trainer built (micro-batches per epoch on this rank), when it has one.
         self.micro_batches_per_epoch: int | None = None
         self._ids = ids
@@ -210,7 +215,22 @@ class HFRecording:
                 f"{_WHO}: {self.plan_dir} already holds the plan of an earlier run and this run starts at step 0; "
                 "remove that folder or record into another case_dir (a run resumed from a checkpoint continues it)"
             )
+        if self.resumed:
+            # the last consumption of a step wins: the crashed process's rows from here on are replaced
+            self.rewind = rewind_plan(self.plan_dir, self.rank, first_step, sampler=self._resume_position(first_step),
+                                      write_record=self.is_main)
         self.recorder = PlanRecorder(self.plan_dir, rank=self.rank, flush_every=self.flush_every, resume=True)
+
+    def _resume_position(self, step: int) -> dict[str, Any] | None:
+        """Where the Trainer's loader resumed (``{epoch, batch_id, skipped_data}``): the epoch of ``step``, and the
+        micro-batch it skipped to in that epoch, or 0 with ``ignore_data_skip`` (the loader starts its epoch again);
+        None without the dataloader's length."""
+        if not self.micro_batches_per_epoch:
+            return None
+        updates = max(-(-self.micro_batches_per_epoch // self.grad_accum), 1)
+        skipped = not bool(getattr(self.trainer.args, "ignore_data_skip", False))
+        return {"epoch": step // updates, "batch_id": (step % updates) * self.grad_accum if skipped else 0,
+                "skipped_data": skipped}
 
     # --- checkpoints and the end ---------------------------------------------------------------------------------
     def checkpoint(self, state: Any) -> None:

@@ -134,8 +134,34 @@ def health_fields(case: Case, report: Any) -> dict[str, Any]:
     asks again at each poll (a writer that resumed rewinds its log; a job that died leaves a ``slurm-*.out``)."""
     from forensics.sources.crash_logs import crash_log_files, shifted_rewinds
 
-    return {"rewinds": shifted_rewinds(report), "log_files": crash_log_files(case, report),
+    rewinds = shifted_rewinds(report)
+    return {"rewinds": rewinds + plan_rewinds(case, rewinds), "log_files": crash_log_files(case, report),
             "device_memory_gb": case.config.device_memory_gb}
+
+
+def plan_rewinds(case: Case, known: Sequence[Any] = ()) -> list[Any]:
+    """The rewinds the plan recorder wrote (a resumed run trained steps again: :mod:`forensics.plan.rewinds`) as
+    :class:`~forensics.schema.tables.Rewind` s in plan steps, except where a metrics source saw the same resume
+    (the same step resumed at): sources that merged a resumed run's files show no rewind, the recorded plan does."""
+    from forensics.plan.rewinds import REWINDS_FILE, read_rewinds
+    from forensics.schema.tables import Rewind
+
+    plan = case.plan_path
+    if plan is None or not plan.is_dir():
+        return []
+    seen = {int(r.from_step) for r in known}
+    out = []
+    for r in read_rewinds(plan):
+        try:
+            resumed_at, last = int(r["resumed_at"]), int(r["last_step"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if resumed_at in seen:
+            continue
+        seen.add(resumed_at)
+        out.append(Rewind(from_step=resumed_at, rows_replaced=last - resumed_at + 1,
+                          source=f"{plan.name}/{REWINDS_FILE}", last_step=last))
+    return out
 
 
 def logged_offset(report: Any) -> int:

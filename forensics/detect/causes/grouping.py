@@ -42,6 +42,7 @@ CAUSE_KINDS = {
     "harmful_samples": "samples", "divergence": "divergence", "overfitting": "overfitting", "plateau": "plateau",
     "lr_schedule": "lr_schedule", "restart": "restart", "throughput": "throughput", "memory": "memory",
     "crash": "crash", "epoch_boundary": "epoch_boundary",
+    "resume_data": "resume_data", "rank_drift": "rank_drift",
 }
 #: Suspect samples of an event read for its core (the attribution keeps at most this many).
 SUSPECTS_READ = 20

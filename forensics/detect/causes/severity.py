@@ -46,6 +46,7 @@ KIND_DEFAULTS = {
     "expected_for_bucket": INFO, "divergence": CRITICAL, "crash": CRITICAL, "overfitting": WARNING,
     "plateau": WARNING, "throughput": WARNING, "memory": WARNING, "lr_schedule": INFO, "restart": INFO,
     "harmful_samples": WARNING, "epoch_boundary": WARNING,
+    "resume_data": WARNING, "rank_drift": WARNING,
 }
 #: Kinds judged by their lines of evidence.
 EVENT_KINDS = ("spike", "level_shift", "nonfinite")

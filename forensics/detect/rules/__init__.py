@@ -40,6 +40,8 @@ BUILTIN_RULES = (
     "forensics.detect.rules.throughput:ThroughputRule",
     "forensics.detect.rules.memory:MemoryRule",
     "forensics.detect.rules.epoch_boundary:EpochBoundaryRule",
+    "forensics.detect.rules.resume_data:ResumeDataRule",
+    "forensics.detect.rules.rank_drift:RankDriftRule",
     "forensics.detect.causes.grouping:CauseRule",
 )
 _REGISTERED: dict[str, type[Rule]] = {}

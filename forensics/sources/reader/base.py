@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.errors import ForensicsError
-from forensics.sources.reader.records import ReaderReport, Records, damage_line
+from forensics.sources.reader.records import STEP_KEYS, ReaderReport, Records, damage_line
 from forensics.sources.reader.rows import MetricsAccumulator
 
 
@@ -77,6 +77,7 @@ class MetricsReader:
             batches = []
         elif isinstance(batches, Records):
             batches = [batches]
+        batches = [by_rank(rec, self.step_key) for rec in batches]
         touched = [steps for rec in batches if len(rec) for steps in [self._rows.ingest(rec)] if len(steps)]
         if not touched:
             return self._rows.table().iloc[0:0].copy()
@@ -132,3 +133,43 @@ class MetricsReader:
                                         format_step_key=self._records_step_key, finished=self._finished,
                                         strict=self.strict, where_word=self._where_word)
         self._reset_position()
+
+
+#: The column that tags a record with the rank that wrote it (DESIGN.md "ranks").
+RANK_KEY = "rank"
+
+
+def by_rank(rec: Records, step_key: str | None = None) -> Records:
+    """Records with a ``rank`` column (each rank logging its own rows into one source) as one column per metric and
+    rank: ``loss`` of a row of rank 1 becomes ``loss/rank1`` (what :mod:`forensics.detect.rules.rank_drift` reads), so
+    that the rows of one step from several ranks merge into one metrics row instead of overwriting each other. The
+    step and time columns stay as they are; records without a ``rank`` column are returned unchanged."""
+    import pyarrow as pa
+
+    names = rec.table.column_names if isinstance(rec.table, pa.Table) else list(rec.table.columns)
+    if RANK_KEY not in names:
+        return rec
+    if isinstance(rec.table, pa.Table):
+        table = rec.table
+    else:  # a plain float column has no null: its NaN cells are logged NaN, kept as values
+        df = rec.table
+        table = pa.table({str(c): pa.array(df[c], from_pandas=not (df[c].dtype.kind == "f" and isinstance(
+            df[c].dtype, np.dtype))) for c in df.columns})
+    ranks = table.column(RANK_KEY)
+    if not (pa.types.is_integer(ranks.type) or pa.types.is_floating(ranks.type)):
+        return rec
+    rank = np.asarray(ranks.to_numpy(zero_copy_only=False), dtype=np.float64)
+    keep = set(STEP_KEYS) | {"_timestamp", "timestamp", "time", "epoch"} | ({step_key} if step_key else set())
+    known = np.unique(rank[np.isfinite(rank)]).astype(np.int64)
+    columns: dict[str, pa.Array] = {}
+    for name in table.column_names:
+        if name == RANK_KEY:
+            continue
+        col = table.column(name).combine_chunks()
+        if name in keep:
+            columns[name] = col
+            continue
+        for r in known:
+            columns[f"{name}/rank{r}"] = pa.array(col.to_pylist(), type=col.type,
+                                                  mask=~(rank == r) | np.asarray(col.is_null()))
+    return Records(pa.table(columns), rec.where)

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.audit import parse_fail_on, run_audit
 from forensics.detect.rules.rank_drift import drift_factors, max_avg_pairs, rank_metrics, spiking_ranks
+from forensics.pipeline.audit import parse_fail_on, run_audit
 from forensics.schema import open_case
 
 N = 400

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.audit import parse_fail_on, run_audit
 from forensics.detect.base import RunTables
 from forensics.detect.findings import Finding
 from forensics.detect.rules.resume_data import ResumeDataRule, ResumeEffect, moves_data, resume_effect, severe
+from forensics.pipeline.audit import parse_fail_on, run_audit
 from forensics.plan.recorder import PlanRecorder
 from forensics.plan.rewinds import read_rewinds, rewind_plan
 from forensics.schema import load_plan, load_samples, open_case

@@ -249,6 +249,17 @@ document_kind(
     "its start; the finding's step is where the climb began (the fitted change point).",
     "`metric`, `slope_per_step`, `projected_step`.", "A cache that fills once and then stays flat can look linear.")
 document_kind(
+    "resume_data", "After a restart, the plan's epoch holding the resume step consumed samples a second time, or never "
+    "consumed some (beyond the run's usual misses per epoch), for at least 1% of its samples: the data loader's state "
+    "was not restored (the epoch replayed from its start). Critical when a quarter of the epoch moved.",
+    "`restart_step`, `resumed_at`, `epoch`, `repeated`, `skipped`, `repeated_steps` ([first, last]), `loss_moved`.",
+    "A resume meant to restart its epoch (a changed data mix) is reported the same way.")
+document_kind(
+    "rank_drift", "Over the last half of the run, one rank's step time or loss is at least 1.2x the other ranks' "
+    "median (metrics logged per rank: `rank0/loss`, `loss/rank_1`, a `rank` column).",
+    "`rank`, `metric`, `factor`.",
+    "A rank with more work by design (the pipeline's last stage, the rank that logs or evaluates) runs slower.")
+document_kind(
     "epoch_boundary", "The loss jumps (4x its noise above the 20 steps before) within 5 logged steps of the start of "
     "at least 2 epochs and half of those judged, more often than the run's own jump rate makes likely (p < 0.01); "
     "epoch starts from the plan's tags, else a logged `epoch` metric.",

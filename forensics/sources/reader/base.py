@@ -135,7 +135,7 @@ class MetricsReader:
         self._reset_position()
 
 
-#: The column that tags a record with the rank that wrote it (DESIGN.md "ranks").
+#: The column that tags a record with the rank that wrote it (docs/concepts.md).
 RANK_KEY = "rank"
 
 

@@ -11,7 +11,16 @@ ROWS = [
     # numerics first: an overflow decides whatever else holds
     (E(nonfinite=True, reproduced=True, spike_gone=True), "numerics"),
     (E(nonfinite=True, reproduced=False, deterministic=True), "numerics"),
+    (E(nonfinite=True, spike=False), "numerics"),
     (E(loss_scale_drop=True, reproduced=True, spike_gone=False), "numerics"),
+    # no spike: nothing to class, whatever moved in a healthy run
+    (E(spike=False, reproduced=True, spike_gone=True), None),
+    (E(spike=False, loss_scale_drop=True), None),
+    (E(spike=False, crash="ecc"), None),
+    (E(spike=False, reproduced=False, deterministic=True), None),
+    (E(spike=False, optimizer_jump=True, logits_past_range=True), None),
+    (E(spike=True, reproduced=True, spike_gone=True), "data"),
+    (E(spike=None, reproduced=True, spike_gone=True), "data"),
     # a hardware crash line beats everything but an overflow
     (E(crash="ecc", reproduced=True, spike_gone=True), "hardware"),
     (E(crash="nccl"), "hardware"),
@@ -36,7 +45,7 @@ ROWS = [
 
 
 @pytest.mark.parametrize(("evidence", "expected"), ROWS)
-def test_cause_class_rule_order(evidence: ClassEvidence, expected: str) -> None:
+def test_cause_class_rule_order(evidence: ClassEvidence, expected: str | None) -> None:
     cls, why = cause_class(evidence)
     assert cls == expected
     assert why

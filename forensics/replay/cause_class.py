@@ -3,20 +3,25 @@ of a segment re-run, and the action each class implies.
 
 The rules, in order (the first that holds decides; the order is the argument):
 
-1. ``numerics``: non-finite gradients in the re-run, or a loss-scale drop. Nothing else can be judged from a step
-   whose numbers overflowed, and no other class explains an overflow reproduced from a clean state.
-2. ``hardware``: a crash line naming the hardware or the interconnect (ECC, NCCL) near the step.
-3. ``hardware``: the re-run from the same state with the same batches does not reproduce the logged loss while two
+1. ``numerics``: non-finite gradients in the re-run. Nothing else can be judged from a step whose numbers
+   overflowed, and no other class explains an overflow reproduced from a clean state.
+2. no class (``None``): the step is no spike: neither its re-run loss nor its logged one exceeds the segment's
+   baseline by more than the run's own noise allows (:mod:`forensics.replay.rerun_judge`). A class explains a spike;
+   a clean run's largest steps have none to explain, and the signals below (a loss-scale drop, a jump in an update
+   ratio) happen in healthy runs too, so none of them may class a step whose loss did not move.
+3. ``numerics``: a loss-scale drop at or before the spike (the scaler met an overflow).
+4. ``hardware``: a crash line naming the hardware or the interconnect (ECC, NCCL) near the step.
+5. ``hardware``: the re-run from the same state with the same batches does not reproduce the logged loss while two
    re-runs agree with each other (the replay itself is deterministic) and the model has no dropout (whose masks a
    re-run cannot be sure to draw again): what the run computed is not what its inputs imply.
-4. ``unknown``: not reproduced, but the re-runs disagree or dropout is on: the miss proves nothing.
-5. ``data``: reproduced, and the spike is gone with the suspect batch replaced by a same-bucket control.
-6. ``optimizer``: reproduced, and the spike persists with the batch replaced (the state, not the batch, is bad).
-7. ``optimizer``: a group's update/weight ratio, Adam's epsilon share or the largest g^2/v jumped *before* the step
+6. ``unknown``: not reproduced, but the re-runs disagree or dropout is on: the miss proves nothing.
+7. ``data``: reproduced, and the spike is gone with the suspect batch replaced by a same-bucket control.
+8. ``optimizer``: reproduced, and the spike persists with the batch replaced (the state, not the batch, is bad).
+9. ``optimizer``: a group's update/weight ratio, Adam's epsilon share or the largest g^2/v jumped *before* the step
    (the update that produced the step's state; a jump at the step itself is the batch's gradient, which says data).
-8. ``numerics``: the largest attention logit or the logits' log-sum-exp grew past the segment's range (weaker than
+10. ``numerics``: the largest attention logit or the logits' log-sum-exp grew past the segment's range (weaker than
    the rules above: an optimizer step too large also grows the logits, so it decides only when nothing else does).
-9. ``unknown``.
+11. ``unknown``.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class ClassEvidence:
     """What a segment re-run found about one step (``None``: the experiment could not run)."""
 
     nonfinite: bool = False
+    #: Whether the step's loss (re-run or logged) is a spike at all; None: not measured (judged as one).
+    spike: bool | None = None
     loss_scale_drop: bool = False
     crash: str | None = None
     reproduced: bool | None = None
@@ -54,10 +61,14 @@ class ClassEvidence:
     logits_past_range: bool = False
 
 
-def cause_class(ev: ClassEvidence) -> tuple[str, str]:
-    """``(class, rule)``: the class the evidence implies (module docstring) and why, in words."""
-    if ev.nonfinite or ev.loss_scale_drop:
-        return "numerics", "non-finite gradients in the re-run" if ev.nonfinite else "the loss scale dropped"
+def cause_class(ev: ClassEvidence) -> tuple[str | None, str]:
+    """``(class, rule)``: the class the evidence implies (module docstring; None: no spike to class) and why."""
+    if ev.nonfinite:
+        return "numerics", "non-finite gradients in the re-run"
+    if ev.spike is False:
+        return None, "the step is no spike (its loss is within the run's noise): nothing to class"
+    if ev.loss_scale_drop:
+        return "numerics", "the loss scale dropped at or before the spike"
     if ev.crash in ("ecc", "nccl"):
         return "hardware", f"a {ev.crash.upper()} crash line near the step"
     if ev.reproduced is False:

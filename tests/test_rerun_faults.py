@@ -160,3 +160,28 @@ def test_clean_run_largest_events_get_no_class(runs, tmp_path):
     findings = json.loads((case / "findings.json").read_text(encoding="utf-8"))
     assert [c["severity"] for c in findings["causes"] if c["severity"] in ("warning", "critical")] == []
     assert [c for c in findings["causes"] if c.get("cause_class")] == []
+
+
+def test_audit_replay_reruns_the_main_cause_and_names_its_class(runs, tmp_path):
+    run = runs["data"]
+    case = run.copy_to(tmp_path / "case")
+    assert main(["audit", str(case), "--no-html", "--replay"]) == 0
+    findings = json.loads((case / "findings.json").read_text(encoding="utf-8"))
+    main_cause = findings["causes"][0]
+    assert run.spike_step in main_cause["steps"]
+    assert main_cause["cause_class"] == "data"
+    assert main_cause["action"].startswith("Skip the suspect samples")
+    assert findings["verdict"].endswith(f"; re-run: cause class data ({main_cause['action'].rstrip('.')}).")
+    replay = json.loads((case / "replay" / "replay.json").read_text(encoding="utf-8"))
+    assert next(d for d in replay["steps"] if d["step"] == run.spike_step)["rerun"]["cause_class"] == "data"
+
+
+def test_audit_replay_without_optimizer_state_replays_without_a_class(runs, tmp_path):
+    case = runs["data"].copy_to(tmp_path / "case")
+    for ck in case.glob("checkpoint-*"):
+        (ck / "optimizer.pt").unlink()
+    assert main(["audit", str(case), "--no-html", "--replay"]) == 0
+    findings = json.loads((case / "findings.json").read_text(encoding="utf-8"))
+    assert findings["causes"][0]["replay"]["verdict"] == "data"
+    assert "cause_class" not in findings["causes"][0]
+    assert "re-run" not in findings["verdict"]

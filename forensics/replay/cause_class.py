@@ -26,6 +26,7 @@ The rules, in order (the first that holds decides; the order is the argument):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,9 +94,25 @@ def action(cls: str, step: int, checkpoint: int | None, group: str | None = None
                                group=f" (first in {group})" if group else "", group_or_model=group or "the model")
 
 
+#: How the verdict sentence tells the main cause's class (one clause, replaced when the class is told again).
+VERDICT_CLAUSE = re.compile(r"; re-run: cause class \w+ \(.*\)\.$")
+
+
+def verdict_with_class(verdict: str, cause: dict[str, Any]) -> str:
+    """The verdict sentence with the main cause's class and action as its last clause (once, however often it is
+    told; a sentence without a class clause when the cause has no class)."""
+    base = VERDICT_CLAUSE.sub(".", verdict or "").rstrip()
+    cls, act = cause.get("cause_class"), cause.get("action")
+    if cls not in CAUSE_CLASSES or not base:
+        return base
+    what = str(act).rstrip(".") if act else "no action known"
+    return base.rstrip(".") + f"; re-run: cause class {cls} ({what})."
+
+
 def apply_cause_classes(findings: dict[str, Any], replay: dict[str, Any] | None) -> dict[str, Any]:
     """``findings`` (changed in place and returned) with each cause's ``cause_class`` and ``action`` taken from the
-    re-run of its first re-run step (replay.json's ``rerun`` objects); causes no re-run reached are left as they are."""
+    re-run of its first re-run step (replay.json's ``rerun`` objects); causes no re-run reached are left as they are.
+    The verdict sentence then names the main (first) cause's class and action when it has one."""
     reruns = {int(d["step"]): d["rerun"] for d in (replay or {}).get("steps") or []
               if isinstance(d, dict) and isinstance(d.get("rerun"), dict) and d.get("step") is not None}
     if not reruns:
@@ -107,4 +124,7 @@ def apply_cause_classes(findings: dict[str, Any], replay: dict[str, Any] | None)
         hit = next((reruns[s] for s in dict.fromkeys(steps) if s in reruns), None)
         if hit is not None and hit.get("cause_class") in CAUSE_CLASSES:
             c["cause_class"], c["action"] = hit["cause_class"], hit.get("action")
+    causes = [c for c in findings.get("causes") or [] if isinstance(c, dict)]
+    if causes and isinstance(findings.get("verdict"), str):
+        findings["verdict"] = verdict_with_class(findings["verdict"], causes[0])
     return findings

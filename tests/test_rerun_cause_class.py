@@ -20,6 +20,9 @@ ROWS = [
     (E(nonfinite=True, reproduced=False, deterministic=True), "numerics"),
     (E(nonfinite=True, spike=False), "numerics"),
     (E(loss_scale_drop=True, reproduced=True, spike_gone=False), "numerics"),
+    (E(nan_iterations=True, reproduced=True, spike_gone=True), "numerics"),
+    (E(nan_iterations=True, crash="ecc"), "numerics"),
+    (E(spike=False, nan_iterations=True), None),
     # no spike: nothing to class, whatever moved in a healthy run
     (E(spike=False, reproduced=True, spike_gone=True), None),
     (E(spike=False, loss_scale_drop=True), None),

@@ -18,6 +18,7 @@ from forensics.replay.rerun_judge import (
     REPRO_REL,
     SPIKE_MIN_REL,
     judge,
+    logged_numerics,
     loss_noise,
 )
 
@@ -131,3 +132,26 @@ def test_determinism_at_its_tolerance(rel: float, deterministic: bool) -> None:
     r = _judge(first, 9.0, second)
     assert r["deterministic"] is deterministic
     assert r["cause_class"] == ("hardware" if deterministic else "unknown")
+
+
+#: What the audit wrote for a cause whose spike followed a loss-scale drop (findings.json ``details.numerics``).
+NUMERICS = {"numerics": True, "loss_scale_drop": {"step": 11, "before": 65536.0, "after": 32768.0},
+            "nan_iterations": None,
+            "evidence": ["loss scale dropped from 65536 to 32768 at step 11, 2 steps ahead of the loss spike at 13: "
+                         "the fp16 scaler met an overflow (numerics)."]}
+
+
+@pytest.mark.parametrize(("cause_steps", "found"), [([13, 14], True), ([14, 15], False)])
+def test_logged_numerics_of_the_cause_holding_the_step(cause_steps: list[int], found: bool) -> None:
+    findings = {"causes": [{"id": "C1", "steps": cause_steps, "details": {"numerics": NUMERICS}}]}
+    assert logged_numerics(findings, 13) == (NUMERICS if found else None)
+
+
+@pytest.mark.parametrize(("logs", "cls"), [(NUMERICS, "numerics"), (None, "data")])
+def test_logged_loss_scale_drop_classes_a_reproduced_spike_numerics(logs: dict | None, cls: str) -> None:
+    first = _segment([3.0, 3.0, 3.0, 6.0], replaced=3.0)
+    steps = [r["step"] for r in first.records]
+    logged = {s: r["loss"] for s, r in zip(steps, first.records, strict=True)}
+    r = judge(13, CK, first, copy.deepcopy(first), logged, {}, 99, False, None, logs)
+    assert r["cause_class"] == cls
+    assert any("(numerics)" in e for e in r["evidence"]) is (logs is not None)

@@ -9,7 +9,8 @@ The rules, in order (the first that holds decides; the order is the argument):
    baseline by more than the run's own noise allows (:mod:`forensics.replay.rerun_judge`). A class explains a spike;
    a clean run's largest steps have none to explain, and the signals below (a loss-scale drop, a jump in an update
    ratio) happen in healthy runs too, so none of them may class a step whose loss did not move.
-3. ``numerics``: a loss-scale drop at or before the spike (the scaler met an overflow).
+3. ``numerics``: the logs show a loss-scale drop or a NaN iteration at or before the spike (the scaler met an
+   overflow; :mod:`forensics.detect.evidence.log_numerics`).
 4. ``hardware``: a crash line naming the hardware or the interconnect (ECC, NCCL) near the step.
 5. ``hardware``: the re-run from the same state with the same batches does not reproduce the logged loss while two
    re-runs agree with each other (the replay itself is deterministic) and the model has no dropout (whose masks a
@@ -53,6 +54,7 @@ class ClassEvidence:
     #: Whether the step's loss (re-run or logged) is a spike at all; None: not measured (judged as one).
     spike: bool | None = None
     loss_scale_drop: bool = False
+    nan_iterations: bool = False
     crash: str | None = None
     reproduced: bool | None = None
     deterministic: bool | None = None
@@ -68,8 +70,9 @@ def cause_class(ev: ClassEvidence) -> tuple[str | None, str]:
         return "numerics", "non-finite gradients in the re-run"
     if ev.spike is False:
         return None, "the step is no spike (its loss is within the run's noise): nothing to class"
-    if ev.loss_scale_drop:
-        return "numerics", "the loss scale dropped at or before the spike"
+    if ev.loss_scale_drop or ev.nan_iterations:
+        return "numerics", ("the logged loss scale dropped at or before the spike" if ev.loss_scale_drop else
+                            "the logs count a NaN iteration at or before the spike")
     if ev.crash in ("ecc", "nccl"):
         return "hardware", f"a {ev.crash.upper()} crash line near the step"
     if ev.reproduced is False:

@@ -95,6 +95,19 @@ def _first_group(jumps: list[tuple[int, str, str, float]]) -> tuple[str, int, fl
     return g, s, f
 
 
+def logged_numerics(findings: dict[str, Any] | None, step: int) -> dict[str, Any] | None:
+    """What the audit read from the logs around ``step``: the ``details.numerics`` of the findings.json cause that
+    holds it (a loss-scale drop, NaN iterations), or None. Read from findings.json, not from the metrics again: the
+    audit's window around the spike is the one rule."""
+    for c in (findings or {}).get("causes") or []:
+        if not isinstance(c, dict) or step not in (c.get("steps") or []):
+            continue
+        found = (c.get("details") or {}).get("numerics")
+        if isinstance(found, dict):
+            return found
+    return None
+
+
 def _crash_near(findings: dict[str, Any] | None, step: int) -> str | None:
     for f in (findings or {}).get("findings") or []:
         if isinstance(f, dict) and f.get("kind") == "crash" and f.get("step") is not None \
@@ -107,8 +120,9 @@ def _crash_near(findings: dict[str, Any] | None, step: int) -> str | None:
 
 def judge(suspect: int, ck: Checkpoint, first: Any, second: Any, logged: dict[int, float],
           logged_gn: dict[int, float], control: int | None, dropout: bool,
-          findings: dict[str, Any] | None) -> dict[str, Any]:
-    """The ``rerun`` object of replay.json for ``suspect`` from two passes over its segment."""
+          findings: dict[str, Any] | None, logs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``rerun`` object of replay.json for ``suspect`` from two passes over its segment; ``logs``: the numerics
+    the run's logs hold around it (:func:`forensics.detect.evidence.log_numerics.log_numerics`)."""
     recs = first.records
     for r in recs:
         r["logged"] = logged.get(r["step"])
@@ -195,7 +209,12 @@ def judge(suspect: int, ck: Checkpoint, first: Any, second: Any, logged: dict[in
             evidence.append(f"the logits' log-sum-exp reached {at['logsumexp']:.4g} (earlier at most "
                             f"{max(l_prev):.4g})")
     crash = _crash_near(findings, suspect)
-    ev = ClassEvidence(nonfinite=nonfinite, spike=spike, crash=crash, reproduced=reproduced,
+    drop = bool(logs and logs.get("loss_scale_drop"))
+    nan_logged = bool(logs and logs.get("nan_iterations"))
+    if drop or nan_logged:
+        evidence += [e for e in logs["evidence"] if "(numerics)" in e]
+    ev = ClassEvidence(nonfinite=nonfinite, spike=spike, loss_scale_drop=drop, nan_iterations=nan_logged,
+                       crash=crash, reproduced=reproduced,
                        deterministic=deterministic, dropout=dropout, spike_gone=spike_gone,
                        optimizer_jump=bool(before_jumps), logits_past_range=past)
     cls, why = cause_class(ev)

@@ -4,14 +4,33 @@ from __future__ import annotations
 
 import pytest
 
-from forensics.replay.cause_class import CAUSE_CLASSES, ClassEvidence, action, cause_class
+from forensics.replay.cause_class import (
+    CAUSE_CLASSES,
+    ClassEvidence,
+    action,
+    apply_cause_classes,
+    cause_class,
+    verdict_with_class,
+)
 
 E = ClassEvidence
 ROWS = [
     # numerics first: an overflow decides whatever else holds
     (E(nonfinite=True, reproduced=True, spike_gone=True), "numerics"),
     (E(nonfinite=True, reproduced=False, deterministic=True), "numerics"),
+    (E(nonfinite=True, spike=False), "numerics"),
     (E(loss_scale_drop=True, reproduced=True, spike_gone=False), "numerics"),
+    (E(nan_iterations=True, reproduced=True, spike_gone=True), "numerics"),
+    (E(nan_iterations=True, crash="ecc"), "numerics"),
+    (E(spike=False, nan_iterations=True), None),
+    # no spike: nothing to class, whatever moved in a healthy run
+    (E(spike=False, reproduced=True, spike_gone=True), None),
+    (E(spike=False, loss_scale_drop=True), None),
+    (E(spike=False, crash="ecc"), None),
+    (E(spike=False, reproduced=False, deterministic=True), None),
+    (E(spike=False, optimizer_jump=True, logits_past_range=True), None),
+    (E(spike=True, reproduced=True, spike_gone=True), "data"),
+    (E(spike=None, reproduced=True, spike_gone=True), "data"),
     # a hardware crash line beats everything but an overflow
     (E(crash="ecc", reproduced=True, spike_gone=True), "hardware"),
     (E(crash="nccl"), "hardware"),
@@ -36,7 +55,7 @@ ROWS = [
 
 
 @pytest.mark.parametrize(("evidence", "expected"), ROWS)
-def test_cause_class_rule_order(evidence: ClassEvidence, expected: str) -> None:
+def test_cause_class_rule_order(evidence: ClassEvidence, expected: str | None) -> None:
     cls, why = cause_class(evidence)
     assert cls == expected
     assert why
@@ -69,3 +88,34 @@ def test_parameter_groups_follow_the_modules(name: str, group: str) -> None:
     from forensics.replay.rerun import param_group
 
     assert param_group(name) == group
+
+
+BASE = "loss spiked at step 17: samples 1, 2 were in its batch."
+
+
+@pytest.mark.parametrize(("verdict", "cause", "expected"), [
+    (BASE, {}, BASE),
+    (BASE, {"cause_class": None, "action": None}, BASE),
+    (BASE, {"cause_class": "data", "action": "Skip them."}, BASE[:-1] + "; re-run: cause class data (Skip them)."),
+    # told again: the clause is replaced, never repeated
+    (BASE[:-1] + "; re-run: cause class data (Skip them).", {"cause_class": "optimizer", "action": "Lower the lr."},
+     BASE[:-1] + "; re-run: cause class optimizer (Lower the lr)."),
+    (BASE[:-1] + "; re-run: cause class data (Skip them).", {}, BASE),
+    ("", {"cause_class": "data", "action": "Skip them."}, ""),
+])
+def test_verdict_names_the_main_cause_class_once(verdict: str, cause: dict, expected: str) -> None:
+    assert verdict_with_class(verdict, cause) == expected
+
+
+def test_apply_cause_classes_twice_gives_what_once_gives() -> None:
+    rerun = {"cause_class": "hardware", "action": "Quarantine the node that ran step 13 and resume from checkpoint 8."}
+    replay = {"steps": [{"step": 13, "rerun": rerun}]}
+    findings = {"verdict": BASE, "causes": [{"id": "C1", "kind": "batch", "steps": [13, 20]},
+                                            {"id": "C2", "kind": "batch", "steps": [30]}]}
+    once = apply_cause_classes(findings, replay)
+    assert once["causes"][0]["cause_class"] == "hardware"
+    assert "cause_class" not in once["causes"][1]
+    assert once["verdict"] == BASE[:-1] + "; re-run: cause class hardware (" + rerun["action"][:-1] + ")."
+    import copy
+
+    assert apply_cause_classes(copy.deepcopy(once), replay) == once

@@ -7,7 +7,9 @@ the segment re-run from the checkpoint before the spike names the fault's class,
   naming the first group whose update/weight ratio jumped (at step 13);
 - ``bitflip``: the final layer norm's scale changed in memory at step 13, the checkpoint before it clean ->
   ``hardware`` (the re-run from the same state and batches does not reproduce the spike);
-- ``overflow``: an embedding row at 1e30 in the checkpoint's state, reached by step 17's batch -> ``numerics``.
+- ``overflow``: an embedding row at 1e30 in the checkpoint's state, reached by step 17's batch -> ``numerics``;
+- ``clean``: no fault: its largest events (the largest loss rise, the largest loss after the first checkpoint, the
+  largest grad norm) are no spike to the re-run: no class, and no cause at warning or above.
 
 Each run is built once per session (a few seconds each) and copied before a replay writes into it.
 """
@@ -130,3 +132,56 @@ def test_rerun_without_optimizer_state_is_one_line(runs, tmp_path, capsys):
                  "--no-control-step"]) == 2
     err = capsys.readouterr().err
     assert "optimizer.pt" in err and "Traceback" not in err
+
+
+def _largest_events(run) -> list[int]:
+    """The clean run's largest events (module docstring), canonical steps."""
+    state = json.loads((run.out / "trainer_state.json").read_text(encoding="utf-8"))
+    rows = [(int(r["step"]) - 1, float(r["loss"]), float(r["grad_norm"])) for r in state["log_history"] if "loss" in r]
+    after = [r for r in rows if r[0] > 4]  # past the first checkpoint: a segment with a baseline
+    return sorted({run.spike_step, max(after, key=lambda r: r[1])[0], max(after, key=lambda r: r[2])[0]})
+
+
+def test_clean_run_largest_events_get_no_class(runs, tmp_path):
+    run = runs["clean"]
+    steps = _largest_events(run)
+    assert len(steps) == 3
+    case = run.copy_to(tmp_path / "case")
+    assert main(["audit", str(case), "--no-html"]) == 0
+    assert main(["replay", str(case), "--steps", ",".join(map(str, steps)), "--rerun", "--device", "cpu",
+                 "--controls", "2", "--no-probes", "--no-control-step"]) == 0
+    replay = json.loads((case / "replay" / "replay.json").read_text(encoding="utf-8"))
+    reruns = {d["step"]: d["rerun"] for d in replay["steps"] if d.get("rerun")}
+    assert sorted(reruns) == steps
+    for r in reruns.values():
+        assert r["reproduced"] is True
+        assert r["spike"] is False
+        assert r["cause_class"] is None and r["action"] is None
+    findings = json.loads((case / "findings.json").read_text(encoding="utf-8"))
+    assert [c["severity"] for c in findings["causes"] if c["severity"] in ("warning", "critical")] == []
+    assert [c for c in findings["causes"] if c.get("cause_class")] == []
+
+
+def test_audit_replay_reruns_the_main_cause_and_names_its_class(runs, tmp_path):
+    run = runs["data"]
+    case = run.copy_to(tmp_path / "case")
+    assert main(["audit", str(case), "--no-html", "--replay"]) == 0
+    findings = json.loads((case / "findings.json").read_text(encoding="utf-8"))
+    main_cause = findings["causes"][0]
+    assert run.spike_step in main_cause["steps"]
+    assert main_cause["cause_class"] == "data"
+    assert main_cause["action"].startswith("Skip the suspect samples")
+    assert findings["verdict"].endswith(f"; re-run: cause class data ({main_cause['action'].rstrip('.')}).")
+    replay = json.loads((case / "replay" / "replay.json").read_text(encoding="utf-8"))
+    assert next(d for d in replay["steps"] if d["step"] == run.spike_step)["rerun"]["cause_class"] == "data"
+
+
+def test_audit_replay_without_optimizer_state_replays_without_a_class(runs, tmp_path):
+    case = runs["data"].copy_to(tmp_path / "case")
+    for ck in case.glob("checkpoint-*"):
+        (ck / "optimizer.pt").unlink()
+    assert main(["audit", str(case), "--no-html", "--replay"]) == 0
+    findings = json.loads((case / "findings.json").read_text(encoding="utf-8"))
+    assert findings["causes"][0]["replay"]["verdict"] == "data"
+    assert "cause_class" not in findings["causes"][0]
+    assert "re-run" not in findings["verdict"]

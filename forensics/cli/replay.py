@@ -123,8 +123,10 @@ def print_result(out, result) -> None:
         r = d.get("rerun")
         if isinstance(r, dict):
             first = f"; first group to move: {r['first_group']}" if r.get("first_group") else ""
-            out.print(f"step {d['step']} re-run, cause class {r['cause_class']}{first}: "
-                      f"{'; '.join(r.get('evidence', [])[:-1])}. Action: {r.get('action')}", markup=False)
+            cls = f"cause class {r['cause_class']}" if r.get("cause_class") else "no cause class (no spike)"
+            act = f" Action: {r['action']}" if r.get("action") else ""
+            out.print(f"step {d['step']} re-run, {cls}{first}: {'; '.join(r.get('evidence', [])[:-1])}.{act}",
+                      markup=False)
     for g in result.not_replayed:
         out.print(f"not replayed (budget {result.budget_s:g} s): cause {g['cause']} (steps "
                   f"{', '.join(map(str, g['steps']))})", markup=False)

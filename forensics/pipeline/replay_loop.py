@@ -6,7 +6,10 @@ Two ways in, one merge (:func:`forensics.detect.causes.replayed.apply_replay`):
 - ``forensics audit CASE --replay`` (or run.toml ``[replay] auto = true``): :func:`replay_causes` after the audit
   replays the most urgent causes with a batch (``[replay] max_causes``, default :data:`MAX_CAUSES`) within the budget
   (``--replay-budget``, run.toml ``[replay] budget``, default :data:`BUDGET_S` seconds) and merges the verdicts into
-  the audit's findings before anything is written; the causes it did not reach are listed as not replayed.
+  the audit's findings before anything is written; the causes it did not reach are listed as not replayed. When
+  the checkpoints hold optimizer state, the replayed causes' first steps are also re-run from the checkpoint before
+  them (``replay --rerun``, within the same budget), so each such cause gets its ``cause_class`` and ``action`` and
+  the verdict sentence names the main cause's.
 - ``forensics replay CASE ...``: :func:`merge_into_audit` merges the replay.json it just wrote into the case's
   findings.json and re-renders its report.html, so a later replay lands in the same files the audit wrote.
 
@@ -38,7 +41,7 @@ def replay_causes(case: Case, findings: dict[str, Any], plan_steps: set[int], bu
     """Replay the top causes of ``findings`` (the audit's, not yet written; ``plan_steps``: the steps its plan
     holds) and merge the verdicts into them; returns the findings and the :class:`~forensics.replay.ReplayResult`
     (None when nothing could be replayed: why is added to the findings' warnings)."""
-    from forensics.replay.readiness import replay_readiness
+    from forensics.replay.readiness import has_optimizer_state, replay_readiness
 
     ready = replay_readiness(case)
     if not ready.ok:
@@ -58,8 +61,9 @@ def replay_causes(case: Case, findings: dict[str, Any], plan_steps: set[int], bu
     if not chosen:
         findings.setdefault("warnings", []).append("--replay: no cause with a batch to replay")
         return findings, None
+    rerun = has_optimizer_state(case)
     result = replay_case(case, ReplayOptions(groups=chosen, budget_s=budget, progress=progress, device=device,
-                                             findings=findings))
+                                             findings=findings, rerun=rerun, rerun_optional=True))
     not_replayed = [{"cause": g["cause"], "key": keys.get(str(g["cause"])), "steps": g["steps"],
                      "why": f"the replay budget ({budget:g} s) was spent"} for g in result.not_replayed]
     not_replayed += [{"cause": g.cause, "key": keys.get(str(g.cause)), "steps": g.steps,
@@ -67,7 +71,11 @@ def replay_causes(case: Case, findings: dict[str, Any], plan_steps: set[int], bu
     from forensics.detect.causes.replayed import apply_replay
     from forensics.replay.result import read_replay
 
-    apply_replay(findings, read_replay(case.root / "replay" / "replay.json"), not_replayed)
+    replay = read_replay(case.root / "replay" / "replay.json")
+    apply_replay(findings, replay, not_replayed)
+    from forensics.replay.cause_class import apply_cause_classes
+
+    apply_cause_classes(findings, replay)
     return findings, result
 
 

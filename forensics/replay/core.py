@@ -64,6 +64,9 @@ class ReplayOptions:
     findings: dict[str, Any] | None = None
     #: Also re-run the optimizer steps from the checkpoint before each suspect (:mod:`forensics.replay.rerun`).
     rerun: bool = False
+    #: A re-run that cannot run (no optimizer state in its checkpoint, an optimizer it does not know) is a warning,
+    #: not bad input: ``audit --replay`` re-runs when it can and replays the verdicts either way.
+    rerun_optional: bool = False
 
 
 def _resolved(opt: ReplayOptions, case: Case) -> ReplayOptions:
@@ -91,7 +94,6 @@ def replay_case(case_dir: str | Path | Case, options: ReplayOptions | None = Non
     ses = ReplaySession(case, opt)
     offset = int((findings or {}).get("run", {}).get("logged_offset", ses.source_offset) or 0)
     groups, notes = _groups(opt, ses, findings, offset, case.root)
-    warnings = ses.warnings + notes
     every = sorted({s for g in groups for s in g.steps})
     missing = [s for s in every if not ses.index.has(s)]
     if missing:
@@ -118,7 +120,8 @@ def replay_case(case_dir: str | Path | Case, options: ReplayOptions | None = Non
                 results += [r | {"role": "control", "control_of": first}
                             for r in _replay_group(ses, [c], exclude - {c}, offset, bar)]
     if opt.rerun:
-        _rerun(ses, results, exclude, findings, bar)
+        _rerun(ses, opt, results, exclude, findings, bar, t0)
+    warnings = ses.warnings + notes
     result = ReplayResult(steps=json_safe(sorted(results, key=lambda d: d["step"])), device=ses.device,
                           dtype=ses.dtype, forwards=ses.fwd.forwards, tokens_forwarded=ses.fwd.tokens,
                           warnings=warnings, logged_offset=offset, steps_as=opt.steps_as,
@@ -137,19 +140,48 @@ def replay_case(case_dir: str | Path | Case, options: ReplayOptions | None = Non
     return result
 
 
-def _rerun(ses: ReplaySession, results: list[dict[str, Any]], exclude: set[int], findings: dict | None,
-           bar: Any) -> None:
-    """The segment re-run of every suspect step, added to its entry as ``rerun`` (none for a step with no
-    checkpoint at or before it)."""
-    from forensics.replay.rerun import rerun_step
+#: Forward-equivalents one re-run step costs (two passes, each a forward and a backward of the batch and the
+#: signals), to judge the first re-run against the budget before any has been timed.
+RERUN_FORWARDS_PER_STEP = 8
+
+
+def _rerun(ses: ReplaySession, opt: ReplayOptions, results: list[dict[str, Any]], exclude: set[int],
+           findings: dict | None, bar: Any, t0: float) -> None:
+    """The segment re-run of the suspect steps, added to each entry as ``rerun`` (none for a step with no
+    checkpoint at or before it): each cause's first step first (in the causes' order), then the rest, while the
+    budget allows one more (the seconds per re-run step so far, else :data:`RERUN_FORWARDS_PER_STEP` forwards)."""
+    from forensics.replay.rerun import rerun_step, segment_start
 
     suspects = [r for r in results if r.get("role") == "suspect"]
-    bar.add(len(suspects))
+    firsts: dict[Any, dict[str, Any]] = {}
     for r in suspects:
-        found = rerun_step(ses, int(r["step"]), exclude, findings)
+        firsts.setdefault(r.get("cause", id(r)), r)
+    order = list(firsts.values()) + [r for r in suspects if r not in firsts.values()]
+    bar.add(len(order))
+    spent = steps_done = 0.0
+    for r in order:
+        s = int(r["step"])
+        ck = segment_start(ses.checkpoints, s)
+        n = s - ck.step + 1 if ck is not None else 0
+        if opt.budget_s is not None and n:
+            per = spent / steps_done if steps_done else (ses.seconds_per_forward() or 0.0) * RERUN_FORWARDS_PER_STEP
+            if time.perf_counter() - t0 + per * n > opt.budget_s:
+                ses.warnings.append(f"--rerun: step {s} not re-run; the replay budget ({opt.budget_s:g} s) was spent")
+                bar.advance(f"re-run to step {s} skipped")
+                continue
+        started = time.perf_counter()
+        try:
+            found = rerun_step(ses, s, exclude, findings)
+        except ForensicsError as exc:
+            if not opt.rerun_optional:
+                raise
+            ses.warnings.append(f"{exc}; not re-run" if str(exc).startswith("--rerun") else f"--rerun: {exc}")
+            found = None
         if found is not None:
             r["rerun"] = found
-        bar.advance(f"re-run to step {r['step']}")
+            spent += time.perf_counter() - started
+            steps_done += n
+        bar.advance(f"re-run to step {s}")
 
 
 def _groups(opt: ReplayOptions, ses: ReplaySession, findings: dict | None, offset: int,

@@ -84,3 +84,16 @@ def _has_tokens(path: Path) -> bool:
     except (OSError, ValueError, IndexError):
         return False
     return any(c in names for c in TOKEN_COLUMNS)
+
+
+def has_optimizer_state(case: Case) -> bool:
+    """Whether a segment re-run may find optimizer state (no torch, nothing loaded): an HF ``checkpoint-N/`` with
+    ``optimizer.pt``, or a checkpoint file or folder of another kind (its state is known only once loaded)."""
+    from pathlib import Path
+
+    found, _ = list_checkpoints(case)
+    for _, path in found or []:
+        p = Path(path)
+        if not p.is_dir() or (p / "optimizer.pt").exists() or not (p / "config.json").exists():
+            return True
+    return False

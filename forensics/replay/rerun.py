@@ -346,10 +346,10 @@ def rerun_step(ses: Any, suspect: int, exclude: set[int], findings: dict[str, An
     max_norm = ses.case.config.max_grad_norm
     first = run_segment(ses, ck, steps, suspect, lrs, max_norm, control=control, per_sample=True)
     second = run_segment(ses, ck, steps, suspect, lrs, max_norm)
-    from forensics.replay.rerun_judge import judge
+    from forensics.replay.rerun_judge import judge, logged_numerics
 
     return judge(suspect, ck, first, second, ses.logged, _column(metrics, gn_key), control,
-                 _has_dropout(ses.model.module), findings)
+                 _has_dropout(ses.model.module), findings, logged_numerics(findings, suspect))
 
 
 def _has_dropout(module: Any) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 
 from forensics.replay.cause_class import ClassEvidence, action, cause_class
 from forensics.replay.checkpoints import Checkpoint
+from forensics.stats import robust_sd
 
 #: Reproduced: the re-run loss within this relative error of the logged one, or 3x the segment's worst before it.
 REPRO_REL = 0.02
@@ -27,8 +28,14 @@ G2V_JUMP = 100.0
 EPS_SHARE_RISE = 0.1
 #: The replaced batch removed the spike when less than this share of the step's excess over the baseline is left.
 GONE_SHARE = 0.5
-#: A step is a spike worth replacing when its re-run loss exceeds the baseline by this relative margin.
+#: A step is a spike (worth a class, worth replacing its batch) when its loss exceeds the segment's baseline by
+#: more than this relative margin and by more than NOISE_Z times the run's own step-to-step loss noise
+#: (:func:`loss_noise`): a clean run's largest steps sit within a few of its noise units (the tiny clean fixture run's
+#: largest rise is 2.1 of them), a planted fault's spike tens of them.
 SPIKE_MIN_REL = 0.05
+NOISE_Z = 4.0
+#: Logged losses before the suspect needed to measure the noise (fewer: the relative margin alone decides).
+NOISE_MIN_STEPS = 8
 #: Logits past the range: the attention logit this many times, the log-sum-exp this many times the earlier maximum.
 ATTN_GROWTH, LSE_GROWTH = 2.0, 1.5
 #: A crash line within this many steps of the suspect is near it.
@@ -37,6 +44,23 @@ CRASH_WINDOW = 50
 
 def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
+
+
+def loss_noise(logged: dict[int, float], before: int) -> float:
+    """One step's loss noise in the run's logged losses before step ``before``: the robust SD of the differences of
+    consecutive steps' losses, over sqrt(2) (a difference holds two steps' noise). Differences, not values: the
+    descent of the loss is a trend, not noise. 0.0 when fewer than :data:`NOISE_MIN_STEPS` finite pairs."""
+    diffs = [logged[s] - logged[s - 1] for s in sorted(logged) if s < before and s - 1 in logged
+             and math.isfinite(logged[s]) and math.isfinite(logged[s - 1])]
+    if len(diffs) < NOISE_MIN_STEPS:
+        return 0.0
+    d = np.asarray(diffs)
+    return robust_sd(d) / math.sqrt(2.0)
+
+
+def spike_margin(baseline: float, noise: float) -> float:
+    """How far above ``baseline`` a loss must be to be a spike (:data:`SPIKE_MIN_REL`, :data:`NOISE_Z`)."""
+    return max(SPIKE_MIN_REL * abs(baseline), NOISE_Z * noise)
 
 
 def _jumps(records: list[dict[str, Any]], upto: int) -> list[tuple[int, str, str, float]]:
@@ -71,6 +95,19 @@ def _first_group(jumps: list[tuple[int, str, str, float]]) -> tuple[str, int, fl
     return g, s, f
 
 
+def logged_numerics(findings: dict[str, Any] | None, step: int) -> dict[str, Any] | None:
+    """What the audit read from the logs around ``step``: the ``details.numerics`` of the findings.json cause that
+    holds it (a loss-scale drop, NaN iterations), or None. Read from findings.json, not from the metrics again: the
+    audit's window around the spike is the one rule."""
+    for c in (findings or {}).get("causes") or []:
+        if not isinstance(c, dict) or step not in (c.get("steps") or []):
+            continue
+        found = (c.get("details") or {}).get("numerics")
+        if isinstance(found, dict):
+            return found
+    return None
+
+
 def _crash_near(findings: dict[str, Any] | None, step: int) -> str | None:
     for f in (findings or {}).get("findings") or []:
         if isinstance(f, dict) and f.get("kind") == "crash" and f.get("step") is not None \
@@ -83,8 +120,9 @@ def _crash_near(findings: dict[str, Any] | None, step: int) -> str | None:
 
 def judge(suspect: int, ck: Checkpoint, first: Any, second: Any, logged: dict[int, float],
           logged_gn: dict[int, float], control: int | None, dropout: bool,
-          findings: dict[str, Any] | None) -> dict[str, Any]:
-    """The ``rerun`` object of replay.json for ``suspect`` from two passes over its segment."""
+          findings: dict[str, Any] | None, logs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``rerun`` object of replay.json for ``suspect`` from two passes over its segment; ``logs``: the numerics
+    the run's logs hold around it (:func:`forensics.detect.evidence.log_numerics.log_numerics`)."""
     recs = first.records
     for r in recs:
         r["logged"] = logged.get(r["step"])
@@ -122,15 +160,27 @@ def judge(suspect: int, ck: Checkpoint, first: Any, second: Any, logged: dict[in
     if not deterministic:
         evidence.append("two re-runs from the same state disagree (max relative difference "
                         f"{max((max(d) for d in diffs), default=math.nan):.2g})")
-    # replaced
+    # a spike at all: the re-run's loss against the re-run's baseline, the logged one against the logged baseline
     finite_before = [r["loss"] for r in before if math.isfinite(r["loss"])]
     baseline = float(np.median(finite_before)) if finite_before else None
+    logged_before = [r["logged"] for r in before if r["logged"] is not None and math.isfinite(r["logged"])]
+    logged_base = float(np.median(logged_before)) if logged_before else None
+    noise = loss_noise(logged, suspect)
+    said = [v for v in (_is_spike(at["loss"], baseline, noise),
+                        None if log is None else _is_spike(log, logged_base, noise)) if v is not None]
+    spike = True if any(said) else (False if said else None)
+    if spike is False:
+        evidence.append(f"no spike at step {suspect}: the loss (re-run {at['loss']:.4g}, logged "
+                        f"{'none' if log is None else format(log, '.4g')}) is no more than {NOISE_Z:g}x the run's "
+                        f"loss noise ({noise:.3g}) or {SPIKE_MIN_REL:.0%} above the segment's baseline "
+                        f"({'none' if baseline is None else format(baseline, '.4g')})")
+    # replaced
     spike_gone = None
     if first.replaced_loss is not None and baseline is not None:
         rl = first.replaced_loss
         if not math.isfinite(at["loss"]):
             spike_gone = math.isfinite(rl)
-        elif at["loss"] - baseline > SPIKE_MIN_REL * abs(baseline):
+        elif at["loss"] - baseline > spike_margin(baseline, noise):
             spike_gone = bool(math.isfinite(rl) and rl - baseline <= GONE_SHARE * (at["loss"] - baseline))
         evidence.append(f"with the batch replaced by step {control}'s (same bucket): loss {rl:.4g} against "
                         f"{at['loss']:.4g} and the segment's baseline {baseline:.4g}"
@@ -159,13 +209,28 @@ def judge(suspect: int, ck: Checkpoint, first: Any, second: Any, logged: dict[in
             evidence.append(f"the logits' log-sum-exp reached {at['logsumexp']:.4g} (earlier at most "
                             f"{max(l_prev):.4g})")
     crash = _crash_near(findings, suspect)
-    ev = ClassEvidence(nonfinite=nonfinite, crash=crash, reproduced=reproduced, deterministic=deterministic,
-                       dropout=dropout, spike_gone=spike_gone, optimizer_jump=bool(before_jumps),
-                       logits_past_range=past)
+    drop = bool(logs and logs.get("loss_scale_drop"))
+    nan_logged = bool(logs and logs.get("nan_iterations"))
+    if drop or nan_logged:
+        evidence += [e for e in logs["evidence"] if "(numerics)" in e]
+    ev = ClassEvidence(nonfinite=nonfinite, spike=spike, loss_scale_drop=drop, nan_iterations=nan_logged,
+                       crash=crash, reproduced=reproduced,
+                       deterministic=deterministic, dropout=dropout, spike_gone=spike_gone,
+                       optimizer_jump=bool(before_jumps), logits_past_range=past)
     cls, why = cause_class(ev)
-    evidence.append(f"cause class {cls}: {why}")
+    evidence.append(f"cause class {cls}: {why}" if cls else f"no cause class: {why}")
     return {"from_checkpoint": ck.step, "reproduced": reproduced, "deterministic": deterministic,
             "segment": recs, "replaced": {"loss": first.replaced_loss, "spike_gone": spike_gone,
                                           "control_step": control},
             "per_sample": first.per_sample, "first_group": fg[0] if fg else None, "cause_class": cls,
-            "action": action(cls, suspect, ck.step, fg[0] if fg else None), "evidence": evidence}
+            "action": action(cls, suspect, ck.step, fg[0] if fg else None) if cls else None,
+            "spike": spike, "evidence": evidence}
+
+
+def _is_spike(loss: float, baseline: float | None, noise: float) -> bool | None:
+    """Whether ``loss`` is a spike over ``baseline`` (a non-finite loss is one); None without a baseline."""
+    if not math.isfinite(loss):
+        return True
+    if baseline is None:
+        return None
+    return loss - baseline > spike_margin(baseline, noise)

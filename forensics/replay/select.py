@@ -3,7 +3,11 @@
 - **Causes** (``--from-findings``, ``audit --replay``): every cause whose events are steps with a batch (kinds
   :data:`BATCH_KINDS`: a batch or its samples explain it, a spike with no batch evidence, NaN/inf), in findings.json's
   order (most severe, then most confident, first), at most ``max_causes``; each replays its first
-  :data:`EVENTS_PER_CAUSE` events (a cause's later events are the same samples coming back). Run-level causes (the
+  :data:`EVENTS_PER_CAUSE` events (a cause's later events are the same samples coming back). A ``samples`` cause (the
+  run-level harmful samples) replays instead the steps that consumed most of its samples (findings.json
+  ``harmful_samples`` rows' ``steps``; ties: the earlier step): its events are only its first step and the batch
+  causes it absorbed, while on a length-grouped run the steps holding the most corrupted samples are in it alone.
+  Run-level causes (the
   grad-norm spikes the loss did not follow, a static plan, oscillation, run health) have no batch of their own.
 - **Known spikes** are never chosen as controls: every step of a cause and of a spike's window.
 - **A clean control step**: the same-bucket step nearest to the first suspect that is no known spike, shares no sample
@@ -52,6 +56,8 @@ def cause_groups(findings: dict[str, Any], has_batch, max_causes: int | None = N
         if not isinstance(c, dict) or c.get("kind") not in BATCH_KINDS:
             continue
         events = [int(s) for s in (c.get("events") or c.get("steps") or [])]
+        if c.get("kind") == "samples":
+            events = most_harmful_steps(findings, c) or events
         steps = [s for s in events if has_batch(s)]
         if not steps:
             continue
@@ -60,6 +66,18 @@ def cause_groups(findings: dict[str, Any], has_batch, max_causes: int | None = N
         if max_causes is not None and len(out) >= max_causes:
             break
     return out
+
+
+def most_harmful_steps(findings: dict[str, Any], cause: dict[str, Any]) -> list[int]:
+    """The steps of a ``samples`` cause, those that consumed most of its samples first (ties: the earlier step), from
+    findings.json's ``harmful_samples`` rows (empty when it has none for the cause's samples)."""
+    mine = {int(i) for i in cause.get("suspect_samples") or []}
+    counts: dict[int, int] = {}
+    for row in findings.get("harmful_samples") or []:
+        if isinstance(row, dict) and row.get("sample_id") is not None and int(row["sample_id"]) in mine:
+            for s in row.get("steps") or []:
+                counts[int(s)] = counts.get(int(s), 0) + 1
+    return sorted(counts, key=lambda s: (-counts[s], s))
 
 
 def spike_steps(findings: dict[str, Any] | None) -> list[int]:

@@ -124,8 +124,27 @@ EVAL_LOSS = Role("eval_loss", (("loss",),), loose=("loss",),
                  exclude=frozenset({"scale", "scaler", "scaling", "ppl", "perplexity"}), require=EVAL_WORDS,
                  also=(("lm", "loss", "value"),), last=frozenset({"test", "testing"}),
                  flag="run.toml eval_loss_key", label="eval loss")
+#: Numerics and optimizer signals logged beside the loss (read as evidence before it, never analysed as the loss):
+#: Megatron's ``loss scale`` (the fp16 scaler: it halves when a step overflows), ``number of skipped iterations``
+#: and ``number of nan iterations`` (counts over each logging interval); OLMo-core's ``optim/step skipped``;
+#: torchtitan's ``global_max_loss`` beside ``global_avg_loss`` (the worst rank's loss against the mean); an update
+#: norm (OLMo-core ``optim/*``, a ``*update norm*`` series).
+_COUNT_WORDS = frozenset({"number", "of", "num", "count", "n"})
+LOSS_SCALE = Role("loss_scale", (("loss", "scale"), ("loss", "scaler"), ("lossscale",), ("grad", "scale")),
+                  loose=("lossscale",), neutral=frozenset({"current"}), label="loss scale")
+SKIPPED_ITERATIONS = Role(
+    "skipped_iterations",
+    (("skipped", "iterations"), ("skipped", "iteration"), ("skipped", "iters"), ("skipped", "steps"),
+     ("step", "skipped"), ("steps", "skipped")),
+    neutral=_COUNT_WORDS, label="skipped iterations")
+NAN_ITERATIONS = Role("nan_iterations", (("nan", "iterations"), ("nan", "iteration"), ("nan", "iters"),
+                                         ("nan", "steps")), neutral=_COUNT_WORDS, label="nan iterations")
+MAX_LOSS = Role("max_loss", (("max", "loss"),), neutral=frozenset({"global", "rank", "ranks"}), label="max loss")
+UPDATE_NORM = Role("update_norm", (("update", "norm"), ("updates", "norm"), ("param", "update", "norm")),
+                   loose=("updatenorm",), label="update norm")
 #: The roles by name.
-ROLES = {r.name: r for r in (LOSS, GRAD_NORM, LR, THROUGHPUT, EVAL_LOSS)}
+ROLES = {r.name: r for r in (LOSS, GRAD_NORM, LR, THROUGHPUT, EVAL_LOSS, LOSS_SCALE, SKIPPED_ITERATIONS,
+                             NAN_ITERATIONS, MAX_LOSS, UPDATE_NORM)}
 # Kept for callers that list the spellings (the CLI help); the lookup itself reads names as words.
 LOSS_KEYS = ("train/loss", "loss", "train_loss", "train_loss_step", "lm loss", "reduced_train_loss", "TRAIN_LOSS")
 GRAD_NORM_KEYS = ("grad_norm", "train/grad_norm", "grad-norm", "total_grad_norm", "gradient_norm", "grad norm")
@@ -383,6 +402,32 @@ def eval_loss_column(columns: Iterable[str], loss_key: str | None = None) -> str
 def tokens_per_s_column(columns: Iterable[str]) -> str | None:
     """The throughput metric among ``columns`` (tokens per second before samples per second)."""
     return choose_key(columns, THROUGHPUT).key
+
+
+def loss_scale_column(columns: Iterable[str]) -> str | None:
+    """The fp16 loss scale among ``columns`` (Megatron's ``loss scale``, ``loss_scale``, ``grad_scale``)."""
+    return choose_key(columns, LOSS_SCALE).key
+
+
+def skipped_iterations_column(columns: Iterable[str]) -> str | None:
+    """The count of skipped updates (Megatron's ``number of skipped iterations``, OLMo-core's ``optim/step
+    skipped``)."""
+    return choose_key(columns, SKIPPED_ITERATIONS).key
+
+
+def nan_iterations_column(columns: Iterable[str]) -> str | None:
+    """The count of NaN steps (Megatron's ``number of nan iterations``)."""
+    return choose_key(columns, NAN_ITERATIONS).key
+
+
+def max_loss_column(columns: Iterable[str]) -> str | None:
+    """The worst rank's loss (torchtitan's ``global_max_loss``, beside ``global_avg_loss``, the loss key)."""
+    return choose_key(columns, MAX_LOSS).key
+
+
+def update_norm_column(columns: Iterable[str]) -> str | None:
+    """An update norm (``optim/update norm``, ``update_norm``)."""
+    return choose_key(columns, UPDATE_NORM).key
 
 
 def key_choices_section(*choices: KeyChoice) -> dict[str, Any]:

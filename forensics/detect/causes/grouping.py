@@ -260,6 +260,8 @@ class CauseRule(Rule):
         recurs = len(group) > 1
         lead = next((f for f in members if f.metric == run.loss_key), members[0])
         kind = "batch" if suspects else "event"
+        numerics = next(((f.details.get("attribution") or {}).get("numerics") for f in members
+                         if ((f.details.get("attribution") or {}).get("numerics") or {}).get("numerics")), None)
         return {"kind": kind, "steps": steps, "metrics": metrics, "suspect_samples": suspects,
                 "_key_samples": list(group[0][0].suspect_samples), "_members": members,
                 "severity": most_severe(f.severity for f in members), "confidence": 1.0 - no_doubt,
@@ -269,7 +271,8 @@ class CauseRule(Rule):
                 "details": {"recurs": recurs, "static_plan": static, "bucket": lead.tags.get("bucket"),
                             "cluster_name": lead.tags.get("cluster_name"),
                             "plan": wording.plan_link(gate) if static and recurs else None,
-                            "spiked_in": {str(i): counts[i] for i in suspects if counts.get(i, 0) >= 2}}}
+                            "spiked_in": {str(i): counts[i] for i in suspects if counts.get(i, 0) >= 2}}
+                | ({"numerics": numerics} if numerics else {})}
 
     def _samples_cause(self, f: Finding, causes: list[dict[str, Any]], run: RunTables) -> list[dict[str, Any]]:
         """The run-level harmful samples as one story: batch causes led by them join one ``samples`` cause, "these

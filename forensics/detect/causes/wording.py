@@ -79,8 +79,12 @@ def event_summary(kind: str, lead: Finding, members: list[Finding], firsts: list
     else:
         text = (f"{lead.metric} spiked at {step_span(firsts[0], offset=offset)}{size}{also}{small}; its batch held "
                 f"samples {_ids(suspects)}{where}.")
+    numerics = next((n for f in members for n in [(f.details.get("attribution") or {}).get("numerics") or {}]
+                     if n.get("numerics")), None)
     lead_words = [e for e in lead.evidence if " steps before the loss" in e]
-    if lead.details.get("joint") == "led" or lead_words:
+    if numerics:  # the logs saw an overflow at or before it: numerics before the optimizer (the cause-class order)
+        text = text.rstrip(".") + f"; {numerics['evidence'][0].split(':')[0]} (a numerics event)."
+    elif lead.details.get("joint") == "led" or lead_words:
         text = text.rstrip(".") + (f"; {lead_words[0].split(':')[0]}" if lead_words else
                                    "; the grad norm rose before it") + " (an optimizer-led event)."
     return text

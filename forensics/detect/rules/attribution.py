@@ -17,7 +17,9 @@ writes it onto a copy of the finding:
 (:func:`~forensics.detect.rules.recurrence.
    batch_recurrence`), written to the finding's flat ``recurrence`` list (``epoch``, ``step``, ``value``,
    ``baseline``, ``ratio``, ``overlap``, ``jaccard``, ``is_spike``) that the report draws.
-4. **Precedence**: grad norm before/with/after the loss, lr and tokens/s (:mod:`forensics.detect.evidence.precedence`).
+4. **Precedence**: grad norm before/with/after the loss, lr and tokens/s (:mod:`forensics.detect.evidence.precedence`);
+   and the numerics the logs hold around a loss spike (a loss-scale drop, nan or skipped iterations, the worst rank's
+   loss: :mod:`forensics.detect.evidence.log_numerics`), which set ``support["numerics"]`` when they say numerics.
 5. **Next step** in words: which step to replay from which checkpoint (grad-norm-led events: the steps from where
    the grad norm started to grow), which samples to inspect, and the plan fix when the batches are static (the gate
    says so, or the spike batch recurs in several epochs), with the what-if throughput when given.
@@ -37,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
+from forensics.detect.evidence.log_numerics import log_numerics
 from forensics.detect.evidence.precedence import PRECEDENCE_FACTOR, PRECEDENCE_Z, precedence
 from forensics.detect.evidence.suspects import rank_all
 from forensics.detect.findings import Finding, spike_span
@@ -157,6 +160,12 @@ def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataF
             evidence.append(r["evidence"])
         if p is not None:
             evidence.extend(p["evidence"])
+        numerics = log_numerics(metrics, spike_span(f)[0], metric) if is_loss else None
+        if numerics is not None:
+            attribution["numerics"] = numerics
+            evidence.extend(numerics["evidence"])
+            if numerics["numerics"]:
+                f.details.setdefault("support", {})["numerics"] = True
         f.evidence = list(f.evidence) + evidence
         f.details["attribution"] = attribution
         f.next_step = _next_step(f, p, r, sample_rows, gate, whatif, every, saved, has_plan)

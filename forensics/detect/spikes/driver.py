@@ -115,7 +115,10 @@ class SpikeDriver:
             part = _written_rows(rows, metric)
             given = None if self.grad_norm_key is None or metric == self.grad_norm_key else support
             if self._composed(metric, det):
-                found = det.update(self._adjusted(metric, part), None, given)
+                # the residual against the composition, still against its own bucket's baseline: before the first
+                # fit (factor 1) that is the bucket baseline of a plan without the expectation, after it a bucket's
+                # offset is what the composition left unexplained
+                found = det.update(self._adjusted(metric, part), self.tags_, given)
                 new += [self._expectation(f) for f in found]
                 self._count_explained(metric, det)
             else:

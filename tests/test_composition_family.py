@@ -119,7 +119,31 @@ def test_the_harmful_samples_false_alarm_is_the_only_critical_cause_of_its_clean
     assert [s for s in findings["spikes"] if s["metric"] == "loss" and s["severity"] in AT_LEAST_WARNING] == []
 
 
-@pytest.mark.parametrize("name", CORRUPT)
+CUT_CLEAN = [m.name for m in members() if not m.corrupt and m.mix == "cut"]
+#: The twins of the ``cut`` mix (buckets fitted through a content type, steps of 2 samples): a noise row lifts its step
+#: ~1.5x over narrow's loss while the length-grouped sampler's runs of one type move the loss 2-3x, and neither the
+#: spike detector nor the harmful-samples estimate finds most of their corrupted steps (12 to 24 of 24 missed).
+CUT_TWINS_MISSED = {m.name for m in members() if m.corrupt and m.mix == "cut"}
+
+
+@pytest.mark.parametrize("name", CUT_CLEAN)
+def test_judged_against_its_bucket_alone_a_clean_cut_run_raises_false_alarms(hf_family, tmp_path, capsys, name):
+    """What the family reproduces: with each step judged against its length bucket's baseline alone (the expectation
+    from the composition switched off), every clean member whose buckets cut through a content type raises causes at
+    warning or above (the batches of one type's tail in the other type's bucket)."""
+    from unittest import mock
+
+    from forensics.detect.spikes.driver import SpikeDriver
+
+    with mock.patch.object(SpikeDriver, "_composed", lambda self, metric, det: False):
+        findings = _audit(hf_family(name), tmp_path)
+    capsys.readouterr()
+    assert len([c for c in findings["causes"] if c["severity"] in AT_LEAST_WARNING]) >= 3
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
+    strict=True, reason="corrupted steps the cut mix hides (see CUT_TWINS_MISSED)"))
+    if n in CUT_TWINS_MISSED else n for n in CORRUPT])
 def test_a_corrupted_twin_finds_every_corrupted_step_and_at_most_two_other_causes(hf_family, tmp_path, capsys, name):
     case = hf_family(name)
     findings = _audit(case, tmp_path)
@@ -134,7 +158,7 @@ def test_a_corrupted_twin_finds_every_corrupted_step_and_at_most_two_other_cause
 #: Twins whose first cause does not rank the 12 corrupted samples first: in a static plan each corrupted sample's 3
 #: batch-mates come back with it every epoch (the loss cannot tell them apart); in one length-grouped twin 3 clean
 #: samples rank among the corrupted ones.
-NOT_RANKED_FIRST = {"static-s0-corrupt", "static-s1-corrupt", "group_by_length-s1-corrupt"}
+NOT_RANKED_FIRST = {"static-s0-corrupt", "static-s1-corrupt", "group_by_length-s1-corrupt"} | CUT_TWINS_MISSED
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(

@@ -4,10 +4,11 @@ Per member: causes at critical and warning; for a corrupted twin, the steps hold
 at warning or above covers, the other causes at warning or above, and how many of the first cause's top suspects
 (as many as corrupted samples) are corrupted; the shares of the detrended loss variance the bucket and the whole
 composition explain; then the worst member's figures. Run: ``PYTHONPATH=. python bench/bench_composition_family.py``
-(builds the family on first use, ~5 minutes on one core, then cached by content). ``--mix cut`` measures only the
-members whose fitted buckets cut through a content type; ``--no-composition`` has the spike detector judge every step against
-its length bucket's baseline alone, as it did before it judged steps against their composition (the false alarms it
-is measured against; the harmful-samples estimate keeps the composition among its covariates); ``--write-docs`` writes the worst member's figures into docs/accuracy.md between its markers.
+(builds the family on first use, ~3 minutes on one core, then cached by content). ``--mix cut`` measures only the
+members whose fitted buckets cut through a content type; ``--no-composition`` has the spike detector judge every
+step against its length bucket's baseline alone, as it did before it judged steps against their composition (the
+false alarms it is measured against; the harmful-samples estimate keeps the composition among its covariates);
+``--write-docs`` measures both and writes the worst member of each mix into docs/accuracy.md between its markers.
 """
 
 from __future__ import annotations

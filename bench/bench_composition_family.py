@@ -3,17 +3,24 @@
 Per member: causes at critical and warning; for a corrupted twin, the steps holding corrupted samples that no cause
 at warning or above covers, the other causes at warning or above, and how many of the first cause's top suspects
 (as many as corrupted samples) are corrupted; the shares of the detrended loss variance the bucket and the whole
-composition explain. Run: ``PYTHONPATH=. python bench/bench_composition_family.py`` (builds the family on first use,
-~2 minutes on one core, then cached by content).
+composition explain; then the worst member's figures. Run: ``PYTHONPATH=. python bench/bench_composition_family.py``
+(builds the family on first use, ~3 minutes on one core, then cached by content). ``--mix cut`` measures only the
+members whose fitted buckets cut through a content type; ``--no-composition`` has the spike detector judge every
+step against its length bucket's baseline alone, as it did before it judged steps against their composition (the
+false alarms it is measured against; the harmful-samples estimate keeps the composition among its covariates);
+``--write-docs`` measures both and writes the worst member of each mix into docs/accuracy.md between its markers.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
+import re
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import pandas as pd
 
@@ -21,6 +28,8 @@ from fixtures.hf_family import family_member, members
 from forensics.cli import main
 
 LOUD = ("critical", "warning")
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "accuracy.md"
+BEGIN, END = "<!-- bench_composition_family: begin -->", "<!-- bench_composition_family: end -->"
 
 
 def measure(case, out: Path) -> dict:
@@ -43,14 +52,88 @@ def measure(case, out: Path) -> dict:
             "composition_share": osc.get("composition_variance_share")}
 
 
-def main_bench() -> None:
-    tmp = Path(tempfile.mkdtemp())
-    print(f"{'member':28s} crit warn missed other top  bucket compos")
-    for m in members():
-        r = measure(family_member(m), tmp / f"{m.name}.json")
-        print(f"{m.name:28s} {r['critical']:4d} {r['warning']:4d} {r['missed']:6d} {r['other_loud']:5d} "
+def worst(rows: list[tuple[str, bool, dict]]) -> dict:
+    """The worst figure of each kind over the members: critical and warning causes of a clean member; missed
+    corrupted steps, other causes at warning or above and the fewest corrupted samples among the top suspects of a
+    corrupted twin (each with the member it came from)."""
+    clean = [(n, r) for n, c, r in rows if not c]
+    twins = [(n, r) for n, c, r in rows if c]
+    out = {}
+    for key, pool in (("critical", clean), ("warning", clean), ("missed", twins), ("other_loud", twins)):
+        if pool:
+            name, r = max(pool, key=lambda x: x[1][key])
+            out[key] = (r[key], name)
+    if twins:
+        name, r = min(twins, key=lambda x: int(x[1]["top_corrupt"].split("/")[0]))
+        out["top_corrupt"] = (r["top_corrupt"], name)
+    return out
+
+
+def docs_table(figures: dict[str, dict], n_members: int) -> str:
+    """The docs' table: per setting (composition off / on), the worst member's figures."""
+    lines = [f"The worst member of each mix, {n_members} runs in all "
+             "(`python3 bench/bench_composition_family.py --write-docs`):", "",
+             "| steps judged against | clean: most critical causes | clean: most warnings | twin: most corrupted "
+             "steps missed | twin: most other loud causes | twin: fewest corrupted in top 12 |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for label, w in figures.items():
+        cells = [f"{w[k][0]} ({w[k][1]})" if k in w else "-"
+                 for k in ("critical", "warning", "missed", "other_loud", "top_corrupt")]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_docs(table: str, path: Path = DOCS) -> None:
+    """Replace what lies between the markers of ``path`` with ``table`` (the markers are kept)."""
+    text = path.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path}: expected the markers {BEGIN} and {END}")
+    text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text,
+                  flags=re.S)
+    path.write_text(text, encoding="utf-8")
+
+
+def run_family(chosen: list, composition: bool, tmp: Path) -> list[tuple[str, bool, dict]]:
+    """Audit each member (its steps judged against their composition or, when not ``composition``, their bucket)
+    and print its row."""
+    from forensics.detect.spikes.driver import SpikeDriver
+
+    off = mock.patch.object(SpikeDriver, "_composed", lambda self, metric, det: False)
+    rows = []
+    print(f"steps judged against their {'composition' if composition else 'length bucket alone'}")
+    print(f"{'member':38s} crit warn missed other top  bucket compos")
+    for m in chosen:
+        with off if not composition else contextlib.nullcontext():
+            r = measure(family_member(m), tmp / f"{m.name}.json")
+        rows.append((m.name, m.corrupt, r))
+        print(f"{m.name:38s} {r['critical']:4d} {r['warning']:4d} {r['missed']:6d} {r['other_loud']:5d} "
               f"{r['top_corrupt'] if m.corrupt else '-':5s} {r['bucket_share'] or 0:.2f}   "
               f"{r['composition_share'] or 0:.2f}")
+    w = worst(rows)
+    print("worst: " + ", ".join(f"{k} {v} ({name})" for k, (v, name) in w.items()))
+    return rows
+
+
+def main_bench(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mix", choices=("all", "overlap", "cut"), default="all")
+    ap.add_argument("--no-composition", action="store_true", help="only the bucket-baseline setting")
+    ap.add_argument("--write-docs", action="store_true", help="both settings, written into docs/accuracy.md")
+    args = ap.parse_args(argv)
+    chosen = [m for m in members() if args.mix in ("all", m.mix)]
+    tmp = Path(tempfile.mkdtemp())
+    settings = [False, True] if args.write_docs else [not args.no_composition]
+    figures = {}
+    mix_of = {m.name: m.mix for m in chosen}
+    for composition in settings:
+        rows = run_family(chosen, composition, tmp)
+        label = "its composition" if composition else "its length bucket alone"
+        for mix in dict.fromkeys(mix_of.values()):
+            of_mix = [r for r in rows if mix_of[r[0]] == mix]
+            figures[f"{label} ({mix} mix, {len(of_mix)} runs)"] = worst(of_mix)
+    if args.write_docs:
+        write_docs(docs_table(figures, len(chosen)))
+        print(f"wrote {DOCS}")
 
 
 if __name__ == "__main__":

@@ -96,14 +96,13 @@ def _corrupt_steps(case) -> set[int]:
 
 CLEAN = [m.name for m in members() if not m.corrupt]
 CORRUPT = [m.name for m in members() if m.corrupt]
-#: The one clean member where the run-level harmful-samples estimate (not a spike) names two chatter samples at 6%
-#: above their steps' expectation, twice each: its own evidence rule makes that critical.
-HARMFUL_SAMPLES_FALSE_ALARM = "group_by_length-s1-clean"
+#: A clean member whose two repetitive motif samples run 6% above their 4-sample steps' expectation, twice each
+#: (significant, q < 0.002, and with content evidence): their own loss only ~0.2x above what their steps expect of
+#: them, under the harmful-samples estimate's effect floor.
+HARDER_THAN_THEIR_BATCH = "group_by_length-s1-clean"
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="the harmful-samples estimate's false alarm (see HARMFUL_SAMPLES_FALSE_ALARM)"))
-    if n == HARMFUL_SAMPLES_FALSE_ALARM else n for n in CLEAN])
+@pytest.mark.parametrize("name", CLEAN)
 def test_a_clean_run_has_no_critical_cause_and_at_most_two_warnings(hf_family, tmp_path, capsys, name):
     findings = _audit(hf_family(name), tmp_path)
     capsys.readouterr()
@@ -112,14 +111,58 @@ def test_a_clean_run_has_no_critical_cause_and_at_most_two_warnings(hf_family, t
     assert severities.count("warning") <= 2
 
 
-def test_the_harmful_samples_false_alarm_is_the_only_critical_cause_of_its_clean_run(hf_family, tmp_path, capsys):
-    findings = _audit(hf_family(HARMFUL_SAMPLES_FALSE_ALARM), tmp_path)
+@pytest.mark.parametrize("name", CLEAN)
+def test_a_clean_run_lists_no_harmful_sample(hf_family, tmp_path, capsys, name):
+    findings = _audit(hf_family(name), tmp_path)
     capsys.readouterr()
-    assert [c["kind"] for c in findings["causes"] if c["severity"] == "critical"] == ["samples"]
-    assert [s for s in findings["spikes"] if s["metric"] == "loss" and s["severity"] in AT_LEAST_WARNING] == []
+    assert findings["harmful_samples"] == []
+    assert [c for c in findings["causes"] if c["kind"] == "samples"] == []
 
 
-@pytest.mark.parametrize("name", CORRUPT)
+def test_samples_harder_than_their_batch_are_significant_but_under_the_effect_floor(hf_family, tmp_path, capsys,
+                                                                                   monkeypatch):
+    from forensics.detect.evidence import sample_effects
+    from forensics.detect.rules.harmful_samples import MIN_EXCESS
+
+    seen = []
+    real = sample_effects.estimate
+    monkeypatch.setattr(sample_effects, "estimate", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    findings = _audit(hf_family(HARDER_THAN_THEIR_BATCH), tmp_path)
+    capsys.readouterr()
+    (est,) = seen
+    significant = est[est["q"] <= 0.05]
+    assert sorted(significant["sample_id"]) == [259, 404]
+    assert (significant["excess"] < MIN_EXCESS).all() and (significant["excess"] > 0.15).all()
+    assert findings["harmful_samples"] == []
+
+
+CUT_CLEAN = [m.name for m in members() if not m.corrupt and m.mix == "cut"]
+#: The twins of the ``cut`` mix (buckets fitted through a content type, steps of 2 samples) miss 12 to 24 of their
+#: 24 corrupted steps: the tool's clusters put the noise rows (uniform words, as chatter's) in chatter's cluster, so a
+#: step of one narrow and one noise row is expected as half chatter, ~1.5x narrow's loss, which is about what the
+#: noise row adds; judged against the bucket alone they miss 7 to 15 (the length-grouped sampler's runs of one type
+#: move the loss 2-3x) and raise 3 to 5 other loud causes each.
+CUT_TWINS_MISSED = {m.name for m in members() if m.corrupt and m.mix == "cut"}
+
+
+@pytest.mark.parametrize("name", CUT_CLEAN)
+def test_judged_against_its_bucket_alone_a_clean_cut_run_raises_false_alarms(hf_family, tmp_path, capsys, name):
+    """What the family reproduces: with each step judged against its length bucket's baseline alone (the expectation
+    from the composition switched off), every clean member whose buckets cut through a content type raises causes at
+    warning or above (the batches of one type's tail in the other type's bucket)."""
+    from unittest import mock
+
+    from forensics.detect.spikes.driver import SpikeDriver
+
+    with mock.patch.object(SpikeDriver, "_composed", lambda self, metric, det: False):
+        findings = _audit(hf_family(name), tmp_path)
+    capsys.readouterr()
+    assert len([c for c in findings["causes"] if c["severity"] in AT_LEAST_WARNING]) >= 3
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
+    strict=True, reason="corrupted steps the cut mix hides (see CUT_TWINS_MISSED)"))
+    if n in CUT_TWINS_MISSED else n for n in CORRUPT])
 def test_a_corrupted_twin_finds_every_corrupted_step_and_at_most_two_other_causes(hf_family, tmp_path, capsys, name):
     case = hf_family(name)
     findings = _audit(case, tmp_path)
@@ -134,7 +177,7 @@ def test_a_corrupted_twin_finds_every_corrupted_step_and_at_most_two_other_cause
 #: Twins whose first cause does not rank the 12 corrupted samples first: in a static plan each corrupted sample's 3
 #: batch-mates come back with it every epoch (the loss cannot tell them apart); in one length-grouped twin 3 clean
 #: samples rank among the corrupted ones.
-NOT_RANKED_FIRST = {"static-s0-corrupt", "static-s1-corrupt", "group_by_length-s1-corrupt"}
+NOT_RANKED_FIRST = {"static-s0-corrupt", "static-s1-corrupt", "group_by_length-s1-corrupt"} | CUT_TWINS_MISSED
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(

@@ -5,6 +5,7 @@ candidates together; each answer must be the one a loop over the candidates give
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.sparse as sp
 
@@ -133,3 +134,28 @@ def audited_static_block(demo_small, tmp_path_factory) -> list[dict]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         assert main(["audit", str(demo_small / "static"), "--no-html", "--json", str(out)]) == 0
     return json.loads(out.read_text())["harmful_samples"]
+
+
+@pytest.mark.parametrize(("q", "excess", "listed"), [
+    (0.05, 0.5, True),  # at both limits
+    (0.05, 0.49, False),  # significant, but its own loss under 1.5x what its steps expect of it
+    (0.0501, 2.0, False),  # a large excess, not significant
+    (0.0, 0.0, False),  # the pursuit gave it no effect: its steps' excess is its batch-mates'
+    (1e-300, 0.51, True),
+])
+def test_a_sample_is_listed_only_when_significant_and_its_excess_matters(q, excess, listed) -> None:
+    from forensics.detect.rules.harmful_samples import MIN_EXCESS, listed_samples
+
+    assert MIN_EXCESS == 0.5
+    est = pd.DataFrame({"sample_id": [7, 8], "q": [q, 0.5], "excess": [excess, 3.0], "z": [5.0, 9.0],
+                        "content": [False, True]})
+    assert listed_samples(est, q=0.05)["sample_id"].tolist() == ([7] if listed else [])
+
+
+def test_listed_samples_put_content_evidence_first_then_the_score() -> None:
+    from forensics.detect.rules.harmful_samples import listed_samples
+
+    est = pd.DataFrame({"sample_id": [1, 2, 3, 4], "q": [0.01] * 4, "excess": [1.0] * 4, "z": [9.0, 3.0, 5.0, 5.0],
+                        "content": [False, True, False, False]})
+    assert listed_samples(est, q=0.05)["sample_id"].tolist() == [2, 1, 3, 4]
+    assert listed_samples(est, q=0.05, limit=2)["sample_id"].tolist() == [2, 1]

@@ -56,8 +56,10 @@ def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
 
 def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_pursuit: int = 200,
              seed: int = 1) -> pd.DataFrame | None:
-    """Per sample of the plan: ``appearances``, ``steps``, ``effect``, ``z``, ``p``, ``q``, ``block``, ``content``
-    (module docstring); None when the run is too short to say anything (fewer than 50 logged values)."""
+    """Per sample of the plan: ``appearances``, ``steps``, ``effect``, ``excess``, ``z``, ``p``, ``q``, ``block``,
+    ``content`` (module docstring; ``excess``: how far the sample's own loss ran above what its steps expect of it,
+    its step effect over its token share, 0 for a sample the pursuit gave no effect); None when the run is too short
+    to say anything (fewer than 50 logged values)."""
     rows = run.written_rows(run.loss_key)
     steps = rows[STEP].to_numpy(np.int64)
     loss = rows[run.loss_key].to_numpy(np.float64, na_value=np.nan)
@@ -68,17 +70,20 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
     y = np.log(loss)
     win = min(window, max(5, len(y) // 4) | 1)
     e = y - rolling_median(y, win)
+    composition = composition_log_factor(run, steps, loss)
     # the trend is not known at the run's start (a centred median lags a steep warm-up descent): those rows are left
     # out, as the spike rule leaves its warm-up to a rule of its own
     start = min(win // 2, len(y) // 10)
     steps, e = steps[start:], e[start:]
+    composition = composition[start:] if composition is not None else None
     stride = membership_stride(run.plan_view.n_rows())
     if stride > 1:  # a logged step left out leaves out its window's plan steps too (they map to no kept row)
         steps, e = steps[::stride], e[::stride]
+        composition = composition[::stride] if composition is not None else None
     w, ids, counts = _membership(run, steps)
     if w.shape[1] == 0:
         return None
-    x = _covariates(run, steps, w, ids)
+    x = _covariates(run, steps, w, ids, composition)
     judged = ids
     tags_only = e - x @ _huber(x, e)  # the residuals of the tags' fit alone
     if len(ids) > CONTENT_ALL:  # past this many samples, the content of those whose steps ran high is read
@@ -117,17 +122,26 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
     near = q <= 0.5  # the samples worth naming: their steps and blocks (the rest stay empty)
     block = _blocks(w, near)
     effect = np.zeros(len(ids))
+    excess = np.zeros(len(ids))
     for b in np.unique(block[beta > 0]):  # back in log-loss units: what its block adds to its steps' loss
         members = np.flatnonzero(block == b) if np.count_nonzero(block == b) > 1 else np.array([b])
         rows = csc.indices[csc.indptr[b]:csc.indptr[b + 1]]
         col = np.zeros(len(rows))
+        share = np.zeros(len(rows))
         for j in members:  # a block's samples have the same steps, so their columns line up row by row
-            col += csc.data[csc.indptr[j]:csc.indptr[j + 1]] * scale[rows] * beta[j]
+            token_share = csc.data[csc.indptr[j]:csc.indptr[j + 1]] * scale[rows]
+            col += token_share * beta[j]
+            share += token_share
         effect[members] = float(np.mean(np.expm1(col))) if len(col) else 0.0
+        # the excess of the sample's own loss over what its steps expect of it, had it carried the block's effect
+        # alone: what it adds to a step over its token share there (a block's samples share one step's tokens)
+        own = share / len(members)
+        excess[members] = float(np.mean(np.expm1(col) / own)) if len(col) else 0.0
     step_lists: list[list[int] | None] = [None] * len(ids)
     for j in np.flatnonzero(near):
         step_lists[j] = steps[csc.indices[csc.indptr[j]:csc.indptr[j + 1]]].tolist()
-    out = pd.DataFrame({SAMPLE_ID: ids, "appearances": counts, "steps": step_lists, "effect": effect, "z": z,
+    out = pd.DataFrame({SAMPLE_ID: ids, "appearances": counts, "steps": step_lists, "effect": effect,
+                        "excess": excess, "z": z,
                         "p": p, "q": q, "block": np.bincount(block, minlength=len(ids))[block], "content": flagged,
                         "batch_level": shared})
     out.attrs["stride"], out.attrs["max_entries"] = stride, MAX_ENTRIES
@@ -295,8 +309,26 @@ def _membership(run: RunTables, steps: np.ndarray) -> tuple[sp.csr_matrix, np.nd
     return w, ids, counts
 
 
-def _covariates(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray) -> np.ndarray:
-    """Intercept, mean log sample length, log samples per step, shares of the large clusters."""
+def composition_log_factor(run: RunTables, steps: np.ndarray, loss: np.ndarray) -> np.ndarray | None:
+    """The log of what each logged step's composition predicts its loss to be over the run's trend (the spike
+    detector's causal expectation, :mod:`forensics.detect.evidence.expected_loss`: fitted on earlier steps only, so a
+    step's own excess never predicts itself, and a rare group predicts nothing, so a dozen harmful samples cannot
+    explain themselves away); None without tags or when a logged value covers several steps (as the detector)."""
+    if run.tags is None or int(run.logging_steps) > 1:
+        return None
+    from forensics.detect.evidence.expected_loss import CompositionExpectation
+
+    exp = CompositionExpectation(run.tags)
+    if not exp.owner_:
+        return None
+    return np.log(exp.factors(steps, loss))
+
+
+def _covariates(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray,
+                composition: np.ndarray | None = None) -> np.ndarray:
+    """Intercept, mean log sample length, log samples per step, shares of the large clusters, and the log of what the
+    step's composition predicts (:func:`composition_log_factor`) when there is one: a sample is judged against what
+    its steps' batches predict, not only their trend and tags."""
     smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
     loglen = np.log(np.maximum(smp[N_TOKENS].reindex(ids).to_numpy(np.float64), 1.0))
     m = w @ loglen
@@ -312,6 +344,8 @@ def _covariates(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.nda
         # the loss is higher when a cluster comes back after a gap (forgetting): a tag effect, not a sample's
         gap = run.tags.set_index(STEP)["steps_since_cluster_seen"].reindex(steps)
         cols.append(np.log1p(pd.to_numeric(gap, errors="coerce").fillna(0.0).clip(lower=0).to_numpy(np.float64)))
+    if composition is not None:
+        cols.append(composition)
     x = np.column_stack(cols)
     keep = [0] + [k for k in range(1, x.shape[1]) if np.std(x[:, k]) > 1e-12]
     return x[:, keep]

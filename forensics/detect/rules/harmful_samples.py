@@ -6,9 +6,11 @@ samples every step consumed, so the run can be asked directly which samples the 
 
 **The residual.** For every logged step, ``y = log(loss)`` less a centred rolling median of it (``window`` logged
 values: the trend), less what the step's tags explain: its mean log sample length, its log number of
-samples, and its shares of the large clusters, fitted robustly (Huber weights) *together* with the sample effects
-below, and trimmed (refitted on the 80% of steps it fits best), so that a bucket or cluster made mostly of corrupted
-batches cannot absorb them: the length relation is a smooth one the clean steps fix.
+samples, its shares of the large clusters and, with step tags, the log of what its composition predicts (the spike
+detector's causal expectation, :mod:`forensics.detect.evidence.expected_loss`: a batch of a harder content type is
+expected higher), fitted robustly (Huber weights) *together* with the sample effects below, and trimmed (refitted on
+the 80% of steps it fits best), so that a bucket or cluster made mostly of corrupted batches cannot absorb them: the
+length relation is a smooth one the clean steps fix.
 
 **The effects.** Each step's residual is shared among its samples by their token share ``w`` (a value logged over a
 window of ``logging_steps`` steps holds the union of their samples; grad accumulation and ranks come through the
@@ -20,15 +22,23 @@ clean batch-mate of a corrupted sample does not borrow its evidence. Samples tha
 
 **The false-discovery limit.** The null comes from the run itself: the final residuals re-assigned to steps at random
 (``permutations`` times) give each sample's score distribution under "no effect"; the p-values are its tail, the
-q-values Benjamini-Hochberg's over every sample of the plan. ``harmful_samples`` lists those at ``q <= q``, most
-harmful first, each ``{sample_id, appearances, steps, logged_steps, effect, z, q, reason}``; ``effect`` is the mean
-share of the step loss the sample added above what the step's trend and tags expect. One ``harmful_samples`` finding
+q-values Benjamini-Hochberg's over every sample of the plan.
+
+**An effect that matters.** Significance alone lists a clean sample a little harder than its batch (a repetitive row
+at 6% above its 4-sample steps, twice, is q < 0.002 on a quiet run). A sample is listed only when, besides
+``q <= q``, its own loss ran at least ``min_excess`` (0.5) above what its steps expect of it: its ``excess``, the
+share it added to its steps' loss over its token share there (a block's samples each over their share of the block).
+
+``harmful_samples`` lists those, most harmful first, each ``{sample_id, appearances, steps, logged_steps, effect,
+excess, z, q, reason}``; ``effect`` is the mean share of the step loss the sample added above what the step's trend,
+tags and composition expect. One ``harmful_samples`` finding
 carries them (cause kind ``samples``): several appearances that agree are its second line of evidence.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.evidence.content import content_evidence
@@ -38,7 +48,21 @@ from forensics.schema import N_TOKENS, SAMPLE_ID, STEP
 from forensics.schema.steps import steps_list
 from forensics.schema.words import counted
 
-__all__ = ["HarmfulSamplesRule"]
+__all__ = ["HarmfulSamplesRule", "listed_samples"]
+
+#: The least excess of a sample's own loss over what its steps' trend, tags and composition expect of it (its step
+#: effect over its token share) for it to be listed: 0.5, its loss at least 1.5x what its steps predict for it. A
+#: clean sample of a harder kind than its batch predicts runs 0.2-0.25 above it (a repetitive motif row at 6% of a
+#: 4-sample step); a noise row runs 0.8-2 above its steps, a static plan's corrupted block 1-2 (fixtures/hf_family.py).
+MIN_EXCESS = 0.5
+
+
+def listed_samples(est: pd.DataFrame, q: float, min_excess: float = MIN_EXCESS, limit: int = 50) -> pd.DataFrame:
+    """The rows of the estimate the rule lists: a false-discovery q-value at most ``q`` *and* an effect that matters
+    (``excess`` at least ``min_excess``: a significant but small excess is a sample a little harder than its batch,
+    not one that hurts), those with content evidence first, then by score; at most ``limit``."""
+    chosen = est[(est["q"] <= q) & (est["excess"] >= min_excess)]
+    return chosen.sort_values(["content", "z", SAMPLE_ID], ascending=[False, False, True], kind="stable").head(limit)
 
 
 class HarmfulSamplesRule(Rule):
@@ -46,7 +70,7 @@ class HarmfulSamplesRule(Rule):
 
     Parameters: ``q`` 0.05 (the false-discovery limit), ``window`` 101 (logged values in the trend's rolling median),
     ``permutations`` 20 (random re-assignments of the residuals for the null), ``max_pursuit`` 200 (samples the
-    greedy pursuit may take), ``max_listed`` 50, ``seed`` 1.
+    greedy pursuit may take), ``max_listed`` 50, ``seed`` 1, ``min_excess`` 0.5 (:data:`MIN_EXCESS`).
     """
 
     name = "samples"
@@ -54,12 +78,13 @@ class HarmfulSamplesRule(Rule):
     section_name = "harmful_samples"
     parameter_constraints = {"q": fraction(), "window": positive("int"), "permutations": positive("int"),
                              "max_pursuit": positive("int"), "max_listed": positive("int"),
-                             "seed": at_least(0, "int")}
+                             "seed": at_least(0, "int"), "min_excess": at_least(0)}
     required_columns = {"plan": (STEP, SAMPLE_ID), "samples": (SAMPLE_ID, N_TOKENS)}
 
     def __init__(self, q: float = 0.05, window: int = 101, permutations: int = 20, max_pursuit: int = 200,
-                 max_listed: int = 50, seed: int = 1) -> None:
+                 max_listed: int = 50, seed: int = 1, min_excess: float = MIN_EXCESS) -> None:
         self.q = q
+        self.min_excess = min_excess
         self.window = window
         self.permutations = permutations
         self.max_pursuit = max_pursuit
@@ -83,8 +108,7 @@ class HarmfulSamplesRule(Rule):
             held, stride = est.attrs["max_entries"], est.attrs["stride"]
             self.warnings_.append(f"harmful samples: the plan holds more than {held:,} rows up to the metrics' last "
                                   f"step; estimated on one logged step in {stride}")
-        listed = est[est["q"] <= self.q].sort_values(["content", "z", SAMPLE_ID], ascending=[False, False, True],
-                                                      kind="stable").head(self.max_listed)
+        listed = listed_samples(est, self.q, self.min_excess, self.max_listed)
         if listed.empty:
             return []
         content = content_evidence(run.samples, listed[SAMPLE_ID].tolist())
@@ -97,7 +121,8 @@ class HarmfulSamplesRule(Rule):
             sid = int(r.sample_id)
             steps = consumed.get(sid) or [int(s) for s in r.steps]  # every step that consumed it
             reason = (f"consumed {r.appearances} times (steps {steps_list(steps, run.logged_offset)}); the loss was "
-                      f"{100 * r.effect:.0f}% above what its trend and tags expect each time it was there on average "
+                      f"{100 * r.effect:.0f}% above what its trend, tags and composition expect each time it was "
+                      f"there on average, its own loss ~{100 * r.excess:.0f}% above what they expect of it "
                       f"(z = {r.z:.1f}, q = {r.q:.2g})")
             if r.block > 1:
                 reason += (f"; always in the same steps as {r.block - 1} other sample(s), which the run cannot "
@@ -106,6 +131,7 @@ class HarmfulSamplesRule(Rule):
                 reason += "; " + "; ".join(content.reasons[sid])
             rows.append({"sample_id": sid, "appearances": len(steps), "steps": steps,
                          "logged_steps": [s + run.logged_offset for s in steps], "effect": float(r.effect),
+                         "excess": float(r.excess),
                          "z": float(r.z), "q": float(r.q), "reason": reason,
                          "content": list(content.reasons.get(sid, []))})
         # a block's samples share its effect and score (up to float noise): listed by id among themselves

@@ -145,7 +145,7 @@ def test_the_robust_sd_constant_is_read_through_its_helper():
     """``stats.robust_sd`` is the one formula; the compiled spike kernel alone multiplies by the constant itself (a
     compiled loop cannot call a Python helper) and the per-group scales of pandas group-bys name it."""
     allowed = {"stats/__init__.py", "detect/spikes/kernel.py", "detect/rules/recurrence.py",
-               "detect/evidence/jumpiness.py", "detect/evidence/sample_effects.py"}
+               "detect/evidence/jumpiness.py"}
     users = set()
     for f in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):

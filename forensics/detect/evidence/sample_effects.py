@@ -15,7 +15,7 @@ from forensics.detect.base import RunTables
 from forensics.detect.evidence.content import content_evidence
 from forensics.detect.evidence.nnls import nnls_normal
 from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, STEP
-from forensics.stats import MAD_TO_SD, rolling_median
+from forensics.stats import robust_sd, rolling_median
 
 #: A cluster holding less than this share of the samples is not a covariate (a small family of corrupted samples
 #: may be a cluster of its own: its share would explain them away).
@@ -381,10 +381,9 @@ def _noise_scale(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.nd
 
 
 def _robust_sd(r: np.ndarray) -> float:
+    """:func:`forensics.stats.robust_sd` of the finite values (at least 1e-9; 1 when there are none)."""
     r = r[np.isfinite(r)]
-    if not len(r):
-        return 1.0
-    return max(float(np.median(np.abs(r - np.median(r)))) * MAD_TO_SD, 1e-9)
+    return robust_sd(r, floor=1e-9) if len(r) else 1.0
 
 
 #: The largest condition number of a fit's normal equations solved as they are (below it they lose at most ~6 of

@@ -55,12 +55,14 @@ def write_metrics_jsonl(path: Path, steps: int, seed: int = 0) -> None:
     s = np.arange(1, steps + 1)
     loss = 0.9 + 2.0 * np.exp(-s / (steps / 3)) + 0.03 * rng.standard_t(5, steps)
     for at in (steps // 4, steps // 2, 5 * steps // 6):
-        loss[at:at + 3] += (3.0, 1.5, 0.5)
+        loss[at : at + 3] += (3.0, 1.5, 0.5)
     gn = 1.0 + 0.1 * np.abs(rng.standard_normal(steps))
     lr = 3e-4 * np.minimum(1.0, s / 2000) * (0.5 + 0.5 * np.cos(np.pi * s / steps))
     with open(path, "w", encoding="utf-8") as fh:
-        fh.writelines(f'{{"step": {a}, "loss": {b!r}, "grad_norm": {c!r}, "learning_rate": {d!r}}}\n'
-                      for a, b, c, d in zip(s.tolist(), loss.tolist(), gn.tolist(), lr.tolist()))
+        fh.writelines(
+            f'{{"step": {a}, "loss": {b!r}, "grad_norm": {c!r}, "learning_rate": {d!r}}}\n'
+            for a, b, c, d in zip(s.tolist(), loss.tolist(), gn.tolist(), lr.tolist())
+        )
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
@@ -138,7 +140,7 @@ def import_profile(cmd: list[str], top: int = 6) -> str:
     for line in done.stderr.splitlines():
         if not line.startswith("import time:") or line.count("|") != 2:
             continue
-        _, cum, raw = line[len("import time:"):].split("|")
+        _, cum, raw = line[len("import time:") :].split("|")
         name = raw.strip()
         if not cum.strip().isdigit():
             continue
@@ -150,8 +152,11 @@ def import_profile(cmd: list[str], top: int = 6) -> str:
     slowest = sorted(package_time.items(), key=lambda kv: -kv[1])[:top]
     total /= 1e6
     heavy = [h for h in HEAVY if h in loaded]
-    return (f"imports {total:.2f} s: " + ", ".join(f"{k} {v / 1e6:.2f}" for k, v in slowest)
-            + f"; heavy packages loaded: {', '.join(heavy) if heavy else 'none'}")
+    return (
+        f"imports {total:.2f} s: "
+        + ", ".join(f"{k} {v / 1e6:.2f}" for k, v in slowest)
+        + f"; heavy packages loaded: {', '.join(heavy) if heavy else 'none'}"
+    )
 
 
 #: The metrics-only audit's median over losslint's, at most.
@@ -176,22 +181,30 @@ def bench_losslint(steps: int, repeat: int) -> None:
     print(f"  forensics audit  min {min(a):6.2f} s   median {statistics.median(a):.2f} s")
     print(f"  losslint check   min {min(b):6.2f} s   median {statistics.median(b):.2f} s")
     ratio = statistics.median(a) / statistics.median(b)
-    print(f"  ratio of medians {ratio:6.2f}x (min/min {min(a) / min(b):.2f}x); target <= {LOSSLINT_TARGET}x: "
-          f"{'met' if ratio <= LOSSLINT_TARGET else 'NOT met'}")
+    print(
+        f"  ratio of medians {ratio:6.2f}x (min/min {min(a) / min(b):.2f}x); target <= {LOSSLINT_TARGET}x: "
+        f"{'met' if ratio <= LOSSLINT_TARGET else 'NOT met'}"
+    )
     print(f"  forensics audit {import_profile(ours)}")
 
 
 def ensure_demo(scale: str) -> Path:
     out = OUT / f"demo-{scale}"
     if not (out / "static" / "run.toml").exists():
-        subprocess.run(forensics_cmd("demo", "--out", str(out), "--scale", scale, "--no-wandb"), check=True, cwd=ROOT,
-                       capture_output=True)
+        subprocess.run(
+            forensics_cmd("demo", "--out", str(out), "--scale", scale, "--no-wandb"),
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+        )
     return out
 
 
 def _spread(xs: list[float]) -> str:
-    return (f"min {min(xs):5.2f}  median {statistics.median(xs):5.2f}  max {max(xs):5.2f} s  "
-            f"spread {max(xs) / min(xs) - 1:5.1%}")
+    return (
+        f"min {min(xs):5.2f}  median {statistics.median(xs):5.2f}  max {max(xs):5.2f} s  "
+        f"spread {max(xs) / min(xs) - 1:5.1%}"
+    )
 
 
 def bench_load(runs: int) -> None:
@@ -215,8 +228,10 @@ def bench_load(runs: int) -> None:
             results[(label, name)] = xs
             results.setdefault((label, "control"), []).extend(control)
             print(f"small demo {name:5s} {label:24s} {_spread(xs)}")
-            print(f"  {'':34s} cpu {_spread(cpu)}; share of a core {min(c / w for w, c in runs_):.2f}-"
-                  f"{max(c / w for w, c in runs_):.2f}")
+            print(
+                f"  {'':34s} cpu {_spread(cpu)}; share of a core {min(c / w for w, c in runs_):.2f}-"
+                f"{max(c / w for w, c in runs_):.2f}"
+            )
             print(f"  {'':34s} control (fixed loop, between its runs) {_spread(control)}")
     with Competitors(n):
         cold = [timed(audit, COLD) for _ in range(runs)]
@@ -226,8 +241,10 @@ def bench_load(runs: int) -> None:
     slowest = max(results[(loaded, "audit")])
     for name in ("audit", "tag"):
         ok = ratio[name] <= 1.15 * ratio["control"]
-        print(f"  target under load: {name} max/min {ratio[name]:.2f} <= 1.15 x the fixed loop's {ratio['control']:.2f}"
-              f" = {1.15 * ratio['control']:.2f}: {'met' if ok else 'NOT met'}")
+        print(
+            f"  target under load: {name} max/min {ratio[name]:.2f} <= 1.15 x the fixed loop's {ratio['control']:.2f}"
+            f" = {1.15 * ratio['control']:.2f}: {'met' if ok else 'NOT met'}"
+        )
     print(f"  target under load: slowest audit {slowest:.2f} s <= 4 s: {'met' if slowest <= 4 else 'NOT met'}")
     print(f"  audit {import_profile(audit)}")
 
@@ -238,8 +255,10 @@ def bench_demo(repeat: int) -> None:
     cmd = forensics_cmd("audit", str(case), "--json", str(OUT / "audit-full.json"), "--html", str(OUT / "report.html"))
     timed(cmd)
     xs = [timed(cmd) for _ in range(repeat)]
-    print(f"full demo audit with its report, clusters cached: {_spread(xs)}; target median <= 3.5 s: "
-          f"{'met' if statistics.median(xs) <= 3.5 else 'NOT met'}")
+    print(
+        f"full demo audit with its report, clusters cached: {_spread(xs)}; target median <= 3.5 s: "
+        f"{'met' if statistics.median(xs) <= 3.5 else 'NOT met'}"
+    )
     print(f"  {import_profile(cmd)}")
     cold = [timed(cmd, COLD) for _ in range(repeat)]
     print(f"full demo audit with its report, cold (FORENSICS_NO_CACHE=1): {_spread(cold)}")
@@ -252,8 +271,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "forensics")], check=False,
-                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(ROOT / "forensics")],
+        check=False,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""},
+    )
     if args.only in (None, "losslint"):
         bench_losslint(args.steps, args.repeat)
     if args.only in (None, "load"):

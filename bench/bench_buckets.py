@@ -65,13 +65,19 @@ def main() -> None:
         eff = boundary_efficiency(lengths, b, args.max_len)
         table.add_row(f"optimal_boundaries K={k}", f"{t:.3f}", f"{t / base_t:.1f}", f"{m:.1f}", f"{eff:.3f}")
         t, m, q = measure(lambda k=k: quantile_boundaries(lengths, k, args.max_len))
-        table.add_row(f"quantile_boundaries K={k}", f"{t:.3f}", f"{t / base_t:.1f}", f"{m:.1f}",
-                      f"{boundary_efficiency(lengths, q, args.max_len):.3f}")
+        table.add_row(
+            f"quantile_boundaries K={k}",
+            f"{t:.3f}",
+            f"{t / base_t:.1f}",
+            f"{m:.1f}",
+            f"{boundary_efficiency(lengths, q, args.max_len):.3f}",
+        )
     k = args.k[0]
     b = optimal_boundaries(lengths, k, args.max_len)
     t, m, pe = measure(lambda: packing_efficiency(lengths, b, max_len=args.max_len, seeds=[0]), repeat=1)
-    table.add_row(f"packing_efficiency K={k}, 1 seed", f"{t:.3f}", f"{t / base_t:.1f}", f"{m:.1f}",
-                  f"packing {pe.overall:.3f}")
+    table.add_row(
+        f"packing_efficiency K={k}, 1 seed", f"{t:.3f}", f"{t / base_t:.1f}", f"{m:.1f}", f"packing {pe.overall:.3f}"
+    )
     Console().print(table)
 
 

@@ -49,8 +49,12 @@ def forensics(*args: str) -> list[str]:
 def demo_case() -> Path:
     out = OUT / "demo-small"
     if not (out / "static" / "run.toml").exists():
-        subprocess.run(forensics("demo", "--out", str(out), "--scale", "small", "--no-wandb"), check=True, cwd=ROOT,
-                       capture_output=True)
+        subprocess.run(
+            forensics("demo", "--out", str(out), "--scale", "small", "--no-wandb"),
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+        )
     return out / "static"
 
 
@@ -67,9 +71,11 @@ def compare(name: str, cmd: list[str], repeat: int) -> None:
             shutil.rmtree(cache, ignore_errors=True)
     ratio = statistics.median(cold) / statistics.median(warm)
     print(f"{name}, {repeat} fresh caches, cold then warm:")
-    print(f"  cold  min {min(cold):6.2f} s  median {statistics.median(cold):6.2f} s  "
-          f"(compiling: median {statistics.median(compile_s):.2f} s, "
-          f"{statistics.median(compile_s) / statistics.median(cold):.0%} of the cold run)")
+    print(
+        f"  cold  min {min(cold):6.2f} s  median {statistics.median(cold):6.2f} s  "
+        f"(compiling: median {statistics.median(compile_s):.2f} s, "
+        f"{statistics.median(compile_s) / statistics.median(cold):.0%} of the cold run)"
+    )
     print(f"  warm  min {min(warm):6.2f} s  median {statistics.median(warm):6.2f} s")
     print(f"  ratio of medians {ratio:.2f}x; target <= {TARGET:.0f}x: {'met' if ratio <= TARGET else 'NOT met'}")
 
@@ -80,11 +86,17 @@ def main() -> None:
     ap.add_argument("--long", action="store_true", help="also the 120K-step metrics-only audit")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "forensics")], check=False,
-                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(ROOT / "forensics")],
+        check=False,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""},
+    )
     case = demo_case()
-    compare("small demo audit", forensics("audit", str(case), "--json", str(OUT / "cold-small.json"), "--no-html"),
-            args.repeat)
+    compare(
+        "small demo audit",
+        forensics("audit", str(case), "--json", str(OUT / "cold-small.json"), "--no-html"),
+        args.repeat,
+    )
     if args.long:
         sys.path.insert(0, str(ROOT / "bench"))
         from bench_audit_process import write_metrics_jsonl
@@ -92,8 +104,11 @@ def main() -> None:
         path = OUT / "metrics-120000.jsonl"
         if not path.exists():
             write_metrics_jsonl(path, 120_000)
-        compare("metrics-only audit, 120,000 steps",
-                forensics("audit", "--metrics", str(path), "--json", str(OUT / "cold-long.json"), "--no-html"), 1)
+        compare(
+            "metrics-only audit, 120,000 steps",
+            forensics("audit", "--metrics", str(path), "--json", str(OUT / "cold-long.json"), "--no-html"),
+            1,
+        )
 
 
 if __name__ == "__main__":

@@ -42,14 +42,17 @@ def measure(case, out: Path) -> dict:
     bad = set(plan.loc[plan["sample_id"].isin(case.corrupt_ids), "step"].tolist())
     covered = set().union(*(set(c["steps"]) for c in loud)) if loud else set()
     first = next((c for c in loud if c["suspect_samples"]), None)
-    top = first["suspect_samples"][:len(case.corrupt_ids)] if first and case.corrupt_ids else []
+    top = first["suspect_samples"][: len(case.corrupt_ids)] if first and case.corrupt_ids else []
     osc = f["oscillation"]
-    return {"critical": sum(c["severity"] == "critical" for c in f["causes"]),
-            "warning": sum(c["severity"] == "warning" for c in f["causes"]),
-            "missed": len(bad - covered), "other_loud": sum(1 for c in loud if not set(c["steps"]) & bad),
-            "top_corrupt": f"{len(set(top) & set(case.corrupt_ids))}/{len(case.corrupt_ids)}",
-            "bucket_share": osc.get("bucket_variance_share"),
-            "composition_share": osc.get("composition_variance_share")}
+    return {
+        "critical": sum(c["severity"] == "critical" for c in f["causes"]),
+        "warning": sum(c["severity"] == "warning" for c in f["causes"]),
+        "missed": len(bad - covered),
+        "other_loud": sum(1 for c in loud if not set(c["steps"]) & bad),
+        "top_corrupt": f"{len(set(top) & set(case.corrupt_ids))}/{len(case.corrupt_ids)}",
+        "bucket_share": osc.get("bucket_variance_share"),
+        "composition_share": osc.get("composition_variance_share"),
+    }
 
 
 def worst(rows: list[tuple[str, bool, dict]]) -> dict:
@@ -71,14 +74,19 @@ def worst(rows: list[tuple[str, bool, dict]]) -> dict:
 
 def docs_table(figures: dict[str, dict], n_members: int) -> str:
     """The docs' table: per setting (composition off / on), the worst member's figures."""
-    lines = [f"The worst member of each mix, {n_members} runs in all "
-             "(`python3 bench/bench_composition_family.py --write-docs`):", "",
-             "| steps judged against | clean: most critical causes | clean: most warnings | twin: most corrupted "
-             "steps missed | twin: most other loud causes | twin: fewest corrupted in top 12 |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"The worst member of each mix, {n_members} runs in all "
+        "(`python3 bench/bench_composition_family.py --write-docs`):",
+        "",
+        "| steps judged against | clean: most critical causes | clean: most warnings | twin: most corrupted "
+        "steps missed | twin: most other loud causes | twin: fewest corrupted in top 12 |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for label, w in figures.items():
-        cells = [f"{w[k][0]} ({w[k][1]})" if k in w else "-"
-                 for k in ("critical", "warning", "missed", "other_loud", "top_corrupt")]
+        cells = [
+            f"{w[k][0]} ({w[k][1]})" if k in w else "-"
+            for k in ("critical", "warning", "missed", "other_loud", "top_corrupt")
+        ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -88,8 +96,7 @@ def write_docs(table: str, path: Path = DOCS) -> None:
     text = path.read_text(encoding="utf-8")
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{path}: expected the markers {BEGIN} and {END}")
-    text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text,
-                  flags=re.S)
+    text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
     path.write_text(text, encoding="utf-8")
 
 
@@ -106,9 +113,11 @@ def run_family(chosen: list, composition: bool, tmp: Path) -> list[tuple[str, bo
         with off if not composition else contextlib.nullcontext():
             r = measure(family_member(m), tmp / f"{m.name}.json")
         rows.append((m.name, m.corrupt, r))
-        print(f"{m.name:38s} {r['critical']:4d} {r['warning']:4d} {r['missed']:6d} {r['other_loud']:5d} "
-              f"{r['top_corrupt'] if m.corrupt else '-':5s} {r['bucket_share'] or 0:.2f}   "
-              f"{r['composition_share'] or 0:.2f}")
+        print(
+            f"{m.name:38s} {r['critical']:4d} {r['warning']:4d} {r['missed']:6d} {r['other_loud']:5d} "
+            f"{r['top_corrupt'] if m.corrupt else '-':5s} {r['bucket_share'] or 0:.2f}   "
+            f"{r['composition_share'] or 0:.2f}"
+        )
     w = worst(rows)
     print("worst: " + ", ".join(f"{k} {v} ({name})" for k, (v, name) in w.items()))
     return rows

@@ -63,8 +63,15 @@ run.finish()
 
 def wandb_env(folder: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(folder / ".config"),
-                "WANDB_CACHE_DIR": str(folder / ".cache"), "WANDB_DATA_DIR": str(folder / ".data")})
+    env.update(
+        {
+            "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true",
+            "WANDB_CONFIG_DIR": str(folder / ".config"),
+            "WANDB_CACHE_DIR": str(folder / ".cache"),
+            "WANDB_DATA_DIR": str(folder / ".data"),
+        }
+    )
     return env
 
 
@@ -83,8 +90,13 @@ def prepare_flip_inputs(steps: int) -> tuple[Path, Path, np.ndarray]:
                     w.add_scalar(name, x, s)
         np.save(folder / "values.npy", values)
         (folder / "writer.py").write_text(WANDB_WRITER)
-        subprocess.run([sys.executable, str(folder / "writer.py"), str(folder), str(folder / "values.npy"),
-                        ",".join(METRICS)], env=wandb_env(folder), check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [sys.executable, str(folder / "writer.py"), str(folder), str(folder / "values.npy"), ",".join(METRICS)],
+            env=wandb_env(folder),
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         (folder / "complete").write_text("ok\n")
     (tb_file,) = tb.glob("events.out.tfevents.*")
     (wandb_file,) = folder.glob("wandb/offline-run-*/run-damage1.wandb")
@@ -96,16 +108,18 @@ def baseline_tree(ref: str) -> Path:
     tree = OUT / f"baseline-{ref}"
     if not (tree / "forensics").is_dir():
         tree.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "forensics"], check=True,
-                                 capture_output=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", ref, "forensics"], check=True, capture_output=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     return tree
 
 
 def run_side(tree: Path, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, __file__, "--worker", *args], env=env, check=True, capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", *args], env=env, check=True, capture_output=True, text=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -138,13 +152,21 @@ def worker_flips(kind: str, source: str, values_path: str, flips_path: str) -> N
                 continue
             steps = df["step"].to_numpy()
             inside = (steps >= 0) & (steps < len(values))
-            got = np.column_stack([df[m].to_numpy(np.float64) if m in df else np.full(len(df), np.nan)
-                                   for m in METRICS])[inside]
+            got = np.column_stack(
+                [df[m].to_numpy(np.float64) if m in df else np.full(len(df), np.nan) for m in METRICS]
+            )[inside]
             want = values[steps[inside]]
             present = ~np.isnan(got)
             wrong = int((present & (got != want)).sum()) + int((~inside).sum())
-            results.append({"bit": bit, "rows": int(inside.sum()), "values": int((present & (got == want)).sum()),
-                            "wrong": wrong, "damaged": len(getattr(reader.report, "damaged", []))})
+            results.append(
+                {
+                    "bit": bit,
+                    "rows": int(inside.sum()),
+                    "values": int((present & (got == want)).sum()),
+                    "wrong": wrong,
+                    "damaged": len(getattr(reader.report, "damaged", [])),
+                }
+            )
     print(json.dumps(results))
 
 
@@ -158,8 +180,16 @@ def worker_speed(source: str) -> None:
     reader = open_reader(source)
     reader.finished = True
     df = reader.read_all()
-    print(json.dumps({"cpu": time.process_time() - t_cpu, "wall": time.perf_counter() - t_wall, "rows": len(df),
-                      "checksum": float(np.nansum(df.drop(columns=["_timestamp"], errors="ignore").to_numpy()))}))
+    print(
+        json.dumps(
+            {
+                "cpu": time.process_time() - t_cpu,
+                "wall": time.perf_counter() - t_wall,
+                "rows": len(df),
+                "checksum": float(np.nansum(df.drop(columns=["_timestamp"], errors="ignore").to_numpy())),
+            }
+        )
+    )
 
 
 # --- the two parts --------------------------------------------------------------------------------------------------
@@ -167,10 +197,14 @@ def rows_kept(args: argparse.Namespace, before: Path) -> None:
     tb_file, wandb_file, values = prepare_flip_inputs(args.steps)
     np.save(OUT / "damage-values.npy", values)
     rng = np.random.default_rng(args.seed)
-    print(f"{args.trials} random single-bit flips of files of {args.steps} logged steps x {len(METRICS)} metrics "
-          f"(seed {args.seed}); before = {args.baseline}, after = this tree")
-    print(f"{'file':<12}{'size':>8}  {'side':<7}{'rows kept':>10}{'min':>7}{'values kept':>13}{'wrong values':>14}"
-          f"{'trials w/ wrong':>17}")
+    print(
+        f"{args.trials} random single-bit flips of files of {args.steps} logged steps x {len(METRICS)} metrics "
+        f"(seed {args.seed}); before = {args.baseline}, after = this tree"
+    )
+    print(
+        f"{'file':<12}{'size':>8}  {'side':<7}{'rows kept':>10}{'min':>7}{'values kept':>13}{'wrong values':>14}"
+        f"{'trials w/ wrong':>17}"
+    )
     for kind, path in (("tensorboard", tb_file), ("wandb", wandb_file)):
         size = path.stat().st_size
         flips = rng.choice(size * 8, size=args.trials, replace=False).tolist()
@@ -181,8 +215,10 @@ def rows_kept(args: argparse.Namespace, before: Path) -> None:
             rows = np.array([r["rows"] for r in res]) / len(values)
             vals = np.array([r["values"] for r in res]) / values.size
             wrong = np.array([r["wrong"] for r in res])
-            print(f"{kind:<12}{size:>8}  {side:<7}{100 * rows.mean():>9.1f}%{100 * rows.min():>6.0f}%"
-                  f"{100 * vals.mean():>12.1f}%{int(wrong.sum()):>14}{int((wrong > 0).sum()):>17}")
+            print(
+                f"{kind:<12}{size:>8}  {side:<7}{100 * rows.mean():>9.1f}%{100 * rows.min():>6.0f}%"
+                f"{100 * vals.mean():>12.1f}%{int(wrong.sum()):>14}{int((wrong > 0).sum()):>17}"
+            )
 
 
 def speed(args: argparse.Namespace, before: Path) -> None:
@@ -203,8 +239,10 @@ def speed(args: argparse.Namespace, before: Path) -> None:
     wandb_folder = bench_wandb_reader.prepare(args.wandb_rows, 8) / "wandb"
     print(f"\nreader speed over {args.repeat} runs each, before and after alternately: CPU seconds, best and median")
     print(f"{'source':<40}{'before':>16}{'after':>16}{'after/before':>16}")
-    for label, source in ((f"tensorboard, {args.tb_events:,} scalars", tb_folder),
-                          (f"wandb, {args.wandb_rows:,} rows x 8 metrics", wandb_folder)):
+    for label, source in (
+        (f"tensorboard, {args.tb_events:,} scalars", tb_folder),
+        (f"wandb, {args.wandb_rows:,} rows x 8 metrics", wandb_folder),
+    ):
         runs: dict[str, list[dict]] = {"before": [], "after": []}
         for _ in range(args.repeat):
             for side, tree in (("before", before), ("after", ROOT)):
@@ -215,9 +253,11 @@ def speed(args: argparse.Namespace, before: Path) -> None:
         cpu = {side: np.array([r["cpu"] for r in rs]) for side, rs in runs.items()}
         best = {side: float(v.min()) for side, v in cpu.items()}
         median = {side: float(np.median(v)) for side, v in cpu.items()}
-        print(f"{label:<40}{best['before']:>7.2f} ({median['before']:>5.2f}){best['after']:>8.2f} "
-              f"({median['after']:>5.2f}){best['after'] / best['before']:>8.2f}x "
-              f"({median['after'] / median['before']:.2f}x)")
+        print(
+            f"{label:<40}{best['before']:>7.2f} ({median['before']:>5.2f}){best['after']:>8.2f} "
+            f"({median['after']:>5.2f}){best['after'] / best['before']:>8.2f}x "
+            f"({median['after'] / median['before']:.2f}x)"
+        )
 
 
 def main() -> None:

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     metrics, tags, spikes = make_run(rows)
     series = metrics["train/loss"]
-    chunks = [metrics.iloc[i: i + args.chunk] for i in range(0, rows, args.chunk)]
+    chunks = [metrics.iloc[i : i + args.chunk] for i in range(0, rows, args.chunk)]
     SpikeDetector(window=args.window).detect(metrics.iloc[:2000], tags)  # load or compile the kernel
 
     t_pandas, _ = best_of(args.repeat, lambda: series.rolling(args.window).median())
@@ -105,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'SpikeDetector.update in chunks (online)':<44}{t_on:>10.3f}{t_on / t_off:>9.2f}  <= 2x offline")
     print(f"peak memory of offline detection (tracemalloc): {peak / 2**20:.1f} MiB; process peak RSS: {rss:.0f} MiB")
     hit = len(set(spikes) & set(found_spikes))
-    print(f"spikes found: {len(found_spikes)}, of which planted: {hit}/{len(spikes)} (the others are Student-t "
-          f"noise excursions of >= 1.5x the baseline); online == offline: {same}")
+    print(
+        f"spikes found: {len(found_spikes)}, of which planted: {hit}/{len(spikes)} (the others are Student-t "
+        f"noise excursions of >= 1.5x the baseline); online == offline: {same}"
+    )
     return 0 if same and set(spikes) <= set(found_spikes) else 1
 
 

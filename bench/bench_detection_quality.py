@@ -95,19 +95,24 @@ def ours_plain(metrics: pd.DataFrame, metric: str, run: Run | None = None) -> li
 
 def _calibrated(false_rate: float) -> Callable[[pd.DataFrame, str, Run | None], list[Finding]]:
     """Ours, metrics only, at another false-alarm rate (``SpikeDetector(false_rate=...)``)."""
+
     def detect(metrics: pd.DataFrame, metric: str, run: Run | None = None) -> list[Finding]:
         return detect_spikes(metrics, judged(metrics, metric), false_rate=false_rate)
+
     return detect
 
 
 def _rule(cls) -> Callable[[pd.DataFrame, str, Run | None], list[Finding]]:
     def detect(metrics: pd.DataFrame, metric: str, run: Run | None = None) -> list[Finding]:
         return cls(metric).detect(metrics)
+
     return detect
 
 
 DETECTORS: dict[str, Callable[[pd.DataFrame, str, Run | None], list[Finding]]] = {
-    OURS_TAGS: ours_with_tags, OURS_PLAIN: ours_plain, **{cls.label: _rule(cls) for cls in FRAMEWORK_RULES},
+    OURS_TAGS: ours_with_tags,
+    OURS_PLAIN: ours_plain,
+    **{cls.label: _rule(cls) for cls in FRAMEWORK_RULES},
 }
 #: metaseq publishes no default for ``--ewm-ratio-to-skip-batch``: its row uses 1.5, these show other choices.
 METASEQ_RATIOS = (2.0, 3.0)
@@ -136,24 +141,43 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def ranked(scores: dict[str, Score]) -> list[str]:
     """Within the false-event target first, by recall (then fewer false events); then the rest by false rate."""
+
     def key(name: str):
         s = scores[name]
         ok = s.false_per_10k <= TARGET_FALSE_PER_10K
         return (0, -s.n_hits, s.n_false, name) if ok else (1, s.false_per_10k, -s.n_hits, name)
+
     return sorted(scores, key=key)
 
 
 def main_table(scores: dict[str, Score], seconds: dict[str, float]) -> list[str]:
     shapes = [s for s in SHAPES if any(s in sc.by_shape for sc in scores.values())]
-    header = (["#", "detector", "recall", *[f"{s}" for s in shapes], "false / 10K clean", "false events",
-               *[f"attr. {k}" for k in ATTRIBUTION_KEYS], "seconds"])
+    header = [
+        "#",
+        "detector",
+        "recall",
+        *[f"{s}" for s in shapes],
+        "false / 10K clean",
+        "false events",
+        *[f"attr. {k}" for k in ATTRIBUTION_KEYS],
+        "seconds",
+    ]
     rows = []
     for i, name in enumerate(ranked(scores), start=1):
         s = scores[name]
         attr = [pct(s.attribution_accuracy(k)) if s.names_anything else "n/a" for k in ATTRIBUTION_KEYS]
-        rows.append([str(i), f"**{name}**" if name in OURS else name, f"{pct(s.recall)} ({s.n_hits}/{s.n_labels})",
-                     *[pct(s.shape_recall(sh)) for sh in shapes], rate(s.false_per_10k), str(s.n_false), *attr,
-                     f"{seconds[name]:.2f}"])
+        rows.append(
+            [
+                str(i),
+                f"**{name}**" if name in OURS else name,
+                f"{pct(s.recall)} ({s.n_hits}/{s.n_labels})",
+                *[pct(s.shape_recall(sh)) for sh in shapes],
+                rate(s.false_per_10k),
+                str(s.n_false),
+                *attr,
+                f"{seconds[name]:.2f}",
+            ]
+        )
     return md_table(header, rows)
 
 
@@ -170,8 +194,9 @@ def target_check(scores: dict[str, Score]) -> list[str]:
             elif s.n_hits == o.n_hits and not s.n_false < o.n_false:
                 fails.append(f"equal recall to {r} without fewer false events ({s.n_false} vs {o.n_false})")
         if s.false_per_10k > TARGET_FALSE_PER_10K:
-            fails.append(f"{rate(s.false_per_10k)} false events per 10K clean steps (target <= "
-                         f"{TARGET_FALSE_PER_10K:g})")
+            fails.append(
+                f"{rate(s.false_per_10k)} false events per 10K clean steps (target <= {TARGET_FALSE_PER_10K:g})"
+            )
         verdict = "PASS" if not fails else "FAIL: " + "; ".join(fails)
         lines.append(f"- **{ours}**: {verdict}")
     return lines
@@ -180,16 +205,20 @@ def target_check(scores: dict[str, Score]) -> list[str]:
 def kind_table(by_kind: dict[str, dict[str, Score]], names: list[str]) -> list[str]:
     kinds = list(by_kind)
     header = ["detector", *kinds]
-    rows = [[name, *[rate(by_kind[k][name].false_per_10k) + f" ({by_kind[k][name].n_false})" for k in kinds]]
-            for name in names]
+    rows = [
+        [name, *[rate(by_kind[k][name].false_per_10k) + f" ({by_kind[k][name].n_false})" for k in kinds]]
+        for name in names
+    ]
     clean = ["clean steps", *[f"{by_kind[k][names[0]].n_clean_steps:,}" for k in kinds]]
     return md_table(header, [clean, *rows])
 
 
 # --- real logs -------------------------------------------------------------------------------------------------------
 def real_logs(folder: Path) -> list[str]:
-    files = {"modded-nanogpt": ("modded-nanogpt-1b-adamw.log", "train_loss"),
-             "BLOOM-176B": ("bloom-176b-tr11-megatron.log", "lm loss")}
+    files = {
+        "modded-nanogpt": ("modded-nanogpt-1b-adamw.log", "train_loss"),
+        "BLOOM-176B": ("bloom-176b-tr11-megatron.log", "lm loss"),
+    }
     if not all((folder / f).exists() for f, _ in files.values()):
         return [f"(real logs not found in {folder}: skipped)"]
     tables = {}
@@ -203,15 +232,16 @@ def real_logs(folder: Path) -> list[str]:
         mod = found["modded-nanogpt"]
         one = sum(1 for f in mod if (f.end_step if f.end_step is not None else f.step) == f.step)
         bloom = found["BLOOM-176B"]
-        hit = any(abs(f.step - BLOOM_SPIKE) <= MARGIN or f.step <= BLOOM_SPIKE <= (f.end_step or f.step)
-                  for f in bloom)
+        hit = any(abs(f.step - BLOOM_SPIKE) <= MARGIN or f.step <= BLOOM_SPIKE <= (f.end_step or f.step) for f in bloom)
         rows.append([name, str(len(mod)), str(one), str(len(bloom)), "yes" if hit else "no"])
     n_mod, n_bloom = len(tables["modded-nanogpt"]), len(tables["BLOOM-176B"])
-    notes = [f"modded-nanogpt: {n_mod:,} logged steps of `train_loss` (rank 0's last micro-batch; its README counts "
-             f"~36 one-step spikes of 1.5-1.9x that recover at the next step). BLOOM: the {n_bloom} logged iterations "
-             f"of the chronicle's excerpt (12695, 31214-31222, 31250-31251, 45000) of `lm loss`; an excerpt this "
-             f"short is all warm-up for our causal rule, so ours judges it by the two-sided rule against the "
-             f"excerpt itself (`judged_by: two_sided`)."]
+    notes = [
+        f"modded-nanogpt: {n_mod:,} logged steps of `train_loss` (rank 0's last micro-batch; its README counts "
+        f"~36 one-step spikes of 1.5-1.9x that recover at the next step). BLOOM: the {n_bloom} logged iterations "
+        f"of the chronicle's excerpt (12695, 31214-31222, 31250-31251, 45000) of `lm loss`; an excerpt this "
+        f"short is all warm-up for our causal rule, so ours judges it by the two-sided rule against the "
+        f"excerpt itself (`judged_by: two_sided`)."
+    ]
     return md_table(header, rows) + [""] + notes
 
 
@@ -226,9 +256,17 @@ def family_table(by_family: dict[str, dict[str, Score]], names: list[str]) -> li
     for fam, scores in by_family.items():
         for name in names:
             sc = scores[name]
-            rows.append([fam, f"**{name}**" if name in OURS else name, f"{pct(sc.recall)} ({sc.n_hits}/{sc.n_labels})",
-                         *[pct(sc.shape_recall(sh)) for sh in LONG_SHAPES], rate(sc.false_per_10k), str(sc.n_false),
-                         f"{sc.n_clean_steps:,}"])
+            rows.append(
+                [
+                    fam,
+                    f"**{name}**" if name in OURS else name,
+                    f"{pct(sc.recall)} ({sc.n_hits}/{sc.n_labels})",
+                    *[pct(sc.shape_recall(sh)) for sh in LONG_SHAPES],
+                    rate(sc.false_per_10k),
+                    str(sc.n_false),
+                    f"{sc.n_clean_steps:,}",
+                ]
+            )
     return md_table(header, rows)
 
 
@@ -254,8 +292,7 @@ def long_target_check(by_family: dict[str, dict[str, Score]], total: dict[str, S
 def run_long_bench(size: str, seed: int, extra: dict[str, Callable] | None = None) -> list[str]:
     """Metrics-only detectors (ours and the frameworks' rules) on the long corpus, per noise family."""
     specs = long_corpus_specs(size, seed)
-    detectors = {OURS_PLAIN: ours_plain, **(extra or {}),
-                 **{cls.label: _rule(cls) for cls in FRAMEWORK_RULES}}
+    detectors = {OURS_PLAIN: ours_plain, **(extra or {}), **{cls.label: _rule(cls) for cls in FRAMEWORK_RULES}}
     by_family: dict[str, dict[str, Score]] = {f: {name: Score() for name in detectors} for f in LONG_FAMILIES}
     seconds = dict.fromkeys(detectors, 0.0)
     n_steps = 0
@@ -276,11 +313,18 @@ def run_long_bench(size: str, seed: int, extra: dict[str, Callable] | None = Non
             progress.advance(task)
     total = {name: sum((by_family[f][name] for f in by_family), Score()) for name in detectors}
     names = list(detectors)
-    out = [f"# Detection quality, long corpus ({size}, seed {seed}): {len(specs)} runs, {n_steps:,} steps, "
-           f"{total[OURS_PLAIN].n_labels} labelled spikes, metrics only", ""]
+    out = [
+        f"# Detection quality, long corpus ({size}, seed {seed}): {len(specs)} runs, {n_steps:,} steps, "
+        f"{total[OURS_PLAIN].n_labels} labelled spikes, metrics only",
+        "",
+    ]
     out += family_table({**by_family, "total": total}, names)
-    out += ["", f"## Target check (metrics only, recall >= {pct(LONG_RECALL)} at <= {LONG_FALSE:g} "
-                f"false / 10K; no rule better on both)", ""]
+    out += [
+        "",
+        f"## Target check (metrics only, recall >= {pct(LONG_RECALL)} at <= {LONG_FALSE:g} "
+        f"false / 10K; no rule better on both)",
+        "",
+    ]
     out += long_target_check(by_family, total)
     out += ["", "Seconds per detector: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items())]
     return out
@@ -305,27 +349,46 @@ def run_heavy_tails(n_seeds: int) -> list[str]:
         for name, fn in detectors.items():
             found = fn(run.metrics, LOSS, None)
             sc = score_run(run.labels.spikes, run.labels.spans(), steps, found, metric=LOSS)
-            grey = sum(1 for f in found if f.kind == "spike" and f.metric == LOSS
-                       and any(abs(f.step - s) <= MARGIN for s in noise))
+            grey = sum(
+                1
+                for f in found
+                if f.kind == "spike" and f.metric == LOSS and any(abs(f.step - s) <= MARGIN for s in noise)
+            )
             cells[name].append((sc.n_hits, sc.n_labels, sc.n_false, grey, len(noise)))
-    header = ["detector", "runs meeting the target", "found (all runs)", "worst run", "other events",
-              f"noise steps >= {NOISE_SPIKE_FACTOR:g}x flagged"]
+    header = [
+        "detector",
+        "runs meeting the target",
+        "found (all runs)",
+        "worst run",
+        "other events",
+        f"noise steps >= {NOISE_SPIKE_FACTOR:g}x flagged",
+    ]
     rows = []
     for name, per_run in cells.items():
         ok = sum(h >= HEAVY_MIN_HITS and f <= HEAVY_MAX_OTHER for h, _, f, _, _ in per_run)
         hits, labels = sum(c[0] for c in per_run), sum(c[1] for c in per_run)
         worst = min(per_run, key=lambda c: c[0])
-        rows.append([name, f"{ok}/{len(per_run)}", f"{hits}/{labels} ({pct(hits / max(labels, 1))})",
-                     f"{worst[0]}/{worst[1]}", str(sum(c[2] for c in per_run)),
-                     f"{sum(c[3] for c in per_run)}/{sum(c[4] for c in per_run)}"])
+        rows.append(
+            [
+                name,
+                f"{ok}/{len(per_run)}",
+                f"{hits}/{labels} ({pct(hits / max(labels, 1))})",
+                f"{worst[0]}/{worst[1]}",
+                str(sum(c[2] for c in per_run)),
+                f"{sum(c[3] for c in per_run)}/{sum(c[4] for c in per_run)}",
+            ]
+        )
     ours = cells[OURS_PLAIN]
-    out = [f"## The heavy-tailed family: {len(specs)} runs of 20,000 steps (seeds 0-{n_seeds - 1}), metrics only", "",
-           "Untruncated Student-t noise (3 degrees of freedom, 4% sd), a steep warm-up, 14 labelled events per run "
-           "(one-step spikes of 1.6-2.0x, two in the warm-up; a slow rise; a grad-norm-led event) and a level shift. "
-           f"Target per run: >= {HEAVY_MIN_HITS} of 14 found at {HEAVY_MAX_OTHER} other events.", ""]
+    out = [
+        f"## The heavy-tailed family: {len(specs)} runs of 20,000 steps (seeds 0-{n_seeds - 1}), metrics only",
+        "",
+        "Untruncated Student-t noise (3 degrees of freedom, 4% sd), a steep warm-up, 14 labelled events per run "
+        "(one-step spikes of 1.6-2.0x, two in the warm-up; a slow rise; a grad-norm-led event) and a level shift. "
+        f"Target per run: >= {HEAVY_MIN_HITS} of 14 found at {HEAVY_MAX_OTHER} other events.",
+        "",
+    ]
     out += md_table(header, rows)
-    out += ["", "Ours, run by run (found/labelled, other): "
-            + ", ".join(f"{h}/{n} {f}" for h, n, f, _, _ in ours)]
+    out += ["", "Ours, run by run (found/labelled, other): " + ", ".join(f"{h}/{n} {f}" for h, n, f, _, _ in ours)]
     return out
 
 
@@ -374,8 +437,11 @@ def run_calibration(size: str, seed: int) -> list[str]:
                     else:
                         past_max[(spec.family, r)] += 1
             progress.advance(task)
-    header = ["family", "clean loss steps", *[f"asked {r:g} / 10K: measured (ratio; tail + past max)"
-                                              for r in CALIBRATION_RATES]]
+    header = [
+        "family",
+        "clean loss steps",
+        *[f"asked {r:g} / 10K: measured (ratio; tail + past max)" for r in CALIBRATION_RATES],
+    ]
     rows, worst, worst_all = [], 1.0, 1.0
     for fam in LONG_FAMILIES:
         cells = []
@@ -389,17 +455,32 @@ def run_calibration(size: str, seed: int) -> list[str]:
             worst_all = max(worst_all, ratio_all, 1.0 / ratio_all if ratio_all > 0 else math.inf)
             cells.append(f"{measured:.3f} ({ratio:.2f}x; {tail[key]} + {past_max[key]})")
         rows.append([fam, f"{judged_steps[fam]:,}", *cells])
-    sized = ["family", f"noise steps >= {NOISE_SPIKE_FACTOR:g}x",
-             *[f"asked {r:g} / 10K: flagged past the observed max" for r in CALIBRATION_RATES]]
-    sized_rows = [[fam, f"{noise_steps[fam]:,}", *[str(spike_sized[(fam, r)]) for r in CALIBRATION_RATES]]
-                  for fam in LONG_FAMILIES]
-    out = [f"# Calibration ({size}, seed {seed}): clean runs, false events per 10K judged steps, asked vs measured",
-           "", "Each cell: the rate measured, its ratio to the rate asked, and the events (decided by the fitted "
-           "tail + by the observed-maximum rule away from spike-sized noise).", ""] + md_table(header, rows)
-    out += ["", f"Worst ratio either way: {worst:.2f}x (the target: within 1.6x at every rate and family).",
-            "", f"## Spike-sized noise: steps where the noise alone moved the loss by {NOISE_SPIKE_FACTOR:g}x or more",
-            "", "Flagged by the observed-maximum rule there: a jump past anything the run's clean history showed, "
-            "as large as a labelled spike (the heavy-tailed family's bench counts these the same way).", ""]
+    sized = [
+        "family",
+        f"noise steps >= {NOISE_SPIKE_FACTOR:g}x",
+        *[f"asked {r:g} / 10K: flagged past the observed max" for r in CALIBRATION_RATES],
+    ]
+    sized_rows = [
+        [fam, f"{noise_steps[fam]:,}", *[str(spike_sized[(fam, r)]) for r in CALIBRATION_RATES]]
+        for fam in LONG_FAMILIES
+    ]
+    out = [
+        f"# Calibration ({size}, seed {seed}): clean runs, false events per 10K judged steps, asked vs measured",
+        "",
+        "Each cell: the rate measured, its ratio to the rate asked, and the events (decided by the fitted "
+        "tail + by the observed-maximum rule away from spike-sized noise).",
+        "",
+    ] + md_table(header, rows)
+    out += [
+        "",
+        f"Worst ratio either way: {worst:.2f}x (the target: within 1.6x at every rate and family).",
+        "",
+        f"## Spike-sized noise: steps where the noise alone moved the loss by {NOISE_SPIKE_FACTOR:g}x or more",
+        "",
+        "Flagged by the observed-maximum rule there: a jump past anything the run's clean history showed, "
+        "as large as a labelled spike (the heavy-tailed family's bench counts these the same way).",
+        "",
+    ]
     out += md_table(sized, sized_rows)
     out += ["", f"Counting these as false events too, the worst ratio either way: {worst_all:.2f}x."]
     return out
@@ -438,20 +519,28 @@ def run_bench(size: str, seed: int, real: Path | None) -> list[str]:
                 sensitivity[r] = sensitivity[r] + score_run(run.labels.spikes, spans, steps, found, metric=LOSS)
             progress.advance(task)
     any_score = scores[OURS_TAGS]
-    out = [f"# Detection quality: {len(specs)} corpus runs ({size}, seed {seed}), {n_steps:,} steps, "
-           f"{any_score.n_labels} labelled spikes, {any_score.n_clean_steps:,} clean steps",
-           "",
-           f"Corpus built in {build_s:.1f} s. A hit is a detected event starting within {MARGIN} steps of a "
-           f"labelled start; false events start outside every labelled span. Rank: within the target of "
-           f"{TARGET_FALSE_PER_10K:g} false event per 10K clean steps first, by recall; then the rest by false rate. "
-           f"Shape columns are recall per spike shape; attribution is over hits whose label names it (n/a: the "
-           f"detector names no bucket, cluster or sample).", ""]
+    out = [
+        f"# Detection quality: {len(specs)} corpus runs ({size}, seed {seed}), {n_steps:,} steps, "
+        f"{any_score.n_labels} labelled spikes, {any_score.n_clean_steps:,} clean steps",
+        "",
+        f"Corpus built in {build_s:.1f} s. A hit is a detected event starting within {MARGIN} steps of a "
+        f"labelled start; false events start outside every labelled span. Rank: within the target of "
+        f"{TARGET_FALSE_PER_10K:g} false event per 10K clean steps first, by recall; then the rest by false rate. "
+        f"Shape columns are recall per spike shape; attribution is over hits whose label names it (n/a: the "
+        f"detector names no bucket, cluster or sample).",
+        "",
+    ]
     out += main_table(scores, seconds)
     out += ["", "## Target check", ""] + target_check(scores)
-    out += ["", "metaseq's skip threshold (`--ewm-ratio-to-skip-batch`) has no published default; its row uses 1.5 "
-            "(our detector's `ratio`). Other choices: " + "; ".join(
-                f"{r:g}: recall {pct(sc.recall)}, {rate(sc.false_per_10k)} false / 10K"
-                for r, sc in sensitivity.items()) + "."]
+    out += [
+        "",
+        "metaseq's skip threshold (`--ewm-ratio-to-skip-batch`) has no published default; its row uses 1.5 "
+        "(our detector's `ratio`). Other choices: "
+        + "; ".join(
+            f"{r:g}: recall {pct(sc.recall)}, {rate(sc.false_per_10k)} false / 10K" for r, sc in sensitivity.items()
+        )
+        + ".",
+    ]
     out += ["", "## False events per 10K clean steps, by kind of run (count in brackets)", ""]
     out += kind_table(by_kind, ranked(scores))
     if real is not None:
@@ -462,16 +551,32 @@ def run_bench(size: str, seed: int, real: Path | None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--calibration", action="store_true",
-                   help="clean runs of the --size long* corpus: the false-alarm rate asked against the rate measured")
-    p.add_argument("--size", choices=("full", "quick", "test", "long", "long-quick", "long-test", "heavy-tail"),
-                   default="full", help="corpus size (default full); long*: the long metrics-only corpus, per noise "
-                   "family; heavy-tail: the heavy-tailed family alone")
+    p.add_argument(
+        "--calibration",
+        action="store_true",
+        help="clean runs of the --size long* corpus: the false-alarm rate asked against the rate measured",
+    )
+    p.add_argument(
+        "--size",
+        choices=("full", "quick", "test", "long", "long-quick", "long-test", "heavy-tail"),
+        default="full",
+        help="corpus size (default full); long*: the long metrics-only corpus, per noise "
+        "family; heavy-tail: the heavy-tailed family alone",
+    )
     p.add_argument("--quick", action="store_true", help="same as --size quick")
-    p.add_argument("--false-rate", type=float, action="append", default=[],
-                   help="long corpus: also run our detector with this false_rate (per 10K steps; repeatable)")
-    p.add_argument("--heavy-seeds", type=int, default=HEAVY_SEEDS,
-                   help=f"--size heavy-tail: seeds of the heavy-tailed family, {HEAVY_RUNS_PER_SEED} runs each")
+    p.add_argument(
+        "--false-rate",
+        type=float,
+        action="append",
+        default=[],
+        help="long corpus: also run our detector with this false_rate (per 10K steps; repeatable)",
+    )
+    p.add_argument(
+        "--heavy-seeds",
+        type=int,
+        default=HEAVY_SEEDS,
+        help=f"--size heavy-tail: seeds of the heavy-tailed family, {HEAVY_RUNS_PER_SEED} runs each",
+    )
     p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
     p.add_argument("--real-logs", type=Path, default=REAL_LOGS, help="folder of the real logs")
     p.add_argument("--no-real-logs", action="store_true", help="skip the real logs")
@@ -490,9 +595,12 @@ def main(argv: list[str] | None = None) -> int:
         lines = run_long_bench(size, args.seed, extra)
     else:
         lines = run_bench(size, args.seed, None if args.no_real_logs else args.real_logs)
-    lines += ["", f"Total {time.perf_counter() - t:.1f} s. Command: `python3 bench/bench_detection_quality.py"
-              f"{' --calibration' if args.calibration else ''}{' --size ' + size if size != 'full' else ''}"
-              f"{' --seed ' + str(args.seed) if args.seed else ''}`"]
+    lines += [
+        "",
+        f"Total {time.perf_counter() - t:.1f} s. Command: `python3 bench/bench_detection_quality.py"
+        f"{' --calibration' if args.calibration else ''}{' --size ' + size if size != 'full' else ''}"
+        f"{' --seed ' + str(args.seed) if args.seed else ''}`",
+    ]
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

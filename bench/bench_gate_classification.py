@@ -77,8 +77,12 @@ def batch_size_for(n: int) -> int:
 
 def make_samples(mix: str, n: int) -> pd.DataFrame:
     """``n`` samples of a length mix (``bench_pair_retention.lengths_of``), seeded by ``n``."""
-    return pd.DataFrame({"sample_id": np.arange(n, dtype=np.int64),
-                         "n_tokens": lengths_of(mix, n, np.random.default_rng(n)).astype(np.int32)})
+    return pd.DataFrame(
+        {
+            "sample_id": np.arange(n, dtype=np.int64),
+            "n_tokens": lengths_of(mix, n, np.random.default_rng(n)).astype(np.int32),
+        }
+    )
 
 
 # --- the samplers --------------------------------------------------------------------------------------------------
@@ -92,8 +96,9 @@ def quantile_boundaries(samples: pd.DataFrame, k: int) -> list[int]:
     return [0] + [int(x) for x in q[1:-1] if x > 0] + [8192]
 
 
-def hf_length_grouped(samples: pd.DataFrame, b: int, seed: int, fixed: bool = False,
-                      mega_batch_mult: int | None = None) -> Epochs:
+def hf_length_grouped(
+    samples: pd.DataFrame, b: int, seed: int, fixed: bool = False, mega_batch_mult: int | None = None
+) -> Epochs:
     """HF's ``LengthGroupedSampler`` (or ``get_length_grouped_indices`` with ``mega_batch_mult``), its indices cut
     into batches of ``b`` as the DataLoader does. ``fixed``: the same generator seed every epoch; else a generator
     seeded per epoch (what the Trainer's global torch RNG gives: a fresh permutation each epoch)."""
@@ -109,7 +114,7 @@ def hf_length_grouped(samples: pd.DataFrame, b: int, seed: int, fixed: bool = Fa
             idx = np.fromiter(iter(LengthGroupedSampler(b, lengths=lengths, generator=gen)), dtype=np.int64)
         else:
             idx = np.asarray(get_length_grouped_indices(lengths, b, mega_batch_mult, generator=gen), dtype=np.int64)
-        out.append([ids[idx[i:i + b]].tolist() for i in range(0, len(idx), b)])
+        out.append([ids[idx[i : i + b]].tolist() for i in range(0, len(idx), b)])
     return out
 
 
@@ -131,8 +136,9 @@ def lhotse_runs(samples: pd.DataFrame, b: int, seed: int) -> dict[str, Epochs]:
     cuts = CutSet.from_cuts(MonoCut(id=str(i), start=0.0, duration=float(n), channel=0) for i, n in zip(ids, lens))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # lhotse warns that the cuts have no recordings: they need none here
-        sampler = DynamicBucketingSampler(cuts, max_duration=float(TOKEN_BUDGET), max_cuts=b, num_buckets=10,
-                                          shuffle=True, seed=seed)
+        sampler = DynamicBucketingSampler(
+            cuts, max_duration=float(TOKEN_BUDGET), max_cuts=b, num_buckets=10, shuffle=True, seed=seed
+        )
 
         def epoch() -> list[list[int]]:
             return [[int(c.id) for c in batch] for batch in sampler]
@@ -164,28 +170,63 @@ def _reseeded(samples: pd.DataFrame, b: int, seed: int) -> Epochs:
 
 
 ROWS = [
-    Row("HF LengthGroupedSampler, seeded per epoch", lambda s, b, seed: hf_length_grouped(s, b, seed), "pass",
-        needs="transformers"),
-    Row("lhotse DynamicBucketingSampler + set_epoch", lambda s, b, seed: lhotse_runs(s, b, seed)["set_epoch"], "pass",
-        needs="lhotse"),
-    *(Row(f"bucketed shuffle, {k} buckets",
-          lambda s, b, seed, k=k: [bucketed_shuffle(s, e, seed, boundaries=quantile_boundaries(s, k),
-                                                    token_budget=TOKEN_BUDGET, max_batch_size=b)
-                                   for e in range(EPOCHS)],
-          "pass") for k in (6, 16, 64)),
+    Row(
+        "HF LengthGroupedSampler, seeded per epoch",
+        lambda s, b, seed: hf_length_grouped(s, b, seed),
+        "pass",
+        needs="transformers",
+    ),
+    Row(
+        "lhotse DynamicBucketingSampler + set_epoch",
+        lambda s, b, seed: lhotse_runs(s, b, seed)["set_epoch"],
+        "pass",
+        needs="lhotse",
+    ),
+    *(
+        Row(
+            f"bucketed shuffle, {k} buckets",
+            lambda s, b, seed, k=k: [
+                bucketed_shuffle(
+                    s, e, seed, boundaries=quantile_boundaries(s, k), token_budget=TOKEN_BUDGET, max_batch_size=b
+                )
+                for e in range(EPOCHS)
+            ],
+            "pass",
+        )
+        for k in (6, 16, 64)
+    ),
     Row("random shuffle", lambda s, b, seed: _by_builder(random_shuffle, s, b, seed), "pass"),
-    Row("static_sorted: built once, reordered", lambda s, b, seed: _by_builder(static_sorted, s, b, seed), "fail",
-        "built_once"),
+    Row(
+        "static_sorted: built once, reordered",
+        lambda s, b, seed: _by_builder(static_sorted, s, b, seed),
+        "fail",
+        "built_once",
+    ),
     Row("builder re-seeded identically", _reseeded, "fail", "reseeded"),
-    Row("lhotse without set_epoch", lambda s, b, seed: lhotse_runs(s, b, seed)["no_set_epoch"], "fail", "reseeded",
-        needs="lhotse"),
-    Row("HF sampler, one fixed generator seed", lambda s, b, seed: hf_length_grouped(s, b, seed, fixed=True), "fail",
-        "reseeded", needs="transformers"),
-    Row("shuffle then sort", lambda s, b, seed: _by_builder(shuffle_then_sort, s, b, seed), "ties",
-        "shuffle_then_sort"),
-    Row("HF algorithm, one mega-batch = whole dataset",
-        lambda s, b, seed: hf_length_grouped(s, b, seed, mega_batch_mult=-(-len(s) // b)), "ties",
-        "shuffle_then_sort", needs="transformers"),
+    Row(
+        "lhotse without set_epoch",
+        lambda s, b, seed: lhotse_runs(s, b, seed)["no_set_epoch"],
+        "fail",
+        "reseeded",
+        needs="lhotse",
+    ),
+    Row(
+        "HF sampler, one fixed generator seed",
+        lambda s, b, seed: hf_length_grouped(s, b, seed, fixed=True),
+        "fail",
+        "reseeded",
+        needs="transformers",
+    ),
+    Row(
+        "shuffle then sort", lambda s, b, seed: _by_builder(shuffle_then_sort, s, b, seed), "ties", "shuffle_then_sort"
+    ),
+    Row(
+        "HF algorithm, one mega-batch = whole dataset",
+        lambda s, b, seed: hf_length_grouped(s, b, seed, mega_batch_mult=-(-len(s) // b)),
+        "ties",
+        "shuffle_then_sort",
+        needs="transformers",
+    ),
 ]
 
 
@@ -222,12 +263,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ratios", action="store_true", help="add retention / reference to each row")
     args = ap.parse_args()
-    rows = [r for r in ROWS if (not args.rows or any(w.lower() in r.name.lower() for w in args.rows))
-            and not any(w.lower() in r.name.lower() for w in args.skip or [])]
+    rows = [
+        r
+        for r in ROWS
+        if (not args.rows or any(w.lower() in r.name.lower() for w in args.rows))
+        and not any(w.lower() in r.name.lower() for w in args.skip or [])
+    ]
     skipped = [r.name for r in rows if not available(r)]
     rows = [r for r in rows if available(r)]
-    print("| sampler | mix | samples | batch size | pair retention | limit | verdict |"
-          + (" x reference |" if args.ratios else ""))
+    print(
+        "| sampler | mix | samples | batch size | pair retention | limit | verdict |"
+        + (" x reference |" if args.ratios else "")
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if args.ratios else ""))
     mismatches = []
     for n in args.sizes:
@@ -244,10 +291,16 @@ def main() -> None:
                     mismatches.append(f"{row.name} / {mix} / {n}: {verdict}, expected {want} ({row.kind})")
                 if r.notes:
                     verdict += " (sorted as a whole; ties regrouped)"
-                ratio = (f" {r.pair_retention[0] / r.threshold.reference_pair_retention:.2f} |"
-                         if args.ratios and r.threshold.reference_pair_retention else (" |" if args.ratios else ""))
-                print(f"| {row.name} | {MIX_NAMES[mix]} | {n:,} | {b} | {r.pair_retention[0]:.5f} | "
-                      f"{r.threshold.pair_retention:.5f} | {verdict} |{ratio}", flush=True)
+                ratio = (
+                    f" {r.pair_retention[0] / r.threshold.reference_pair_retention:.2f} |"
+                    if args.ratios and r.threshold.reference_pair_retention
+                    else (" |" if args.ratios else "")
+                )
+                print(
+                    f"| {row.name} | {MIX_NAMES[mix]} | {n:,} | {b} | {r.pair_retention[0]:.5f} | "
+                    f"{r.threshold.pair_retention:.5f} | {verdict} |{ratio}",
+                    flush=True,
+                )
                 print(f"  {row.name} {mix} {n}: {secs:.1f} s", file=sys.stderr, flush=True)
             _LHOTSE.clear()
     if skipped:

@@ -33,8 +33,14 @@ def fdr(size: str) -> None:
     rows = []
     for run in iter_corpus(corpus_specs(size)):
         labelled = {int(i) for lab in run.labels.spikes for i in lab.sample_ids}
-        tables = RunTables(metrics=run.metrics, loss_key="train/loss", analysed=["train/loss"], tags=run.tags,
-                           plan=run.plan, samples=run.samples)
+        tables = RunTables(
+            metrics=run.metrics,
+            loss_key="train/loss",
+            analysed=["train/loss"],
+            tags=run.tags,
+            plan=run.plan,
+            samples=run.samples,
+        )
         rule = HarmfulSamplesRule()
         rule.detect(tables)
         ids = [r["sample_id"] for r in rule.section_ or []]
@@ -61,14 +67,19 @@ def cost(n_steps: int = 100_000, per_step: int = 100, n_samples: int = 2_000_000
     with tempfile.TemporaryDirectory() as tmp:
         case = Path(tmp)
         steps = np.repeat(np.arange(n_steps, dtype=np.int64), per_step)
-        pd.DataFrame({"step": steps, "sample_id": rng.integers(0, n_samples, len(steps)).astype(np.int64)}
-                     ).to_parquet(case / "plan.parquet", index=False)
-        pd.DataFrame({"sample_id": np.arange(n_samples, dtype=np.int64),
-                      "n_tokens": rng.integers(100, 2000, n_samples).astype(np.int32)}
-                     ).to_parquet(case / "samples.parquet", index=False)
+        pd.DataFrame({"step": steps, "sample_id": rng.integers(0, n_samples, len(steps)).astype(np.int64)}).to_parquet(
+            case / "plan.parquet", index=False
+        )
+        pd.DataFrame(
+            {
+                "sample_id": np.arange(n_samples, dtype=np.int64),
+                "n_tokens": rng.integers(100, 2000, n_samples).astype(np.int32),
+            }
+        ).to_parquet(case / "samples.parquet", index=False)
         loss = 2.0 + np.exp(-np.arange(n_steps) / 5000) + 0.02 * rng.standard_normal(n_steps)
-        pd.DataFrame({"step": np.arange(n_steps), "loss": loss,
-                      "grad_norm": 1.0 + 0.05 * rng.standard_normal(n_steps)}).to_parquet(case / "metrics.parquet")
+        pd.DataFrame(
+            {"step": np.arange(n_steps), "loss": loss, "grad_norm": 1.0 + 0.05 * rng.standard_normal(n_steps)}
+        ).to_parquet(case / "metrics.parquet")
         (case / "run.toml").write_text("boundaries = [0, 500, 1000, 1500, 2000]\n")
         times = {}
         builtin = registry.BUILTIN_RULES
@@ -79,8 +90,10 @@ def cost(n_steps: int = 100_000, per_step: int = 100, n_samples: int = 2_000_000
             times[label] = time.perf_counter() - t0
         registry.BUILTIN_RULES = builtin
     extra = times["with"] / times["without"] - 1.0
-    print(f"audit without the estimate {times['without']:.1f} s, with it {times['with']:.1f} s: +{100 * extra:.0f}% "
-          f"(target <= 30%) on {n_steps:,} steps and a {n_steps * per_step:,}-row plan")
+    print(
+        f"audit without the estimate {times['without']:.1f} s, with it {times['with']:.1f} s: +{100 * extra:.0f}% "
+        f"(target <= 30%) on {n_steps:,} steps and a {n_steps * per_step:,}-row plan"
+    )
 
 
 def main() -> None:

@@ -63,16 +63,19 @@ def worker(kind: str, path: str) -> None:
 
 def baseline_rss() -> float:
     """Peak RSS of a subprocess that only imports what the workers import (subtracted from their peaks)."""
-    code = ("import resource, pyarrow.json, pandas, forensics.sources.jsonl;"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    code = (
+        "import resource, pyarrow.json, pandas, forensics.sources.jsonl;"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    )
     return float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
 
 
 def measure(kind: str, path: Path, repeat: int) -> dict:
     runs = []
     for _ in range(repeat):
-        out = subprocess.run([sys.executable, __file__, "--worker", kind, str(path)], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, "--worker", kind, str(path)], check=True, capture_output=True, text=True
+        ).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
     best = min(runs, key=lambda r: r["seconds"])
     best["peak_mib"] = min(r["peak_mib"] for r in runs)
@@ -95,18 +98,24 @@ def main() -> None:
         if not path.exists():
             t0 = time.perf_counter()
             write_jsonl(path, args.rows, args.metrics)
-            print(f"wrote {path} ({os.path.getsize(path) / 2**20:.0f} MiB) in {time.perf_counter() - t0:.1f} s",
-                  file=sys.stderr)
+            print(
+                f"wrote {path} ({os.path.getsize(path) / 2**20:.0f} MiB) in {time.perf_counter() - t0:.1f} s",
+                file=sys.stderr,
+            )
         base = baseline_rss()
         arrow = measure("pyarrow", path, args.repeat)
         ours = measure("ours", path, args.repeat)
         size = os.path.getsize(path) / 2**20
-        print(f"{args.rows:,} rows x {args.metrics} metrics, {size:.0f} MiB, best of {args.repeat}, "
-              f"{os.cpu_count()} CPUs; peak RSS above an import-only process ({base:.0f} MiB)")
+        print(
+            f"{args.rows:,} rows x {args.metrics} metrics, {size:.0f} MiB, best of {args.repeat}, "
+            f"{os.cpu_count()} CPUs; peak RSS above an import-only process ({base:.0f} MiB)"
+        )
         print(f"{'reader':<28}{'seconds':>9}{'MiB/s':>8}{'peak MiB':>10}{'ratio':>7}")
         for name, r in (("pyarrow.json.read_json", arrow), ("JsonlReader.read_all", ours)):
-            print(f"{name:<28}{r['seconds']:>9.2f}{size / r['seconds']:>8.0f}{r['peak_mib'] - base:>10.0f}"
-                  f"{r['seconds'] / arrow['seconds']:>7.2f}")
+            print(
+                f"{name:<28}{r['seconds']:>9.2f}{size / r['seconds']:>8.0f}{r['peak_mib'] - base:>10.0f}"
+                f"{r['seconds'] / arrow['seconds']:>7.2f}"
+            )
         assert ours["rows"] == arrow["rows"], (ours, arrow)
         ratio = ours["seconds"] / arrow["seconds"]
         print(f"time ratio ours/pyarrow: {ratio:.2f} (target <= 2.0: {'met' if ratio <= 2.0 else 'NOT met'})")

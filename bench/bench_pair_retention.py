@@ -91,9 +91,12 @@ def make_plan(n_samples: int, epochs: int, seed: int = 0) -> Path:
         return path
     OUT.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    samples = pd.DataFrame({"sample_id": np.arange(n_samples, dtype=np.int64) * 7 + 1_000_000,
-                            "n_tokens": np.clip(rng.lognormal(6.3, 1.0, n_samples).astype(np.int64) + 10, 10,
-                                                12_000).astype(np.int32)})
+    samples = pd.DataFrame(
+        {
+            "sample_id": np.arange(n_samples, dtype=np.int64) * 7 + 1_000_000,
+            "n_tokens": np.clip(rng.lognormal(6.3, 1.0, n_samples).astype(np.int64) + 10, 10, 12_000).astype(np.int32),
+        }
+    )
     plan = rebuild_plan(samples, bucketed_shuffle, epochs, seed)
     plan.to_parquet(path, index=False)
     return path
@@ -128,6 +131,7 @@ def worker(which: str, path: Path, repeat: int) -> None:
     if which == "duckdb":
         import duckdb  # noqa: F401  (imported before the baseline RSS is taken)
     import forensics.plan.composition  # noqa: F401
+
     base = reset_peak_rss()
     best, result = float("inf"), None
     for _ in range(repeat):
@@ -138,8 +142,12 @@ def worker(which: str, path: Path, repeat: int) -> None:
 
 
 def run_worker(which: str, path: Path, repeat: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--worker", which, "--plan", str(path), "--repeat", str(repeat)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", which, "--plan", str(path), "--repeat", str(repeat)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -152,10 +160,13 @@ def bench(args: argparse.Namespace) -> None:
     with console.status("measuring forensics and DuckDB"):
         res = {w: run_worker(w, path, args.repeat) for w in ("forensics", "duckdb")}
     a, b = res["forensics"]["result"], res["duckdb"]["result"]
-    same = len(a) == len(b) and all(x[:2] == y[:2] and abs(x[2] - y[2]) < 1e-12 and abs(x[3] - y[3]) < 1e-12
-                                    for x, y in zip(a, b))
-    table = Table(title=f"pair retention of {rows:,} plan rows ({n:,} samples x {args.epochs} epochs), "
-                        f"read from Parquet; best of {args.repeat}")
+    same = len(a) == len(b) and all(
+        x[:2] == y[:2] and abs(x[2] - y[2]) < 1e-12 and abs(x[3] - y[3]) < 1e-12 for x, y in zip(a, b)
+    )
+    table = Table(
+        title=f"pair retention of {rows:,} plan rows ({n:,} samples x {args.epochs} epochs), "
+        f"read from Parquet; best of {args.repeat}"
+    )
     for col in ("what", "time s", "x DuckDB", "peak RSS MiB"):
         table.add_column(col, justify="left" if col == "what" else "right")
     t_duck = res["duckdb"]["seconds"]
@@ -204,7 +215,7 @@ def group_by_length(samples: pd.DataFrame, epoch: int, seed: int, **kw) -> list[
     perm = rng.permutation(len(lengths))
     batches = []
     for i in range(0, len(perm), 50 * 64):
-        chunk = perm[i:i + 50 * 64]
+        chunk = perm[i : i + 50 * 64]
         batches += pack_greedy(chunk[np.argsort(-lengths[chunk], kind="stable")], lengths)
     ids = samples["sample_id"].to_numpy()
     return [ids[b].tolist() for b in batches]
@@ -216,18 +227,27 @@ def calibrate(args: argparse.Namespace) -> None:
     from forensics.plan.rebuild import rebuild_plan
 
     builders = dict(REFERENCE_BUILDERS, finer_buckets=finer_buckets, group_by_length=group_by_length)
-    short = {"static_sorted": "static", "shuffle_then_sort": "shuffle+sort", "bucketed_shuffle": "bucketed",
-             "random_shuffle": "random", "finer_buckets": "24 buckets", "group_by_length": "group_by_length"}
+    short = {
+        "static_sorted": "static",
+        "shuffle_then_sort": "shuffle+sort",
+        "bucketed_shuffle": "bucketed",
+        "random_shuffle": "random",
+        "finer_buckets": "24 buckets",
+        "group_by_length": "group_by_length",
+    }
     console = Console(width=180)
-    table = Table(title=f"largest pair retention over {args.seeds} seeds x 2 epoch pairs, as a multiple of the "
-                        "reference, and the gate's verdict")
+    table = Table(
+        title=f"largest pair retention over {args.seeds} seeds x 2 epoch pairs, as a multiple of the "
+        "reference, and the gate's verdict"
+    )
     for col in ("lengths", "samples", "reference", "limit", *(short[b] for b in builders)):
         table.add_column(col, justify="left" if col == "lengths" else "right")
     grid = [(kind, n) for kind in args.kinds for n in args.sizes]
     with Progress(console=Console(stderr=True), transient=True) as progress:
         for kind, n in progress.track(grid, description="building plans"):
-            samples = pd.DataFrame({"sample_id": np.arange(n),
-                                    "n_tokens": lengths_of(kind, n, np.random.default_rng(n)).astype(np.int32)})
+            samples = pd.DataFrame(
+                {"sample_id": np.arange(n), "n_tokens": lengths_of(kind, n, np.random.default_rng(n)).astype(np.int32)}
+            )
             cells, limits = [], []
             for name, builder in builders.items():
                 seeds = range(1, 2 if name == "static_sorted" else args.seeds + 1)
@@ -236,14 +256,19 @@ def calibrate(args: argparse.Namespace) -> None:
                 ref = min(r.threshold.reference_pair_retention for r in results)
                 limits += [r.threshold.pair_retention for r in results]
                 verdict = "FAIL" if any(r.static for r in results) else "pass"
-                cells.append(f"{worst:.4f} {worst / ref:.0f}x {verdict}" if worst / ref >= 10 else
-                             f"{worst:.4f} {worst / ref:.1f}x {verdict}")
+                cells.append(
+                    f"{worst:.4f} {worst / ref:.0f}x {verdict}"
+                    if worst / ref >= 10
+                    else f"{worst:.4f} {worst / ref:.1f}x {verdict}"
+                )
             ref = derive_reference(samples)
             lim = f"{min(limits):.4f}" + (f"-{max(limits):.4f}" if max(limits) > min(limits) * 1.001 else "")
             table.add_row(kind, f"{n:,}", f"{ref:.5f}", lim, *cells)
     console.print(table)
-    console.print("reference: length_grouped of the samples, seed 0, epochs 0-1 (batch-size limit 64); the limit "
-                  "uses the plan's own largest batch and padded size, hence a range")
+    console.print(
+        "reference: length_grouped of the samples, seed 0, epochs 0-1 (batch-size limit 64); the limit "
+        "uses the plan's own largest batch and padded size, hence a range"
+    )
 
 
 def derive_reference(samples: pd.DataFrame) -> float:

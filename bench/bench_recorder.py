@@ -53,10 +53,16 @@ def bench_plain(n_batches: int, folder: Path, table: Table) -> None:
     parts = recorded_parts(folder / "plain")
     size = sum(p.stat().st_size for p in parts)
     table.add_row("baseline: list.append", f"{n_batches:,}", f"{base * 1e6:.2f}", "", "")
-    table.add_row("PlanRecorder.record, buffering only", f"{n_batches:,}", f"{only * 1e6:.2f}",
-                  f"+{(only - base) * 1e6:.2f}", "")
-    table.add_row(f"PlanRecorder.record + {len(parts)} parts of 4096", f"{n_batches:,}", f"{per * 1e6:.2f}",
-                  f"+{(per - base) * 1e6:.2f}", f"{size / n_batches:.0f}")
+    table.add_row(
+        "PlanRecorder.record, buffering only", f"{n_batches:,}", f"{only * 1e6:.2f}", f"+{(only - base) * 1e6:.2f}", ""
+    )
+    table.add_row(
+        f"PlanRecorder.record + {len(parts)} parts of 4096",
+        f"{n_batches:,}",
+        f"{per * 1e6:.2f}",
+        f"+{(per - base) * 1e6:.2f}",
+        f"{size / n_batches:.0f}",
+    )
     table.add_row(f"(one part of {n_batches:,} batches written in {one_part * 1e3:.0f} ms)", "", "", "", "")
 
 
@@ -83,8 +89,13 @@ def bench_torch(n_batches: int, folder: Path, table: Table) -> None:
         per = min(per, loop(RecordingSampler(BatchSampler(SequentialSampler(data), BATCH, drop_last=False), rec)))
         rec.close()
     table.add_row("baseline: DataLoader loop", f"{n_batches:,}", f"{base * 1e6:.2f}", "", "")
-    table.add_row("DataLoader + RecordingSampler", f"{n_batches:,}", f"{per * 1e6:.2f}",
-                  f"+{(per - base) * 1e6:.2f} ({(per - base) / base:+.1%})", "")
+    table.add_row(
+        "DataLoader + RecordingSampler",
+        f"{n_batches:,}",
+        f"{per * 1e6:.2f}",
+        f"+{(per - base) * 1e6:.2f} ({(per - base) / base:+.1%})",
+        "",
+    )
 
 
 def bench_trainer(steps: int, runs: int, folder: Path, table: Table) -> None:
@@ -117,8 +128,9 @@ def bench_trainer(steps: int, runs: int, folder: Path, table: Table) -> None:
         out = folder / f"trainer-{'rec' if recorded else 'bare'}-{run}"
         args = _args(out, max_steps=steps, report_to=[], save_strategy="no", logging_steps=10)
         timer = StepTimes()
-        trainer = Trainer(model=_model(), args=args, train_dataset=ListDataset(rows), data_collator=collate,
-                          callbacks=[timer])
+        trainer = Trainer(
+            model=_model(), args=args, train_dataset=ListDataset(rows), data_collator=collate, callbacks=[timer]
+        )
         if recorded:
             record(trainer)
         with contextlib.redirect_stdout(io.StringIO()):
@@ -130,10 +142,16 @@ def bench_trainer(steps: int, runs: int, folder: Path, table: Table) -> None:
         bare.append(one(False, run))
         rec.append(one(True, run))
     b, r = statistics.median(bare), statistics.median(rec)
-    table.add_row(f"baseline: HF Trainer step, tiny GPT-2, batch {HF_BATCH}", f"{steps * runs:,} steps",
-                  f"{b * 1e6:.0f}", "", "")
-    table.add_row("HF Trainer step + record(trainer)", f"{steps * runs:,} steps", f"{r * 1e6:.0f}",
-                  f"{(r - b) * 1e6:+.0f} ({(r - b) / b:+.1%})", "")
+    table.add_row(
+        f"baseline: HF Trainer step, tiny GPT-2, batch {HF_BATCH}", f"{steps * runs:,} steps", f"{b * 1e6:.0f}", "", ""
+    )
+    table.add_row(
+        "HF Trainer step + record(trainer)",
+        f"{steps * runs:,} steps",
+        f"{r * 1e6:.0f}",
+        f"{(r - b) * 1e6:+.0f} ({(r - b) / b:+.1%})",
+        "",
+    )
 
 
 def main() -> None:

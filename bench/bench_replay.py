@@ -92,8 +92,10 @@ def main() -> None:
         verdicts = pd.Series([d["verdict"] for d in res.steps]).value_counts().to_dict()
         modes = pd.Series([d["mode"] for d in res.steps]).value_counts().to_dict()
         controls = sum(1 for d in res.steps if d.get("role") == "control")
-        print(f"steps replayed: {len(res.steps)} ({controls} clean control step), forwards: {len(log)} "
-              f"({seeded} in train mode over dropout seeds), verdicts: {verdicts}, reproduced in: {modes}")
+        print(
+            f"steps replayed: {len(res.steps)} ({controls} clean control step), forwards: {len(log)} "
+            f"({seeded} in train mode over dropout seeds), verdicts: {verdicts}, reproduced in: {modes}"
+        )
         print(f"replay_case:       {rep:.3f} s")
         print(f"bare forward loop: {bare:.3f} s (the same {len(log)} forwards)")
         print(f"overhead: {rep / bare - 1:+.0%} (target < +30%)")

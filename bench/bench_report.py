@@ -31,8 +31,16 @@ from forensics.report import build_report, minmax_indices, stride_indices
 from forensics.report.downsample import numpy_minmax_indices
 
 BOUNDARIES = (0, 770, 1216, 1728, 2432, 3296, 8192)
-CLUSTER_NAMES = ["qa what how", "chat hello thanks", "math solve equation", "docs api function", "code def return",
-                 "code class import", "prose story said", "table row column"]
+CLUSTER_NAMES = [
+    "qa what how",
+    "chat hello thanks",
+    "math solve equation",
+    "docs api function",
+    "code def return",
+    "code class import",
+    "prose story said",
+    "table row column",
+]
 
 
 def synthetic_run(n: int, n_spikes: int, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, dict, np.ndarray]:
@@ -49,18 +57,43 @@ def synthetic_run(n: int, n_spikes: int, seed: int = 0) -> tuple[pd.DataFrame, p
     metrics = pd.DataFrame({"step": steps, "train/loss": loss, "grad_norm": grad, "lr": lr})
     ranges = np.array([f"({a}, {b}]" for a, b in zip(BOUNDARIES[:-1], BOUNDARIES[1:])])
     real = rng.integers(8_000, 16_000, n)
-    tags = pd.DataFrame({
-        "step": steps, "epoch": steps * 6 // n, "bucket": bucket, "bucket_range": ranges[bucket],
-        "cluster": cluster, "cluster_name": np.array(CLUSTER_NAMES)[cluster], "cluster_entropy": rng.random(n),
-        "real_tokens": real, "padded_tokens": np.full(n, 16_384), "padding_ratio": 1 - real / 16_384})
+    tags = pd.DataFrame(
+        {
+            "step": steps,
+            "epoch": steps * 6 // n,
+            "bucket": bucket,
+            "bucket_range": ranges[bucket],
+            "cluster": cluster,
+            "cluster_name": np.array(CLUSTER_NAMES)[cluster],
+            "cluster_entropy": rng.random(n),
+            "real_tokens": real,
+            "padded_tokens": np.full(n, 16_384),
+            "padding_ratio": 1 - real / 16_384,
+        }
+    )
     findings = {
-        "spikes": [{"step": int(s), "end_step": int(s), "peak_step": int(s), "metric": "train/loss",
-                    "value": float(loss[s]), "baseline": 0.95, "score": 50.0, "suspect_samples": [],
-                    "bucket": int(bucket[s]), "bucket_range": str(ranges[bucket[s]]), "cluster": int(cluster[s]),
-                    "cluster_name": CLUSTER_NAMES[cluster[s]],
-                    "evidence": [f"loss {loss[s]:.3g} is {loss[s] / 0.95:.1f}x its baseline 0.95"],
-                    "next_step": f"Replay step {s} from the checkpoint before it."} for s in spikes],
-        "nonfinite": [], "oscillation": {"detected": False, "bucket_variance_share": 0.3}, "plan": None,
+        "spikes": [
+            {
+                "step": int(s),
+                "end_step": int(s),
+                "peak_step": int(s),
+                "metric": "train/loss",
+                "value": float(loss[s]),
+                "baseline": 0.95,
+                "score": 50.0,
+                "suspect_samples": [],
+                "bucket": int(bucket[s]),
+                "bucket_range": str(ranges[bucket[s]]),
+                "cluster": int(cluster[s]),
+                "cluster_name": CLUSTER_NAMES[cluster[s]],
+                "evidence": [f"loss {loss[s]:.3g} is {loss[s] / 0.95:.1f}x its baseline 0.95"],
+                "next_step": f"Replay step {s} from the checkpoint before it.",
+            }
+            for s in spikes
+        ],
+        "nonfinite": [],
+        "oscillation": {"detected": False, "bucket_variance_share": 0.3},
+        "plan": None,
         "warnings": [],
     }
     return metrics, tags, findings, spikes
@@ -104,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
 
     t = time.perf_counter()
     metrics, tags, findings, spikes = synthetic_run(args.steps, args.spikes)
-    print(f"synthetic run: {args.steps:,} steps, {len(spikes)} spikes, built in {time.perf_counter() - t:.2f} s",
-          file=sys.stderr)
+    print(
+        f"synthetic run: {args.steps:,} steps, {len(spikes)} spikes, built in {time.perf_counter() - t:.2f} s",
+        file=sys.stderr,
+    )
     x = metrics["step"].to_numpy()
     y = metrics["train/loss"].to_numpy()
 

@@ -93,8 +93,10 @@ def main() -> None:
     print(f"segment {steps[0]}-{steps[-1]} ({len(steps)} steps) on CPU, one thread")
     print(f"bare steps      {t_bare * 1e3:8.1f} ms")
     print(f"one signal pass {t_pass * 1e3:8.1f} ms  {t_pass / t_bare:5.2f}x bare")
-    print(f"whole re-run    {t_rerun * 1e3:8.1f} ms  {t_rerun / t_bare:5.2f}x bare (two passes, replaced batch, "
-          "per-sample gradients)")
+    print(
+        f"whole re-run    {t_rerun * 1e3:8.1f} ms  {t_rerun / t_bare:5.2f}x bare (two passes, replaced batch, "
+        "per-sample gradients)"
+    )
 
 
 if __name__ == "__main__":

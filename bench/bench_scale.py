@@ -81,9 +81,11 @@ def audit_case(plan: Path, size: int, label: str = "") -> Path:
         pd.DataFrame({"step": step, "loss": loss, "grad_norm": grad}).to_parquet(metrics, index=False)
     case = OUT / f"case-{size}M{label}"
     case.mkdir(exist_ok=True)
-    (case / "run.toml").write_text(f"metrics = [{json.dumps(str(metrics))}]\nplan = {json.dumps(str(plan))}\n"
-                                   f"samples = {json.dumps(str(OUT / 'samples.parquet'))}\n"
-                                   f"boundaries = {list(BOUNDARIES)}\ntoken_budget = 16384\nmax_len = 8192\n")
+    (case / "run.toml").write_text(
+        f"metrics = [{json.dumps(str(metrics))}]\nplan = {json.dumps(str(plan))}\n"
+        f"samples = {json.dumps(str(OUT / 'samples.parquet'))}\n"
+        f"boundaries = {list(BOUNDARIES)}\ntoken_budget = 16384\nmax_len = 8192\n"
+    )
     return case
 
 
@@ -96,10 +98,12 @@ def finished_plan(plan: Path, size: int) -> Path:
     if not marker.exists():
         files = f"'{plan}/*.parquet'"
         con = duckdb.connect()
-        last, = con.execute(f"SELECT max(step) FROM read_parquet({files})").fetchone()
+        (last,) = con.execute(f"SELECT max(step) FROM read_parquet({files})").fetchone()
         out.mkdir(parents=True, exist_ok=True)
-        con.execute(f"COPY (SELECT * REPLACE (CAST(step * {AUDIT_STEPS} // {last + 1} AS BIGINT) AS step) "
-                    f"FROM read_parquet({files})) TO '{out}/part.parquet' (FORMAT PARQUET)")
+        con.execute(
+            f"COPY (SELECT * REPLACE (CAST(step * {AUDIT_STEPS} // {last + 1} AS BIGINT) AS step) "
+            f"FROM read_parquet({files})) TO '{out}/part.parquet' (FORMAT PARQUET)"
+        )
         marker.write_text("")
     return out
 
@@ -124,8 +128,12 @@ def run(cmd: list[str]) -> dict:
         log.seek(0)
         err = log.read()
     rc = os.waitstatus_to_exitcode(status)
-    return {"rc": rc, "s": round(wall, 2), "rss_gb": round(usage.ru_maxrss / 2**20, 2),
-            "err": err.strip().splitlines()[-1] if rc not in (0, 1) and err.strip() else ""}
+    return {
+        "rc": rc,
+        "s": round(wall, 2),
+        "rss_gb": round(usage.ru_maxrss / 2**20, 2),
+        "err": err.strip().splitlines()[-1] if rc not in (0, 1) and err.strip() else "",
+    }
 
 
 def outputs_equal(size: int, engine: str, command: str, label: str = "") -> bool | None:
@@ -133,8 +141,11 @@ def outputs_equal(size: int, engine: str, command: str, label: str = "") -> bool
     same size (None: an output is missing: pandas not run at that size, or a run failed)."""
     import pyarrow.parquet as pq
 
-    name = {"check-plan": "gate-{size}M-{engine}.json", "tag": "tags-{size}M-{engine}.parquet",
-            "audit": "findings-{size}M-{engine}" + label + ".json"}[command]
+    name = {
+        "check-plan": "gate-{size}M-{engine}.json",
+        "tag": "tags-{size}M-{engine}.parquet",
+        "audit": "findings-{size}M-{engine}" + label + ".json",
+    }[command]
     ours, ref = (OUT / name.format(size=size, engine=e) for e in (engine, "pandas"))
     if not (ours.exists() and ref.exists()):
         return None
@@ -150,8 +161,11 @@ def main() -> None:
     ap.add_argument("--memory-limit", default="4GB", help="--memory-limit of every run")
     ap.add_argument("--commands", default=",".join(COMMANDS), help="commands to run (check-plan, tag, audit)")
     ap.add_argument("--pandas-max", type=int, default=30, help="largest plan (M rows) the pandas engine runs")
-    ap.add_argument("--finished", action="store_true",
-                    help="audit a finished run: the plan's steps remapped so the metrics reach its last step")
+    ap.add_argument(
+        "--finished",
+        action="store_true",
+        help="audit a finished run: the plan's steps remapped so the metrics reach its last step",
+    )
     ap.add_argument("--json", default=str(OUT / "bench_scale.json"))
     args = ap.parse_args()
     sizes = [int(x) for x in args.rows.split(",")]
@@ -167,17 +181,44 @@ def main() -> None:
         for engine in args.engines.split(","):
             if engine == "pandas" and size > args.pandas_max:
                 continue
-            base = ["--plan", str(plan), "--samples", str(samples), "--engine", engine,
-                    "--memory-limit", args.memory_limit]
+            base = [
+                "--plan",
+                str(plan),
+                "--samples",
+                str(samples),
+                "--engine",
+                engine,
+                "--memory-limit",
+                args.memory_limit,
+            ]
             gate_json = OUT / f"gate-{size}M-{engine}.json"
-            commands = {"check-plan": ["check-plan", *base, "--json", str(gate_json)],
-                        "tag": ["tag", *base, "--boundaries", ",".join(map(str, BOUNDARIES)),
-                                "-o", str(OUT / f"tags-{size}M-{engine}.parquet")],
-                        "audit": ["audit", "AUDIT-CASE", "--engine", engine, "--memory-limit",
-                                  args.memory_limit, "--no-html", "--json",
-                                  str(OUT / f"findings-{size}M-{engine}{label}.json")]}
-            outputs = {"check-plan": gate_json, "tag": OUT / f"tags-{size}M-{engine}.parquet",
-                       "audit": OUT / f"findings-{size}M-{engine}{label}.json"}
+            commands = {
+                "check-plan": ["check-plan", *base, "--json", str(gate_json)],
+                "tag": [
+                    "tag",
+                    *base,
+                    "--boundaries",
+                    ",".join(map(str, BOUNDARIES)),
+                    "-o",
+                    str(OUT / f"tags-{size}M-{engine}.parquet"),
+                ],
+                "audit": [
+                    "audit",
+                    "AUDIT-CASE",
+                    "--engine",
+                    engine,
+                    "--memory-limit",
+                    args.memory_limit,
+                    "--no-html",
+                    "--json",
+                    str(OUT / f"findings-{size}M-{engine}{label}.json"),
+                ],
+            }
+            outputs = {
+                "check-plan": gate_json,
+                "tag": OUT / f"tags-{size}M-{engine}.parquet",
+                "audit": OUT / f"findings-{size}M-{engine}{label}.json",
+            }
             for what in args.commands.split(","):
                 cmd = commands[what]
                 if what == "audit":  # the case is built only when the audit runs
@@ -191,8 +232,14 @@ def main() -> None:
                 results.append(row)
                 print(json.dumps(row), flush=True)
     for row in results:  # ratios against pandas at the same size and command
-        ref = next((r for r in results if r["engine"] == "pandas" and r["rows_M"] == row["rows_M"]
-                    and r["command"] == row["command"]), None)
+        ref = next(
+            (
+                r
+                for r in results
+                if r["engine"] == "pandas" and r["rows_M"] == row["rows_M"] and r["command"] == row["command"]
+            ),
+            None,
+        )
         if ref and ref["s"]:
             row["time_vs_pandas"] = round(row["s"] / ref["s"], 2)
             row["rss_vs_pandas"] = round(row["rss_gb"] / ref["rss_gb"], 2)
@@ -203,12 +250,15 @@ def main() -> None:
         if smallest and row["command"] == "check-plan" and row["rows_M"] == max(sizes) and "passed" in row:
             row["verdict"] = "same" if row["passed"] == smallest.get("passed") else "differs"
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"{'rows':>5} {'engine':8} {'command':11} {'s':>8} {'RSS GB':>7} {'t/pd':>5} {'rss/pd':>6} "
-          "passed same verdict")
+    print(
+        f"{'rows':>5} {'engine':8} {'command':11} {'s':>8} {'RSS GB':>7} {'t/pd':>5} {'rss/pd':>6} passed same verdict"
+    )
     for r in results:
-        print(f"{r['rows_M']:>4}M {r['engine']:8} {r['command']:11} {r['s']:8.1f} {r['rss_gb']:7.2f} "
-              f"{r.get('time_vs_pandas', ''):>5} {r.get('rss_vs_pandas', ''):>6} {str(r.get('passed', '')):>6} "
-              f"{str(r.get('same', '')):>5} {r.get('verdict', '')} {r['err']}")
+        print(
+            f"{r['rows_M']:>4}M {r['engine']:8} {r['command']:11} {r['s']:8.1f} {r['rss_gb']:7.2f} "
+            f"{r.get('time_vs_pandas', ''):>5} {r.get('rss_vs_pandas', ''):>6} {str(r.get('passed', '')):>6} "
+            f"{str(r.get('same', '')):>5} {r.get('verdict', '')} {r['err']}"
+        )
 
 
 if __name__ == "__main__":

@@ -53,16 +53,20 @@ def synthetic_plan(rows: int, epochs: int, seed: int) -> tuple[pd.DataFrame, pd.
     """``rows // epochs`` samples (lognormal lengths, 8 given clusters), each epoch a fresh order in batches of 64."""
     rng = np.random.default_rng(seed)
     n = rows // epochs
-    samples = pd.DataFrame({
-        "sample_id": np.arange(n, dtype=np.int64),
-        "n_tokens": np.clip(rng.lognormal(6.3, 1.0, n), 10, 12_000).astype(np.int32),
-        "cluster": rng.integers(0, 8, n),
-    })
-    plan = pd.DataFrame({
-        "epoch": np.repeat(np.arange(epochs, dtype=np.int64), n),
-        "batch_id": np.tile(np.arange(n, dtype=np.int64) // 64, epochs),
-        "sample_id": np.concatenate([rng.permutation(n) for _ in range(epochs)]).astype(np.int64),
-    })
+    samples = pd.DataFrame(
+        {
+            "sample_id": np.arange(n, dtype=np.int64),
+            "n_tokens": np.clip(rng.lognormal(6.3, 1.0, n), 10, 12_000).astype(np.int32),
+            "cluster": rng.integers(0, 8, n),
+        }
+    )
+    plan = pd.DataFrame(
+        {
+            "epoch": np.repeat(np.arange(epochs, dtype=np.int64), n),
+            "batch_id": np.tile(np.arange(n, dtype=np.int64) // 64, epochs),
+            "sample_id": np.concatenate([rng.permutation(n) for _ in range(epochs)]).astype(np.int64),
+        }
+    )
     return plan, samples
 
 
@@ -92,8 +96,7 @@ def bench_clustering(texts: int, table: Table, repeat: int = 1) -> str:
         t_base, m_base, _ = measure(lambda: TfidfVectorizer(sublinear_tf=True).fit_transform(samples["text"]), repeat)
         t_cl, m_cl, (clustered, info) = measure(lambda: cluster_samples(samples, k=5, max_fit=20_000, seed=0), repeat)
     label = f"{len(samples):,} texts, 1 thread"
-    table.add_row("baseline: TF-IDF fit_transform", label, f"{t_base:.2f}", "1.0",
-                  f"{m_base:,.0f}")
+    table.add_row("baseline: TF-IDF fit_transform", label, f"{t_base:.2f}", "1.0", f"{m_base:,.0f}")
     table.add_row("cluster_samples (k=5)", label, f"{t_cl:.2f}", f"{t_cl / t_base:.2f}", f"{m_cl:,.0f}")
     ari = adjusted_rand_score(samples["source"], clustered["cluster"])
     return f"clusters vs true sources: adjusted Rand index {ari:.3f}"

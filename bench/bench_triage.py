@@ -55,11 +55,17 @@ def measure(name: str) -> dict:
         ranks.append(sorted(i + 1 for i, s in enumerate(sus) if s in corrupt))
     harmful = findings.get("harmful_samples")
     return {
-        "case": name, "causes": len(causes), **sev, "summary_lines": len(lines),
-        "corrupt_steps": len(steps), "in_critical": sum(s in covered for s in steps),
-        "other_warning_or_above": len(others), "ranks": ranks[:4],
-        "harmful": None if harmful is None else [sum(h["sample_id"] in corrupt for h in harmful),
-                                                 sum(h["sample_id"] not in corrupt for h in harmful)],
+        "case": name,
+        "causes": len(causes),
+        **sev,
+        "summary_lines": len(lines),
+        "corrupt_steps": len(steps),
+        "in_critical": sum(s in covered for s in steps),
+        "other_warning_or_above": len(others),
+        "ranks": ranks[:4],
+        "harmful": None
+        if harmful is None
+        else [sum(h["sample_id"] in corrupt for h in harmful), sum(h["sample_id"] not in corrupt for h in harmful)],
         "verdict": findings.get("verdict", "")[:160],
     }
 
@@ -70,8 +76,19 @@ def run() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = [measure(n) for n in args.cases.split(",") if n]
-    cols = ("case", "causes", "critical", "warning", "info", "summary_lines", "corrupt_steps", "in_critical",
-            "other_warning_or_above", "harmful", "ranks")
+    cols = (
+        "case",
+        "causes",
+        "critical",
+        "warning",
+        "info",
+        "summary_lines",
+        "corrupt_steps",
+        "in_critical",
+        "other_warning_or_above",
+        "harmful",
+        "ranks",
+    )
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(str(r[c]) for c in cols))

@@ -61,9 +61,10 @@ def write_jsonl(path: Path, values: np.ndarray) -> None:
     names = [f"train/m{j}" for j in range(values.shape[1])]
     with open(path, "w", encoding="utf-8") as fh:
         for start in range(0, len(values), 50_000):
-            chunk = values[start:start + 50_000].tolist()
-            fh.write("".join(json.dumps({"step": start + i, **dict(zip(names, row))}) + "\n"
-                             for i, row in enumerate(chunk)))
+            chunk = values[start : start + 50_000].tolist()
+            fh.write(
+                "".join(json.dumps({"step": start + i, **dict(zip(names, row))}) + "\n" for i, row in enumerate(chunk))
+            )
 
 
 def prepare(rows: int, metrics: int) -> Path:
@@ -80,13 +81,24 @@ def prepare(rows: int, metrics: int) -> Path:
     write_jsonl(folder / "metrics.jsonl", values)
     (folder / "writer.py").write_text(WRITER)
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(folder / ".config"),
-                "WANDB_CACHE_DIR": str(folder / ".cache"), "WANDB_DATA_DIR": str(folder / ".data")})
+    env.update(
+        {
+            "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true",
+            "WANDB_CONFIG_DIR": str(folder / ".config"),
+            "WANDB_CACHE_DIR": str(folder / ".cache"),
+            "WANDB_DATA_DIR": str(folder / ".data"),
+        }
+    )
     columns = (TextColumn("writing the .wandb run (once)"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task("write", total=rows)
-        proc = subprocess.Popen([sys.executable, str(folder / "writer.py"), str(folder), str(folder / "values.npy")],
-                                env=env, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(folder / "writer.py"), str(folder), str(folder / "values.npy")],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for line in proc.stdout:
             bar.update(task, completed=int(line))
         if proc.wait() != 0:
@@ -113,7 +125,7 @@ def worker(kind: str, folder: str) -> None:
     t0 = time.perf_counter()
     if kind in ("framing", "protobuf"):
         log = RecordLog(next((folder_path / "wandb").glob("offline-run-*/run-*.wandb")))
-        for _ in (log.payloads() if kind == "framing" else log.records()):
+        for _ in log.payloads() if kind == "framing" else log.records():
             rows += 1
     else:
         reader = open_reader(folder_path / ("metrics.jsonl" if kind == "jsonl" else "wandb"))
@@ -122,8 +134,16 @@ def worker(kind: str, folder: str) -> None:
         metrics = df[[c for c in df.columns if c.startswith("train/")]]
         rows, checksum = len(df), float(np.nansum(metrics.to_numpy()) + df["step"].sum())
     seconds = time.perf_counter() - t0
-    print(json.dumps({"seconds": seconds, "rows": rows, "checksum": checksum,
-                      "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "rows": rows,
+                "checksum": checksum,
+                "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def measure(kinds: Sequence[str], folder: Path, repeat: int) -> dict[str, list[dict]]:
@@ -131,8 +151,9 @@ def measure(kinds: Sequence[str], folder: Path, repeat: int) -> dict[str, list[d
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
     for _ in range(repeat):
         for kind in kinds:
-            out = subprocess.run([sys.executable, __file__, "--worker", kind, str(folder)], check=True,
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--worker", kind, str(folder)], check=True, capture_output=True, text=True
+            )
             runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
     return runs
 
@@ -160,19 +181,29 @@ def main() -> None:
         for wandb in runs[kind]:
             if (jsonl["rows"], round(jsonl["checksum"], 6)) != (wandb["rows"], round(wandb["checksum"], 6)):
                 raise SystemExit(f"the readers disagree: jsonl {jsonl}, {kind} {wandb}")
-    print(f"{args.rows:,} rows x {args.metrics} metrics; .wandb file {size / 2**20:.1f} MiB; {args.repeat} runs each, "
-          "alternated")
+    print(
+        f"{args.rows:,} rows x {args.metrics} metrics; .wandb file {size / 2**20:.1f} MiB; {args.repeat} runs each, "
+        "alternated"
+    )
     print(f"{'reader':<34}{'min s':>8}{'median s':>10}{'rows/s':>12}{'peak MiB':>10}{'vs jsonl':>10}")
-    labels = {"jsonl": "jsonl (baseline, open_reader)", "wandb": "wandb (WandbRunReader)",
-              "wandb_first": "  + numba's one-time load", "protobuf": "  Python framing + protobuf",
-              "framing": "  Python framing + CRC"}
+    labels = {
+        "jsonl": "jsonl (baseline, open_reader)",
+        "wandb": "wandb (WandbRunReader)",
+        "wandb_first": "  + numba's one-time load",
+        "protobuf": "  Python framing + protobuf",
+        "framing": "  Python framing + CRC",
+    }
     for kind, rs in runs.items():
         low = min(r["seconds"] for r in rs)
-        print(f"{labels[kind]:<34}{low:>8.2f}{median[kind]:>10.2f}{args.rows / median[kind]:>12,.0f}"
-              f"{max(r['peak_mib'] for r in rs):>10.0f}{median[kind] / median['jsonl']:>9.2f}x")
+        print(
+            f"{labels[kind]:<34}{low:>8.2f}{median[kind]:>10.2f}{args.rows / median[kind]:>12,.0f}"
+            f"{max(r['peak_mib'] for r in rs):>10.0f}{median[kind] / median['jsonl']:>9.2f}x"
+        )
     ratio, first = median["wandb"] / median["jsonl"], median["wandb_first"] / median["jsonl"]
-    print(f"target: the .wandb reader's median <= 1.3x the JSONL path's: {ratio:.2f}x, "
-          f"{'met' if ratio <= 1.3 else 'NOT met'} (with numba's one-time load: {first:.2f}x)")
+    print(
+        f"target: the .wandb reader's median <= 1.3x the JSONL path's: {ratio:.2f}x, "
+        f"{'met' if ratio <= 1.3 else 'NOT met'} (with numba's one-time load: {first:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

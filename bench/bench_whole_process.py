@@ -106,12 +106,16 @@ def report(title: str, runs: dict[str, list[float]], ours: str, base: str, targe
     t_base = statistics.median(runs[base])
     print(f"  {'side':<44}{'min s':>8}{'median s':>10}{'ratio':>7}")
     for name in (base, ours):
-        print(f"  {name:<44}{min(runs[name]):>8.2f}{statistics.median(runs[name]):>10.2f}"
-              f"{statistics.median(runs[name]) / t_base:>7.2f}")
+        print(
+            f"  {name:<44}{min(runs[name]):>8.2f}{statistics.median(runs[name]):>10.2f}"
+            f"{statistics.median(runs[name]) / t_base:>7.2f}"
+        )
     ratio = statistics.median(runs[ours]) / t_base
     ok = ratio <= target if cmp == "<=" else ratio < target
-    print(f"  ratio of medians forensics / baseline: {ratio:.2f} (min/min {min(runs[ours]) / min(runs[base]):.2f}); "
-          f"target {cmp} {target}: {'met' if ok else 'NOT met'}")
+    print(
+        f"  ratio of medians forensics / baseline: {ratio:.2f} (min/min {min(runs[ours]) / min(runs[base]):.2f}); "
+        f"target {cmp} {target}: {'met' if ok else 'NOT met'}"
+    )
 
 
 def bench_ingest(args: argparse.Namespace, tmp: Path) -> None:
@@ -129,17 +133,24 @@ def bench_ingest(args: argparse.Namespace, tmp: Path) -> None:
         "forensics ingest": [sys.executable, "-m", "forensics", "ingest", str(path), "-o", str(ours_out)],
     }
     if args.before:
-        sides["forensics ingest, before"] = ["BEFORE", str(args.before)] + sides["forensics ingest"][:-2] + [
-            "-o", str(tmp / "before.parquet")]
+        sides["forensics ingest, before"] = (
+            ["BEFORE", str(args.before)] + sides["forensics ingest"][:-2] + ["-o", str(tmp / "before.parquet")]
+        )
     runs = alternated(sides, args.repeat)
     import pyarrow.parquet as pq
 
     ours_t, base_t = pq.read_table(ours_out), pq.read_table(base_out)
     assert ours_t.num_rows == base_t.num_rows == rows, (ours_t.num_rows, base_t.num_rows)
     size = path.stat().st_size / 2**20
-    report(f"ingest: {rows:,} rows x {args.metrics} metrics JSONL ({size:.0f} MiB), whole process, "
-           f"{args.repeat} runs, {os.cpu_count()} CPUs", runs, "forensics ingest",
-           "pyarrow.json.read_json + pq.write_table", 1.1, "<=")
+    report(
+        f"ingest: {rows:,} rows x {args.metrics} metrics JSONL ({size:.0f} MiB), whole process, "
+        f"{args.repeat} runs, {os.cpu_count()} CPUs",
+        runs,
+        "forensics ingest",
+        "pyarrow.json.read_json + pq.write_table",
+        1.1,
+        "<=",
+    )
     if args.before:
         report_before(runs, "forensics ingest", "forensics ingest, before", "pyarrow.json.read_json + pq.write_table")
 
@@ -163,30 +174,54 @@ def bench_check_plan(args: argparse.Namespace, tmp: Path) -> None:
         os.symlink(plan, link)
     ours_json, duck_json = tmp / "check.json", tmp / "duckdb.json"
     sides = {
-        "DuckDB SQL script (read + retention, JSON)": [sys.executable, "-c", duckdb_script(), str(plan),
-                                                       str(duck_json)],
-        "forensics check-plan CASE --json": [sys.executable, "-m", "forensics", "check-plan", str(case), "--json",
-                                             str(ours_json)],
+        "DuckDB SQL script (read + retention, JSON)": [
+            sys.executable,
+            "-c",
+            duckdb_script(),
+            str(plan),
+            str(duck_json),
+        ],
+        "forensics check-plan CASE --json": [
+            sys.executable,
+            "-m",
+            "forensics",
+            "check-plan",
+            str(case),
+            "--json",
+            str(ours_json),
+        ],
     }
     if args.before:
-        sides["forensics check-plan, before"] = ["BEFORE", str(args.before)] + sides[
-            "forensics check-plan CASE --json"][:-1] + [str(tmp / "before.json")]
+        sides["forensics check-plan, before"] = (
+            ["BEFORE", str(args.before)] + sides["forensics check-plan CASE --json"][:-1] + [str(tmp / "before.json")]
+        )
     runs = alternated(sides, args.repeat, ok=(0, 1))
     ours = json.loads(ours_json.read_text())
     duck = json.loads(duck_json.read_text())
     mine = list(zip(ours["pair_retention"], ours["identical_batches"]))
     mine.append((ours["pair_retention_first_last"], ours["identical_batches_first_last"]))
-    same = len(mine) == len(duck) and all(abs(a - c) < 1e-12 and abs(b - d) < 1e-12
-                                          for (a, b), (_, _, c, d) in zip(mine, duck))
+    same = len(mine) == len(duck) and all(
+        abs(a - c) < 1e-12 and abs(b - d) < 1e-12 for (a, b), (_, _, c, d) in zip(mine, duck)
+    )
     import pyarrow.parquet as pq
 
     n_rows = pq.ParquetFile(plan).metadata.num_rows
-    report(f"check-plan: {n_rows:,} plan rows ({n:,} samples x {args.epochs} epochs), whole process, "
-           f"{args.repeat} runs, {os.cpu_count()} CPUs", runs, "forensics check-plan CASE --json",
-           "DuckDB SQL script (read + retention, JSON)", 0.8, "<=")
+    report(
+        f"check-plan: {n_rows:,} plan rows ({n:,} samples x {args.epochs} epochs), whole process, "
+        f"{args.repeat} runs, {os.cpu_count()} CPUs",
+        runs,
+        "forensics check-plan CASE --json",
+        "DuckDB SQL script (read + retention, JSON)",
+        0.8,
+        "<=",
+    )
     if args.before:
-        report_before(runs, "forensics check-plan CASE --json", "forensics check-plan, before",
-                      "DuckDB SQL script (read + retention, JSON)")
+        report_before(
+            runs,
+            "forensics check-plan CASE --json",
+            "forensics check-plan, before",
+            "DuckDB SQL script (read + retention, JSON)",
+        )
     print(f"  numbers agree with DuckDB: {'yes' if same else 'NO'}")
     if not same:
         print(f"  forensics {mine}\n  duckdb {duck}")
@@ -203,8 +238,13 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=6, help="epochs in the plan (default 6)")
     ap.add_argument("--quick", action="store_true", help="100K JSONL rows and a 200K-sample plan")
     ap.add_argument("--no-compile", action="store_true", help="do not byte-compile forensics/ first")
-    ap.add_argument("--before", type=Path, default=None, metavar="CHECKOUT",
-                    help="also time the same command from another checkout (e.g. the base commit), same run")
+    ap.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        metavar="CHECKOUT",
+        help="also time the same command from another checkout (e.g. the base commit), same run",
+    )
     args = ap.parse_args()
     if not args.no_compile:
         for root in [ROOT] + ([args.before] if args.before else []):

@@ -38,15 +38,18 @@ def findings_reference() -> str:
     lines = ["| kind | title | findings.json section | `--fail-on` |", "| --- | --- | --- | --- |"]
     for k in KINDS.values():
         section = f"`{k.section}`" + (" (one object)" if k.object_section else "") if k.section else "`findings` only"
-        lines.append(f"| [`{k.kind}`](#{k.kind.replace('_', '-')}) | {_md(k.title)} | {section} | "
-                     f"{f'`{k.fail_on}`' if k.fail_on else '-'} |")
+        lines.append(
+            f"| [`{k.kind}`](#{k.kind.replace('_', '-')}) | {_md(k.title)} | {section} | "
+            f"{f'`{k.fail_on}`' if k.fail_on else '-'} |"
+        )
     lines.append("")
     for k in KINDS.values():
         lines += [f"## `{k.kind}` {{#{k.kind.replace('_', '-')}}}", "", f"**{_md(k.title)}**.", ""]
         lines.append(f"- **Triggers**: {k.triggers or 'not described yet.'}")
         lines.append(f"- **`details`**: {k.details or 'nothing beyond the common fields.'}")
-        lines.append("- **`--fail-on`**: " + (f"`{k.fail_on}` (its critical findings count)" if k.fail_on
-                                                else "not a gate."))
+        lines.append(
+            "- **`--fail-on`**: " + (f"`{k.fail_on}` (its critical findings count)" if k.fail_on else "not a gate.")
+        )
         if k.told_by:
             lines.append(f"- **Told by**: the `{k.told_by}` section's card and lines.")
         if k.false_positives:
@@ -83,7 +86,7 @@ def _options(parser: argparse.ArgumentParser) -> list[str]:
 def command_reference(name: str, parser: argparse.ArgumentParser, level: int = 2) -> str:
     """One command: its description, usage and options."""
     usage = " ".join(parser.format_usage().split())
-    usage = usage[len("usage: "):] if usage.startswith("usage: ") else usage
+    usage = usage[len("usage: ") :] if usage.startswith("usage: ") else usage
     lines = [f"{'#' * level} `forensics {name}` {{#{name}}}", ""]
     if parser.description:
         lines += [_md(" ".join(parser.description.split())), ""]
@@ -117,6 +120,7 @@ def commands_list(page_dir: Path | None = None) -> str:
 
 def render(markdown: str, page_dir: Path | None = None) -> str:
     """``markdown`` with every marker replaced by its generated part."""
+
     def part(m: re.Match) -> str:
         what, arg = m.group(1), m.group(2)
         if what == "findings":

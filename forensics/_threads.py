@@ -15,8 +15,14 @@ from __future__ import annotations
 import math
 import os
 
-POOLS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-         "NUMEXPR_NUM_THREADS")
+POOLS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 #: The BLAS pools, one thread unless the user says otherwise: a threaded BLAS splits a product's sum by its thread
 #: count, so the pool size, which follows the load, changed the findings' last digits (the full demo's harmful-sample
 #: scores differed between 1 and 2 threads, 1 run in 5). Nothing the audit multiplies is large enough to gain from a

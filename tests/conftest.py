@@ -103,8 +103,9 @@ def wandb_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wandb-runs")
     script = out / "writer.py"
     script.write_text(WRITER)
-    subprocess.run([sys.executable, str(script), str(out)], env=isolated_env(out), check=True, timeout=120,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(script), str(out)], env=isolated_env(out), check=True, timeout=120, capture_output=True
+    )
     return out
 
 

@@ -47,8 +47,27 @@ from forensics.detect.spikes.kernel_tail import _gpd_quantile as gpd_quantile
 from forensics.detect.spikes.kernel_tail import _partial_moments as partial_moments
 from forensics.stats import MAD_TO_SD
 
-EVENT_FIELDS = ("kind", "start", "end", "peak", "recovery", "n_rows", "bucket", "is_open", "n_post",
-                "x", "base", "z", "scale", "offset", "post", "new_level", "decided_by", "z_thr", "clean_max")
+EVENT_FIELDS = (
+    "kind",
+    "start",
+    "end",
+    "peak",
+    "recovery",
+    "n_rows",
+    "bucket",
+    "is_open",
+    "n_post",
+    "x",
+    "base",
+    "z",
+    "scale",
+    "offset",
+    "post",
+    "new_level",
+    "decided_by",
+    "z_thr",
+    "clean_max",
+)
 
 
 def median(values: Sequence[float]) -> float:
@@ -122,8 +141,9 @@ class ReferenceSpikeRule:
             self.offset_sum += m
             self.n_known += 1
 
-    def over(self, r: float, scale: float, base: float, z: float, ratio_floor: float = 1.0,
-             z_large: float | None = None) -> bool:
+    def over(
+        self, r: float, scale: float, base: float, z: float, ratio_floor: float = 1.0, z_large: float | None = None
+    ) -> bool:
         """Both conditions: the robust score and the relative jump (or the looser score for a larger jump)."""
         p = self.p
         z_large = p["z_large"] if z_large is None else z_large
@@ -135,7 +155,7 @@ class ReferenceSpikeRule:
 
     def flat(self) -> bool:
         """The recent half of the trend holds at least two values, all equal: a constant, no baseline."""
-        recent = list(self.trend_values)[-self.p["half"]:]
+        recent = list(self.trend_values)[-self.p["half"] :]
         return len(recent) >= 2 and min(recent) == max(recent)
 
     def restart(self) -> None:
@@ -176,11 +196,13 @@ class ReferenceSpikeRule:
         oldest = float(self.peaks_at[0]) if k == self.peaks.maxlen else 1.0
         span = self.n_judged - oldest + 1.0
         self.z_tail = gpd_quantile(p["tail_start"], xi, sigma, p["alpha"] * span / k)
-        self.z_censor = (self.z_tail if p["alpha"] <= CENSOR_P
-                         else gpd_quantile(p["tail_start"], xi, sigma, CENSOR_P * span / k))
+        self.z_censor = (
+            self.z_tail if p["alpha"] <= CENSOR_P else gpd_quantile(p["tail_start"], xi, sigma, CENSOR_P * span / k)
+        )
         if p["joint_factor"] > 0.0:
-            self.z_joint = gpd_quantile(p["tail_start"], xi, sigma,
-                                        min(p["alpha"] * p["joint_factor"], JOINT_MAX_P) * span / k)
+            self.z_joint = gpd_quantile(
+                p["tail_start"], xi, sigma, min(p["alpha"] * p["joint_factor"], JOINT_MAX_P) * span / k
+            )
 
     def calibrated(self, r: float, scale: float, base: float, supported: bool) -> bool:
         """The fitted tail's verdict (the kernel's ``_calibrated``)."""
@@ -201,8 +223,9 @@ class ReferenceSpikeRule:
             return min(p["z"], self.z_tail)
         return min(p["z"], self.z_joint) if supported else self.z_tail
 
-    def decide(self, r: float, scale: float, base: float, supported: bool, z: float, floor: float
-               ) -> tuple[bool, int, float]:
+    def decide(
+        self, r: float, scale: float, base: float, supported: bool, z: float, floor: float
+    ) -> tuple[bool, int, float]:
         """``(flagged, decided_by, the score it needed)``: the fitted tail, else (where the tail's threshold lies
         beyond the clean maximum) the fixed rule with a score of at least OBSERVED_MAX_FACTOR x that maximum; before
         a fit, the fixed rule."""
@@ -212,8 +235,11 @@ class ReferenceSpikeRule:
             if self.calibrated(r, scale, base, supported):
                 return True, BY_TAIL, z_used
             m = self.clean_max
-            if (z_used > OBSERVED_EXTRAPOLATION * m and r / scale >= OBSERVED_MAX_FACTOR * m
-                    and self.over(r, scale, base, p["z"], FALLBACK_RATIO, math.inf)):
+            if (
+                z_used > OBSERVED_EXTRAPOLATION * m
+                and r / scale >= OBSERVED_MAX_FACTOR * m
+                and self.over(r, scale, base, p["z"], FALLBACK_RATIO, math.inf)
+            ):
                 return True, BY_OBSERVED_MAX, z_used
             return False, BY_TAIL, z_used
         z_used = min(z, p["z_joint0"]) if supported else z
@@ -241,18 +267,30 @@ class ReferenceSpikeRule:
         peak = max(parts, key=lambda e: e["z"]) if parts else None
         n_judged_span = self.n_judged - (parts[0]["judged_start"] if parts else self.n_judged) + 1
         m = min(n_judged_span, len(self.judged), self.p["window"])
-        new_values = list(self.judged)[len(self.judged) - m:]
+        new_values = list(self.judged)[len(self.judged) - m :]
         self.trend_values.clear()
         self.trend_values.extend(new_values)
-        ev = {"kind": EV_SHIFT, "start": parts[0]["start"] if parts else -1, "end": step_now,
-              "peak": peak["peak"] if peak else -1, "recovery": -1, "n_rows": sum(e["n_rows"] for e in parts),
-              "bucket": peak["bucket"] if peak else -1, "is_open": 0, "n_post": 0,
-              "x": peak["x"] if peak else np.nan, "base": peak["base"] if peak else np.nan,
-              "z": peak["z"] if peak else -np.inf, "scale": peak["scale"] if peak else np.nan,
-              "offset": peak["offset"] if peak else np.nan, "post": np.nan,
-              "decided_by": peak["decided_by"] if peak else BY_FIXED, "z_thr": peak["z_thr"] if peak else np.nan,
-              "clean_max": peak["clean_max"] if peak else np.nan,
-              "new_level": float(np.median(new_values)) if m else np.nan}
+        ev = {
+            "kind": EV_SHIFT,
+            "start": parts[0]["start"] if parts else -1,
+            "end": step_now,
+            "peak": peak["peak"] if peak else -1,
+            "recovery": -1,
+            "n_rows": sum(e["n_rows"] for e in parts),
+            "bucket": peak["bucket"] if peak else -1,
+            "is_open": 0,
+            "n_post": 0,
+            "x": peak["x"] if peak else np.nan,
+            "base": peak["base"] if peak else np.nan,
+            "z": peak["z"] if peak else -np.inf,
+            "scale": peak["scale"] if peak else np.nan,
+            "offset": peak["offset"] if peak else np.nan,
+            "post": np.nan,
+            "decided_by": peak["decided_by"] if peak else BY_FIXED,
+            "z_thr": peak["z_thr"] if peak else np.nan,
+            "clean_max": peak["clean_max"] if peak else np.nan,
+            "new_level": float(np.median(new_values)) if m else np.nan,
+        }
         self.pending = []
         self.open = None
         return ev
@@ -270,7 +308,7 @@ class ReferenceSpikeRule:
             m = min(n_post, self.p["confirm"])
             post, returned = np.nan, False
             if m > 0 and not timed_out:
-                post = float(np.median(list(self.post)[len(self.post) - m:]))
+                post = float(np.median(list(self.post)[len(self.post) - m :]))
                 base_t, peak_y = e["base"] - e["offset"], e["x"] - e["offset"]
                 returned = post - base_t < 0.5 * (peak_y - base_t)
             if not returned:
@@ -341,8 +379,18 @@ class ReferenceSpikeRule:
                 self.open["n_rows"] += 1
                 self.open["end"] = step
                 if score > self.open["z"]:
-                    self.open.update(x=x, base=base, z=score, scale=scale, offset=offset, peak=step, bucket=b,
-                                     decided_by=decided, z_thr=z_used, clean_max=self.clean_max)
+                    self.open.update(
+                        x=x,
+                        base=base,
+                        z=score,
+                        scale=scale,
+                        offset=offset,
+                        peak=step,
+                        bucket=b,
+                        decided_by=decided,
+                        z_thr=z_used,
+                        clean_max=self.clean_max,
+                    )
                 if self.open["n_rows"] >= p["max_duration"]:
                     events = [self.shift(step)]
                 else:
@@ -370,8 +418,9 @@ class ReferenceSpikeRule:
         self.judged.append(y)
         self.post.append(y)
         if self.open is not None:
-            self.pending.append({**self.open, "recovery": step, "accepted_mark": self.n_clean,
-                                 "judged_close": self.n_judged})
+            self.pending.append(
+                {**self.open, "recovery": step, "accepted_mark": self.n_clean, "judged_close": self.n_judged}
+            )
             self.open = None
         self.n_accepted += 1
         self.n_clean += 1
@@ -381,15 +430,29 @@ class ReferenceSpikeRule:
         """What is pending and open as if the run ended now (mutates: call on a fresh copy or at the end)."""
         out = self.resolve(last_step, True)
         if self.open is not None:
-            out.append({**self.open, "kind": EV_SPIKE, "recovery": -1, "is_open": 1, "n_post": 0, "post": np.nan,
-                        "new_level": np.nan})
+            out.append(
+                {
+                    **self.open,
+                    "kind": EV_SPIKE,
+                    "recovery": -1,
+                    "is_open": 1,
+                    "n_post": 0,
+                    "post": np.nan,
+                    "new_level": np.nan,
+                }
+            )
             self.open = None
         return out
 
 
-def reference_events(steps: np.ndarray, values: np.ndarray, buckets: np.ndarray, params: dict,
-                     tail_window: int = 1, supported: np.ndarray | None = None
-                     ) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
+def reference_events(
+    steps: np.ndarray,
+    values: np.ndarray,
+    buckets: np.ndarray,
+    params: dict,
+    tail_window: int = 1,
+    supported: np.ndarray | None = None,
+) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
     """Run the rule over a whole series (steps increasing); events in the order they became final, then flushed."""
     rule = ReferenceSpikeRule(params, tail_window)
     n = len(values)

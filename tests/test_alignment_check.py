@@ -33,8 +33,10 @@ def test_the_offset_that_fits_the_plan_is_named(demo_small, tmp_path, capsys, sh
         assert f["value"] == shift and f["details"]["shares"][str(shift)] > 0.5 > f["details"]["shares"]["0"]
         assert any(f"set step_offset = {shift}" in w for w in findings["warnings"])
     # a source that says how it counts is not second-guessed
-    (case / "run.toml").write_text(f'metrics = [{{path = "metrics.jsonl", step_offset = {shift}}}]\n'
-                                   'boundaries = [0, 770, 1216, 1728, 2432, 3296, 8192]\n')
+    (case / "run.toml").write_text(
+        f'metrics = [{{path = "metrics.jsonl", step_offset = {shift}}}]\n'
+        "boundaries = [0, 770, 1216, 1728, 2432, 3296, 8192]\n"
+    )
     assert main(["audit", str(case), "--no-html"]) == 0
     capsys.readouterr()
     findings = json.loads((case / "findings.json").read_text())

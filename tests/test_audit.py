@@ -25,8 +25,9 @@ def audit(args: list[str], capsys) -> tuple[int, str, str]:
 def static_audit(demo_small: Path, tmp_path_factory) -> dict:
     """The audit of the small static demo, run once: findings, summary text, outputs."""
     out = tmp_path_factory.mktemp("audit-static")
-    code = main(["audit", str(demo_small / "static"), "--json", str(out / "findings.json"),
-                 "--html", str(out / "report.html")])
+    code = main(
+        ["audit", str(demo_small / "static"), "--json", str(out / "findings.json"), "--html", str(out / "report.html")]
+    )
     return {"code": code, "findings": json.loads((out / "findings.json").read_text()), "dir": out}
 
 
@@ -75,8 +76,20 @@ def test_findings_have_the_contract_keys(static_audit):
     assert isinstance(f["oscillation"]["detected"], bool)
     assert 0.0 <= f["oscillation"]["bucket_variance_share"] <= 1.0
     for s in f["spikes"]:
-        for key in ("step", "end_step", "peak_step", "metric", "value", "baseline", "score", "suspect_samples",
-                    "bucket", "bucket_range", "cluster", "cluster_name"):
+        for key in (
+            "step",
+            "end_step",
+            "peak_step",
+            "metric",
+            "value",
+            "baseline",
+            "score",
+            "suspect_samples",
+            "bucket",
+            "bucket_range",
+            "cluster",
+            "cluster_name",
+        ):
             assert key in s, key
         assert s["step"] <= s["peak_step"] <= s["end_step"]
 
@@ -93,8 +106,8 @@ def test_report_has_a_card_per_cause_with_every_event_in_it(static_audit):
     causes = static_audit["findings"]["causes"]
     assert [c["kind"] for c in causes] == ["batch", "batch"]
     for c in causes:
-        card = html[html.index(f'id="cause-{c["id"]}"'):]
-        card = card[:card.index("</article>")]
+        card = html[html.index(f'id="cause-{c["id"]}"') :]
+        card = card[: card.index("</article>")]
         for s in static_audit["findings"]["spikes"]:
             if s["cause"] == c["id"]:
                 assert f"<td>{s['peak_step']}</td>" in card
@@ -151,8 +164,9 @@ def test_summary_names_the_spikes_and_the_static_plan(demo_small, tmp_path, caps
 
 
 def test_metrics_alone_still_find_spikes_and_say_what_needs_a_plan(demo_small, tmp_path, capsys):
-    code, out, _ = audit(["--metrics", str(demo_small / "static" / "metrics.jsonl"),
-                          "--json", str(tmp_path / "f.json")], capsys)
+    code, out, _ = audit(
+        ["--metrics", str(demo_small / "static" / "metrics.jsonl"), "--json", str(tmp_path / "f.json")], capsys
+    )
     assert code == 0
     f = json.loads((tmp_path / "f.json").read_text())
     steps = {s["step"] for s in loss_spikes(f)}
@@ -165,14 +179,24 @@ def test_metrics_alone_still_find_spikes_and_say_what_needs_a_plan(demo_small, t
 
 @pytest.mark.parametrize("kind,expected", [("spike", 1), ("static-plan", 1), ("nonfinite", 0), ("oscillation", 0)])
 def test_fail_on_exit_codes_on_static_demo(demo_small, tmp_path, capsys, kind, expected):
-    code, _, err = audit([str(demo_small / "static"), "--json", str(tmp_path / "f.json"), "--no-html",
-                          "--fail-on", kind], capsys)
+    code, _, err = audit(
+        [str(demo_small / "static"), "--json", str(tmp_path / "f.json"), "--no-html", "--fail-on", kind], capsys
+    )
     assert code == expected, err
 
 
 def test_fail_on_spike_passes_on_bucketed_demo(demo_small, tmp_path, capsys):
-    code, _, _ = audit([str(demo_small / "bucketed"), "--json", str(tmp_path / "f.json"), "--no-html",
-                        "--fail-on", "spike,static-plan"], capsys)
+    code, _, _ = audit(
+        [
+            str(demo_small / "bucketed"),
+            "--json",
+            str(tmp_path / "f.json"),
+            "--no-html",
+            "--fail-on",
+            "spike,static-plan",
+        ],
+        capsys,
+    )
     assert code == 0
 
 
@@ -192,11 +216,14 @@ def test_nonfinite_values_are_reported_not_fatal(demo_small, tmp_path, capsys):
     assert "train/loss is NaN/inf at 1 step (2000)" in out and "grad_norm is NaN/inf at 1 step (2001)" in out
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["/nonexistent/case"], "does not exist"),
-    (["--fail-on", "explosion", "--metrics", "x.jsonl"], "--fail-on"),
-    ([], "give a case folder"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["/nonexistent/case"], "does not exist"),
+        (["--fail-on", "explosion", "--metrics", "x.jsonl"], "--fail-on"),
+        ([], "give a case folder"),
+    ],
+)
 def test_bad_input_is_exit_2_with_one_line(args, needle, capsys):
     code, _, err = audit(args, capsys)
     assert code == 2

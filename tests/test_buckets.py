@@ -43,8 +43,10 @@ def brute_force_padded(lengths: np.ndarray, boundaries: list[int], max_len: int)
 
 def brute_force_best(lengths: np.ndarray, k: int, max_len: int) -> int:
     """The least padding over every set of k-1 integer inner boundaries in (0, max_len)."""
-    return min(brute_force_padded(lengths, [0, *inner, max_len], max_len)
-               for inner in itertools.combinations(range(1, max_len), k - 1))
+    return min(
+        brute_force_padded(lengths, [0, *inner, max_len], max_len)
+        for inner in itertools.combinations(range(1, max_len), k - 1)
+    )
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -178,13 +180,16 @@ def test_buckets_command_writes_the_contract_json(samples_file, tmp_path, capsys
     assert "optimal" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--samples", "{missing}", "-k", "3"], "does not exist"),
-    (["--samples", "{ok}", "-k", "3", "--boundaries", "0,abc"], "--boundaries"),
-    (["--samples", "{ok}", "-k", "3", "--boundaries", "0,900,800"], "strictly increase"),
-    (["--samples", "{ok}", "-k", "0"], "k must be >= 1"),
-    (["--samples", "{no_tokens}", "-k", "3"], "n_tokens"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--samples", "{missing}", "-k", "3"], "does not exist"),
+        (["--samples", "{ok}", "-k", "3", "--boundaries", "0,abc"], "--boundaries"),
+        (["--samples", "{ok}", "-k", "3", "--boundaries", "0,900,800"], "strictly increase"),
+        (["--samples", "{ok}", "-k", "0"], "k must be >= 1"),
+        (["--samples", "{no_tokens}", "-k", "3"], "n_tokens"),
+    ],
+)
 def test_buckets_command_exits_2_on_bad_input(samples_file, tmp_path, capsys, argv, message):
     no_tokens = tmp_path / "no_tokens.parquet"
     pd.DataFrame({"sample_id": [1, 2]}).to_parquet(no_tokens)

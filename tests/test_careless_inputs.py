@@ -44,8 +44,13 @@ def test_a_non_numeric_cell_is_a_missing_value_counted_with_its_line_and_column(
     table = pd.read_parquet(tmp_path / "m.parquet", dtype_backend="pyarrow")
     assert written(table, "loss").tolist() == [True, False, True, True]
     assert metric_values(table, "loss")[[0, 2, 3]].tolist() == [1.0, 0.9, 0.8]
-    _one_line_exit_2(["ingest", csv, "-o", tmp_path / "s.parquet", "--strict"], capsys,
-                     "column 'loss' has a cell that is not a number", "line 3: 'oops'", "strict")
+    _one_line_exit_2(
+        ["ingest", csv, "-o", tmp_path / "s.parquet", "--strict"],
+        capsys,
+        "column 'loss' has a cell that is not a number",
+        "line 3: 'oops'",
+        "strict",
+    )
 
 
 def test_a_field_with_no_numeric_value_is_not_a_metric(tmp_path, capsys):
@@ -56,10 +61,13 @@ def test_a_field_with_no_numeric_value_is_not_a_metric(tmp_path, capsys):
     assert list(pd.read_parquet(tmp_path / "m.parquet").columns) == ["step", "loss"]
 
 
-@pytest.mark.parametrize("content, reason", [
-    (b"", "the file is empty"),
-    (bytes(range(256)) * 8, "not text (binary data)"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"", "the file is empty"),
+        (bytes(range(256)) * 8, "not text (binary data)"),
+    ],
+)
 def test_a_source_that_yields_no_rows_is_exit_2_with_the_reason(tmp_path, capsys, content, reason):
     f = tmp_path / "m.jsonl"
     f.write_bytes(content)
@@ -70,10 +78,17 @@ def test_a_source_that_yields_no_rows_is_exit_2_with_the_reason(tmp_path, capsys
 def test_a_text_log_matching_no_pattern_names_its_first_line_and_the_pattern_flag(tmp_path, capsys):
     log = tmp_path / "train.log"
     log.write_text("epoch one starting\nbatch=12 objective=3.3\n")
-    _one_line_exit_2(["audit", "--metrics", log, "--no-html", "--json", tmp_path / "f.json"], capsys,
-                     "yields no rows", "the first line, 1, reads 'epoch one starting'", "--pattern")
-    code, out, _ = _run(["ingest", log, "-o", tmp_path / "m.parquet", "--pattern",
-                         r"batch=(?P<step>\d+) objective=(?P<loss>[\d.]+)"], capsys)
+    _one_line_exit_2(
+        ["audit", "--metrics", log, "--no-html", "--json", tmp_path / "f.json"],
+        capsys,
+        "yields no rows",
+        "the first line, 1, reads 'epoch one starting'",
+        "--pattern",
+    )
+    code, out, _ = _run(
+        ["ingest", log, "-o", tmp_path / "m.parquet", "--pattern", r"batch=(?P<step>\d+) objective=(?P<loss>[\d.]+)"],
+        capsys,
+    )
     assert code == 0 and "1 row, steps 12-12" in out
 
 
@@ -82,13 +97,16 @@ def test_validate_without_a_case_says_there_is_none(tmp_path, capsys, monkeypatc
     _one_line_exit_2(["validate"], capsys, "no case in", "run.toml")
 
 
-@pytest.mark.parametrize("argv_tail, names", [
-    (["tag", "{case}", "-o", "{tmp}/t.csv"], ".parquet"),
-    (["audit", "{case}", "--json", "{tmp}/f.txt", "--no-html"], ".json"),
-    (["audit", "{case}", "--html", "{tmp}/r.json", "--json", "{tmp}/f.json"], ".html"),
-    (["check-plan", "{case}", "--junit", "{tmp}/j.json"], ".xml"),
-    (["buckets", "{case}", "--json", "{tmp}/b.csv"], ".json"),
-])
+@pytest.mark.parametrize(
+    "argv_tail, names",
+    [
+        (["tag", "{case}", "-o", "{tmp}/t.csv"], ".parquet"),
+        (["audit", "{case}", "--json", "{tmp}/f.txt", "--no-html"], ".json"),
+        (["audit", "{case}", "--html", "{tmp}/r.json", "--json", "{tmp}/f.json"], ".html"),
+        (["check-plan", "{case}", "--junit", "{tmp}/j.json"], ".xml"),
+        (["buckets", "{case}", "--json", "{tmp}/b.csv"], ".json"),
+    ],
+)
 def test_an_output_suffix_the_command_does_not_write_is_exit_2(demo_small, tmp_path, capsys, argv_tail, names):
     argv = [a.format(case=demo_small / "static", tmp=tmp_path) for a in argv_tail]
     _one_line_exit_2(argv, capsys, names)
@@ -100,7 +118,8 @@ def test_documented_input_forms_work_a_case_folder_and_the_wandb_run_folder_insi
     case.mkdir()
     rng = np.random.default_rng(0)
     pd.DataFrame({"step": np.arange(300), "train/loss": 2 + 0.01 * rng.standard_normal(300)}).to_parquet(
-        case / "metrics.parquet")
+        case / "metrics.parquet"
+    )
     code, out, err = _run(["ingest", case, "-o", tmp_path / "m.parquet"], capsys)
     assert code == 0 and "300 rows, steps 0-299" in out and out.count("warning") == 0
     pytest.importorskip("wandb")
@@ -120,8 +139,16 @@ def test_bad_tables_and_flags_are_one_line_exit_2(demo_small, tmp_path, capsys):
     (tmp_path / "empty_dir").mkdir()
     plan.drop(columns=["sample_id"]).to_parquet(tmp_path / "no_ids.parquet")
     plan.assign(sample_id=plan["sample_id"] + 10**9).to_parquet(tmp_path / "strangers.parquet")
-    base = ["audit", "--metrics", static / "metrics.parquet", "--samples", static / "samples.parquet", "--no-html",
-            "--json", tmp_path / "f.json"]
+    base = [
+        "audit",
+        "--metrics",
+        static / "metrics.parquet",
+        "--samples",
+        static / "samples.parquet",
+        "--no-html",
+        "--json",
+        tmp_path / "f.json",
+    ]
     _one_line_exit_2([*base, "--plan", tmp_path / "empty_dir"], capsys, "holds no .parquet parts")
     _one_line_exit_2([*base, "--plan", tmp_path / "no_ids.parquet"], capsys, "missing column 'sample_id'")
     _one_line_exit_2([*base, "--plan", tmp_path / "strangers.parquet"], capsys, "not in the samples table")
@@ -131,8 +158,11 @@ def test_bad_tables_and_flags_are_one_line_exit_2(demo_small, tmp_path, capsys):
 
 
 def _hashes(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_no_command_modifies_its_inputs(demo_small, tmp_path, capsys):
@@ -158,13 +188,34 @@ def test_no_command_modifies_its_inputs(demo_small, tmp_path, capsys):
 
 def test_ci_logs_show_a_line_per_stage_on_stderr(demo_small, tmp_path):
     env = {**os.environ, "CI": "true", "TERM": "dumb", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "forensics", "audit", str(demo_small / "static"), "--json",
-                           str(tmp_path / "f.json"), "--html", str(tmp_path / "r.html")],
-                          capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "forensics",
+            "audit",
+            str(demo_small / "static"),
+            "--json",
+            str(tmp_path / "f.json"),
+            "--html",
+            str(tmp_path / "r.html"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr
     stages = [line for line in proc.stderr.splitlines() if line.rstrip().endswith(" s") and ": " in line]
-    for name in ("reading metrics", "loading the plan", "tagging steps", "checking batch composition",
-                 "rule spikes", "writing the report"):
+    for name in (
+        "reading metrics",
+        "loading the plan",
+        "tagging steps",
+        "checking batch composition",
+        "rule spikes",
+        "writing the report",
+    ):
         assert any(line.startswith(name) for line in stages), (name, proc.stderr)
     assert "\x1b[" not in proc.stderr and proc.stderr.strip().count("\n\n") == 0
 
@@ -174,9 +225,24 @@ def test_a_full_disk_under_the_report_is_one_line_exit_2_not_a_clean_exit(demo_s
     """The console script exits fast (os._exit after the exit handlers): an output the OS refused must still fail."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "forensics", "audit", str(demo_small / "static"), "--json",
-                               str(tmp_path / "f.json"), "--no-html"], stdout=full, stderr=subprocess.PIPE,
-                              text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "forensics",
+                "audit",
+                str(demo_small / "static"),
+                "--json",
+                str(tmp_path / "f.json"),
+                "--no-html",
+            ],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("forensics: error")]
     assert proc.returncode == 2, proc.stderr
     assert errors == ["forensics: error: No space left on device (output)"], proc.stderr

@@ -23,8 +23,15 @@ from forensics.plan.gate import FIXED_PAIR_RETENTION, MULTIPLE, derive_limits
 from forensics.plan.rebuild import rebuild_plan
 from forensics.plan.step_mapping import assign_steps, batches_to_plan
 
-CONTRACT_KEYS = {"passed", "pair_retention", "pair_retention_first_last", "identical_batches", "order_only",
-                 "coverage", "threshold"}
+CONTRACT_KEYS = {
+    "passed",
+    "pair_retention",
+    "pair_retention_first_last",
+    "identical_batches",
+    "order_only",
+    "coverage",
+    "threshold",
+}
 
 
 def make_samples(n: int, seed: int = 0, ties: bool = False) -> pd.DataFrame:
@@ -33,8 +40,9 @@ def make_samples(n: int, seed: int = 0, ties: bool = False) -> pd.DataFrame:
     raw = rng.lognormal(6.3, 1.0, n)
     lengths = np.clip((raw // 64 + 1) * 64, 64, 8192) if ties else np.clip(raw.astype(int) + 10, 10, 12000)
     source = np.where(lengths < 1000, "qa", "code")  # length correlates with content, as in the story
-    return pd.DataFrame({"sample_id": np.arange(5000, 5000 + n), "n_tokens": lengths.astype(np.int32),
-                         "source": source})
+    return pd.DataFrame(
+        {"sample_id": np.arange(5000, 5000 + n), "n_tokens": lengths.astype(np.int32), "source": source}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +70,9 @@ def test_static_sorted_fails_as_built_once_and_reordered(samples):
     assert r.pair_retention == [1.0, 1.0] and r.first_last.pair_retention == 1.0
     assert r.identical_batches == [1.0, 1.0]
     assert r.order_only == [True, True]
-    assert r.failures == ["epochs 0-1 and 1-2 share 100% of batch-mate pairs: the batches are built once and only "
-                          "reordered"]
+    assert r.failures == [
+        "epochs 0-1 and 1-2 share 100% of batch-mate pairs: the batches are built once and only reordered"
+    ]
 
 
 @pytest.mark.parametrize("n", [1000, 10_000, 100_000])
@@ -103,7 +112,7 @@ def test_bucketed_and_random_shuffles_pass(builder, n, ties, seed):
     assert all(c.missing == 0 and c.duplicated == 0 for c in r.coverage)
 
 
-RESEEDED = '''
+RESEEDED = """
 import numpy as np
 from forensics.plan.builders import pack_greedy
 
@@ -112,7 +121,7 @@ def build(samples, epoch, seed):
     lengths = samples["n_tokens"].to_numpy()
     ids = samples["sample_id"].to_numpy()
     return [ids[b].tolist() for b in pack_greedy(rng.permutation(len(ids)), lengths)]
-'''
+"""
 
 
 def test_builder_reseeded_identically_each_epoch_fails(tmp_path, samples):
@@ -148,8 +157,9 @@ def test_dropped_sample_passes_as_a_dropped_last_batch_unless_none_is_allowed(sa
     assert [(c.epoch, c.missing, c.duplicated) for c in r.coverage] == [(0, 0, 0), (1, 1, 0), (2, 0, 0)]
     strict = check_plan(dropped, samples, allow_drop_last=0)
     assert not strict.passed and strict.dropped_last == []
-    assert strict.failures == ["epoch 1 misses 1 sample; none may be missing (--allow-drop-last N allows a dropped "
-                               "last batch)"]
+    assert strict.failures == [
+        "epoch 1 misses 1 sample; none may be missing (--allow-drop-last N allows a dropped last batch)"
+    ]
     assert check_plan(dropped, samples, allow_drop_last=1).passed
 
 
@@ -159,25 +169,28 @@ def _shuffled_batches(n: int, size: int, epochs: int, seed: int = 0) -> list[lis
     out = []
     for _ in range(epochs):
         order = rng.permutation(n).tolist()
-        out.append([order[i:i + size] for i in range(0, n, size)])
+        out.append([order[i : i + size] for i in range(0, n, size)])
     return out
 
 
-@pytest.mark.parametrize("missing, repeated, allow, passed, dropped_last", [
-    (3, 0, None, True, [1]),  # batches of 4: three missing is the last partial batch dropped
-    (4, 0, None, False, []),  # a whole batch's worth is more than a dropped last batch
-    (1, 1, None, False, []),  # a repeat fails, and its epoch's missing sample is not excused
-    (3, 0, 0, False, []),  # --allow-drop-last 0: none may be missing
-    (3, 0, 3, True, []),  # --allow-drop-last 3: an explicit limit, no note needed
-    (4, 0, 4, True, []),
-    (5, 0, 4, False, []),
-])
+@pytest.mark.parametrize(
+    "missing, repeated, allow, passed, dropped_last",
+    [
+        (3, 0, None, True, [1]),  # batches of 4: three missing is the last partial batch dropped
+        (4, 0, None, False, []),  # a whole batch's worth is more than a dropped last batch
+        (1, 1, None, False, []),  # a repeat fails, and its epoch's missing sample is not excused
+        (3, 0, 0, False, []),  # --allow-drop-last 0: none may be missing
+        (3, 0, 3, True, []),  # --allow-drop-last 3: an explicit limit, no note needed
+        (4, 0, 4, True, []),
+        (5, 0, 4, False, []),
+    ],
+)
 def test_dropped_last_batch_boundary(missing, repeated, allow, passed, dropped_last):
     epochs = _shuffled_batches(400, 4, 3)
     flat = [s for b in epochs[1] for s in b]
-    kept = flat[:len(flat) - missing]
+    kept = flat[: len(flat) - missing]
     kept += kept[:repeated]
-    epochs[1] = [kept[i:i + 4] for i in range(0, len(kept), 4)]
+    epochs[1] = [kept[i : i + 4] for i in range(0, len(kept), 4)]
     r = check_plan(batches_to_plan(epochs), allow_drop_last=allow)
     assert [(c.missing, c.duplicated) for c in r.coverage] == [(0, 0), (missing, repeated), (0, 0)]
     assert (r.passed, r.dropped_last, r.static) == (passed, dropped_last, False)
@@ -335,8 +348,19 @@ def test_static_plan_has_lower_within_step_entropy_than_a_random_shuffle(samples
 # --- the CLI contract ------------------------------------------------------------------------------------------------
 def test_cli_static_plan_exits_1_with_json_and_junit(case_files, tmp_path, capsys):
     out_json, out_xml = tmp_path / "gate.json", tmp_path / "gate.xml"
-    code = main(["check-plan", "--plan", str(case_files["static_sorted"]), "--samples", str(case_files["samples"]),
-                 "--json", str(out_json), "--junit", str(out_xml)])
+    code = main(
+        [
+            "check-plan",
+            "--plan",
+            str(case_files["static_sorted"]),
+            "--samples",
+            str(case_files["samples"]),
+            "--json",
+            str(out_json),
+            "--junit",
+            str(out_xml),
+        ]
+    )
     assert code == 1
     text = capsys.readouterr().out
     assert "FAIL" in text and "built once and only reordered" in text
@@ -354,8 +378,17 @@ def test_cli_static_plan_exits_1_with_json_and_junit(case_files, tmp_path, capsy
 
 def test_cli_bucketed_plan_exits_0_and_junit_has_no_failure(case_files, tmp_path, capsys):
     out_xml = tmp_path / "gate.xml"
-    code = main(["check-plan", "--plan", str(case_files["bucketed_shuffle"]), "--samples",
-                 str(case_files["samples"]), "--junit", str(out_xml)])
+    code = main(
+        [
+            "check-plan",
+            "--plan",
+            str(case_files["bucketed_shuffle"]),
+            "--samples",
+            str(case_files["samples"]),
+            "--junit",
+            str(out_xml),
+        ]
+    )
     assert code == 0
     assert "PASS" in capsys.readouterr().out
     root = ET.parse(out_xml).getroot()
@@ -369,12 +402,15 @@ def test_cli_epochs_limits_a_plan_to_its_first_epochs(case_files, tmp_path):
     assert len(data["pair_retention"]) == 1 and data["epochs"] == [0, 1]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--builder", "bucketed_shuffle"], "--builder needs --samples"),
-    (["--plan", "no/such/plan.parquet"], "does not exist"),
-    (["--builder", "no_such_builder", "--samples", "SAMPLES"], "expected a reference builder"),
-    (["--builder", "static_sorted", "--samples", "SAMPLES", "--token-budget", "-1"], "--token-budget: must be"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--builder", "bucketed_shuffle"], "--builder needs --samples"),
+        (["--plan", "no/such/plan.parquet"], "does not exist"),
+        (["--builder", "no_such_builder", "--samples", "SAMPLES"], "expected a reference builder"),
+        (["--builder", "static_sorted", "--samples", "SAMPLES", "--token-budget", "-1"], "--token-budget: must be"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(argv, message, capsys, tmp_path):
     samples = tmp_path / "samples.parquet"
     pd.DataFrame({"sample_id": [1, 2, 3], "n_tokens": [10, 20, 30]}).to_parquet(samples)
@@ -399,8 +435,9 @@ def test_cli_single_epoch_plan_exits_2(tmp_path, capsys):
 
 def test_installed_command_exit_codes(case_files):
     def code(*argv: str) -> int:
-        return subprocess.run([sys.executable, "-m", "forensics", "check-plan", *argv], capture_output=True,
-                              timeout=120).returncode
+        return subprocess.run(
+            [sys.executable, "-m", "forensics", "check-plan", *argv], capture_output=True, timeout=120
+        ).returncode
 
     samples = str(case_files["samples"])
     assert code("--builder", "bucketed_shuffle", "--samples", samples) == 0
@@ -426,8 +463,9 @@ def test_assert_batches_vary_takes_a_callable_and_limits(samples):
 
     with pytest.raises(AssertionError, match="a shuffle that a later sort undoes"):
         assert_batches_vary(sort_after_shuffle, samples, epochs=2)
-    assert assert_batches_vary(sort_after_shuffle, samples, epochs=2, max_pair_retention=1.0,
-                               max_identical_batches=1.0).passed
+    assert assert_batches_vary(
+        sort_after_shuffle, samples, epochs=2, max_pair_retention=1.0, max_identical_batches=1.0
+    ).passed
 
 
 def test_measures_do_not_depend_on_how_sample_ids_are_spread_or_rows_ordered(samples):

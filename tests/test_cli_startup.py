@@ -12,14 +12,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _python(code: str) -> str:
     """What a fresh interpreter running ``code`` prints."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
-                          timeout=120).stdout
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, timeout=120
+    ).stdout
 
 
 def _threshold(prelude: str, module: str = "forensics.__main__", sized: bool = True) -> list[int]:
     size = f"; {module}.size_this_process()" if sized else ""
-    return [int(x) for x in
-            _python(f"import gc; {prelude}; import {module}{size}; print(*gc.get_threshold())").split()]
+    return [int(x) for x in _python(f"import gc; {prelude}; import {module}{size}; print(*gc.get_threshold())").split()]
 
 
 def test_the_command_raises_the_young_generation_and_keeps_the_older_ones():
@@ -32,11 +32,13 @@ def test_a_caller_that_switched_collection_off_or_raised_it_further_keeps_its_se
 
 
 def test_a_cyclic_garbage_of_the_command_is_still_collected():
-    code = ("import gc, weakref; import forensics.__main__; forensics.__main__.size_this_process()\n"
-            "class Node: pass\n"
-            "a = Node(); a.self = a; probe = weakref.ref(a); del a\n"
-            "junk = [[i] for i in range(700_000)]\n"  # allocations past the young generation's threshold
-            "print(probe() is None)")
+    code = (
+        "import gc, weakref; import forensics.__main__; forensics.__main__.size_this_process()\n"
+        "class Node: pass\n"
+        "a = Node(); a.self = a; probe = weakref.ref(a); del a\n"
+        "junk = [[i] for i in range(700_000)]\n"  # allocations past the young generation's threshold
+        "print(probe() is None)"
+    )
     assert _python(code).strip() == "True"
 
 

@@ -27,8 +27,11 @@ def cache(tmp_path, monkeypatch):
 @pytest.fixture()
 def samples():
     rng = np.random.default_rng(0)
-    words = {"math": "integral derivative matrix vector proof lemma", "code": "python function class return loop",
-             "food": "recipe flour butter oven bake sugar"}
+    words = {
+        "math": "integral derivative matrix vector proof lemma",
+        "code": "python function class return loop",
+        "food": "recipe flour butter oven bake sugar",
+    }
     rows = []
     for i in range(600):
         topic = list(words)[i % 3]
@@ -57,8 +60,12 @@ def test_the_same_texts_are_read_back_not_fitted(cache, samples, monkeypatch):
     assert calls == [600]  # fitted once
     assert second["cluster"].tolist() == first["cluster"].tolist()
     assert second["cluster_name"].tolist() == first["cluster_name"].tolist()
-    assert (info2.method, info2.k, info2.names, info2.silhouettes) == (info.method, info.k, info.names,
-                                                                      info.silhouettes)
+    assert (info2.method, info2.k, info2.names, info2.silhouettes) == (
+        info.method,
+        info.k,
+        info.names,
+        info.silhouettes,
+    )
     assert info.k == 3 and done == [600]
     assert len(list((cache / "clusters").glob("text-*.npz"))) == 1
 
@@ -81,7 +88,7 @@ def test_a_damaged_entry_is_fitted_again(cache, samples, monkeypatch):
     good = entry.read_bytes()
     calls = _fits(monkeypatch)
     third = len(good) // 3
-    flipped = good[:third] + bytes([good[third] ^ 1]) + good[third + 1:]
+    flipped = good[:third] + bytes([good[third] ^ 1]) + good[third + 1 :]
     for damaged in (b"", b"half a file", good[: len(good) // 2], flipped):
         entry.write_bytes(damaged)  # empty, not an archive, cut short, one bit flipped
         again, _ = cluster_samples(samples, k=None, seed=0)
@@ -116,8 +123,9 @@ def test_tail_probabilities_equal_scipy_stats():
     np.testing.assert_allclose(binom_sf(k, 12, p), stats.binom.sf(k - 1, 12, p), rtol=1e-10, atol=1e-15)
     succ = rng.integers(0, 400, 200)
     kk = rng.integers(0, 12, 200)
-    np.testing.assert_allclose(hypergeom_sf(kk, 5000, succ, 30), stats.hypergeom.sf(kk - 1, 5000, succ, 30),
-                               rtol=1e-9, atol=1e-300)
+    np.testing.assert_allclose(
+        hypergeom_sf(kk, 5000, succ, 30), stats.hypergeom.sf(kk - 1, 5000, succ, 30), rtol=1e-9, atol=1e-300
+    )
     for x, dof in ((0.3, 2), (2.1, 7), (-1.5, 30), (8.0, 4)):
         assert t_sf(x, dof) == pytest.approx(stats.t.sf(x, dof), rel=1e-10)
     for q, dof in ((0.975, 3), (0.5, 9), (0.01, 40)):

@@ -41,11 +41,24 @@ def demo_compared(demo_small: Path, tmp_path_factory: pytest.TempPathFactory) ->
     before = _tree(demo_small)
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
-        code = main(["compare", str(demo_small / "static"), str(demo_small / "bucketed"),
-                     "--json", str(out_dir / "compare.json"), "--html", str(out_dir / "compare.html")])
+        code = main(
+            [
+                "compare",
+                str(demo_small / "static"),
+                str(demo_small / "bucketed"),
+                "--json",
+                str(out_dir / "compare.json"),
+                "--html",
+                str(out_dir / "compare.html"),
+            ]
+        )
     assert _tree(demo_small) == before  # nothing written into the runs compared
-    return (code, stdout.getvalue(), json.loads((out_dir / "compare.json").read_text()),
-            (out_dir / "compare.html").read_text(encoding="utf-8"))
+    return (
+        code,
+        stdout.getvalue(),
+        json.loads((out_dir / "compare.json").read_text()),
+        (out_dir / "compare.html").read_text(encoding="utf-8"),
+    )
 
 
 def test_the_demos_story_spikes_are_removed_by_the_bucketed_fix(demo_compared):
@@ -54,7 +67,9 @@ def test_the_demos_story_spikes_are_removed_by_the_bucketed_fix(demo_compared):
     _check_contract(doc)
     assert [(r["name"], r["steps"]) for r in doc["runs"]] == [("static", 3504), ("bucketed", 4614)]
     assert [(s["step"], s["logged_step"], s["class"], s["runs"]) for s in doc["spikes"]] == [
-        (254, 254, "vanished", ["static"]), (258, 258, "vanished", ["static"])]
+        (254, 254, "vanished", ["static"]),
+        (258, 258, "vanished", ["static"]),
+    ]
     assert [s["step"] for s in doc["removed"]] == [254, 258]
     first = doc["spikes"][0]
     assert first["data_position"]["sample_ids"] == [147, 6567, 6768]
@@ -63,8 +78,9 @@ def test_the_demos_story_spikes_are_removed_by_the_bucketed_fix(demo_compared):
     assert doc["before_after"]["jumpiness_share"] == pytest.approx([0.8782005781802174, 0.8790158894793196])
     assert doc["before_after"]["tokens_per_s"] == pytest.approx([30732.672541657863, 26017.9155543335])
     assert doc["summary"]["removed"] == 2 and doc["summary"]["left"] == 0 and doc["summary"]["new"] == 0
-    assert out.splitlines()[0] == ("2 spike positions across 2 runs: 2 vanished; bucketed against static: "
-                                   "2 removed, 0 left, 0 new.")
+    assert out.splitlines()[0] == (
+        "2 spike positions across 2 runs: 2 vanished; bucketed against static: 2 removed, 0 left, 0 new."
+    )
     assert "  step 254 (logged 254): vanished (removed), in static; loss static 4.272, bucketed 0.6851" in out
 
 
@@ -77,8 +93,7 @@ def retrained_pair(hf_cases):
     return before, retrained_case("random_corrupt")
 
 
-def test_a_run_retrained_without_its_corrupted_samples_loses_every_spike_they_caused(retrained_pair, tmp_path,
-                                                                                      capsys):
+def test_a_run_retrained_without_its_corrupted_samples_loses_every_spike_they_caused(retrained_pair, tmp_path, capsys):
     before, after = retrained_pair
     out_json = tmp_path / "compare.json"
     code, _, _ = compare([str(before.out), str(after.out), "--json", str(out_json)], capsys)
@@ -87,14 +102,35 @@ def test_a_run_retrained_without_its_corrupted_samples_loses_every_spike_they_ca
     _check_contract(doc)
     spikes = doc["spikes"]
     assert [(s["step"], s["logged_step"]) for s in spikes] == [
-        (102, 103), (243, 244), (287, 288), (330, 331), (338, 339), (479, 480), (611, 612), (650, 651),
-        (656, 657), (685, 686), (690, 691)]
+        (102, 103),
+        (243, 244),
+        (287, 288),
+        (330, 331),
+        (338, 339),
+        (479, 480),
+        (611, 612),
+        (650, 651),
+        (656, 657),
+        (685, 686),
+        (690, 691),
+    ]
     assert {s["class"] for s in spikes} == {"vanished"}
     assert [s["step"] for s in doc["removed"]] == [s["step"] for s in spikes]
     corrupt = set(before.corrupt_ids)
     # each spike's batch held a corrupted sample, which the re-trained run consumed nowhere
     assert [sorted(set(s["data_position"]["sample_ids"]) & corrupt) for s in spikes] == [
-        [1957], [261], [1485], [261], [1957], [792], [1485], [1965], [792], [784], [261]]
+        [1957],
+        [261],
+        [1485],
+        [261],
+        [1957],
+        [792],
+        [1485],
+        [1965],
+        [792],
+        [784],
+        [261],
+    ]
     assert doc["summary"]["vanished"] == 11 and doc["summary"]["removed"] == 11
 
 
@@ -118,10 +154,15 @@ def test_two_metrics_only_logs_are_compared_by_step(tmp_path: Path, capsys, same
     doc = json.loads(out_json.read_text())
     _check_contract(doc)
     assert [(s["step"], s["class"], s["runs"], s["data_position"]) for s in doc["spikes"]] == [
-        (150, "recurring", ["a", "b"], None), (220, "unique", ["b"], None), (300, "unique", ["a"], None)]
+        (150, "recurring", ["a", "b"], None),
+        (220, "unique", ["b"], None),
+        (300, "unique", ["a"], None),
+    ]
     assert [s["step"] for s in doc["removed"]] == [300]
-    logged = {name: {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
-              for name, path in (("a", a), ("b", b))}
+    logged = {
+        name: {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
+        for name, path in (("a", a), ("b", b))
+    }
     assert [s["values"] for s in doc["spikes"]] == [{n: logged[n][step] for n in "ab"} for step in (150, 220, 300)]
     assert "before_after" in doc and doc["before_after"] == {}
     order = "the same data order (--same-order)" if same_order else "data order unknown (unknown)"
@@ -136,11 +177,14 @@ def test_by_data_needs_a_plan(tmp_path: Path, capsys):
     assert err.startswith("forensics: error: --by data: no run has a plan") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["{a}"], "forensics: error: compare: give two runs or more (case folders or metrics sources)\n"),
-    (["{a}", "{missing}"], "forensics: error: compare: {missing}: no such case folder or metrics source\n"),
-    (["{a}", "{a}", "--name", "x"], "forensics: error: --name: give one name per RUN (2), got 1\n"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{a}"], "forensics: error: compare: give two runs or more (case folders or metrics sources)\n"),
+        (["{a}", "{missing}"], "forensics: error: compare: {missing}: no such case folder or metrics source\n"),
+        (["{a}", "{a}", "--name", "x"], "forensics: error: --name: give one name per RUN (2), got 1\n"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys, args, message):
     a = _log(tmp_path / "a.jsonl", {150: 2.0}, seed=0)
     fill = {"a": str(a), "missing": str(tmp_path / "nope.jsonl")}
@@ -156,8 +200,9 @@ def test_the_help_has_an_example(capsys):
 
 def _figure(page: str) -> dict:
     start = page.index('<script type="application/json" id="compare-figures">') + len(
-        '<script type="application/json" id="compare-figures">')
-    return json.loads(page[start:page.index("</script>", start)])["compare"]
+        '<script type="application/json" id="compare-figures">'
+    )
+    return json.loads(page[start : page.index("</script>", start)])["compare"]
 
 
 def test_compare_html_overlays_both_losses_and_marks_the_spikes_by_class(demo_compared):
@@ -169,7 +214,8 @@ def test_compare_html_overlays_both_losses_and_marks_the_spikes_by_class(demo_co
     # at the anchor's step, where its order had put other samples
     assert list(markers["x"]) == [254, 754, 254, 258, 1107, 258]
     assert markers["text"] == ["static: spiked (vanished)"] * 2 + ["bucketed: moved (vanished)"] + [
-        "static: spiked (vanished)"] * 2 + ["bucketed: moved (vanished)"]
+        "static: spiked (vanished)"
+    ] * 2 + ["bucketed: moved (vanished)"]
     assert "<script src" not in page and "<link" not in page  # offline: plotly inlined, nothing fetched
     assert '<td class="cls vanished">vanished (removed)</td>' in page
     assert "&lt;|endoftext|&gt;" in page and "<|endoftext|>" not in page
@@ -179,8 +225,7 @@ def test_compare_html_escapes_names_it_is_given(tmp_path: Path, capsys):
     a = _log(tmp_path / "a.jsonl", {150: 2.0}, seed=0)
     b = _log(tmp_path / "b.jsonl", {150: 2.0}, seed=1)
     page_path = tmp_path / "c.html"
-    code, _, _ = compare([str(a), str(b), "--name", "</script><b>a", "--name", "b&c", "--html", str(page_path)],
-                         capsys)
+    code, _, _ = compare([str(a), str(b), "--name", "</script><b>a", "--name", "b&c", "--html", str(page_path)], capsys)
     assert code == 0
     page = page_path.read_text(encoding="utf-8")
     assert "</script><b>a" not in page and "&lt;/script&gt;&lt;b&gt;a" in page and "b&amp;c" in page

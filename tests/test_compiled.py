@@ -45,11 +45,13 @@ def _run_everything(seed: int, with_buckets: bool) -> tuple:
     live = SpikeDetector(LOSS, **params)
     found = []
     for start in range(0, len(metrics), 97):
-        found += live.update(metrics.iloc[start:start + 97], tags)
+        found += live.update(metrics.iloc[start : start + 97], tags)
     found += live.finish()
     trace = SpikeDetector(LOSS, **params).trace(metrics, tags, support)
-    medians = [rolling_median(metrics[LOSS].to_numpy(), w, center=c, min_periods=m)
-               for w, c, m in ((31, True, 1), (8, False, None), (601, True, 1))]
+    medians = [
+        rolling_median(metrics[LOSS].to_numpy(), w, center=c, min_periods=m)
+        for w, c, m in ((31, True, 1), (8, False, None), (601, True, 1))
+    ]
     return [f.to_dict() for f in whole], [f.to_dict() for f in found], trace, medians
 
 
@@ -72,8 +74,13 @@ def test_the_rolling_median_is_pandas_either_way(use, kind):
     values = np.random.default_rng(3).standard_normal(700)
     values[[5, 70, 600]] = [np.nan, np.inf, -np.inf]
     for window, center, periods in ((7, False, None), (50, True, 1), (701, True, 3)):
-        expected = pd.Series(values).replace([np.inf, -np.inf], np.nan).rolling(
-            window, center=center, min_periods=periods).median().to_numpy()
+        expected = (
+            pd.Series(values)
+            .replace([np.inf, -np.inf], np.nan)
+            .rolling(window, center=center, min_periods=periods)
+            .median()
+            .to_numpy()
+        )
         np.testing.assert_array_equal(rolling_median(values, window, center, periods), expected)
 
 
@@ -91,8 +98,12 @@ GREEDY_CASES = [  # (seed, n, token budget, max batch size, order kind)
 def test_the_greedy_packer_is_the_same_either_way(use, seed, n, budget, most, kind):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 700, n)
-    order = {"sorted": np.argsort(lengths, kind="stable"), "reversed": np.argsort(lengths)[::-1],
-             "permutation": rng.permutation(n), "int32 permutation": rng.permutation(n).astype(np.int32)}[kind]
+    order = {
+        "sorted": np.argsort(lengths, kind="stable"),
+        "reversed": np.argsort(lengths)[::-1],
+        "permutation": rng.permutation(n),
+        "int32 permutation": rng.permutation(n).astype(np.int32),
+    }[kind]
     use("compiled")
     compiled = pack_greedy(order, lengths, budget, most)
     use("reference")
@@ -134,19 +145,29 @@ def _metrics(path: Path, n: int) -> Path:
     return path
 
 
-AUDIT = '''
+AUDIT = """
 import contextlib, io, json, sys
 from forensics.cli import main
 with contextlib.redirect_stdout(io.StringIO()):
     assert main(["audit", "--metrics", sys.argv[1], "--json", sys.argv[2], "--no-html"]) == 0
-'''
+"""
 
 
 def _audit(metrics: Path, out: Path, cache: Path, tree: Path = ROOT, compile_from: int = 0) -> tuple[dict, str]:
-    env = {**os.environ, "FORENSICS_CACHE_DIR": str(cache), loops.COMPILE_FROM_ENV: str(compile_from),
-           "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, "-c", AUDIT, str(metrics), str(out)], capture_output=True, text=True,
-                          env=env, cwd=tree, timeout=600)
+    env = {
+        **os.environ,
+        "FORENSICS_CACHE_DIR": str(cache),
+        loops.COMPILE_FROM_ENV: str(compile_from),
+        "PYTHONPATH": str(tree),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", AUDIT, str(metrics), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tree,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text()), done.stderr
 
@@ -205,7 +226,6 @@ def test_a_new_key_prunes_the_others_and_the_legacy_folders(tmp_path):
     assert not any(p.exists() for p in removed)
 
 
-
 def test_validate_reports_the_compiled_code(monkeypatch, tmp_path, capsys):
     from forensics.cli import main
 
@@ -213,7 +233,10 @@ def test_validate_reports_the_compiled_code(monkeypatch, tmp_path, capsys):
     metrics = _metrics(tmp_path / "metrics.jsonl", 50)
     assert main(["validate", "--metrics", str(metrics), "--json", str(tmp_path / "v.json")]) == 0
     said = json.loads((tmp_path / "v.json").read_text())["compiled"]
-    assert said == {"cache": str(tmp_path / "cache" / key.COMPILED_FOLDER / key.package_key()), "warm": False,
-                    "loops": {name: False for name in loops.LOOPS}}
+    assert said == {
+        "cache": str(tmp_path / "cache" / key.COMPILED_FOLDER / key.package_key()),
+        "warm": False,
+        "loops": {name: False for name in loops.LOOPS},
+    }
     assert "compiled loops: not cached yet" in capsys.readouterr().out
     assert main(["validate", "--metrics", str(metrics), "--json", str(tmp_path / "v.txt")]) == 2

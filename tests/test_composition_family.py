@@ -23,8 +23,15 @@ def _tags(n: int, rng: np.random.Generator, rare_every: int = 0) -> pd.DataFrame
     bucket = rng.integers(0, 2, n)
     if rare_every:
         bucket[::rare_every] = 2
-    tags = pd.DataFrame({"step": np.arange(n), "bucket": bucket, "n_samples": 8, "real_tokens": 8 * (20 + 20 * bucket),
-                         "padding_ratio": 0.1})
+    tags = pd.DataFrame(
+        {
+            "step": np.arange(n),
+            "bucket": bucket,
+            "n_samples": 8,
+            "real_tokens": 8 * (20 + 20 * bucket),
+            "padding_ratio": 0.1,
+        }
+    )
     for k in range(3):
         tags[f"bucket_share_{k}"] = (bucket == k).astype(float)
     return tags
@@ -71,13 +78,16 @@ def test_a_bucket_under_five_percent_of_the_steps_predicts_nothing(rare_every, k
     assert kept == kept_buckets
 
 
-@pytest.mark.parametrize(("support", "severity"), [
-    ({"moved": True, "recurs": True}, "critical"),
-    ({"moved": True, "recurs": True, "composition_high": True}, "warning"),
-    ({"moved": True, "recurs": True, "grad_norm": True, "composition_high": True}, "critical"),
-    ({"moved": True, "composition_high": True}, "warning"),
-    ({"moved": True, "explained": "composition"}, "info"),
-])
+@pytest.mark.parametrize(
+    ("support", "severity"),
+    [
+        ({"moved": True, "recurs": True}, "critical"),
+        ({"moved": True, "recurs": True, "composition_high": True}, "warning"),
+        ({"moved": True, "recurs": True, "grad_norm": True, "composition_high": True}, "critical"),
+        ({"moved": True, "composition_high": True}, "warning"),
+        ({"moved": True, "explained": "composition"}, "info"),
+    ],
+)
 def test_recurrence_counts_only_where_the_composition_does_not_predict_the_rise(support, severity):
     assert severity_of("spike", support) == severity
 
@@ -119,8 +129,9 @@ def test_a_clean_run_lists_no_harmful_sample(hf_family, tmp_path, capsys, name):
     assert [c for c in findings["causes"] if c["kind"] == "samples"] == []
 
 
-def test_samples_harder_than_their_batch_are_significant_but_under_the_effect_floor(hf_family, tmp_path, capsys,
-                                                                                   monkeypatch):
+def test_samples_harder_than_their_batch_are_significant_but_under_the_effect_floor(
+    hf_family, tmp_path, capsys, monkeypatch
+):
     from forensics.detect.evidence import sample_effects
     from forensics.detect.rules.harmful_samples import MIN_EXCESS
 
@@ -160,9 +171,17 @@ def test_judged_against_its_bucket_alone_a_clean_cut_run_raises_false_alarms(hf_
     assert len([c for c in findings["causes"] if c["severity"] in AT_LEAST_WARNING]) >= 3
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="corrupted steps the cut mix hides (see CUT_TWINS_MISSED)"))
-    if n in CUT_TWINS_MISSED else n for n in CORRUPT])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n, marks=pytest.mark.xfail(strict=True, reason="corrupted steps the cut mix hides (see CUT_TWINS_MISSED)")
+        )
+        if n in CUT_TWINS_MISSED
+        else n
+        for n in CORRUPT
+    ],
+)
 def test_a_corrupted_twin_finds_every_corrupted_step_and_at_most_two_other_causes(hf_family, tmp_path, capsys, name):
     case = hf_family(name)
     findings = _audit(case, tmp_path)
@@ -180,15 +199,26 @@ def test_a_corrupted_twin_finds_every_corrupted_step_and_at_most_two_other_cause
 NOT_RANKED_FIRST = {"static-s0-corrupt", "static-s1-corrupt", "group_by_length-s1-corrupt"} | CUT_TWINS_MISSED
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="clean batch-mates ranked among the corrupted samples (see NOT_RANKED_FIRST)"))
-    if n in NOT_RANKED_FIRST else n for n in CORRUPT])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n,
+            marks=pytest.mark.xfail(
+                strict=True, reason="clean batch-mates ranked among the corrupted samples (see NOT_RANKED_FIRST)"
+            ),
+        )
+        if n in NOT_RANKED_FIRST
+        else n
+        for n in CORRUPT
+    ],
+)
 def test_a_corrupted_twin_ranks_the_corrupted_samples_first(hf_family, tmp_path, capsys, name):
     case = hf_family(name)
     findings = _audit(case, tmp_path)
     capsys.readouterr()
     first = next(c for c in findings["causes"] if c["severity"] in AT_LEAST_WARNING and c["suspect_samples"])
-    assert set(first["suspect_samples"][:len(case.corrupt_ids)]) == set(case.corrupt_ids)
+    assert set(first["suspect_samples"][: len(case.corrupt_ids)]) == set(case.corrupt_ids)
 
 
 def test_findings_give_the_share_of_the_jumpiness_the_composition_explains(hf_family, tmp_path, capsys):

@@ -19,10 +19,11 @@ def _by_definition(signatures: list[np.ndarray | None]) -> np.ndarray:
     for i, sig in enumerate(signatures):
         if sig is not None:
             for band in range(content.N_HASHES // content.BAND_ROWS):
-                key = (band, *sig[band * content.BAND_ROWS:(band + 1) * content.BAND_ROWS].tolist())
+                key = (band, *sig[band * content.BAND_ROWS : (band + 1) * content.BAND_ROWS].tolist())
                 buckets.setdefault(key, []).append(i)
-    pairs = {(m[x], m[y]) for m in buckets.values() if 1 < len(m) <= 200
-             for x in range(len(m)) for y in range(x + 1, len(m))}
+    pairs = {
+        (m[x], m[y]) for m in buckets.values() if 1 < len(m) <= 200 for x in range(len(m)) for y in range(x + 1, len(m))
+    }
     counts = np.zeros(len(signatures), np.int64)
     for i, j in pairs:
         if np.mean(signatures[i] == signatures[j]) >= content.DUP_JACCARD:

@@ -22,8 +22,16 @@ from forensics.evaluation.scoring import in_spans
 from forensics.schema import CLUSTER, STEP, TEXT
 from forensics.tagging import tag_steps
 
-SPEC = RunSpec(name="spikes", seed=11, n_steps=3_000, bucket_scale=1.0, noise_sd=0.02,
-               spikes=("one_step", "few_steps", "slow_rise", "grad_led", "one_step"), nan_steps=2, level_shifts=1)
+SPEC = RunSpec(
+    name="spikes",
+    seed=11,
+    n_steps=3_000,
+    bucket_scale=1.0,
+    noise_sd=0.02,
+    spikes=("one_step", "few_steps", "slow_rise", "grad_led", "one_step"),
+    nan_steps=2,
+    level_shifts=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +72,7 @@ def test_labelled_spikes_sit_above_their_baseline_by_the_shape_factor(runs, spik
             assert p >= 1.6 and lab.factor == pytest.approx(p)
             # start..end: at or above half the peak's excess, and the step before the start is below it
             half = 1.0 + 0.5 * (p - 1.0)
-            assert (run.factor[lab.start:lab.end + 1] >= half - 1e-9).all()
+            assert (run.factor[lab.start : lab.end + 1] >= half - 1e-9).all()
             assert run.factor[lab.start - 1] < half
             assert np.log(loss[lab.start] / run.baseline[lab.start]) >= np.log(half) - tol
             checked += 1
@@ -92,12 +100,12 @@ def test_grad_norm_leads_a_grad_led_spike_and_follows_a_data_led_one(spiky):
     grad = spiky.metrics["grad_norm"].to_numpy()
     by_shape = {lab.shape: lab for lab in spiky.labels.spikes}
     g = by_shape["grad_led"]
-    before = grad[g.start - 10:g.start - 3]
+    before = grad[g.start - 10 : g.start - 3]
     assert grad[g.start - 1] > 100 * np.median(before)  # the climb comes first
     assert spiky.factor[g.start - 1] < 1.2  # while the loss barely moves
     d = by_shape["one_step"]
-    assert grad[d.start] > 1.5 * np.median(grad[d.start - 10:d.start])
-    assert grad[d.start - 1] < 1.5 * np.median(grad[d.start - 10:d.start])
+    assert grad[d.start] > 1.5 * np.median(grad[d.start - 10 : d.start])
+    assert grad[d.start - 1] < 1.5 * np.median(grad[d.start - 10 : d.start])
 
 
 def test_data_led_labels_name_the_step_bucket_cluster_and_corrupted_samples(runs, spiky):
@@ -121,8 +129,9 @@ def test_data_led_labels_name_the_step_bucket_cluster_and_corrupted_samples(runs
 
 
 def test_tags_are_the_tagging_stage_of_the_plan(spiky):
-    pd.testing.assert_frame_equal(spiky.tags, tag_steps(spiky.plan, spiky.samples, [0, 770, 1216, 1728, 2432, 3296,
-                                                                                     8192]))
+    pd.testing.assert_frame_equal(
+        spiky.tags, tag_steps(spiky.plan, spiky.samples, [0, 770, 1216, 1728, 2432, 3296, 8192])
+    )
     assert spiky.tags[STEP].tolist() == list(range(SPEC.n_steps))
 
 

@@ -53,7 +53,7 @@ def _events(data: bytes, frames: tfrecord.Frames) -> dict[int, tuple[int, str, f
 
     out = {}
     for s, n in zip(frames.starts.tolist(), frames.lengths.tolist()):
-        event = event_pb2.Event.FromString(data[s:s + n])
+        event = event_pb2.Event.FromString(data[s : s + n])
         for value in event.summary.value:
             out[s - tfrecord.HEADER_SIZE] = (event.step, value.tag, value.simple_value)
     return out
@@ -135,7 +135,8 @@ def test_sampled_bit_flips_through_the_whole_tensorboard_reader(tb_file: Path, t
 
 
 def test_live_tensorboard_file_waits_for_a_record_being_written_and_then_skips_damage(
-        tb_file: Path, tmp_path: Path) -> None:
+    tb_file: Path, tmp_path: Path
+) -> None:
     data = tb_file.read_bytes()
     frames = tfrecord.scan(data, finished=True)
     starts = (frames.starts - tfrecord.HEADER_SIZE).tolist()
@@ -187,21 +188,30 @@ def test_finished_tensorboard_file_with_damage_at_its_end(tb_file: Path, tmp_pat
 
 
 def test_damage_line_counts_offsets_and_steps() -> None:
-    damages = [Damage(100, 52, "data checksum mismatch", (9, 10)), Damage(900, 40, "length checksum mismatch",
-                                                                           (29, 31), "run/events.x")]
+    damages = [
+        Damage(100, 52, "data checksum mismatch", (9, 10)),
+        Damage(900, 40, "length checksum mismatch", (29, 31), "run/events.x"),
+    ]
     line = damage_line(damages)
-    assert line.startswith("2 records skipped for damage at byte offsets 100, steps 9-10; run/events.x:900, steps "
-                           "29-31 (data checksum mismatch; length checksum mismatch): ")
+    assert line.startswith(
+        "2 records skipped for damage at byte offsets 100, steps 9-10; run/events.x:900, steps "
+        "29-31 (data checksum mismatch; length checksum mismatch): "
+    )
     assert "never filled in" in line
     assert "byte offset 7, after step 3 (x)" in damage_line([Damage(7, None, "x", (3, None))])
     assert damage_line([]) is None
-    assert damages[1].to_json() == {"file": "run/events.x", "offset": 900, "length": 40,
-                                    "reason": "length checksum mismatch", "steps": [29, 31]}
+    assert damages[1].to_json() == {
+        "file": "run/events.x",
+        "offset": 900,
+        "length": 40,
+        "reason": "length checksum mismatch",
+        "steps": [29, 31],
+    }
 
 
 # --- W&B ----------------------------------------------------------------------------------------------------------
 WANDB_ROWS = 120
-WANDB_WRITER = textwrap.dedent('''
+WANDB_WRITER = textwrap.dedent("""
     import sys, wandb
     out = sys.argv[1]
     run = wandb.init(dir=out, project="p", id="dmg1", config={"notes": "n" * 40000},
@@ -211,7 +221,7 @@ WANDB_WRITER = textwrap.dedent('''
     for i in range(int(sys.argv[2])):
         run.log({"train/loss": 2.1 + 0.01 * i, "grad_norm": 0.5 * i})
     run.finish()
-''')
+""")
 
 
 @pytest.fixture(scope="session")
@@ -220,11 +230,23 @@ def wandb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wandb-damage")
     (out / "writer.py").write_text(WANDB_WRITER)
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HOME": str(out / "home"),
-                "WANDB_CONFIG_DIR": str(out / "config"), "WANDB_CACHE_DIR": str(out / "cache"),
-                "WANDB_DATA_DIR": str(out / "data")})
-    subprocess.run([sys.executable, str(out / "writer.py"), str(out), str(WANDB_ROWS)], env=env, check=True,
-                   timeout=120, capture_output=True)
+    env.update(
+        {
+            "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true",
+            "HOME": str(out / "home"),
+            "WANDB_CONFIG_DIR": str(out / "config"),
+            "WANDB_CACHE_DIR": str(out / "cache"),
+            "WANDB_DATA_DIR": str(out / "data"),
+        }
+    )
+    subprocess.run(
+        [sys.executable, str(out / "writer.py"), str(out), str(WANDB_ROWS)],
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     (path,) = out.glob("wandb/offline-run-*/run-dmg1.wandb")
     return path
 
@@ -304,8 +326,10 @@ def test_live_wandb_file_waits_then_skips_the_damaged_record(wandb_file: Path, t
     (d,) = reader.report.damaged
     assert (d.offset, d.length, d.reason, d.steps) == (s, e - s, "checksum mismatch", (49, 51))
     assert second["step"].tolist() == list(range(51, WANDB_ROWS))
-    assert any(f"1 record skipped for damage at byte offset {s}, steps 49-51 (checksum mismatch)" in w
-               for w in reader.report.warnings)
+    assert any(
+        f"1 record skipped for damage at byte offset {s}, steps 49-51 (checksum mismatch)" in w
+        for w in reader.report.warnings
+    )
     assert json.dumps([x.to_json() for x in reader.report.damaged])
 
 

@@ -35,22 +35,29 @@ FILES = {
 
 #: command -> (argv with CASE / OTHER / OUT placeholders, the inputs it reads).
 COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
-    "audit": (["audit", "CASE"],
-              ("metrics.parquet", "metrics.jsonl", "metrics.csv", "plan", "samples", "run.toml", "replay.json")),
+    "audit": (
+        ["audit", "CASE"],
+        ("metrics.parquet", "metrics.jsonl", "metrics.csv", "plan", "samples", "run.toml", "replay.json"),
+    ),
     "check-plan": (["check-plan", "CASE"], ("plan", "samples", "run.toml")),
     "check-plan --plan": (["check-plan", "--plan", "CASE/plan.parquet"], ("plan",)),
     "tag": (["tag", "CASE", "-o", "OUT/tags.parquet"], ("plan", "samples", "run.toml")),
     "buckets": (["buckets", "CASE", "--json", "OUT/buckets.json"], ("samples", "run.toml")),
     "whatif": (["whatif", "CASE", "--json", "OUT/whatif.json"], ("samples", "run.toml")),
-    "compare": (["compare", "CASE", "OTHER", "--json", "OUT/compare.json"],
-                ("metrics.parquet", "metrics.jsonl", "metrics.csv", "plan", "run.toml")),
+    "compare": (
+        ["compare", "CASE", "OTHER", "--json", "OUT/compare.json"],
+        ("metrics.parquet", "metrics.jsonl", "metrics.csv", "plan", "run.toml"),
+    ),
     "skip": (["skip", "CASE", "--format", "ids", "-o", "OUT/skip.json"], ("findings.json",)),
-    "ingest": (["ingest", "CASE/METRICS", "-o", "OUT/metrics.parquet"],
-               ("metrics.parquet", "metrics.jsonl", "metrics.csv")),
-    "validate": (["validate", "CASE"],
-                 ("metrics.parquet", "metrics.jsonl", "metrics.csv", "plan", "samples", "run.toml")),
-    "replay": (["replay", "CASE", "--steps", "40"],
-               ("plan", "samples", "run.toml", "findings.json", "replay.json")),
+    "ingest": (
+        ["ingest", "CASE/METRICS", "-o", "OUT/metrics.parquet"],
+        ("metrics.parquet", "metrics.jsonl", "metrics.csv"),
+    ),
+    "validate": (
+        ["validate", "CASE"],
+        ("metrics.parquet", "metrics.jsonl", "metrics.csv", "plan", "samples", "run.toml"),
+    ),
+    "replay": (["replay", "CASE", "--steps", "40"], ("plan", "samples", "run.toml", "findings.json", "replay.json")),
 }
 
 #: A truncated text metrics file is data (a half-written last line), not bad input.
@@ -59,8 +66,13 @@ KEPT = {("metrics.jsonl", "truncated"), ("metrics.csv", "truncated")}
 #: How a line says what was expected of the file.
 EXPECTED = re.compile(r"expected|must be|needs")
 
-CASES = [(command, what, damage) for command, (_, inputs) in COMMANDS.items() for what in inputs
-         for damage in DAMAGES if (what, damage) not in KEPT]
+CASES = [
+    (command, what, damage)
+    for command, (_, inputs) in COMMANDS.items()
+    for what in inputs
+    for damage in DAMAGES
+    if (what, damage) not in KEPT
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +91,9 @@ def base_case(demo_small: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     assert main(["audit", str(out)]) == 0
     (out / "report.html").unlink()
     (out / "replay").mkdir()
-    (out / "replay/replay.json").write_text(json.dumps({"steps": [
-        {"step": 40, "mode": "eval", "verdict": "normal", "logged": 1.0, "replayed": 1.0}]}))
+    (out / "replay/replay.json").write_text(
+        json.dumps({"steps": [{"step": 40, "mode": "eval", "verdict": "normal", "logged": 1.0, "replayed": 1.0}]})
+    )
     return out
 
 
@@ -95,7 +108,7 @@ def _wrong_schema(what: str, path: Path) -> None:
     elif path.suffix == ".toml":
         path.write_text('grad_accum = "many"\nboundaries = "wide"\n')
     else:  # findings.json, replay.json: JSON, but a list where an object is expected
-        path.write_text('[1, 2, 3]\n')
+        path.write_text("[1, 2, 3]\n")
 
 
 def _damage(path: Path, what: str, damage: str) -> None:
@@ -111,23 +124,28 @@ def _damage(path: Path, what: str, damage: str) -> None:
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in root.rglob("*") if p.is_file() and "replay-model" not in p.parts}
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file() and "replay-model" not in p.parts
+    }
 
 
 def _point_metrics_at(case: Path, name: str) -> None:
     """Make the case's run.toml name ``name`` as its only metrics source."""
     toml = case / "run.toml"
-    lines = [f'metrics = ["{name}"]' if line.startswith("metrics =") else line
-             for line in toml.read_text().splitlines()]
+    lines = [
+        f'metrics = ["{name}"]' if line.startswith("metrics =") else line for line in toml.read_text().splitlines()
+    ]
     toml.write_text("\n".join(lines) + "\n")
 
 
 # an exception a library could only print (pyarrow's row handler) is a traceback on the user's terminal too
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize(("command", "what", "damage"), CASES, ids=[" ".join(c) for c in CASES])
-def test_damaged_input_is_one_line_and_exit_2(command: str, what: str, damage: str, base_case: Path,
-                                             demo_small: Path, tmp_path: Path, capsys) -> None:
+def test_damaged_input_is_one_line_and_exit_2(
+    command: str, what: str, damage: str, base_case: Path, demo_small: Path, tmp_path: Path, capsys
+) -> None:
     case = tmp_path / "case"
     shutil.copytree(base_case, case, symlinks=True)
     out = tmp_path / "out"
@@ -137,8 +155,13 @@ def test_damaged_input_is_one_line_and_exit_2(command: str, what: str, damage: s
     target = case / FILES[what]
     target.parent.mkdir(exist_ok=True)
     _damage(target, what, damage)
-    argv = [a.replace("CASE", str(case)).replace("OTHER", str(demo_small / "bucketed")).replace("OUT", str(out))
-            .replace("METRICS", what) for a in COMMANDS[command][0]]
+    argv = [
+        a.replace("CASE", str(case))
+        .replace("OTHER", str(demo_small / "bucketed"))
+        .replace("OUT", str(out))
+        .replace("METRICS", what)
+        for a in COMMANDS[command][0]
+    ]
     before = _snapshot(tmp_path)
     capsys.readouterr()
 
@@ -158,4 +181,3 @@ def test_table_counts_its_cases() -> None:
     """The table covers every command and input named above, each with every damage it can take."""
     assert len(CASES) == 144
     assert {c for c, _, _ in CASES} == set(COMMANDS)
-

@@ -70,8 +70,9 @@ def live_case(src: Path, dst: Path, rows: int, source: str = "jsonl") -> Path:
     from forensics.live.tables import clustered_samples_path
     from forensics.live.tables import fit_clusters as _fit_clusters
 
-    fitted = pd.read_parquet(clustered_samples_path(src / "samples.parquet", lambda: _fit_clusters(
-        src / "samples.parquet")))
+    fitted = pd.read_parquet(
+        clustered_samples_path(src / "samples.parquet", lambda: _fit_clusters(src / "samples.parquet"))
+    )
     samples = fitted.copy()
     samples.loc[samples["sample_id"] == HOSTILE_SAMPLE, "text"] = f"code def {SCRIPT_TEXT} return"
     samples.to_parquet(dst / "samples.parquet", index=False)
@@ -137,8 +138,13 @@ def audited_case(src: Path, dst: Path, plan: bool) -> dict:
         toml = (src / "run.toml").read_text().replace('metrics = ["metrics.parquet"]', 'metrics = ["metrics.jsonl"]')
     (dst / "run.toml").write_text(toml)
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "forensics", "audit", str(dst)], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(root)), timeout=TIMEOUT)
+    done = subprocess.run(
+        [sys.executable, "-m", "forensics", "audit", str(dst)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        timeout=TIMEOUT,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads((dst / "findings.json").read_text())
 
@@ -213,8 +219,10 @@ def test_appended_jsonl_rows_and_a_new_spike_appear_on_refresh(demo_small: Path,
     at.run()
     text = page_text(at)
     assert "newest step 299" in text and "300 steps read" in text
-    assert ("New findings (4, found while watching): step 254 spike train/loss ■ critical, step 258 spike "
-            "train/loss ■ critical, step 254 spike grad_norm ■ critical, step 258 spike grad_norm ■ critical") in text
+    assert (
+        "New findings (4, found while watching): step 254 spike train/loss ■ critical, step 258 spike "
+        "train/loss ■ critical, step 254 spike grad_norm ■ critical, step 258 spike grad_norm ■ critical"
+    ) in text
     run = at.session_state["forensics_run"]
     new = [n.finding for n in run.new_findings if n.finding["metric"] == "train/loss"]
     assert [f["step"] for f in new] == [254, 258]
@@ -266,7 +274,7 @@ def test_appended_wandb_records_and_a_new_spike_appear_on_refresh(demo_small: Pa
     assert "200 steps read" in page_text(at) and "newest step 199" in page_text(at)
     for upto, want_new in ((239, 0), (299, 4)):
         with dst.open("ab") as fh:
-            fh.write(data[dst.stat().st_size: history_ends[upto]])
+            fh.write(data[dst.stat().st_size : history_ends[upto]])
         at.run()
         text = page_text(at)
         assert f"{upto + 1} steps read" in text and f"newest step {upto}" in text
@@ -282,13 +290,16 @@ def test_a_run_that_stopped_writing_says_so(demo_small: Path, tmp_path: Path) ->
     run.last_arrival = now[0] - 3
     run.metrics = run.metrics.drop(columns=["_timestamp"])
     text = strip_words(run, 5.0, False)
-    assert text.startswith("✓ OK: no cause at warning or above in the last 175 steps │ newest step 3,503 · row age "
-                           "3 s │ throughput 30.4K tokens_per_s")
+    assert text.startswith(
+        "✓ OK: no cause at warning or above in the last 175 steps │ newest step 3,503 · row age "
+        "3 s │ throughput 30.4K tokens_per_s"
+    )
     assert "STALE" not in text and text.endswith("3,504 steps read · refreshing every 5 s")
     now[0] += 600
     text = strip_words(run, 5.0, True)
-    assert text.startswith("▲ WARNING: the run stopped writing │ newest step 3,503 · row age 10 min · STALE (no new "
-                           "row for 2 min)")
+    assert text.startswith(
+        "▲ WARNING: the run stopped writing │ newest step 3,503 · row age 10 min · STALE (no new row for 2 min)"
+    )
     assert text.endswith("refresh paused")
 
 
@@ -307,7 +318,11 @@ def test_stored_findings_are_read_and_steps_past_them_are_judged_live(demo_small
     append_jsonl(src, case / "metrics.jsonl", 300)
     new = run.refresh()
     assert [(n.finding["metric"], n.finding["step"]) for n in new] == [
-        ("train/loss", 254), ("train/loss", 258), ("grad_norm", 254), ("grad_norm", 258)]
+        ("train/loss", 254),
+        ("train/loss", 258),
+        ("grad_norm", 254),
+        ("grad_norm", 258),
+    ]
     assert new[0].finding["cluster_name"] == first.tags.loc[first.tags["step"] == 254, "cluster_name"].iloc[0]
     assert HOSTILE_SAMPLE in new[0].finding["suspect_samples"]
     assert len(run.step_batch(254)) == 3
@@ -354,8 +369,9 @@ def test_a_crash_line_written_while_watching_is_a_new_cause_on_the_page(tmp_path
     case = tmp_path / "case"
     case.mkdir()
     (case / "run.toml").write_text('metrics = ["metrics.jsonl"]\n')
-    (case / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3.0 - s / 400 + 0.01 * (s % 7)})
-                                                + "\n" for s in range(300)))
+    (case / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "loss": 3.0 - s / 400 + 0.01 * (s % 7)}) + "\n" for s in range(300))
+    )
     at = app(case).run()
     assert not at.exception, at.exception
     assert ": crash ·" not in page_text(at) and "■ CRITICAL" not in page_text(at)

@@ -31,8 +31,14 @@ from test_dashboard_app import (  # noqa: F401 (dashboard_cache: the session's c
 CHROMIUM = Path("/usr/bin/chromium")
 SCREEN = {"width": 1280, "height": 800}
 REFRESH_S = 5.0
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run"]
+LAUNCH_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def free_port() -> int:
@@ -44,8 +50,9 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium) "
-                    "to run the browser test")
+        pytest.skip(
+            f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium) to run the browser test"
+        )
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS, timeout=30_000)
@@ -58,9 +65,25 @@ def serve(case: Path, tmp_path: Path, cache: Path, repo_root: Path):
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(repo_root), FORENSICS_CACHE_DIR=str(cache))
     log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "forensics", "dashboard", str(case), "--port", str(port),
-                             "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "forensics",
+            "dashboard",
+            str(case),
+            "--port",
+            str(port),
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -120,9 +143,12 @@ def above_the_fold(page) -> dict:
 
 def grid_cells(page, column_values: str) -> list[str]:
     """The text of the cells of the data grid that holds ``column_values`` (glide's accessible grid)."""
-    return page.evaluate("""(want) => Array.from(document.querySelectorAll('[data-testid=stDataFrame]'))
+    return page.evaluate(
+        """(want) => Array.from(document.querySelectorAll('[data-testid=stDataFrame]'))
         .map(g => Array.from(g.querySelectorAll('[role=gridcell]')).map(c => c.textContent))
-        .filter(cells => cells.includes(want))[0] || []""", column_values)
+        .filter(cells => cells.includes(want))[0] || []""",
+        column_values,
+    )
 
 
 def test_static_demo_fits_a_laptop_screen(browser, demo_small, tmp_path, tmp_path_factory, repo_root):
@@ -175,7 +201,8 @@ def test_dashboard_renders_live_in_chromium_with_hostile_text_shown_as_text(brow
     append_jsonl(demo_small / "static", case / "metrics.jsonl", 300)
     t0 = time.time()
     page.get_by_text("New findings (4, found while watching)", exact=False).first.wait_for(
-        timeout=2 * REFRESH_S * 1000 + 10_000)
+        timeout=2 * REFRESH_S * 1000 + 10_000
+    )
     assert page.inner_text(".status-strip").startswith("■ CRITICAL batch cause")
     traces = page.evaluate("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').length")
     assert traces >= 3
@@ -189,8 +216,11 @@ def test_dashboard_renders_live_in_chromium_with_hostile_text_shown_as_text(brow
     page.screenshot(path=str(shot))
     assert shot.stat().st_size > 50_000
     page.locator("[data-testid=stDataFrame]").first.scroll_into_view_if_needed()
-    page.wait_for_function("""() => Array.from(document.querySelectorAll('[data-testid=stDataFrame] [role=gridcell]'))
-        .some(c => c.textContent === '254')""", timeout=2 * REFRESH_S * 1000 + 10_000)
+    page.wait_for_function(
+        """() => Array.from(document.querySelectorAll('[data-testid=stDataFrame] [role=gridcell]'))
+        .some(c => c.textContent === '254')""",
+        timeout=2 * REFRESH_S * 1000 + 10_000,
+    )
     appeared_s = time.time() - t0
     assert appeared_s < 2 * REFRESH_S + 10
     assert grid_cells(page, "254")[:4] == ["C1", "■ critical", "batch", "254"]

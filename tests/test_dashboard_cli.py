@@ -11,8 +11,9 @@ from forensics.dashboard.text import md
 
 
 def test_streamlit_options_pass_through_in_both_spellings() -> None:
-    ours, theirs = split_streamlit_options(["case", "--server.port", "8600", "--browser.serverAddress=x", "--host",
-                                            "h", "--theme.base", "dark"])
+    ours, theirs = split_streamlit_options(
+        ["case", "--server.port", "8600", "--browser.serverAddress=x", "--host", "h", "--theme.base", "dark"]
+    )
     assert ours == ["case", "--host", "h"]
     assert theirs == ["--server.port", "8600", "--browser.serverAddress=x", "--theme.base", "dark"]
 
@@ -21,8 +22,7 @@ def test_command_binds_localhost_headless_by_default() -> None:
     cmd = streamlit_command(["/runs/case"])
     assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("forensics/dashboard/entry.py")
     opts = dict(zip(cmd[5:-2:2], cmd[6:-2:2]))
-    assert opts == {"--server.address": "127.0.0.1", "--server.headless": "true",
-                    "--browser.gatherUsageStats": "false"}
+    assert opts == {"--server.address": "127.0.0.1", "--server.headless": "true", "--browser.gatherUsageStats": "false"}
     assert cmd[-2:] == ["--", "/runs/case"]
     cmd = streamlit_command([], host="0.0.0.0", port=9000, options=["--server.headless", "false"])
     assert cmd[cmd.index("--server.address") + 1] == "0.0.0.0" and cmd[cmd.index("--server.port") + 1] == "9000"
@@ -53,8 +53,9 @@ def test_port_given_twice_is_bad_input(capsys) -> None:
     assert "--port or --server.port" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text", ["<script>alert(1)</script>", "**bold** _it_ [a](http://x) `c` # h | t ~~s~~ $x$",
-                                  "a\\b > q"])
+@pytest.mark.parametrize(
+    "text", ["<script>alert(1)</script>", "**bold** _it_ [a](http://x) `c` # h | t ~~s~~ $x$", "a\\b > q"]
+)
 def test_dataset_text_is_escaped_for_markdown(text: str) -> None:
     out = md(text)
     assert "<" not in out
@@ -62,4 +63,5 @@ def test_dataset_text_is_escaped_for_markdown(text: str) -> None:
         assert all(out[i - 1] == "\\" for i, c in enumerate(out) if c == ch)
     # unescaping gives back the text (newlines folded)
     assert out.replace("&lt;", "<").replace("&amp;", "&").replace("\\\\", "\x00").replace("\\", "").replace(
-        "\x00", "\\") == " ".join(text.split())
+        "\x00", "\\"
+    ) == " ".join(text.split())

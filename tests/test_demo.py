@@ -209,8 +209,11 @@ def test_wandb_runs_written_in_parallel_processes_hold_every_row(tmp_path: Path)
 
     metrics = pd.DataFrame({"step": np.arange(300), "train/loss": np.linspace(2.0, 1.0, 300)})
     done = []
-    folders = write_wandb_runs([WandbJob(tmp_path / "a", metrics, name="a"), WandbJob(tmp_path / "b", metrics.head(3))],
-                               processes=2, on_done=lambda n, total: done.append((n, total)))
+    folders = write_wandb_runs(
+        [WandbJob(tmp_path / "a", metrics, name="a"), WandbJob(tmp_path / "b", metrics.head(3))],
+        processes=2,
+        on_done=lambda n, total: done.append((n, total)),
+    )
     assert done == [(1, 2), (2, 2)]
     sizes = []
     for folder, case in zip(folders, ("a", "b")):
@@ -260,8 +263,9 @@ def _toy(sources: list[str], lengths: list[int], batches: list[list[int]]) -> tu
     return samples, plan
 
 
-QUIET = LossModelParams(noise_sd=0.0, warmup_tau=1e-9, plateau_start=1.0, plateau_end=1.0, epoch_drop=0.0,
-                        aftershock_frac=0.0)
+QUIET = LossModelParams(
+    noise_sd=0.0, warmup_tau=1e-9, plateau_start=1.0, plateau_end=1.0, epoch_drop=0.0, aftershock_frac=0.0
+)
 
 
 def test_forgetting_grows_with_steps_since_a_source_was_seen() -> None:

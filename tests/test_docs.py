@@ -36,9 +36,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("mkdocs", reason="mkdocs comes with the test extra")
     pytest.importorskip("material", reason="mkdocs-material comes with the test extra")
     out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(ROOT / "mkdocs.yml"),
-                           "-d", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(ROOT / "mkdocs.yml"), "-d", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return out
 
@@ -48,7 +53,7 @@ def _section(html: str, anchor: str) -> str:
     m = re.search(rf'<h2 id="{re.escape(anchor)}"', html)
     assert m, f"no generated entry #{anchor}"
     end = html.find("<h2 ", m.end())
-    return html[m.start(): end if end >= 0 else len(html)]
+    return html[m.start() : end if end >= 0 else len(html)]
 
 
 @pytest.mark.slow
@@ -107,12 +112,14 @@ def test_readme_keeps_the_two_commands_ci_runs():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci in readme
-    assert ("python3 -m pip install torch==2.13.0 && python3 -m pip install -e '.[all]' && forensics audit --demo"
-            in readme)
+    assert (
+        "python3 -m pip install torch==2.13.0 && python3 -m pip install -e '.[all]' && forensics audit --demo" in readme
+    )
 
 
-@pytest.mark.parametrize("name", ["README.md", "CHANGELOG.md", *sorted(
-    str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))])
+@pytest.mark.parametrize(
+    "name", ["README.md", "CHANGELOG.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+)
 def test_pages_name_only_files_the_repository_holds(name: str):
     text = (ROOT / name).read_text()
     missing = []
@@ -149,11 +156,15 @@ def test_getting_started_runs_as_written(tmp_path: Path):
     shim.chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     for block in blocks:
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=600)
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block], cwd=work, env=env, capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, f"{block}\n{done.stderr[-3000:]}"
     assert (work / "demo" / "static" / "findings.json").is_file()
     assert (work / "demo" / "static" / "report.html").is_file()

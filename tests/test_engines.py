@@ -29,12 +29,14 @@ LAYOUTS = ["flat", "hive", "memory"]
 @pytest.fixture
 def make_engine(request):
     """``make_engine(name)``: the engine, the Dask one on the module's cluster."""
+
     def make(name: str):
         if name == "dask":
             from forensics.engine.dask_engine import DaskEngine
 
             return DaskEngine(client=request.getfixturevalue("dask_client"))
         return get_engine(name, memory_limit="1GB")
+
     return make
 
 
@@ -46,8 +48,13 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     write_plan(samples, root / "flat", 3, "flat", seed=3)
     write_plan(samples, root / "hive", 3, "hive", seed=3)
     plan = load_plan(root / "flat")
-    return {"root": root, "samples": samples, "plan": plan, "tags": tag_steps(plan, samples, BOUNDARIES),
-            "gate": check_plan(plan, samples).to_json()}
+    return {
+        "root": root,
+        "samples": samples,
+        "plan": plan,
+        "tags": tag_steps(plan, samples, BOUNDARIES),
+        "gate": check_plan(plan, samples).to_json(),
+    }
 
 
 def _source(seeded: dict, layout: str):
@@ -63,15 +70,19 @@ def test_same_tags_gate_and_lookups(seeded: dict, engine: str, layout: str, make
     eng = make_engine(engine)
     try:
         src = _source(seeded, layout)
-        pd.testing.assert_frame_equal(tag_steps(src, seeded["samples"], BOUNDARIES, engine=eng), seeded["tags"],
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            tag_steps(src, seeded["samples"], BOUNDARIES, engine=eng), seeded["tags"], check_exact=True
+        )
         assert check_plan(src, seeded["samples"], engine=eng).to_json() == seeded["gate"]
-        assert check_plan(src, None, engine=eng, epochs=2).to_json() == check_plan(seeded["plan"], None,
-                                                                                  epochs=2).to_json()
+        assert (
+            check_plan(src, None, engine=eng, epochs=2).to_json()
+            == check_plan(seeded["plan"], None, epochs=2).to_json()
+        )
         got = eng.steps_holding(src, [7, 11, 3999])
         plan = seeded["plan"]
         want = plan.loc[plan["sample_id"].isin([7, 11, 3999]), ["step", "sample_id"]].sort_values(
-            ["step", "sample_id"], ignore_index=True)
+            ["step", "sample_id"], ignore_index=True
+        )
         pd.testing.assert_frame_equal(got, want.astype(np.int64))
         assert len(got) == 9  # each of the 3 samples once per epoch
     finally:
@@ -95,8 +106,9 @@ def test_rows_of_flagged_steps_keep_the_plans_order(seeded: dict, engine: str, l
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_plan_without_steps_cannot_be_read_step_by_step(seeded: dict, engine: str, make_engine,
-                                                         tmp_path: Path) -> None:
+def test_a_plan_without_steps_cannot_be_read_step_by_step(
+    seeded: dict, engine: str, make_engine, tmp_path: Path
+) -> None:
     path = tmp_path / "batches.parquet"
     seeded["plan"][["epoch", "batch_id", "sample_id"]].to_parquet(path, index=False)
     eng = make_engine(engine)
@@ -128,9 +140,25 @@ def test_the_audit_gives_the_same_findings_on_every_engine(plan_ahead: Path, tmp
     found = {}
     for engine in ENGINES:
         out = tmp_path / f"{engine}.json"
-        res = subprocess.run([sys.executable, "-m", "forensics", "audit", str(plan_ahead), "--engine", engine,
-                              "--memory-limit", "2GB", "--json", str(out), "--no-html"], env=env,
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "forensics",
+                "audit",
+                str(plan_ahead),
+                "--engine",
+                engine,
+                "--memory-limit",
+                "2GB",
+                "--json",
+                str(out),
+                "--no-html",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stderr
         found[engine] = json.loads(out.read_text())
     ref = found["pandas"]
@@ -164,8 +192,11 @@ def test_unknown_samples_are_bad_input_in_every_engine(seeded: dict, engine: str
     eng = make_engine(engine)
     few = seeded["samples"].iloc[100:]
     try:
-        with pytest.raises(ForensicsError, match=r"^plan: 100 sample_id values are not in the samples table, e\.g\. "
-                                                 r"0, 1, 2, 3, 4$"):
+        with pytest.raises(
+            ForensicsError,
+            match=r"^plan: 100 sample_id values are not in the samples table, e\.g\. "
+            r"0, 1, 2, 3, 4$",
+        ):
             check_plan(seeded["root"] / "flat", few, engine=eng)
         with pytest.raises(ForensicsError, match=r"^plan: 300 rows name samples not in the samples table"):
             tag_steps(seeded["root"] / "hive", few, BOUNDARIES, engine=eng)
@@ -173,10 +204,18 @@ def test_unknown_samples_are_bad_input_in_every_engine(seeded: dict, engine: str
         eng.close()
 
 
-@pytest.mark.parametrize(("text", "size"), [
-    ("4GB", 4 * 10**9), ("512MB", 512 * 10**6), ("2GiB", 2 * 2**30), ("1.5g", 1_500_000_000), (1024, 1024),
-    ("100", 100), (None, None),
-])
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("4GB", 4 * 10**9),
+        ("512MB", 512 * 10**6),
+        ("2GiB", 2 * 2**30),
+        ("1.5g", 1_500_000_000),
+        (1024, 1024),
+        ("100", 100),
+        (None, None),
+    ],
+)
 def test_sizes(text, size) -> None:
     assert parse_size(text) == size
 
@@ -208,8 +247,11 @@ def test_demo_cases_on_dask(demo_small: Path, case: str, make_engine) -> None:
     eng = make_engine("dask")
     ref = check_plan(load_plan(plan), samples).to_json()
     assert check_plan(plan, samples, engine=eng).to_json() == {**ref}
-    pd.testing.assert_frame_equal(tag_steps(plan, samples, BOUNDARIES, engine=eng),
-                                  tag_steps(load_plan(plan), samples, BOUNDARIES), check_exact=True)
+    pd.testing.assert_frame_equal(
+        tag_steps(plan, samples, BOUNDARIES, engine=eng),
+        tag_steps(load_plan(plan), samples, BOUNDARIES),
+        check_exact=True,
+    )
 
 
 def test_dask_without_a_scheduler_there_is_bad_input() -> None:
@@ -226,12 +268,29 @@ def test_cli_check_plan_on_a_hive_folder(seeded: dict, tmp_path: Path) -> None:
     seeded["samples"].to_parquet(samples)
     out = {}
     for layout, engine in [("hive", "duckdb"), ("flat", "pandas")]:
-        res = subprocess.run([sys.executable, "-m", "forensics", "check-plan", "--plan", str(seeded["root"] / layout),
-                              "--samples", str(samples), "--engine", engine, "--memory-limit", "1GB",
-                              "--json", str(tmp_path / f"{layout}.json")], env=env, capture_output=True, text=True)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "forensics",
+                "check-plan",
+                "--plan",
+                str(seeded["root"] / layout),
+                "--samples",
+                str(samples),
+                "--engine",
+                engine,
+                "--memory-limit",
+                "1GB",
+                "--json",
+                str(tmp_path / f"{layout}.json"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stderr
-        out[layout] = {k: v for k, v in json.loads((tmp_path / f"{layout}.json").read_text()).items()
-                       if k != "source"}
+        out[layout] = {k: v for k, v in json.loads((tmp_path / f"{layout}.json").read_text()).items() if k != "source"}
     assert out["hive"] == out["flat"]
 
 
@@ -249,8 +308,7 @@ def test_a_four_rank_recording_reads_the_same_in_every_engine(tmp_path: Path, ma
         frame = pd.DataFrame(rows)
         for (rank, batch), g in frame.groupby(["rank", "batch_id"], sort=True):
             step, micro, epoch = (int(g[c].iloc[0]) for c in ("step", "micro", "epoch"))
-            recorders[rank].record(g["sample_id"].to_numpy(), epoch=epoch, batch_id=int(batch), step=step,
-                                   micro=micro)
+            recorders[rank].record(g["sample_id"].to_numpy(), epoch=epoch, batch_id=int(batch), step=step, micro=micro)
         recorded.append(frame)
     for rec in recorders:
         rec.close()
@@ -261,8 +319,9 @@ def test_a_four_rank_recording_reads_the_same_in_every_engine(tmp_path: Path, ma
     for name in ENGINES:
         eng = make_engine(name)
         try:
-            pd.testing.assert_frame_equal(tag_steps(folder, samples, BOUNDARIES, engine=eng), want_tags,
-                                          check_exact=True)
+            pd.testing.assert_frame_equal(
+                tag_steps(folder, samples, BOUNDARIES, engine=eng), want_tags, check_exact=True
+            )
             assert check_plan(folder, samples, engine=eng).to_json() == want_gate, name
         finally:
             eng.close()
@@ -272,8 +331,14 @@ def test_the_readmes_slurm_cluster_builds_its_job_script() -> None:
     """docs/scale.md's Slurm example, as written there, builds a cluster whose job script asks Slurm for what it says
     (no job is submitted: the cluster is never scaled)."""
     jobqueue = pytest.importorskip("dask_jobqueue")
-    cluster = jobqueue.SLURMCluster(cores=8, processes=2, memory="64GB", walltime="02:00:00", queue="cpu",
-                                    scheduler_options={"dashboard_address": None})
+    cluster = jobqueue.SLURMCluster(
+        cores=8,
+        processes=2,
+        memory="64GB",
+        walltime="02:00:00",
+        queue="cpu",
+        scheduler_options={"dashboard_address": None},
+    )
     try:
         script = cluster.job_script()
         assert "#SBATCH -p cpu" in script
@@ -307,8 +372,11 @@ def test_workers_that_die_are_one_clear_message(tmp_path: Path) -> None:
         client = distributed.Client(cluster)
         eng = DaskEngine(client=client)
         try:
-            with pytest.raises(ForensicsError, match=r"^--engine dask: the workers died running map_sample_chunks "
-                                                     r"\(out of memory, most often\)"):
+            with pytest.raises(
+                ForensicsError,
+                match=r"^--engine dask: the workers died running map_sample_chunks "
+                r"\(out of memory, most often\)",
+            ):
                 eng.map_sample_chunks(samples, ["text"], _die)
         finally:
             client.close()
@@ -327,8 +395,23 @@ def test_an_engine_audit_of_a_plan_without_steps_loads_it_whole_and_says_so(plan
     found = {}
     for engine in ("pandas", "duckdb"):
         out = tmp_path / f"{engine}.json"
-        res = subprocess.run([sys.executable, "-m", "forensics", "audit", str(case), "--engine", engine, "--json",
-                              str(out), "--no-html"], env=env, capture_output=True, text=True)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "forensics",
+                "audit",
+                str(case),
+                "--engine",
+                engine,
+                "--json",
+                str(out),
+                "--no-html",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stderr
         found[engine] = json.loads(out.read_text())
     said = [w for w in found["duckdb"]["warnings"] if "loaded whole, not read on duckdb" in w]
@@ -338,8 +421,9 @@ def test_an_engine_audit_of_a_plan_without_steps_loads_it_whole_and_says_so(plan
 
 
 @pytest.mark.parametrize(("engine", "layout"), TABLE)
-def test_the_rules_view_of_a_plan_reads_the_same_through_every_engine(seeded: dict, engine: str, layout: str,
-                                                                      make_engine) -> None:
+def test_the_rules_view_of_a_plan_reads_the_same_through_every_engine(
+    seeded: dict, engine: str, layout: str, make_engine
+) -> None:
     """What the rules read of a plan (forensics.detect.plan_view): flagged steps' rows, where given samples were
     trained, the tested family and the logged rows a chunk at a time; through an engine as from the table in memory,
     row for row and in the plan's order."""
@@ -371,8 +455,9 @@ def test_the_rules_view_of_a_plan_reads_the_same_through_every_engine(seeded: di
         eng.close()
 
 
-def test_an_engine_audit_of_a_finished_run_reads_the_plan_a_chunk_at_a_time(demo_small: Path, tmp_path: Path,
-                                                                           monkeypatch) -> None:
+def test_an_engine_audit_of_a_finished_run_reads_the_plan_a_chunk_at_a_time(
+    demo_small: Path, tmp_path: Path, monkeypatch
+) -> None:
     """The metrics reach the plan's last step: on DuckDB the rules read the plan in chunks (1,000 rows here, so
     steps span chunks) and hold only a few flagged steps' rows, and the findings are those pandas gives with the
     plan loaded."""
@@ -403,8 +488,9 @@ def test_an_engine_audit_of_a_finished_run_reads_the_plan_a_chunk_at_a_time(demo
     for engine in ("pandas", "duckdb"):
         out = tmp_path / f"{engine}.json"
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            code = main(["audit", str(case), "--engine", engine, "--memory-limit", "2GB", "--json", str(out),
-                         "--no-html"])
+            code = main(
+                ["audit", str(case), "--engine", engine, "--memory-limit", "2GB", "--json", str(out), "--no-html"]
+            )
         assert code == 0
         found[engine] = json.loads(out.read_text())
     n_rows = len(load_plan(case / "plan.parquet"))
@@ -433,9 +519,25 @@ def test_an_engine_audit_rejects_the_bad_rows_pandas_rejects(plan_ahead: Path, t
     plan.to_parquet(case / "plan.parquet", index=False)
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).parents[1]))}
     for engine in ("pandas", "duckdb"):
-        res = subprocess.run([sys.executable, "-m", "forensics", "audit", str(case), "--engine", engine,
-                              "--memory-limit", "2GB", "--no-html", "--json", str(tmp_path / "f.json")], env=env,
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "forensics",
+                "audit",
+                str(case),
+                "--engine",
+                engine,
+                "--memory-limit",
+                "2GB",
+                "--no-html",
+                "--json",
+                str(tmp_path / "f.json"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 2, (engine, res.stderr)
         assert "column 'step' must be >= 0" in res.stderr and "Traceback" not in res.stderr, engine
 

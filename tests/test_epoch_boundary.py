@@ -17,8 +17,9 @@ from forensics.schema import open_case
 EPOCH = 120  # steps per epoch
 
 
-def _loss(epochs: int, jump: float, *, at: int = 0, every: set[int] | None = None, seed: int = 0,
-          extra_spikes: int = 0) -> np.ndarray:
+def _loss(
+    epochs: int, jump: float, *, at: int = 0, every: set[int] | None = None, seed: int = 0, extra_spikes: int = 0
+) -> np.ndarray:
     """A falling loss with noise 0.02; epochs in ``every`` (default all after the first) jump by ``jump`` for three
     steps from ``at`` steps after their start (their hardest batches come first); ``extra_spikes`` spikes of the same
     height land at random steps."""
@@ -26,8 +27,8 @@ def _loss(epochs: int, jump: float, *, at: int = 0, every: set[int] | None = Non
     n = epochs * EPOCH
     s = np.arange(n)
     loss = 3.0 * np.exp(-s / 2000) + rng.normal(0, 0.02, n)
-    for e in (every if every is not None else range(1, epochs)):
-        loss[e * EPOCH + at:e * EPOCH + at + 3] += jump
+    for e in every if every is not None else range(1, epochs):
+        loss[e * EPOCH + at : e * EPOCH + at + 3] += jump
     for i in rng.integers(EPOCH, n - 5, extra_spikes):
         loss[i] += jump
     return loss
@@ -39,12 +40,15 @@ def _run(loss: np.ndarray) -> RunTables:
     return RunTables(metrics=metrics, loss_key="loss", analysed=["loss"])
 
 
-@pytest.mark.parametrize("jump, at, every, expected", [
-    (0.5, 0, None, ([1, 2, 3, 4], 0)),  # every epoch opens on its hardest batches
-    (0.5, 3, None, ([1, 2, 3, 4], 3)),  # a few steps in: the offset says where
-    (0.5, 0, {1, 3}, ([1, 3], 0)),  # half the epochs: at the share
-    (0.5, 0, {2}, None),  # one epoch is not a pattern
-])
+@pytest.mark.parametrize(
+    "jump, at, every, expected",
+    [
+        (0.5, 0, None, ([1, 2, 3, 4], 0)),  # every epoch opens on its hardest batches
+        (0.5, 3, None, ([1, 2, 3, 4], 3)),  # a few steps in: the offset says where
+        (0.5, 0, {1, 3}, ([1, 3], 0)),  # half the epochs: at the share
+        (0.5, 0, {2}, None),  # one epoch is not a pattern
+    ],
+)
 def test_epoch_start_jumps(jump, at, every, expected):
     out = EpochBoundaryRule().detect(_run(_loss(5, jump, at=at, every=every)))
     assert [(f.details["epochs"], f.details["offset"]) for f in out] == ([expected] if expected else [])
@@ -60,7 +64,7 @@ def test_jump_height_boundary(jump, found):
     n = 5 * EPOCH
     loss = 2.0 + 0.01 * np.where(np.arange(n) % 3 < 2, 1.0, -2.0)
     for e in range(1, 5):
-        loss[e * EPOCH:e * EPOCH + 3] += jump
+        loss[e * EPOCH : e * EPOCH + 3] += jump
     out = EpochBoundaryRule(z=4.0).detect(_run(loss))
     assert [f.details["epochs"] for f in out] == ([[1, 2, 3, 4]] if found else [])
 
@@ -109,6 +113,7 @@ def test_hf_run_whose_order_restarts_each_epoch_beside_the_gate(epoch_order_run)
     findings = run_audit(open_case(str(epoch_order_run.out))).findings
     found = [f for f in findings["findings"] if f["kind"] == "epoch_boundary"]
     assert [(f["details"]["epochs"], f["details"]["steps"], f["details"]["offset"], f["severity"]) for f in found] == [
-        ([1, 2, 3, 4], [20, 40, 60, 80], 0, "warning")]
+        ([1, 2, 3, 4], [20, 40, 60, 80], 0, "warning")
+    ]
     assert "The plan agrees: the plan shows each epoch in the same order" in " ".join(found[0]["evidence"])
     assert [f["kind"] for f in findings["findings"] if f["kind"] == "static_plan"] == ["static_plan"]

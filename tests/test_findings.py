@@ -15,22 +15,41 @@ from forensics.errors import ForensicsError
 
 def spike() -> Finding:
     return Finding(
-        kind="spike", step=254, end_step=255, peak_step=254, metric="train/loss", value=4.8, baseline=0.91,
-        score=41.2, severity="critical",
-        tags={"bucket": 5, "bucket_range": "(3296, 8192]", "cluster": np.int64(3), "cluster_name": "code",
-              "epoch": 0},
-        evidence=["train/loss rose to 4.8 at step 254 against a baseline of 0.91"], suspect_samples=[812, 813],
-        next_step="replay step 254", details={"recovery_step": 256, "ratio": np.float64(5.27), "post": math.nan},
+        kind="spike",
+        step=254,
+        end_step=255,
+        peak_step=254,
+        metric="train/loss",
+        value=4.8,
+        baseline=0.91,
+        score=41.2,
+        severity="critical",
+        tags={"bucket": 5, "bucket_range": "(3296, 8192]", "cluster": np.int64(3), "cluster_name": "code", "epoch": 0},
+        evidence=["train/loss rose to 4.8 at step 254 against a baseline of 0.91"],
+        suspect_samples=[812, 813],
+        next_step="replay step 254",
+        details={"recovery_step": 256, "ratio": np.float64(5.27), "post": math.nan},
     )
 
 
 def test_spike_serialises_to_the_flat_keys_of_the_contract():
     d = spike().to_dict()
     assert {k: d[k] for k in ("step", "end_step", "peak_step", "metric", "value", "baseline", "score")} == {
-        "step": 254, "end_step": 255, "peak_step": 254, "metric": "train/loss", "value": 4.8, "baseline": 0.91,
-        "score": 41.2}
+        "step": 254,
+        "end_step": 255,
+        "peak_step": 254,
+        "metric": "train/loss",
+        "value": 4.8,
+        "baseline": 0.91,
+        "score": 41.2,
+    }
     assert {k: d[k] for k in ("bucket", "bucket_range", "cluster", "cluster_name", "epoch")} == {
-        "bucket": 5, "bucket_range": "(3296, 8192]", "cluster": 3, "cluster_name": "code", "epoch": 0}
+        "bucket": 5,
+        "bucket_range": "(3296, 8192]",
+        "cluster": 3,
+        "cluster_name": "code",
+        "epoch": 0,
+    }
     assert d["suspect_samples"] == [812, 813] and d["kind"] == "spike" and d["severity"] == "critical"
     assert type(d["cluster"]) is int and type(d["details"]["ratio"]) is float
 
@@ -38,9 +57,11 @@ def test_spike_serialises_to_the_flat_keys_of_the_contract():
 def test_findings_json_has_the_audit_sections_and_no_nan_tokens():
     nan_step = Finding(kind="nonfinite", step=900, metric="train/loss", value=math.nan, severity="critical")
     inf_step = Finding(kind="nonfinite", step=901, metric="grad_norm", value=math.inf, severity="critical")
-    fs = Findings(items=[inf_step, spike(), nan_step],
-                  sections={"oscillation": {"detected": True, "bucket_variance_share": 0.42}},
-                  warnings=["metric 'train/loss': 1 NaN and 0 inf values kept"])
+    fs = Findings(
+        items=[inf_step, spike(), nan_step],
+        sections={"oscillation": {"detected": True, "bucket_variance_share": 0.42}},
+        warnings=["metric 'train/loss': 1 NaN and 0 inf values kept"],
+    )
     text = fs.to_json()
 
     def no_constants(token):
@@ -58,9 +79,10 @@ def test_findings_json_has_the_audit_sections_and_no_nan_tokens():
 
 
 def test_findings_round_trip_restores_values_including_nan_and_inf():
-    fs = Findings(items=[spike(), Finding(kind="nonfinite", step=7, metric="loss", value=-math.inf,
-                                          severity="critical")],
-                  sections={"plan": {"static": True, "pair_retention": [0.98, math.nan]}})
+    fs = Findings(
+        items=[spike(), Finding(kind="nonfinite", step=7, metric="loss", value=-math.inf, severity="critical")],
+        sections={"plan": {"static": True, "pair_retention": [0.98, math.nan]}},
+    )
     back = Findings.from_json(fs.to_json())
     assert back.to_json() == fs.to_json()  # the read-back copy writes the same file as the original
     (s,) = back.spikes
@@ -73,9 +95,15 @@ def test_findings_round_trip_restores_values_including_nan_and_inf():
 
 def test_empty_findings_still_have_the_required_keys():
     data = json.loads(Findings().to_json())
-    assert data == {"version": FINDINGS_VERSION, "spikes": [], "nonfinite": [],
-                    "oscillation": {"detected": False, "bucket_variance_share": None}, "plan": None,
-                    "findings": [], "warnings": []}
+    assert data == {
+        "version": FINDINGS_VERSION,
+        "spikes": [],
+        "nonfinite": [],
+        "oscillation": {"detected": False, "bucket_variance_share": None},
+        "plan": None,
+        "findings": [],
+        "warnings": [],
+    }
 
 
 def test_a_newer_findings_version_is_refused_with_a_clear_message():

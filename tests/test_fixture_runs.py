@@ -24,15 +24,30 @@ except ModuleNotFoundError:  # Python 3.10
 
 pytestmark = pytest.mark.slow
 
-STEPS = {"clean_grouped": 600, "static_corrupt": 400, "accum2_repaired": 400, "grouped_longest_corrupt": 600,
-         "random_corrupt": 756, "random_accum2_corrupt": 378}
-CHECKPOINTS = {"clean_grouped": [100, 200, 300, 400, 500, 600], "static_corrupt": [100, 200, 300, 400],
-               "accum2_repaired": [100, 200, 300, 400], "grouped_longest_corrupt": [150, 300, 450, 600],
-               "random_corrupt": [126, 252, 378, 504, 630, 756],
-               "random_accum2_corrupt": [63, 126, 189, 252, 315, 378]}
+STEPS = {
+    "clean_grouped": 600,
+    "static_corrupt": 400,
+    "accum2_repaired": 400,
+    "grouped_longest_corrupt": 600,
+    "random_corrupt": 756,
+    "random_accum2_corrupt": 378,
+}
+CHECKPOINTS = {
+    "clean_grouped": [100, 200, 300, 400, 500, 600],
+    "static_corrupt": [100, 200, 300, 400],
+    "accum2_repaired": [100, 200, 300, 400],
+    "grouped_longest_corrupt": [150, 300, 450, 600],
+    "random_corrupt": [126, 252, 378, 504, 630, 756],
+    "random_accum2_corrupt": [63, 126, 189, 252, 315, 378],
+}
 #: Lower bounds of the median loss lift of the corrupted steps (measured: 3.51, 1.60, 1.59, 1.46, 1.22).
-LIFT = {"static_corrupt": 3.0, "accum2_repaired": 1.4, "grouped_longest_corrupt": 1.4, "random_corrupt": 1.3,
-        "random_accum2_corrupt": 1.1}
+LIFT = {
+    "static_corrupt": 3.0,
+    "accum2_repaired": 1.4,
+    "grouped_longest_corrupt": 1.4,
+    "random_corrupt": 1.3,
+    "random_accum2_corrupt": 1.1,
+}
 
 
 def _plan(case) -> pd.DataFrame:
@@ -64,9 +79,16 @@ def test_plan_is_what_compute_loss_received(hf_cases, name):
     assert planned == {s: sorted(rows) for s, rows in observed.items()}
 
 
-@pytest.mark.parametrize("name, size, partial", [
-    ("static_corrupt", 16, {}), ("accum2_repaired", 16, {}), ("clean_grouped", 8, {}),
-    ("random_corrupt", 8, {251: 2, 503: 2, 755: 2}), ("random_accum2_corrupt", 16, {125: 10, 251: 10, 377: 10})])
+@pytest.mark.parametrize(
+    "name, size, partial",
+    [
+        ("static_corrupt", 16, {}),
+        ("accum2_repaired", 16, {}),
+        ("clean_grouped", 8, {}),
+        ("random_corrupt", 8, {251: 2, 503: 2, 755: 2}),
+        ("random_accum2_corrupt", 16, {125: 10, 251: 10, 377: 10}),
+    ],
+)
 def test_each_epoch_ends_on_its_partial_batch(hf_cases, name, size, partial):
     sizes = _plan(hf_cases[name]).groupby("step").size()
     assert sizes[sizes != size].to_dict() == partial
@@ -78,8 +100,11 @@ def test_checkpoints_and_metrics_sources_exist(hf_cases, name):
     assert [int(p.name.split("-")[1]) for p in case.checkpoints] == CHECKPOINTS[name]
     assert all((p / "model.safetensors").exists() and (p / "optimizer.pt").exists() for p in case.checkpoints)
     run = tomllib.loads((case.out / "run.toml").read_text())
-    assert run["metrics"] == ["trainer_state.json", case.tensorboard_runs[0].relative_to(case.out).as_posix(),
-                              case.wandb_runs[0].relative_to(case.out).as_posix()]
+    assert run["metrics"] == [
+        "trainer_state.json",
+        case.tensorboard_runs[0].relative_to(case.out).as_posix(),
+        case.wandb_runs[0].relative_to(case.out).as_posix(),
+    ]
     assert len(list(case.tensorboard_runs[0].glob("events.out.tfevents.*"))) == 1
     assert len(list(case.wandb_runs[0].glob("run-*.wandb"))) == 1
     assert (run["logging_steps"], run["grad_accum"], run["world_size"]) == (1, fx.CASES[name].grad_accum, 1)
@@ -177,6 +202,7 @@ def _fake_build(calls: list, delay: threading.Event | None = None):
         if delay is not None:
             delay.wait(5)
         (out / fx.FIXTURE_FILE).write_text(json.dumps({"corrupt_ids": [3, 1]}))
+
     return build
 
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from forensics.schema import KEY_SEPARATOR, flatten_keys, nested_key
 
-ROW = {"train/loss": 0.5, "opt": {"lr": 1e-3, "grad": {"norm": 2.0}}, "caption": "row 1", "empty": {},
-       "weights": {"_type": "histogram", "values": [1, 2]}, "eval": {"acc": None}}
+ROW = {
+    "train/loss": 0.5,
+    "opt": {"lr": 1e-3, "grad": {"norm": 2.0}},
+    "caption": "row 1",
+    "empty": {},
+    "weights": {"_type": "histogram", "values": [1, 2]},
+    "eval": {"acc": None},
+}
 
 
 def test_nested_keys_join_their_parts_outermost_first():
@@ -17,8 +23,15 @@ def test_nested_keys_join_their_parts_outermost_first():
 
 def test_flatten_keys_keeps_every_leaf_in_first_seen_order_and_drops_empty_mappings():
     flat = flatten_keys(ROW)
-    assert list(flat) == ["train/loss", "opt/lr", "opt/grad/norm", "caption", "weights/_type", "weights/values",
-                          "eval/acc"]
+    assert list(flat) == [
+        "train/loss",
+        "opt/lr",
+        "opt/grad/norm",
+        "caption",
+        "weights/_type",
+        "weights/values",
+        "eval/acc",
+    ]
     assert flat["weights/values"] == [1, 2] and flat["eval/acc"] is None
 
 

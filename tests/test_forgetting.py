@@ -22,8 +22,12 @@ def cases(demo_small: Path) -> dict[str, dict]:
         folder = demo_small / case
         plan, samples = pd.read_parquet(folder / "plan.parquet"), pd.read_parquet(folder / "samples.parquet")
         tagged = tag_case(plan, samples, cluster_by="source")
-        out[case] = {"metrics": pd.read_parquet(folder / "metrics.parquet"), "plan": tagged.plan,
-                     "samples": tagged.samples, "labels": json.loads((folder / "labels.json").read_text())}
+        out[case] = {
+            "metrics": pd.read_parquet(folder / "metrics.parquet"),
+            "plan": tagged.plan,
+            "samples": tagged.samples,
+            "labels": json.loads((folder / "labels.json").read_text()),
+        }
     return out
 
 
@@ -31,8 +35,9 @@ def cases(demo_small: Path) -> dict[str, dict]:
 def test_slope_matches_the_simulators_forgetting_scale(cases, case):
     c = cases[case]
     truth = c["labels"]["forgetting"]
-    sig = forgetting_signature(c["metrics"], c["plan"], c["samples"], tau=truth["tau_steps"],
-                               spikes=c["labels"]["spikes"])
+    sig = forgetting_signature(
+        c["metrics"], c["plan"], c["samples"], tau=truth["tau_steps"], spikes=c["labels"]["spikes"]
+    )
     lo, hi = sig["ci95"]
     assert sig["detected"] is True
     assert lo <= truth["scale"] <= hi  # the simulator's 0.04 lies in the 95% interval

@@ -19,7 +19,8 @@ from forensics.plan.rebuild import rebuild_plan
 from forensics.plan.step_mapping import batches_to_plan
 
 _spec = importlib.util.spec_from_file_location(
-    "bench_gate_classification", Path(__file__).resolve().parents[1] / "bench" / "bench_gate_classification.py")
+    "bench_gate_classification", Path(__file__).resolve().parents[1] / "bench" / "bench_gate_classification.py"
+)
 table = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = table  # dataclasses look their module up there
 _spec.loader.exec_module(table)
@@ -30,8 +31,9 @@ WORDS = {  # the failure kind -> the words the gate must use for it
     "reseeded": "are the same batches in the same order: re-seeded identically every epoch",
     "shuffle_then_sort": "regrouped from the same samples (shuffle then sort)",
 }
-CASES = [(name, mix, n) for n in (2000,) for mix in table.MIXES for name in ROWS] + \
-        [(name, "lognormal", 12_000) for name in ROWS]
+CASES = [(name, mix, n) for n in (2000,) for mix in table.MIXES for name in ROWS] + [
+    (name, "lognormal", 12_000) for name in ROWS
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,7 @@ def samples_of() -> dict:
         if (mix, n) not in cache:
             cache[(mix, n)] = table.make_samples(mix, n)
         return cache[(mix, n)]
+
     return get
 
 
@@ -97,7 +100,7 @@ def test_the_reference_is_hf_length_grouping_under_a_fixed_batch_size():
     pos = pd.Series(np.arange(5000), index=samples["sample_id"])
     lens = capped_lengths(samples)
     for start in range(0, 625, 50):  # each mega-batch of 50 batches is sorted longest first
-        flat = [lens[pos[s]] for b in batches[start:start + 50] for s in b]
+        flat = [lens[pos[s]] for b in batches[start : start + 50] for s in b]
         assert flat == sorted(flat, reverse=True)
     assert length_grouped(samples, 0, 0, token_budget=big, max_batch_size=8) == batches  # pure
     assert length_grouped(samples, 1, 0, token_budget=big, max_batch_size=8) != batches  # fresh each epoch
@@ -119,6 +122,7 @@ def test_limit_is_five_times_the_length_grouped_reference_and_deterministic(samp
     assert lim.pair_retention == pytest.approx(MULTIPLE * lim.reference_pair_retention)
     ref = rebuild_plan(samples, lambda s, e, seed: length_grouped(s, e, seed, max_batch_size=16), 2, 0)
     from forensics.plan.composition import compare_epochs
+
     assert lim.reference_pair_retention == compare_epochs(*index_plan(ref, samples).epochs).pair_retention
     assert "length_grouped (sorted mega-batches of" in lim.how and "finest length grouping" in lim.how
 

@@ -23,29 +23,36 @@ HEALTH = ("divergence", "overfitting", "plateau", "lr_schedule")
 
 def _step_run(n: int, at: int, length: int, high: float, low: float = 2.0) -> np.ndarray:
     v = np.full(n, low)
-    v[at:at + length] = high
+    v[at : at + length] = high
     return v
 
 
-@pytest.mark.parametrize(("at", "length", "high", "onset"), [
-    (200, 50, 3.0, None),     # lasted 49 steps: a rise that came back inside the window
-    (200, 51, 3.0, 200),      # lasted 50 steps: the hold is reached
-    (200, 100, 2.39, None),   # 19.5% above the best level: below rise 0.2
-    (200, 100, 2.41, 200),    # 20.5%
-    (349, 51, 3.0, 349),      # to the end of the run, 50 steps
-    (350, 50, 3.0, None),     # the log ends inside the window: not judged a divergence yet
-])
+@pytest.mark.parametrize(
+    ("at", "length", "high", "onset"),
+    [
+        (200, 50, 3.0, None),  # lasted 49 steps: a rise that came back inside the window
+        (200, 51, 3.0, 200),  # lasted 50 steps: the hold is reached
+        (200, 100, 2.39, None),  # 19.5% above the best level: below rise 0.2
+        (200, 100, 2.41, 200),  # 20.5%
+        (349, 51, 3.0, 349),  # to the end of the run, 50 steps
+        (350, 50, 3.0, None),  # the log ends inside the window: not judged a divergence yet
+    ],
+)
 def test_divergence_boundaries(at, length, high, onset):
     v = _step_run(400, at, length, high)
     hit = find_divergence(np.arange(400), v, rise=0.2, z=6.0, hold=50, window_share=0.01)
     assert (None if hit is None else hit["onset_index"]) == onset
 
 
-@pytest.mark.parametrize(("d", "after", "train_falls", "found"), [
-    (0.039, 3, True, False), (0.041, 3, True, True),   # rise 0.02 of the minimum 2.0 = 0.04
-    (0.1, 2, True, False),                              # two evals after the minimum: min_after 3
-    (0.1, 3, False, False),                             # the train loss rose too: no overfitting
-])
+@pytest.mark.parametrize(
+    ("d", "after", "train_falls", "found"),
+    [
+        (0.039, 3, True, False),
+        (0.041, 3, True, True),  # rise 0.02 of the minimum 2.0 = 0.04
+        (0.1, 2, True, False),  # two evals after the minimum: min_after 3
+        (0.1, 3, False, False),  # the train loss rose too: no overfitting
+    ],
+)
 def test_overfitting_boundaries(d, after, train_falls, found):
     ev = np.array([5.0, 4.0, 3.0, 2.0] + [2.0 + d] * after)
     steps = np.arange(len(ev)) * 100 + 99
@@ -75,18 +82,21 @@ def test_late_plateau_boundary(ratio, problem):
     assert (None if hit is None else hit["problem"]) == problem
 
 
-@pytest.mark.parametrize(("lr", "found"), [
-    ([1.0, 1.0, 1.0, 1.49, 1.49], []),
-    ([1.0, 1.0, 1.0, 1.51, 1.51], [("jump", 3)]),
-    ([0.1, 0.2, 0.3, 0.4, 0.5, 1.0], []),                   # a warm-up: never from a steady rate
-    ([1.0, 1.0, 1.0, 0.09, 0.2, 0.4], [("reset", 3)]),      # below reset_share 0.1, climbing again
-    ([1.0, 1.0, 1.0, 0.11, 0.2, 0.4], []),
-    ([1.0, 1.0, 1.0, 0.05, 0.05, 0.05], []),                 # a drop that stays: no fresh scheduler
-    ([1.0, 1.0], []),                                        # too short to have a step before the change
-    ([1.0, float("nan"), 1.0, 2.0, 2.0], []),                # a rate not logged is never a steady one
-    ([1.0, 1.0, 1.0, float("nan"), 1.6], []),
-    ([0.0, 0.0, 1.0, 1.0, 2.0], [("jump", 4)]),              # from zero: judged once the rate is steady
-])
+@pytest.mark.parametrize(
+    ("lr", "found"),
+    [
+        ([1.0, 1.0, 1.0, 1.49, 1.49], []),
+        ([1.0, 1.0, 1.0, 1.51, 1.51], [("jump", 3)]),
+        ([0.1, 0.2, 0.3, 0.4, 0.5, 1.0], []),  # a warm-up: never from a steady rate
+        ([1.0, 1.0, 1.0, 0.09, 0.2, 0.4], [("reset", 3)]),  # below reset_share 0.1, climbing again
+        ([1.0, 1.0, 1.0, 0.11, 0.2, 0.4], []),
+        ([1.0, 1.0, 1.0, 0.05, 0.05, 0.05], []),  # a drop that stays: no fresh scheduler
+        ([1.0, 1.0], []),  # too short to have a step before the change
+        ([1.0, float("nan"), 1.0, 2.0, 2.0], []),  # a rate not logged is never a steady one
+        ([1.0, 1.0, 1.0, float("nan"), 1.6], []),
+        ([0.0, 0.0, 1.0, 1.0, 2.0], [("jump", 4)]),  # from zero: judged once the rate is steady
+    ],
+)
 def test_schedule_problem_boundaries(lr, found):
     got = schedule_problems(np.arange(len(lr)), np.array(lr), reset_share=0.1, jump=1.5)
     assert [(p["problem"], p["step"]) for p in got] == found
@@ -103,9 +113,19 @@ def audited(tmp_path_factory):
     """findings.json of each generated run (3,000 steps, HF checkpoint-N/ every 250), audited from its case folder."""
     pytest.importorskip("safetensors")
     out = {}
-    for fault, kw in [("clean", {}), ("divergence", {}), ("spike", {}), ("warm_restart", {}), ("not_learning", {}),
-                      ("plateau", {"lr_mode": "zero"}), ("plateau", {"lr_mode": "fine"}), ("overfitting", {}),
-                      ("no_warmup", {}), ("lr_reset", {}), ("lr_jump", {})]:
+    for fault, kw in [
+        ("clean", {}),
+        ("divergence", {}),
+        ("spike", {}),
+        ("warm_restart", {}),
+        ("not_learning", {}),
+        ("plateau", {"lr_mode": "zero"}),
+        ("plateau", {"lr_mode": "fine"}),
+        ("overfitting", {}),
+        ("no_warmup", {}),
+        ("lr_reset", {}),
+        ("lr_jump", {}),
+    ]:
         name = fault + "".join(f"-{v}" for v in kw.values())
         case = write_case(health_run(fault, **kw), tmp_path_factory.mktemp(name), checkpoints="hf")
         out[name] = run_audit(open_case(case)).findings
@@ -113,8 +133,11 @@ def audited(tmp_path_factory):
 
 
 def _health(findings, at_least_warning=False):
-    return [f for f in findings["findings"] if f["kind"] in HEALTH
-            and (not at_least_warning or f["severity"] in ("warning", "critical"))]
+    return [
+        f
+        for f in findings["findings"]
+        if f["kind"] in HEALTH and (not at_least_warning or f["severity"] in ("warning", "critical"))
+    ]
 
 
 def test_clean_control_and_recovering_runs_are_quiet(audited):
@@ -123,7 +146,9 @@ def test_clean_control_and_recovering_runs_are_quiet(audited):
     assert _health(audited["clean"]) == []
     assert audited["clean"]["verdict"] == "No spike and no NaN/inf in train/loss, grad_norm over 3,000 steps."
     assert [(f["details"]["problem"], f["step"]) for f in _health(audited["warm_restart"])] == [
-        ("jump", 1000), ("jump", 2000)]  # the planned restarts are recorded as info
+        ("jump", 1000),
+        ("jump", 2000),
+    ]  # the planned restarts are recorded as info
 
 
 def test_divergence_names_its_onset_and_where_to_resume(audited):
@@ -145,7 +170,11 @@ def test_overfitting_onset_at_the_eval_minimum(audited):
     assert f["run"]["eval_loss_key"] == "eval/loss"
     (o,) = _health(f)
     assert (o["kind"], o["severity"], o["details"]["best_step"], o["details"]["onset_step"]) == (
-        "overfitting", "warning", 2099, 2099)
+        "overfitting",
+        "warning",
+        2099,
+        2099,
+    )
     assert o["details"]["best_checkpoint"].endswith("checkpoint-2000")
 
 
@@ -154,7 +183,11 @@ def test_plateau_and_not_learning_say_the_learning_rate(audited):
     assert (n["severity"], n["details"]["problem"], n["details"]["start_step"]) == ("warning", "not_learning", 0)
     (z,) = _health(audited["plateau-zero"])
     assert (z["severity"], z["details"]["problem"], z["step"], z["details"]["lr_state"]) == (
-        "warning", "plateau", 1950, "zero")
+        "warning",
+        "plateau",
+        1950,
+        "zero",
+    )
     (fine,) = _health(audited["plateau-fine"])  # at a fine rate: the data's floor looks the same, recorded only
     assert (fine["severity"], fine["details"]["lr_state"]) == ("info", "fine")
 
@@ -163,9 +196,11 @@ def test_lr_schedule_problems(audited):
     (w,) = _health(audited["no_warmup"])
     assert (w["severity"], w["details"]["problem"], w["step"]) == ("warning", "no_warmup", 0)
     assert [(f["severity"], f["details"]["problem"], f["step"]) for f in _health(audited["lr_reset"])] == [
-        ("info", "reset", 2010)]
+        ("info", "reset", 2010)
+    ]
     assert [(f["severity"], f["details"]["problem"], f["step"]) for f in _health(audited["lr_jump"])] == [
-        ("info", "jump", 2010)]
+        ("info", "jump", 2010)
+    ]
 
 
 def test_real_trainer_runs_stay_quiet(hf_cases):
@@ -184,8 +219,9 @@ def test_real_public_logs_no_false_divergence(real_logs_dir):
         metrics = read_metrics([real_logs_dir / log])[0]
         cols = metric_columns(metrics)
         loss = str(choose_key(cols, "loss").key)
-        run = RunTables(metrics=metrics, loss_key=loss, analysed=[loss],
-                        eval_loss_key=choose_key(cols, "eval_loss").key)
+        run = RunTables(
+            metrics=metrics, loss_key=loss, analysed=[loss], eval_loss_key=choose_key(cols, "eval_loss").key
+        )
         for rule in (DivergenceRule(), OverfittingRule(), PlateauRule(), LrScheduleRule()):
             assert [(f.kind, f.severity) for f in rule.detect(run, [])] == [], (log, rule.name)
         rule = DivergenceRule()
@@ -212,7 +248,8 @@ def _megatron_excerpt(template: str, losses: list[float], first: int = 7000, eve
 
 @pytest.mark.parametrize("extra_spike, spikes", [(None, []), (33, [7329])])
 def test_a_diverging_megatron_excerpt_is_one_divergence_and_only_spikes_above_its_new_level(
-        real_logs_dir, tmp_path, extra_spike, spikes):
+    real_logs_dir, tmp_path, extra_spike, spikes
+):
     """A Megatron log excerpt (every 10th iteration) whose loss goes from 6.4 to 11.4 and stays: the divergence is
     the one cause; a value at the new level is not a spike against the old one, a jump 1.8x above it still is."""
     template = (real_logs_dir / "bloom-176b-tr11-megatron.log").read_text().splitlines()[0]

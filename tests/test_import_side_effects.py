@@ -30,7 +30,7 @@ def _modules() -> list[str]:
     return sorted(found)
 
 
-STATE = '''
+STATE = """
 import gc, json, os, signal, sys, threading
 
 def state():
@@ -69,13 +69,14 @@ for name in sys.argv[1:]:
         changed[name] = diff
         before = now
 print(json.dumps(changed, default=str))
-'''
+"""
 
 
 def _changes(modules: list[str]) -> dict:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "MKL_", "OPENBLAS_", "NUMBA_"))}
-    done = subprocess.run([sys.executable, "-c", STATE, *modules], capture_output=True, text=True, cwd=ROOT,
-                          env=clean, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", STATE, *modules], capture_output=True, text=True, cwd=ROOT, env=clean, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -86,23 +87,31 @@ def test_importing_any_module_changes_nothing_in_the_process():
     assert _changes(modules) == {}
 
 
-TORCH_THREADS = '''
+TORCH_THREADS = """
 import sys
 for name in sys.argv[1:]:
     __import__(name)
 import torch
 print(torch.get_num_threads(), torch.get_num_interop_threads())
-'''
+"""
 
 
-@pytest.mark.parametrize("module", ["forensics.integrations.hf", "forensics.integrations.torch",
-                                    "forensics.plan.recorder", "forensics"])
+@pytest.mark.parametrize(
+    "module", ["forensics.integrations.hf", "forensics.integrations.torch", "forensics.plan.recorder", "forensics"]
+)
 def test_torch_imported_after_the_recorder_keeps_its_threads(module):
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "MKL_", "OPENBLAS_", "NUMBA_"))}
 
     def threads(*imports: str) -> str:
-        return subprocess.run([sys.executable, "-c", TORCH_THREADS, *imports], capture_output=True, text=True,
-                              cwd=ROOT, env=clean, timeout=300, check=True).stdout.strip()
+        return subprocess.run(
+            [sys.executable, "-c", TORCH_THREADS, *imports],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=clean,
+            timeout=300,
+            check=True,
+        ).stdout.strip()
 
     assert threads(module) == threads()
 
@@ -112,9 +121,25 @@ def test_no_process_outlives_the_command(tmp_path):
     rows = "".join(f'{{"step": {s}, "loss": {2.0 - s / 1000 + (1.5 if s == 300 else 0.0)}}}\n' for s in range(600))
     (tmp_path / "m.jsonl").write_text(rows)
     env = {**os.environ, "FORENSICS_CACHE_DIR": str(tmp_path / "cache"), "FORENSICS_COMPILE_FROM": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "forensics", "audit", "--metrics", str(tmp_path / "m.jsonl"),
-                             "--json", str(tmp_path / "f.json"), "--no-html"], cwd=ROOT, env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "forensics",
+            "audit",
+            "--metrics",
+            str(tmp_path / "m.jsonl"),
+            "--json",
+            str(tmp_path / "f.json"),
+            "--no-html",
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
     assert "compiled the spike detector in" in err  # it did compile: the case a background build once served

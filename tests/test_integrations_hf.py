@@ -85,8 +85,15 @@ def test_resumed_run_continues_the_same_plan(runs):
     by_step = {s: [tokens[i] for i in g["sample_id"]] for s, g in plan.groupby("step")}
     assert all(by_step[s] == second[s] for s in range(40, 60))
     assert all(by_step[s] == first[s] for s in range(40))
-    assert read_rewinds(run.out / "plan") == [{"rank": None, "last_step": 49, "resumed_at": 40, "rows_replaced": 80,
-                                               "sampler": {"epoch": 2, "batch_id": 0, "skipped_data": True}}]
+    assert read_rewinds(run.out / "plan") == [
+        {
+            "rank": None,
+            "last_step": 49,
+            "resumed_at": 40,
+            "rows_replaced": 80,
+            "sampler": {"epoch": 2, "batch_id": 0, "skipped_data": True},
+        }
+    ]
     cfg = tomllib.loads((run.out / "run.toml").read_text())
     assert len([m for m in cfg["metrics"] if m.startswith("runs/")]) == 2
     assert len([m for m in cfg["metrics"] if m.startswith("wandb/")]) == 2
@@ -108,8 +115,9 @@ def test_samples_parquet_holds_the_train_dataset(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "logging_steps", "grad_accum"),
-                         [("static", 1, 1), ("accum2", 1, 2), ("logging5", 5, 1)])
+@pytest.mark.parametrize(
+    ("name", "logging_steps", "grad_accum"), [("static", 1, 1), ("accum2", 1, 2), ("logging5", 5, 1)]
+)
 def test_run_toml_names_the_sources_and_settings(runs, name, logging_steps, grad_accum):
     run = runs[name]
     cfg = tomllib.loads((run.out / "run.toml").read_text())
@@ -134,15 +142,20 @@ def test_corrupted_batch_is_the_spike_at_its_zero_based_step(runs):
     plan = _plan(run)
     corrupt_steps = sorted(plan[plan["sample_id"].isin(run.corrupt_ids)]["step"].unique().tolist())
     assert len(corrupt_steps) == 5  # one static batch, once per epoch
-    assert plan[plan["step"].isin(corrupt_steps)].groupby("step")["sample_id"].apply(
-        lambda s: int(s.isin(run.corrupt_ids).sum())).tolist() == [6] * 5
+    assert (
+        plan[plan["step"].isin(corrupt_steps)]
+        .groupby("step")["sample_id"]
+        .apply(lambda s: int(s.isin(run.corrupt_ids).sum()))
+        .tolist()
+        == [6] * 5
+    )
     table, convention = aligned_table(run.out / "trainer_state.json")
     assert convention.step_offset == 1
     loss = table.set_index("step")["loss"].dropna()
     for epoch, step in enumerate(corrupt_steps):
         if epoch == 0 and step < 8:
             continue  # still learning: everything is high
-        in_epoch = loss.loc[epoch * 20: epoch * 20 + 19]
+        in_epoch = loss.loc[epoch * 20 : epoch * 20 + 19]
         assert in_epoch.idxmax() == step
         assert loss[step] > np.median(in_epoch) + 0.5
 
@@ -152,10 +165,23 @@ def _tiny_trainer(out: Path, rows, report_to="none", **args):
 
     from fixtures.hf_runs import ListDataset, _model, collate
 
-    targs = TrainingArguments(output_dir=str(out), per_device_train_batch_size=4, max_steps=2, report_to=report_to,
-                              use_cpu=True, disable_tqdm=True, save_strategy="no", logging_steps=1, **args)
-    return Trainer(model=_model(), args=targs, train_dataset=rows if not isinstance(rows, list) else ListDataset(rows),
-                   data_collator=collate)
+    targs = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        report_to=report_to,
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+        **args,
+    )
+    return Trainer(
+        model=_model(),
+        args=targs,
+        train_dataset=rows if not isinstance(rows, list) else ListDataset(rows),
+        data_collator=collate,
+    )
 
 
 def test_a_fresh_run_over_an_earlier_plan_is_refused(tmp_path):
@@ -217,9 +243,11 @@ def test_datasets_it_cannot_record_are_refused_before_training(tmp_path):
 def test_import_needs_no_framework():
     import subprocess
 
-    code = ("import sys, forensics.integrations, forensics.integrations.hf, forensics.integrations.lightning, "
-            "forensics.integrations.torch, forensics.sources.step_conventions; "
-            "print(sorted(m for m in ('transformers', 'lightning', 'pytorch_lightning', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, forensics.integrations, forensics.integrations.hf, forensics.integrations.lightning, "
+        "forensics.integrations.torch, forensics.sources.step_conventions; "
+        "print(sorted(m for m in ('transformers', 'lightning', 'pytorch_lightning', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -258,14 +286,38 @@ def test_hf_datasets_tokenizer_and_prefetching_workers(tmp_path):
             self.observed.append((int(self.state.global_step), kept))
             return super().compute_loss(model, inputs, *args, **kwargs)
 
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=tok.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                                       pad_token_id=tok.pad_token_id, bos_token_id=2, eos_token_id=2))
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, num_train_epochs=2,
-                             report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", logging_steps=3,
-                             train_sampling_strategy="group_by_length", dataloader_num_workers=2,
-                             gradient_accumulation_steps=2)
-    trainer = Observing(model=model, args=args, train_dataset=ds, processing_class=tok,
-                        data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=tok.vocab_size,
+            n_positions=64,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=2,
+            eos_token_id=2,
+        )
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_train_epochs=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=3,
+        train_sampling_strategy="group_by_length",
+        dataloader_num_workers=2,
+        gradient_accumulation_steps=2,
+    )
+    trainer = Observing(
+        model=model,
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
+    )
     trainer.observed = []
     record(trainer)
     trainer.train()
@@ -288,10 +340,24 @@ def test_two_processes_each_record_what_their_compute_loss_received(tmp_path, re
     import os
     import subprocess
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(repo_root), os.environ.get(
-        "PYTHONPATH", "")]), WANDB_MODE="disabled", HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "fixtures.hf_ddp", str(tmp_path)]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(repo_root), os.environ.get("PYTHONPATH", "")]),
+        WANDB_MODE="disabled",
+        HF_HUB_OFFLINE="1",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "fixtures.hf_ddp",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     samples = load_samples(tmp_path / "samples.parquet")

@@ -77,7 +77,7 @@ def test_jumpiness_finding_reports_bucket_and_cluster_shares_the_same_online_and
     det = JumpinessDetector()
     det.reset()
     for a in range(0, N, 3_000):
-        assert det.update(metrics.iloc[a: a + 3_000], tags) == []
+        assert det.update(metrics.iloc[a : a + 3_000], tags) == []
     (online,) = det.finish()
     assert online.to_dict() == f.to_dict()
 

@@ -24,8 +24,13 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     """Every forensics module ``name`` imports, at the top or inside functions (not under TYPE_CHECKING)."""
     tree = ast.parse(path.read_text())
     pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    skip = {id(x) for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
-            for x in ast.walk(n) if x is not n.test}
+    skip = {
+        id(x)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+        for x in ast.walk(n)
+        if x is not n.test
+    }
     out: set[str] = set()
     for n in ast.walk(tree):
         if id(n) in skip:
@@ -94,14 +99,24 @@ def _stage(module: str) -> str:
 
 
 def test_detect_reads_tables_not_the_report_or_tagging():
-    bad = {(m, i) for m, deps in _graph().items() if _stage(m) == "detect" for i in deps
-           if _stage(i) in ("report", "tagging")}
+    bad = {
+        (m, i)
+        for m, deps in _graph().items()
+        if _stage(m) == "detect"
+        for i in deps
+        if _stage(i) in ("report", "tagging")
+    }
     assert bad == set()
 
 
 def test_no_product_stage_imports_the_means_to_judge_itself():
-    bad = {(m, i) for m, deps in _graph().items() if _stage(m) in PRODUCT_STAGES for i in deps
-           if _stage(i) in ("datasets", "evaluation")}
+    bad = {
+        (m, i)
+        for m, deps in _graph().items()
+        if _stage(m) in PRODUCT_STAGES
+        for i in deps
+        if _stage(i) in ("datasets", "evaluation")
+    }
     assert bad == set()
 
 
@@ -120,13 +135,23 @@ def test_a_command_imports_only_its_own_module():
     import subprocess
     import sys
 
-    code = ("import sys; from forensics.cli import build_parser; p = build_parser('ingest'); "
-            "print(sorted(m for m in sys.modules if m.startswith(('forensics.', 'sklearn', 'scipy', 'plotly'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=PACKAGE.parent).stdout
+    code = (
+        "import sys; from forensics.cli import build_parser; p = build_parser('ingest'); "
+        "print(sorted(m for m in sys.modules if m.startswith(('forensics.', 'sklearn', 'scipy', 'plotly'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent
+    ).stdout
     assert "forensics.cli.ingest" in out
-    for other in ("forensics.plan", "forensics.tagging", "forensics.datasets", "forensics.cli.audit", "sklearn",
-                  "scipy", "plotly"):
+    for other in (
+        "forensics.plan",
+        "forensics.tagging",
+        "forensics.datasets",
+        "forensics.cli.audit",
+        "sklearn",
+        "scipy",
+        "plotly",
+    ):
         assert f"'{other}" not in out, other
     from forensics.cli import build_parser
 
@@ -144,13 +169,18 @@ def test_the_top_level_holds_only_what_every_stage_imports():
 def test_the_robust_sd_constant_is_read_through_its_helper():
     """``stats.robust_sd`` is the one formula; the compiled spike kernel alone multiplies by the constant itself (a
     compiled loop cannot call a Python helper) and the per-group scales of pandas group-bys name it."""
-    allowed = {"stats/__init__.py", "detect/spikes/kernel.py", "detect/rules/recurrence.py",
-               "detect/evidence/jumpiness.py"}
+    allowed = {
+        "stats/__init__.py",
+        "detect/spikes/kernel.py",
+        "detect/rules/recurrence.py",
+        "detect/evidence/jumpiness.py",
+    }
     users = set()
     for f in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):
             named = (isinstance(node, ast.Name) and node.id == "MAD_TO_SD") or (
-                isinstance(node, ast.Constant) and node.value == 1.4826)
+                isinstance(node, ast.Constant) and node.value == 1.4826
+            )
             if named:
                 users.add(f.relative_to(PACKAGE).as_posix())
     assert "stats/__init__.py" in users  # the walk sees the constant where it is declared

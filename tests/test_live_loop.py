@@ -46,14 +46,20 @@ def _windowed_run_lines(n: int = 900, seed: int = 3) -> list[str]:
     grad[610] *= 8  # the loss never followed
     loss[700:] += 1.2  # a level shift
     loss[810] = np.nan
-    return [json.dumps({"step": int(s), "loss": float(v), "grad_norm": float(g)}) + "\n"
-            for s, v, g in zip(steps, loss, grad)]
+    return [
+        json.dumps({"step": int(s), "loss": float(v), "grad_norm": float(g)}) + "\n"
+        for s, v, g in zip(steps, loss, grad)
+    ]
 
 
 def _comparable(findings: dict) -> dict:
     """What must agree: every finding and every cause, as findings.json writes them."""
-    return {"findings": sorted(findings["findings"], key=lambda f: json.dumps(f, sort_keys=True)),
-            "spikes": findings["spikes"], "nonfinite": findings["nonfinite"], "causes": findings["causes"]}
+    return {
+        "findings": sorted(findings["findings"], key=lambda f: json.dumps(f, sort_keys=True)),
+        "spikes": findings["spikes"],
+        "nonfinite": findings["nonfinite"],
+        "causes": findings["causes"],
+    }
 
 
 def _live(case: Path, lines: list[str], cuts: list[int], first: int, name: str = "metrics.jsonl") -> LiveRun:
@@ -71,8 +77,9 @@ def _live(case: Path, lines: list[str], cuts: list[int], first: int, name: str =
 @pytest.fixture(scope="module")
 def windowed_case(tmp_path_factory) -> tuple[Path, list[str], dict]:
     lines = _windowed_run_lines()
-    case = _lines_case(tmp_path_factory.mktemp("windowed") / "case", lines,
-                       'metrics = ["metrics.jsonl"]\nlogging_steps = 4\n')
+    case = _lines_case(
+        tmp_path_factory.mktemp("windowed") / "case", lines, 'metrics = ["metrics.jsonl"]\nlogging_steps = 4\n'
+    )
     return case, lines, run_audit(open_case(case)).findings
 
 
@@ -96,8 +103,17 @@ def _health_run_lines(seed: int = 5) -> list[str]:
     def row(step: int, shift: float = 0.0) -> str:
         loss = 2.5 - step / 800 + 0.03 * rng.standard_normal() + shift
         loss *= 2.4 if step == 180 else 1.0
-        return json.dumps({"step": step, "loss": float(loss), "grad_norm": float(1 + 0.05 * rng.standard_normal()),
-                           "lr": float(min(1e-3, 1e-3 * (step + 1) / 50))}) + "\n"
+        return (
+            json.dumps(
+                {
+                    "step": step,
+                    "loss": float(loss),
+                    "grad_norm": float(1 + 0.05 * rng.standard_normal()),
+                    "lr": float(min(1e-3, 1e-3 * (step + 1) / 50)),
+                }
+            )
+            + "\n"
+        )
 
     return [row(s) for s in range(0, 320)] + [row(s, 0.4) for s in range(250, 600)]
 
@@ -130,13 +146,16 @@ def test_the_windowed_run_has_what_the_property_compares(windowed_case):
     _, _, offline = windowed_case
     spikes = offline["spikes"]
     assert {s["details"].get("joint") for s in spikes} >= {"led", "accompanied", "none", "loss_response"}
-    assert all(s["details"]["window_steps"] == [s["step"], s["end_step"]]
-               and (s["end_step"] - s["step"] + 1) % 4 == 0 for s in spikes)
+    assert all(
+        s["details"]["window_steps"] == [s["step"], s["end_step"]] and (s["end_step"] - s["step"] + 1) % 4 == 0
+        for s in spikes
+    )
     assert len(offline["causes"]) >= 4 and all(c["key"] for c in offline["causes"])
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                    HealthCheck.too_slow])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(cuts=st.lists(st.integers(1, 899), max_size=7, unique=True), first=st.integers(40, 300))
 def test_live_chunks_give_the_audits_findings_and_causes_windows_and_confidence(windowed_case, cuts, first):
     case, lines, offline = windowed_case
@@ -144,8 +163,12 @@ def test_live_chunks_give_the_audits_findings_and_causes_windows_and_confidence(
     assert _comparable(run.finish()) == _comparable(offline)
 
 
-@settings(max_examples=2, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@settings(
+    max_examples=2,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(cuts=st.lists(st.integers(300, 3400), max_size=5, unique=True), first=st.integers(200, 250))
 def test_live_chunks_of_a_planned_run_give_the_audits_causes_and_keys(demo_case, cuts, first):
     case, lines, offline = demo_case
@@ -158,7 +181,10 @@ def test_the_health_and_real_cases_have_what_the_property_compares(health_case, 
     of its timing fields."""
     _, _, health = health_case
     assert [(f["kind"], f["step"], f["severity"]) for f in health["findings"]] == [
-        ("crash", 599, "critical"), ("restart", 250, "warning"), ("spike", 180, "warning")]
+        ("crash", 599, "critical"),
+        ("restart", 250, "warning"),
+        ("spike", 180, "warning"),
+    ]
     assert [c["key"] for c in health["causes"]] == ["crash:599:-", "restart:250:-", "event:180:-"]
     restart = next(f for f in health["findings"] if f["kind"] == "restart")["details"]
     assert (restart["last_step"], restart["rows_replaced"]) == (319, 70)
@@ -167,8 +193,9 @@ def test_the_health_and_real_cases_have_what_the_property_compares(health_case, 
     assert kinds.count("spike") >= 20 and "nonfinite" in kinds
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                    HealthCheck.too_slow])
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(cuts=st.lists(st.integers(1, 669), max_size=7, unique=True), first=st.integers(40, 330))
 def test_live_chunks_of_a_resumed_run_that_died_give_the_audits_crash_restart_and_spike(health_case, cuts, first):
     """Rows in any chunks, the rewind cut anywhere, then the crash line written after the last row (the job died:
@@ -184,8 +211,9 @@ def test_live_chunks_of_a_resumed_run_that_died_give_the_audits_crash_restart_an
         (case / "slurm-123.out").unlink(missing_ok=True)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@settings(
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(cuts=st.lists(st.integers(1, 20500), max_size=6, unique=True), first=st.integers(300, 3000))
 def test_live_chunks_of_a_real_metrics_only_log_give_the_audits_findings(real_log_case, cuts, first):
     case, lines, offline = real_log_case
@@ -203,7 +231,8 @@ def test_each_cause_is_announced_once_by_its_key_and_a_return_joins_its_cause(de
     assert sum(1 for n in run.new_causes if n.key == c254["key"]) == 1
     batch = ("batch", "event")
     assert {c["key"] for c in run.causes if c["kind"] in batch} == {
-        c["key"] for c in offline["causes"] if c["kind"] in batch}
+        c["key"] for c in offline["causes"] if c["kind"] in batch
+    }
 
 
 def _hf_jsonl_case(out: Path, live: Path) -> tuple[Path, list[str]]:
@@ -211,13 +240,16 @@ def _hf_jsonl_case(out: Path, live: Path) -> tuple[Path, list[str]]:
     JSONL log written as it trains (steps 0-based: HF's ``global_step`` minus 1)."""
     state = json.loads((out / "trainer_state.json").read_text())
     rows = [h for h in state["log_history"] if "loss" in h and "step" in h]
-    lines = [json.dumps({"step": int(h["step"]) - 1, "loss": float(h["loss"]), "grad_norm": float(h["grad_norm"])})
-             + "\n" for h in rows]
+    lines = [
+        json.dumps({"step": int(h["step"]) - 1, "loss": float(h["loss"]), "grad_norm": float(h["grad_norm"])}) + "\n"
+        for h in rows
+    ]
     live.mkdir(parents=True)
     shutil.copytree(out / "plan", live / "plan")
     shutil.copy(out / "samples.parquet", live / "samples.parquet")
-    (live / "run.toml").write_text('metrics = ["metrics.jsonl"]\nplan = "plan"\nsamples = "samples.parquet"\n'
-                                   'max_grad_norm = 1.0\n')
+    (live / "run.toml").write_text(
+        'metrics = ["metrics.jsonl"]\nplan = "plan"\nsamples = "samples.parquet"\nmax_grad_norm = 1.0\n'
+    )
     return live, lines
 
 
@@ -229,8 +261,12 @@ def hf_case(hf_cases, tmp_path_factory) -> tuple[Path, list[str], dict]:
 
 
 @pytest.mark.slow
-@settings(max_examples=2, derandomize=True, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=2,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(cuts=st.lists(st.integers(130, 750), max_size=5, unique=True), first=st.integers(100, 125))
 def test_live_chunks_of_a_real_trainer_run_with_its_plan_give_the_audits_findings(hf_case, cuts, first):
     """The harmful samples, the grad-norm spikes the loss did not follow and the spikes with their suspects: the

@@ -25,30 +25,46 @@ from forensics.schema.keys import (
 
 REPO = Path(__file__).resolve().parents[1]
 MEGATRON_LOG = REPO / "fixtures" / "logs" / "megatron-fp16-overflow.log"
-MEGATRON = ["lm loss", "loss scale", "grad norm", "num zeros", "number of skipped iterations",
-            "number of nan iterations", "learning rate"]
+MEGATRON = [
+    "lm loss",
+    "loss scale",
+    "grad norm",
+    "num zeros",
+    "number of skipped iterations",
+    "number of nan iterations",
+    "learning rate",
+]
 TORCHTITAN = ["loss_metrics/global_avg_loss", "loss_metrics/global_max_loss", "grad_norm", "lr"]
-OLMO_CORE = ["train/CE loss", "train/Z loss", "optim/total grad norm", "optim/LR (group 0)", "optim/step skipped",
-             "optim/update norm"]
+OLMO_CORE = [
+    "train/CE loss",
+    "train/Z loss",
+    "optim/total grad norm",
+    "optim/LR (group 0)",
+    "optim/step skipped",
+    "optim/update norm",
+]
 
 
-@pytest.mark.parametrize(("lookup", "names", "expected"), [
-    (loss_scale_column, MEGATRON, "loss scale"),
-    (loss_scale_column, ["loss", "optimizer/grad_scale"], "optimizer/grad_scale"),
-    (loss_scale_column, TORCHTITAN, None),
-    (skipped_iterations_column, MEGATRON, "number of skipped iterations"),
-    (skipped_iterations_column, OLMO_CORE, "optim/step skipped"),
-    (nan_iterations_column, MEGATRON, "number of nan iterations"),
-    (nan_iterations_column, OLMO_CORE, None),
-    (max_loss_column, TORCHTITAN, "loss_metrics/global_max_loss"),
-    (max_loss_column, MEGATRON, None),
-    (update_norm_column, OLMO_CORE, "optim/update norm"),
-    (update_norm_column, MEGATRON, None),
-    # the loss and grad-norm lookups are not misled by them
-    (find_loss_key, MEGATRON, "lm loss"),
-    (find_loss_key, TORCHTITAN, "loss_metrics/global_avg_loss"),
-    (grad_norm_column, OLMO_CORE, "optim/total grad norm"),
-])
+@pytest.mark.parametrize(
+    ("lookup", "names", "expected"),
+    [
+        (loss_scale_column, MEGATRON, "loss scale"),
+        (loss_scale_column, ["loss", "optimizer/grad_scale"], "optimizer/grad_scale"),
+        (loss_scale_column, TORCHTITAN, None),
+        (skipped_iterations_column, MEGATRON, "number of skipped iterations"),
+        (skipped_iterations_column, OLMO_CORE, "optim/step skipped"),
+        (nan_iterations_column, MEGATRON, "number of nan iterations"),
+        (nan_iterations_column, OLMO_CORE, None),
+        (max_loss_column, TORCHTITAN, "loss_metrics/global_max_loss"),
+        (max_loss_column, MEGATRON, None),
+        (update_norm_column, OLMO_CORE, "optim/update norm"),
+        (update_norm_column, MEGATRON, None),
+        # the loss and grad-norm lookups are not misled by them
+        (find_loss_key, MEGATRON, "lm loss"),
+        (find_loss_key, TORCHTITAN, "loss_metrics/global_avg_loss"),
+        (grad_norm_column, OLMO_CORE, "optim/total grad norm"),
+    ],
+)
 def test_numerics_keys_as_loggers_write_them(lookup, names: list[str], expected: str | None) -> None:
     assert lookup(names) == expected
 
@@ -64,12 +80,15 @@ def _metrics(rows: dict[str, dict[int, float]]) -> pd.DataFrame:
 START = 50
 
 
-@pytest.mark.parametrize(("drop_at", "found"), [
-    (START - LEAD_WINDOW - 1, False),  # just before the window
-    (START - LEAD_WINDOW, True),
-    (START, True),
-    (START + 1, False),  # after the spike's start, every step logged: not before it
-])
+@pytest.mark.parametrize(
+    ("drop_at", "found"),
+    [
+        (START - LEAD_WINDOW - 1, False),  # just before the window
+        (START - LEAD_WINDOW, True),
+        (START, True),
+        (START + 1, False),  # after the spike's start, every step logged: not before it
+    ],
+)
 def test_loss_scale_drop_in_the_window(drop_at: int, found: bool) -> None:
     scale = {s: (65536.0 if s < drop_at else 32768.0) for s in range(30, 70)}
     m = _metrics({"lm loss": {s: 3.0 for s in range(30, 70)}, "loss scale": scale})
@@ -85,17 +104,20 @@ def test_a_rising_loss_scale_is_no_drop() -> None:
     assert loss_scale_drop(m, START) is None
 
 
-@pytest.mark.parametrize(("logged_every", "start", "nan_row", "found"), [
-    (1, START, START, True),
-    (1, START, START + 1, False),
-    (1, START, START - LEAD_WINDOW, True),
-    (1, START, START - LEAD_WINDOW - 1, False),
-    # logged every 10 steps: the row at 60 counts 51-60, so it covers a spike starting at 51; the row at 70 does not
-    (10, 51, 60, True),
-    (10, 51, 70, False),
-    (10, 51, 50, True),
-    (10, 51, 40, False),  # 11 steps ahead of it: past the lead window
-])
+@pytest.mark.parametrize(
+    ("logged_every", "start", "nan_row", "found"),
+    [
+        (1, START, START, True),
+        (1, START, START + 1, False),
+        (1, START, START - LEAD_WINDOW, True),
+        (1, START, START - LEAD_WINDOW - 1, False),
+        # logged every 10 steps: the row at 60 counts 51-60, so it covers a spike starting at 51; the row at 70 does not
+        (10, 51, 60, True),
+        (10, 51, 70, False),
+        (10, 51, 50, True),
+        (10, 51, 40, False),  # 11 steps ahead of it: past the lead window
+    ],
+)
 def test_nan_iterations_in_the_window(logged_every: int, start: int, nan_row: int, found: bool) -> None:
     counts = {s: (1.0 if s == nan_row else 0.0) for s in range(0, 100, logged_every)}
     m = _metrics({"number of nan iterations": counts})
@@ -116,8 +138,12 @@ def test_no_numerics_series_is_none() -> None:
 
 
 def test_worst_rank_against_the_mean() -> None:
-    m = _metrics({"global_avg_loss": {s: 2.0 for s in range(10)},
-                  "global_max_loss": {s: (9.0 if s == 5 else 2.5) for s in range(10)}})
+    m = _metrics(
+        {
+            "global_avg_loss": {s: 2.0 for s in range(10)},
+            "global_max_loss": {s: (9.0 if s == 5 else 2.5) for s in range(10)},
+        }
+    )
     assert log_numerics(m, 5, "global_avg_loss")["max_over_avg"] == pytest.approx(4.5)
 
 

@@ -32,19 +32,31 @@ LOSS_CASES = [
     ("TensorBoard under a run prefix", ["tb/train/loss", "tb/val/loss", "tb/lr"], "tb/train/loss"),
     ("TensorBoard Loss/<split>", ["Loss/val", "Loss/train"], "Loss/train"),
     ("Megatron text log", ["lm loss", "loss scale", "grad norm", "learning rate", "samples per second"], "lm loss"),
-    ("Megatron TensorBoard", ["lm loss vs samples", "lm loss", "loss-scale", "lm loss validation",
-                              "lm loss validation ppl"], "lm loss"),
-    ("Megatron W&B sections", ["lm-loss-validation/lm loss", "lm-loss-training/lm loss",
-                               "lm-loss-training/lm loss vs samples"], "lm-loss-training/lm loss"),
+    (
+        "Megatron TensorBoard",
+        ["lm loss vs samples", "lm loss", "loss-scale", "lm loss validation", "lm loss validation ppl"],
+        "lm loss",
+    ),
+    (
+        "Megatron W&B sections",
+        ["lm-loss-validation/lm loss", "lm-loss-training/lm loss", "lm-loss-training/lm loss vs samples"],
+        "lm-loss-training/lm loss",
+    ),
     ("NeMo", ["reduced_train_loss", "val_loss", "lr", "global_step"], "reduced_train_loss"),
-    ("HF Trainer on W&B", ["train/epoch", "train/grad_norm", "train/learning_rate", "train/loss", "eval/loss"],
-     "train/loss"),
+    (
+        "HF Trainer on W&B",
+        ["train/epoch", "train/grad_norm", "train/learning_rate", "train/loss", "eval/loss"],
+        "train/loss",
+    ),
     ("HF trainer_state.json", ["loss", "grad_norm", "learning_rate", "epoch", "eval_loss"], "loss"),
     ("Keras", ["Loss", "val_Loss", "accuracy"], "Loss"),
     ("Keras TensorBoard", ["train/epoch_loss", "validation/epoch_loss"], "train/epoch_loss"),
     ("upper-case CSV export", ["STEP", "TEST_LOSS", "TRAIN_LOSS"], "TRAIN_LOSS"),
-    ("W&B chart export", ["my-run - train/loss__MIN", "my-run - train/loss", "my-run - train/loss__MAX"],
-     "my-run - train/loss"),
+    (
+        "W&B chart export",
+        ["my-run - train/loss__MIN", "my-run - train/loss", "my-run - train/loss__MAX"],
+        "my-run - train/loss",
+    ),
     ("W&B export, run named test-...", ["test-run - train/loss", "test-run - eval/loss"], "test-run - train/loss"),
     ("modded-nanogpt", ["val_loss", "train_loss", "train_time", "step_avg"], "train_loss"),
     ("camelCase", ["valLoss", "trainLoss"], "trainLoss"),
@@ -84,40 +96,50 @@ def test_grad_norm_key_is_found_as_loggers_write_it(names: list[str], expected: 
     assert grad_norm_column(names) == expected
 
 
-@pytest.mark.parametrize(("names", "expected"), [
-    (["lr", "loss"], "lr"),
-    (["train/learning_rate", "train/loss"], "train/learning_rate"),
-    (["learning rate", "lm loss"], "learning rate"),
-    (["learning-rate vs samples", "learning-rate"], "learning-rate"),
-    (["lr-AdamW", "train_loss_step"], "lr-AdamW"),
-    (["learningRate"], "learningRate"),
-    (["grad_norm", "loss"], None),
-])
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["lr", "loss"], "lr"),
+        (["train/learning_rate", "train/loss"], "train/learning_rate"),
+        (["learning rate", "lm loss"], "learning rate"),
+        (["learning-rate vs samples", "learning-rate"], "learning-rate"),
+        (["lr-AdamW", "train_loss_step"], "lr-AdamW"),
+        (["learningRate"], "learningRate"),
+        (["grad_norm", "loss"], None),
+    ],
+)
 def test_lr_key(names: list[str], expected: str | None) -> None:
     assert lr_column(names) == expected
 
 
-@pytest.mark.parametrize(("names", "expected"), [
-    (["tokens_per_s", "loss"], "tokens_per_s"),
-    (["tokens per second"], "tokens per second"),
-    (["perf/tok/s"], "perf/tok/s"),
-    (["throughput"], "throughput"),
-    (["samples per second", "tokens_per_second"], "tokens_per_second"),  # tokens before samples
-    (["samples per second", "lm loss"], "samples per second"),
-    (["train_time", "step_avg"], None),
-])
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["tokens_per_s", "loss"], "tokens_per_s"),
+        (["tokens per second"], "tokens per second"),
+        (["perf/tok/s"], "perf/tok/s"),
+        (["throughput"], "throughput"),
+        (["samples per second", "tokens_per_second"], "tokens_per_second"),  # tokens before samples
+        (["samples per second", "lm loss"], "samples per second"),
+        (["train_time", "step_avg"], None),
+    ],
+)
 def test_throughput_key(names: list[str], expected: str | None) -> None:
     assert tokens_per_s_column(names) == expected
 
 
-@pytest.mark.parametrize(("names", "role", "tied", "flag"), [
-    (["runA - train/loss", "runB - train/loss"], "loss", ["runA - train/loss", "runB - train/loss"], "--loss-key"),
-    (["loss", "train/loss"], "loss", ["loss", "train/loss"], "--loss-key"),  # two merged sources
-    (["train_loss", "TRAIN_LOSS"], "loss", ["train_loss", "TRAIN_LOSS"], "--loss-key"),
-    (["total_grad_norm", "gradient_norm"], "grad_norm", ["total_grad_norm", "gradient_norm"], "--spike-metric"),
-])
-def test_equally_good_names_warn_naming_both_and_the_flag(names: list[str], role: str, tied: list[str],
-                                                          flag: str) -> None:
+@pytest.mark.parametrize(
+    ("names", "role", "tied", "flag"),
+    [
+        (["runA - train/loss", "runB - train/loss"], "loss", ["runA - train/loss", "runB - train/loss"], "--loss-key"),
+        (["loss", "train/loss"], "loss", ["loss", "train/loss"], "--loss-key"),  # two merged sources
+        (["train_loss", "TRAIN_LOSS"], "loss", ["train_loss", "TRAIN_LOSS"], "--loss-key"),
+        (["total_grad_norm", "gradient_norm"], "grad_norm", ["total_grad_norm", "gradient_norm"], "--spike-metric"),
+    ],
+)
+def test_equally_good_names_warn_naming_both_and_the_flag(
+    names: list[str], role: str, tied: list[str], flag: str
+) -> None:
     choice = choose_key(names, role)
     assert choice.key == tied[0]  # the first in column order, deterministically
     assert list(choice.tied) == tied
@@ -147,11 +169,17 @@ def test_given_key_wins_and_must_exist() -> None:
     choice = choose_key(names, "loss", given="VAL_LOSS")
     assert (choice.key, choice.given, choice.warning) == ("VAL_LOSS", True, None)
     assert find_loss_key(names, "VAL_LOSS") == "VAL_LOSS"
-    with pytest.raises(ForensicsError, match=r"loss key 'train_loss' is not among the metrics \(did you mean "
-                                             r"'TRAIN_LOSS'\?\); the metrics are GLOBAL_STEP, TRAIN_LOSS, VAL_LOSS"):
+    with pytest.raises(
+        ForensicsError,
+        match=r"loss key 'train_loss' is not among the metrics \(did you mean "
+        r"'TRAIN_LOSS'\?\); the metrics are GLOBAL_STEP, TRAIN_LOSS, VAL_LOSS",
+    ):
         find_loss_key(names, "train_loss")
-    with pytest.raises(ForensicsError, match=r"'lm_loss' is not among the metrics \(did you mean 'TRAIN_LOSS', "
-                                             r"'VAL_LOSS'\?\)"):
+    with pytest.raises(
+        ForensicsError,
+        match=r"'lm_loss' is not among the metrics \(did you mean 'TRAIN_LOSS', "
+        r"'VAL_LOSS'\?\)",
+    ):
         find_loss_key(names, "lm_loss")
 
 
@@ -177,39 +205,49 @@ def test_find_column_keeps_its_contract() -> None:
     assert find_column(["loss"], ("grad_norm",), ("gradnorm",)) is None
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("train_loss_step", True),  # the loss key
-    ("gn", True),  # the grad-norm key, whatever its name
-    ("aux_loss", True),
-    ("grad_2.0_norm/net.0.weight", True),
-    ("params-norm", True),
-    ("train_loss_epoch", True),
-    ("val_loss", False),
-    ("eval/loss", False),
-    ("TEST_LOSS", False),
-    ("lm loss validation", False),
-    ("loss-scale", False),
-    ("lr-SGD", False),
-    ("tokens_per_s", False),
-    ("train_time", False),
-    ("epoch", False),
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("train_loss_step", True),  # the loss key
+        ("gn", True),  # the grad-norm key, whatever its name
+        ("aux_loss", True),
+        ("grad_2.0_norm/net.0.weight", True),
+        ("params-norm", True),
+        ("train_loss_epoch", True),
+        ("val_loss", False),
+        ("eval/loss", False),
+        ("TEST_LOSS", False),
+        ("lm loss validation", False),
+        ("loss-scale", False),
+        ("lr-SGD", False),
+        ("tokens_per_s", False),
+        ("train_time", False),
+        ("epoch", False),
+    ],
+)
 def test_training_quantities_per_design(name: str, expected: bool) -> None:
     assert is_training_quantity(name, "train_loss_step", "gn") is expected
 
 
 # --- the losslint cases: non-finite steps, upper-case headers ------------------------------------------------------
 UPPER_CSV = "GLOBAL_STEP,TRAIN_LOSS,VAL_LOSS\n0,2.5,\n1,2.4,\ninf,2.3,\n3,2.2,2.25\nnan,2.1,\n5,2.0,\n"
-INF_JSONL = ('{"step": 0, "loss": 2.5}\n{"step": Infinity, "loss": 2.4}\n{"step": "inf", "loss": 2.3}\n'
-             '{"step": NaN, "loss": 2.2}\n{"step": 4, "loss": 2.1}\n')
+INF_JSONL = (
+    '{"step": 0, "loss": 2.5}\n{"step": Infinity, "loss": 2.4}\n{"step": "inf", "loss": 2.3}\n'
+    '{"step": NaN, "loss": 2.2}\n{"step": 4, "loss": 2.1}\n'
+)
 
 
-@pytest.mark.parametrize(("name", "text", "kept", "bad_lines", "step_key"), [
-    ("steps.csv", UPPER_CSV, [0, 1, 3, 5], [4, 6], "GLOBAL_STEP"),
-    ("steps.jsonl", INF_JSONL, [0, 4], [2, 3, 4], "step"),
-], ids=["csv", "jsonl"])
-def test_nonfinite_step_is_a_skipped_record_with_a_reason(tmp_path: Path, name: str, text: str, kept: list[int],
-                                                         bad_lines: list[int], step_key: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "text", "kept", "bad_lines", "step_key"),
+    [
+        ("steps.csv", UPPER_CSV, [0, 1, 3, 5], [4, 6], "GLOBAL_STEP"),
+        ("steps.jsonl", INF_JSONL, [0, 4], [2, 3, 4], "step"),
+    ],
+    ids=["csv", "jsonl"],
+)
+def test_nonfinite_step_is_a_skipped_record_with_a_reason(
+    tmp_path: Path, name: str, text: str, kept: list[int], bad_lines: list[int], step_key: str
+) -> None:
     path = tmp_path / name
     path.write_text(text)
     metrics, report = read_metrics([path])
@@ -234,16 +272,19 @@ def test_upper_case_headers_audit_end_to_end(tmp_path: Path, capsys: pytest.Capt
 
 def test_ambiguity_reaches_the_audit_warnings(tmp_path: Path) -> None:
     path = tmp_path / "export.csv"
-    path.write_text("Step,runA - train/loss,runB - train/loss\n" + "".join(f"{i},{2 - i / 100},{2.1 - i / 100}\n"
-                                                                           for i in range(20)))
+    path.write_text(
+        "Step,runA - train/loss,runB - train/loss\n"
+        + "".join(f"{i},{2 - i / 100},{2.1 - i / 100}\n" for i in range(20))
+    )
     out = tmp_path / "findings.json"
     assert main(["audit", "--metrics", str(path), "--json", str(out), "--no-html"]) == 0
     findings = json.loads(out.read_text())
     assert findings["run"]["loss_key"] == "runA - train/loss"
     assert findings["run"]["key_choice"]["loss"]["tied"] == ["runA - train/loss", "runB - train/loss"]
     assert any("equally good" in w and "--loss-key" in w for w in findings["warnings"])
-    assert main(["audit", "--metrics", str(path), "--json", str(out), "--no-html",
-                 "--loss-key", "runB - train/loss"]) == 0
+    assert (
+        main(["audit", "--metrics", str(path), "--json", str(out), "--no-html", "--loss-key", "runB - train/loss"]) == 0
+    )
     run = json.loads(out.read_text())["run"]
     assert (run["loss_key"], run["key_choice"]["loss"]["given"]) == ("runB - train/loss", True)
 

@@ -42,8 +42,9 @@ def _jsonl(tmp_path):
 
 def _csv(tmp_path):
     p = tmp_path / "m.csv"
-    rows = ["step,loss,acc"] + [f"{s},{'' if LOSS[s] is None else _text(LOSS[s])},{'' if ACC[s] is None else ACC[s]}"
-                                for s in LOSS]
+    rows = ["step,loss,acc"] + [
+        f"{s},{'' if LOSS[s] is None else _text(LOSS[s])},{'' if ACC[s] is None else ACC[s]}" for s in LOSS
+    ]
     p.write_text("\n".join(rows) + "\n")
     return p
 
@@ -86,9 +87,15 @@ def _wandb(tmp_path):
     from forensics.datasets.wandb_writer import isolated_wandb_env
 
     with isolated_wandb_env(tmp_path):
-        run = wandb.init(dir=str(tmp_path), mode="offline", project="roundtrip",
-                         settings=wandb.Settings(console="off", silent=True, x_disable_stats=True,
-                                                 x_disable_meta=True, disable_git=True), reinit="create_new")
+        run = wandb.init(
+            dir=str(tmp_path),
+            mode="offline",
+            project="roundtrip",
+            settings=wandb.Settings(
+                console="off", silent=True, x_disable_stats=True, x_disable_meta=True, disable_git=True
+            ),
+            reinit="create_new",
+        )
         try:
             for r in _records():
                 run.log({k: v for k, v in r.items() if k != "step"}, step=r["step"])
@@ -103,8 +110,15 @@ def _parquet(tmp_path):
     return write_metrics(table, tmp_path / "m.parquet")
 
 
-WRITERS = {"jsonl": _jsonl, "csv": _csv, "text": _text_log, "json": _json_document, "tensorboard": _tensorboard,
-           "wandb": _wandb, "parquet": _parquet}
+WRITERS = {
+    "jsonl": _jsonl,
+    "csv": _csv,
+    "text": _text_log,
+    "json": _json_document,
+    "tensorboard": _tensorboard,
+    "wandb": _wandb,
+    "parquet": _parquet,
+}
 
 
 def _check(table: pd.DataFrame, exact: bool = True) -> None:
@@ -145,8 +159,9 @@ def test_merge_keeps_an_earlier_value_where_a_later_source_did_not_write(tmp_pat
 
 
 def test_a_plain_float_nan_handed_over_is_a_logged_nan_and_pandas_na_is_not_written():
-    df = pd.DataFrame({"step": [2, 0, 1], "loss": [np.nan, 1.0, 2.0],
-                       "acc": pd.array([0.5, None, 0.7], dtype="Float64")})
+    df = pd.DataFrame(
+        {"step": [2, 0, 1], "loss": [np.nan, 1.0, 2.0], "acc": pd.array([0.5, None, 0.7], dtype="Float64")}
+    )
     out = as_metrics(df)
     assert out["step"].tolist() == [0, 1, 2]
     assert written(out, "loss").all() and math.isnan(metric_values(out, "loss")[2])

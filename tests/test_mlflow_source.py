@@ -20,8 +20,14 @@ mlflow = pytest.importorskip("mlflow")
 
 def _rows(n: int = 120) -> list[dict]:
     rng = np.random.default_rng(7)
-    rows = [{"step": s, "loss": round(3.0 - s / 200 + float(rng.normal(0, 0.01)), 6),
-             "grad_norm": round(1.0 + float(rng.normal(0, 0.05)), 6)} for s in range(n)]
+    rows = [
+        {
+            "step": s,
+            "loss": round(3.0 - s / 200 + float(rng.normal(0, 0.01)), 6),
+            "grad_norm": round(1.0 + float(rng.normal(0, 0.05)), 6),
+        }
+        for s in range(n)
+    ]
     if n > 60:
         rows[60]["loss"] = 9.0
     return rows
@@ -36,8 +42,9 @@ def _log(store: Path, batches: list[list[dict]]) -> str:
     for rows in batches:
         for r in rows:
             t += 1
-            client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, v, t, r["step"]) for k, v in r.items()
-                                              if k != "step"])
+            client.log_batch(
+                run_id, metrics=[mlflow.entities.Metric(k, v, t, r["step"]) for k, v in r.items() if k != "step"]
+            )
     client.set_terminated(run_id)
     return run_id
 
@@ -87,15 +94,19 @@ def test_resume_into_the_same_run_is_a_restart(tmp_path):
     rows = _rows()
     _log(root, [rows[:100], rows[80:]])
     found = run_audit(open_case(None, overrides={"metrics": [str(root)]})).findings
-    assert [(f["details"]["last_step"], f["details"]["resumed_at"]) for f in found["findings"]
-            if f["kind"] == "restart"] == [(99, 80)]
+    assert [
+        (f["details"]["last_step"], f["details"]["resumed_at"]) for f in found["findings"] if f["kind"] == "restart"
+    ] == [(99, 80)]
 
 
-@pytest.mark.parametrize("source, env, message", [
-    ("mlflow:abc", None, "no tracking URI; set MLFLOW_TRACKING_URI or give --mlflow-uri"),
-    ("mlflow:", "x", "names no run"),
-    ("mlflow:0123456789abcdef", "STORE", "MLflow run 0123456789abcdef at file://"),
-])
+@pytest.mark.parametrize(
+    "source, env, message",
+    [
+        ("mlflow:abc", None, "no tracking URI; set MLFLOW_TRACKING_URI or give --mlflow-uri"),
+        ("mlflow:", "x", "names no run"),
+        ("mlflow:0123456789abcdef", "STORE", "MLflow run 0123456789abcdef at file://"),
+    ],
+)
 def test_bad_mlflow_sources(store, monkeypatch, source, env, message):
     root, _ = store
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -120,15 +131,37 @@ def test_audit_cli_reads_a_run_id_with_mlflow_uri(store, tmp_path):
     root, run_id = store
     out = tmp_path / "f.json"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    r = subprocess.run([sys.executable, "-m", "forensics", "audit", "--metrics", f"mlflow:{run_id}", "--mlflow-uri",
-                        str(root), "--json", str(out), "--no-html"], env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "forensics",
+            "audit",
+            "--metrics",
+            f"mlflow:{run_id}",
+            "--mlflow-uri",
+            str(root),
+            "--json",
+            str(out),
+            "--no-html",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     found = json.loads(out.read_text())
     assert (found["run"]["loss_key"], [f["step"] for f in found["findings"] if f["kind"] == "spike"]) == ("loss", [60])
-    bad = subprocess.run([sys.executable, "-m", "forensics", "audit", "--metrics", f"mlflow:{run_id}", "--no-html",
-                          "--json", str(out)], env=env, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "forensics", "audit", "--metrics", f"mlflow:{run_id}", "--no-html", "--json", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert (bad.returncode, bad.stderr.strip().splitlines()[-1].split(";")[0]) == (
-        2, f"forensics: error: MLflow source 'mlflow:{run_id}': no tracking URI")
+        2,
+        f"forensics: error: MLflow source 'mlflow:{run_id}': no tracking URI",
+    )
 
 
 def test_the_live_loop_reads_an_mlflow_run_id(store, monkeypatch):

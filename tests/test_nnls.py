@@ -34,13 +34,16 @@ def test_the_solution_is_scipys(seed: int) -> None:
     assert np.linalg.norm(a @ x - b) <= np.linalg.norm(a @ nnls(a, b)[0] - b) * (1 + 1e-9) + 1e-12
 
 
-@pytest.mark.parametrize(("gram", "moment", "want"), [
-    ([[1.0]], [2.0], [2.0]),              # one free coefficient
-    ([[1.0]], [-2.0], [0.0]),             # held at the bound
-    ([[0.0]], [0.0], [0.0]),              # nothing to fit
-    ([[2.0, 0.0], [0.0, 1.0]], [2.0, -1.0], [1.0, 0.0]),
-    ([[1.0, 1.0], [1.0, 1.0]], [2.0, 2.0], [2.0, 0.0]),  # collinear: the first taken explains it all
-    (np.zeros((0, 0)), np.zeros(0), np.zeros(0)),
-])
+@pytest.mark.parametrize(
+    ("gram", "moment", "want"),
+    [
+        ([[1.0]], [2.0], [2.0]),  # one free coefficient
+        ([[1.0]], [-2.0], [0.0]),  # held at the bound
+        ([[0.0]], [0.0], [0.0]),  # nothing to fit
+        ([[2.0, 0.0], [0.0, 1.0]], [2.0, -1.0], [1.0, 0.0]),
+        ([[1.0, 1.0], [1.0, 1.0]], [2.0, 2.0], [2.0, 0.0]),  # collinear: the first taken explains it all
+        (np.zeros((0, 0)), np.zeros(0), np.zeros(0)),
+    ],
+)
 def test_small_cases_by_hand(gram, moment, want) -> None:
     np.testing.assert_allclose(nnls_normal(np.array(gram), np.array(moment)), want, atol=1e-12)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Modules only numba's refresh imports (its lowering registries), and the one its BLAS probe would.
 REFRESH_ONLY = ("numba.np.npyimpl", "numba.np.arraymath", "numba.cpython.unicode")
 
-LOOP = '''
+LOOP = """
 import numpy as np
 from forensics.compiled.jit import compiled
 
@@ -26,9 +26,9 @@ def running_max(values, out):
             best = values[i]
         out[i] = best
     return best
-'''
+"""
 
-CALL = '''
+CALL = """
 import json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
@@ -39,15 +39,16 @@ best = running_max(values, out)
 print(json.dumps({"best": best, "out": out.tolist(), "hits": sum(running_max.stats.cache_hits.values()),
                   "misses": sum(running_max.stats.cache_misses.values()),
                   "loaded": {m: m in sys.modules for m in WATCHED + ("scipy.linalg",)}}))
-'''.replace("WATCHED", repr(REFRESH_ONLY))
+""".replace("WATCHED", repr(REFRESH_ONLY))
 
 
 def _run(code: str, *args: str, cache: Path | None = None, **extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, **extra}
     if cache is not None:
         env["FORENSICS_CACHE_DIR"] = str(cache)
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=300, check=True)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=True
+    )
 
 
 def test_a_miss_compiles_through_numba_and_a_hit_loads_without_the_refresh(tmp_path):
@@ -66,20 +67,22 @@ def test_a_miss_compiles_through_numba_and_a_hit_loads_without_the_refresh(tmp_p
     assert first["loaded"]["scipy.linalg"] is False
 
 
-AUDIT = '''
+AUDIT = """
 import contextlib, io, json, sys
 from forensics.cli import main
 with contextlib.redirect_stdout(io.StringIO()):
     assert main(["audit", "--metrics", sys.argv[1], "--json", sys.argv[2], "--no-html"]) == 0
 print(json.dumps({m: m in sys.modules for m in WATCHED}))
-'''.replace("WATCHED", repr(REFRESH_ONLY))
+""".replace("WATCHED", repr(REFRESH_ONLY))
 
 
 def test_a_metrics_only_audit_with_warm_caches_never_refreshes_numba(tmp_path):
     """The audit's loops (the spike kernel, compiled whatever the run's length) come from the cache; the findings are
     the compiling run's."""
-    rows = [{"step": s, "loss": 2.0 - s / 400 + (0.02 if s % 3 else -0.02) + (2.5 if s == 300 else 0.0)}
-            for s in range(1, 601)]
+    rows = [
+        {"step": s, "loss": 2.0 - s / 400 + (0.02 if s % 3 else -0.02) + (2.5 if s == 300 else 0.0)}
+        for s in range(1, 601)
+    ]
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = tmp_path / "numba-cache"

@@ -17,8 +17,9 @@ N = 4000
 LEVELS = np.array([0.14, 0.07, 0.02, -0.04, -0.09, -0.14])  # the demo's per-bucket loss levels, shortest first
 
 
-def _run(bucket: np.ndarray, extra: np.ndarray | float = 0.0, noise: str = "gauss", seed: int = 0,
-         sd: float = 0.03) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _run(
+    bucket: np.ndarray, extra: np.ndarray | float = 0.0, noise: str = "gauss", seed: int = 0, sd: float = 0.03
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A loss with a warm-up trend, the bucket's level, ``extra`` and noise; tags with bucket and a cluster."""
     rng = np.random.default_rng(seed)
     s = np.arange(len(bucket))

@@ -16,8 +16,12 @@ from forensics.schema import find_column
 SPIKE = 200
 
 
-def _run(grad_event: dict[int, float] | None = None, lr: np.ndarray | None = None,
-         tps_event: dict[int, float] | None = None, n: int = 300) -> pd.DataFrame:
+def _run(
+    grad_event: dict[int, float] | None = None,
+    lr: np.ndarray | None = None,
+    tps_event: dict[int, float] | None = None,
+    n: int = 300,
+) -> pd.DataFrame:
     """A flat run with a loss spike at SPIKE; ``grad_event`` / ``tps_event`` set values at given steps."""
     rng = np.random.default_rng(0)
     s = np.arange(n)
@@ -29,8 +33,15 @@ def _run(grad_event: dict[int, float] | None = None, lr: np.ndarray | None = Non
     tps = 30_000 * rng.lognormal(0, 0.02, n)
     for step, v in (tps_event or {}).items():
         tps[step] = v
-    return pd.DataFrame({"step": s, "train/loss": loss, "grad_norm": grad,
-                         "lr": lr if lr is not None else np.full(n, 3e-4), "tokens_per_s": tps})
+    return pd.DataFrame(
+        {
+            "step": s,
+            "train/loss": loss,
+            "grad_norm": grad,
+            "lr": lr if lr is not None else np.full(n, 3e-4),
+            "tokens_per_s": tps,
+        }
+    )
 
 
 SPIKE_FINDING = Finding(kind="spike", step=SPIKE, end_step=SPIKE, peak_step=SPIKE, metric="train/loss")
@@ -116,6 +127,7 @@ def test_static_demo_spikes_are_data_led(demo_small: Path):
 
 def test_bloom_grad_norm_leads_its_first_loss_spike(real_logs_dir: Path):
     import forensics.sources as sources
+
     log = real_logs_dir / "bloom-176b-tr11-megatron.log"
     metrics, _ = sources.read_metrics([log])
     (p,) = precedence([Finding(kind="spike", step=31218, metric="lm loss")], metrics)  # printed 31219

@@ -17,17 +17,28 @@ N = 400
 
 
 def test_rank_metrics_from_names():
-    cols = ["loss", "rank0/loss", "rank_1/loss", "step_time/rank-0", "step_time/rank-1", "train/loss_rank2",
-            "train/loss_rank3", "grad_norm/rank0", "ranking/score"]
-    assert rank_metrics(cols) == {"loss": {0: "rank0/loss", 1: "rank_1/loss"},
-                                  "step_time": {0: "step_time/rank-0", 1: "step_time/rank-1"},
-                                  "train/loss": {2: "train/loss_rank2", 3: "train/loss_rank3"}}
+    cols = [
+        "loss",
+        "rank0/loss",
+        "rank_1/loss",
+        "step_time/rank-0",
+        "step_time/rank-1",
+        "train/loss_rank2",
+        "train/loss_rank3",
+        "grad_norm/rank0",
+        "ranking/score",
+    ]
+    assert rank_metrics(cols) == {
+        "loss": {0: "rank0/loss", 1: "rank_1/loss"},
+        "step_time": {0: "step_time/rank-0", 1: "step_time/rank-1"},
+        "train/loss": {2: "train/loss_rank2", 3: "train/loss_rank3"},
+    }
 
 
 @pytest.mark.parametrize("slow_by, factor", [(1.0, 1.0), (1.5, 1.5), (2.0, 2.0)])
 def test_drift_factor_is_the_ratio_to_the_others_over_the_tail(slow_by, factor):
     t = np.full((N, 4), 0.5)
-    t[N // 2:, 2] *= slow_by  # rank 2 slows down half-way
+    t[N // 2 :, 2] *= slow_by  # rank 2 slows down half-way
     factors = drift_factors(pd.DataFrame(t, columns=[0, 1, 2, 3]), tail=0.5)
     assert factors == pytest.approx({0: 1.0, 1: 1.0, 2: factor, 3: 1.0})
 
@@ -50,8 +61,16 @@ def _jsonl(path: Path, time_factor: float, spike_rank: int | None) -> Path:
         if spike_rank is not None and s == 300:
             loss[spike_rank] += 3.0
         time = [0.5 + rng.normal(0, 0.005), (0.5 if s < 200 else 0.5 * time_factor) + rng.normal(0, 0.005)]
-        rows.append({"step": s, "loss": float(np.mean(loss)), "rank0/loss": loss[0], "rank1/loss": loss[1],
-                     "rank0/step_time": time[0], "rank1/step_time": time[1]})
+        rows.append(
+            {
+                "step": s,
+                "loss": float(np.mean(loss)),
+                "rank0/loss": loss[0],
+                "rank1/loss": loss[1],
+                "rank0/step_time": time[0],
+                "rank1/step_time": time[1],
+            }
+        )
     path.write_text("\n".join(map(json.dumps, rows)) + "\n")
     return path
 
@@ -62,8 +81,9 @@ def test_rank_drift_in_an_audit(tmp_path: Path, time_factor, drift):
     # not; rank 0, below its peer, is never named
     src = _jsonl(tmp_path / "m.jsonl", time_factor, None)
     findings = run_audit(open_case(None, overrides={"metrics": [str(src)]})).findings
-    found = sorted((f["details"]["rank"], f["details"]["metric"]) for f in findings["findings"]
-                   if f["kind"] == "rank_drift")
+    found = sorted(
+        (f["details"]["rank"], f["details"]["metric"]) for f in findings["findings"] if f["kind"] == "rank_drift"
+    )
     assert found == drift
     assert parse_fail_on("rank-drift") == ["rank-drift"]
 
@@ -93,8 +113,9 @@ def test_spike_on_some_ranks_from_max_and_average(tmp_path: Path, on_ranks, some
         rows.append({"step": s, "global_avg_loss": float(per_rank.mean()), "global_max_loss": float(per_rank.max())})
     (tmp_path / "m.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
     findings = run_audit(open_case(None, overrides={"metrics": [str(tmp_path / "m.jsonl")]})).findings
-    spikes = [(s["peak_step"], s.get("on_some_ranks", False)) for s in findings["spikes"]
-              if s["metric"] == "global_avg_loss"]
+    spikes = [
+        (s["peak_step"], s.get("on_some_ranks", False)) for s in findings["spikes"] if s["metric"] == "global_avg_loss"
+    ]
     assert spikes == [(300, some)]
 
 
@@ -112,7 +133,16 @@ def test_rank_column_becomes_one_column_per_rank_and_a_drift(tmp_path: Path):
     metrics, report = read_metrics([str(tmp_path / "m.jsonl")])
     assert len(metrics) == N and not report.rewinds
     assert sorted(c for c in metrics.columns if "rank" in c) == [
-        "loss/rank0", "loss/rank1", "loss/rank2", "step_time/rank0", "step_time/rank1", "step_time/rank2"]
+        "loss/rank0",
+        "loss/rank1",
+        "loss/rank2",
+        "step_time/rank0",
+        "step_time/rank1",
+        "step_time/rank2",
+    ]
     findings = run_audit(open_case(None, overrides={"metrics": [str(tmp_path / "m.jsonl")]})).findings
-    assert [(f["details"]["rank"], f["details"]["metric"], round(f["details"]["factor"], 1))
-            for f in findings["findings"] if f["kind"] == "rank_drift"] == [(2, "step_time", 1.5)]
+    assert [
+        (f["details"]["rank"], f["details"]["metric"], round(f["details"]["factor"], 1))
+        for f in findings["findings"]
+        if f["kind"] == "rank_drift"
+    ] == [(2, "step_time", 1.5)]

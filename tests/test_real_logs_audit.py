@@ -10,8 +10,12 @@ from forensics.cli import main
 
 def test_bloom_excerpt_yields_its_spike_and_says_the_grad_norm_led(real_logs_dir, tmp_path, capsys):
     out = tmp_path / "f.json"
-    assert main(["audit", "--metrics", str(real_logs_dir / "bloom-176b-tr11-megatron.log"), "--no-html",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            ["audit", "--metrics", str(real_logs_dir / "bloom-176b-tr11-megatron.log"), "--no-html", "--json", str(out)]
+        )
+        == 0
+    )
     capsys.readouterr()
     findings = json.loads(out.read_text())
     (loss,) = [s for s in findings["spikes"] if s["metric"] == "lm loss"]
@@ -24,8 +28,18 @@ def test_bloom_excerpt_yields_its_spike_and_says_the_grad_norm_led(real_logs_dir
 
 def test_nanogpt_timing_nans_are_info_and_do_not_fail_ci(real_logs_dir, tmp_path, capsys):
     out = tmp_path / "f.json"
-    code = main(["audit", "--metrics", str(real_logs_dir / "modded-nanogpt-1b-adamw.log"), "--no-html",
-                 "--json", str(out), "--fail-on", "nonfinite"])
+    code = main(
+        [
+            "audit",
+            "--metrics",
+            str(real_logs_dir / "modded-nanogpt-1b-adamw.log"),
+            "--no-html",
+            "--json",
+            str(out),
+            "--fail-on",
+            "nonfinite",
+        ]
+    )
     capsys.readouterr()
     findings = json.loads(out.read_text())
     assert code == 0

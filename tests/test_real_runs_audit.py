@@ -28,12 +28,15 @@ def test_audit_of_the_output_folder_needs_no_flag(runs, tmp_path, capsys):
     capsys.readouterr()
     findings = json.loads(out.read_text())
     assert {(s["format"], s["step_offset"], s["convention"]) for s in findings["run"]["sources"]} == {
-        ("json", 1, "hf-trainer"), ("tensorboard", 1, "hf-trainer"), ("wandb", 1, "hf-trainer")}
+        ("json", 1, "hf-trainer"),
+        ("tensorboard", 1, "hf-trainer"),
+        ("wandb", 1, "hf-trainer"),
+    }
     spikes = _loss_spikes(findings, findings["run"]["loss_key"])
     corrupt = _corrupt_steps(run)
     assert set(corrupt) <= set(spikes), (corrupt, sorted(spikes))
     for step in corrupt:
-        assert set(spikes[step]["suspect_samples"][:len(run.corrupt_ids)]) == set(run.corrupt_ids)
+        assert set(spikes[step]["suspect_samples"][: len(run.corrupt_ids)]) == set(run.corrupt_ids)
     (cause,) = [c for c in findings["causes"] if set(corrupt) <= set(c["steps"])]
     assert cause["kind"] == "batch" and "built once" in findings["verdict"]
     assert findings["plan"]["static"] is True and "built_once" in findings["plan"]["failure_kinds"]
@@ -44,8 +47,23 @@ def test_each_source_alone_gives_the_same_steps(runs, tmp_path, capsys, source):
     run = runs["static"]
     path = {"runs": run.tensorboard_runs[-1], "wandb": run.wandb_runs[-1]}.get(source, run.out / source)
     out = tmp_path / "f.json"
-    assert main(["audit", "--metrics", str(path), "--plan", str(run.out / "plan"), "--samples",
-                 str(run.out / "samples.parquet"), "--no-html", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "audit",
+                "--metrics",
+                str(path),
+                "--plan",
+                str(run.out / "plan"),
+                "--samples",
+                str(run.out / "samples.parquet"),
+                "--no-html",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     findings = json.loads(out.read_text())
     assert findings["run"]["sources"][0]["step_offset"] == 1

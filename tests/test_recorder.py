@@ -30,8 +30,9 @@ KEY = ["epoch", "batch_id", "sample_id"]
 
 def _samples(n: int = 160, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({"sample_id": np.arange(n, dtype=np.int64),
-                         "n_tokens": rng.integers(20, 4000, n).astype(np.int32)})
+    return pd.DataFrame(
+        {"sample_id": np.arange(n, dtype=np.int64), "n_tokens": rng.integers(20, 4000, n).astype(np.int32)}
+    )
 
 
 class _IdDataset(torch.utils.data.Dataset):
@@ -89,8 +90,12 @@ def test_two_ranks_with_distributed_sampler_match_the_sampler_logic_and_map_per_
     dataset = _IdDataset(ids)
     for rank in (0, 1):
         rec = PlanRecorder(tmp_path / "plan", rank=rank, flush_every=2)
-        sampler = RecordingSampler(DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=5),
-                                   rec, batch_size=batch_size, sample_ids=ids)
+        sampler = RecordingSampler(
+            DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=5),
+            rec,
+            batch_size=batch_size,
+            sample_ids=ids,
+        )
         loader = DataLoader(dataset, sampler=sampler, batch_size=batch_size)
         for epoch in range(epochs):
             sampler.set_epoch(epoch)
@@ -105,7 +110,7 @@ def test_two_ranks_with_distributed_sampler_match_the_sampler_logic_and_map_per_
             ds = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=5)
             ds.set_epoch(epoch)
             order = list(ds)
-            batches = [[int(ids[i]) for i in order[k:k + batch_size]] for k in range(0, len(order), batch_size)]
+            batches = [[int(ids[i]) for i in order[k : k + batch_size]] for k in range(0, len(order), batch_size)]
             expected.append(batches_to_plan([batches], first_epoch=epoch).assign(rank=rank))
     expected = pd.concat(expected, ignore_index=True)
     cols = ["rank", "epoch", "batch_id", "sample_id"]
@@ -148,8 +153,9 @@ def _expected_batches() -> pd.DataFrame:
 
 def _kill_after(folder: Path, n_batches: int) -> int:
     """Run the child recorder, SIGKILL it once it has recorded ``n_batches``; return how many it had printed."""
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     seen = 0
     try:
         for _ in child.stdout:
@@ -198,7 +204,7 @@ def test_resume_past_the_lost_part_is_reported_as_a_gap(tmp_path):
     flushed = load_plan(folder)[["epoch", "batch_id"]].drop_duplicates().shape[0]
     rec = PlanRecorder(folder, resume=True)
     rec.set_epoch(1, first_batch=printed - 15)  # its checkpoint is after the last consumed batch
-    for batch in np.random.default_rng([7, 1]).permutation(60).reshape(15, 4)[printed - 15:]:
+    for batch in np.random.default_rng([7, 1]).permutation(60).reshape(15, 4)[printed - 15 :]:
         rec.record(batch)
     rec.close()
     plan = load_plan(folder)
@@ -206,7 +212,8 @@ def test_resume_past_the_lost_part_is_reported_as_a_gap(tmp_path):
     assert set(plan.loc[plan["epoch"] == 1, "batch_id"]) == set(range(15)) - lost
     assert lost == {5, 6, 7, 8}
     assert batch_gap_warnings(plan) == [
-        f"plan: epoch 1 misses batch ids {min(lost)}-{max(lost)} (lost by a crashed recorder?)"]
+        f"plan: epoch 1 misses batch ids {min(lost)}-{max(lost)} (lost by a crashed recorder?)"
+    ]
 
 
 def test_parts_are_readable_while_the_run_goes_on(tmp_path):

@@ -19,9 +19,12 @@ from forensics.tagging import tag_case
 def static(demo_small: Path) -> dict:
     folder = demo_small / "static"
     plan, samples = pd.read_parquet(folder / "plan.parquet"), pd.read_parquet(folder / "samples.parquet")
-    return {"plan": plan, "metrics": pd.read_parquet(folder / "metrics.parquet"),
-            "tags": tag_case(plan, samples, cluster_by="source").tags,
-            "labels": json.loads((folder / "labels.json").read_text())}
+    return {
+        "plan": plan,
+        "metrics": pd.read_parquet(folder / "metrics.parquet"),
+        "tags": tag_case(plan, samples, cluster_by="source").tags,
+        "labels": json.loads((folder / "labels.json").read_text()),
+    }
 
 
 def _story_spikes(labels: dict) -> list[dict]:
@@ -99,9 +102,20 @@ def test_bucketed_plan_rebuilds_batches_so_nothing_recurs(demo_small: Path):
 def _tiny() -> tuple[pd.DataFrame, pd.DataFrame]:
     """3 epochs of 4 steps. Batch {1, 2, 3, 4, 5} is at step 1; step 6 holds {1, 2, 3, 4} (Jaccard 0.8), step 9
     holds {1, 2, 3, 4, 5} again, step 11 {1, 2, 3, 9, 10} (Jaccard 3/7: not the same batch)."""
-    batches = {0: [10, 11], 1: [1, 2, 3, 4, 5], 2: [12, 13], 3: [14, 15],
-               4: [10, 12], 5: [11, 13, 5], 6: [1, 2, 3, 4], 7: [14, 15],
-               8: [10, 11], 9: [1, 2, 3, 4, 5], 10: [12, 14], 11: [1, 2, 3, 9, 8]}
+    batches = {
+        0: [10, 11],
+        1: [1, 2, 3, 4, 5],
+        2: [12, 13],
+        3: [14, 15],
+        4: [10, 12],
+        5: [11, 13, 5],
+        6: [1, 2, 3, 4],
+        7: [14, 15],
+        8: [10, 11],
+        9: [1, 2, 3, 4, 5],
+        10: [12, 14],
+        11: [1, 2, 3, 9, 8],
+    }
     rows = [(s, s // 4, i) for s, ids in batches.items() for i in ids]
     plan = pd.DataFrame(rows, columns=["step", "epoch", "sample_id"])
     loss = np.full(12, 1.0)

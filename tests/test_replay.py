@@ -49,8 +49,11 @@ def _copy_case(src: Path, dst: Path, **toml: object) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     for name in ("samples.parquet", "plan.parquet", "metrics.jsonl"):
         shutil.copy(src / name, dst / name)
-    lines = [ln for ln in (src / "run.toml").read_text().splitlines()
-             if ln.split("=")[0].strip() not in toml and not ln.startswith("checkpoints")]
+    lines = [
+        ln
+        for ln in (src / "run.toml").read_text().splitlines()
+        if ln.split("=")[0].strip() not in toml and not ln.startswith("checkpoints")
+    ]
     lines.append(f'checkpoints = "{src / "checkpoints"}"')
     lines += [f"{k} = {json.dumps(v)}" for k, v in toml.items()]
     (dst / "run.toml").write_text("\n".join(lines) + "\n")
@@ -127,8 +130,14 @@ def test_from_findings_reads_loss_spikes(corrupt_run, tmp_path):
     case, labels = corrupt_run
     c = _copy_case(case, tmp_path / "c")
     s = labels["corrupted_steps"][1]
-    (c / "findings.json").write_text(json.dumps({"run": {"loss_key": "train/loss"}, "spikes": [
-        {"metric": "train/loss", "peak_step": s}, {"metric": "grad_norm", "peak_step": 3}]}))
+    (c / "findings.json").write_text(
+        json.dumps(
+            {
+                "run": {"loss_key": "train/loss"},
+                "spikes": [{"metric": "train/loss", "peak_step": s}, {"metric": "grad_norm", "peak_step": 3}],
+            }
+        )
+    )
     res = replay_case(c, ReplayOptions(from_findings=True, controls=3, control_step=False))
     assert [d["step"] for d in res.steps] == [s] and not res.warnings
     assert res.steps[0]["verdict"] == "data"
@@ -182,11 +191,25 @@ def test_safetensors_checkpoints_and_npy_tokens_replay_the_same(corrupt_run, tmp
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in samples["input_ids"]])])
     np.save(tmp_path / "tok.npy", flat)
     np.save(tmp_path / "tok.offsets.npy", offsets)
-    a = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False, control_step=False,
-                                        json_path=str(tmp_path / "a.json")))
-    b = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, control_step=False, checkpoints=str(ck),
-                                        probes=False,
-                                        tokens=str(tmp_path / "tok.npy"), max_tokens_per_forward=64))
+    a = replay_case(
+        case,
+        ReplayOptions(
+            steps=[20], controls=3, earlier=1, probes=False, control_step=False, json_path=str(tmp_path / "a.json")
+        ),
+    )
+    b = replay_case(
+        case,
+        ReplayOptions(
+            steps=[20],
+            controls=3,
+            earlier=1,
+            control_step=False,
+            checkpoints=str(ck),
+            probes=False,
+            tokens=str(tmp_path / "tok.npy"),
+            max_tokens_per_forward=64,
+        ),
+    )
     assert b.steps[0]["replayed"] == pytest.approx(a.steps[0]["replayed"], rel=1e-5)
     assert b.steps[0]["earlier"][0]["checkpoint_step"] == 15
     assert b.forwards > a.forwards  # 64 tokens per forward splits every batch
@@ -207,8 +230,10 @@ def test_one_cluster_update_gets_composition(composition_run):
 def test_unseeded_dropout_gets_nondeterministic(corrupt_run, tmp_path):
     case, labels = corrupt_run
     c = _copy_case(case, tmp_path / "drop", model="fixtures.tiny_lm:tiny_gpt_unseeded")
-    res = replay_case(c, ReplayOptions(steps=[labels["corrupted_steps"][0]], controls=3, mode="train",
-                                       probes=False, control_step=False))
+    res = replay_case(
+        c,
+        ReplayOptions(steps=[labels["corrupted_steps"][0]], controls=3, mode="train", probes=False, control_step=False),
+    )
     (d,) = res.steps
     assert d["verdict"] == "nondeterministic", d["evidence"]
     assert d["determinism"]["equal"] is False and d["determinism"]["max_abs_diff"] > 1e-3
@@ -217,8 +242,10 @@ def test_unseeded_dropout_gets_nondeterministic(corrupt_run, tmp_path):
 
 def test_bf16_second_dtype_agrees_within_tolerance(corrupt_run):
     case, _ = corrupt_run
-    res = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=0, second_dtype="bfloat16", probes=False,
-                                          control_step=False))
+    res = replay_case(
+        case,
+        ReplayOptions(steps=[20], controls=3, earlier=0, second_dtype="bfloat16", probes=False, control_step=False),
+    )
     second = res.steps[0]["determinism"]["second"]
     assert second["dtype"] == "bfloat16" and 0 < second["max_abs_diff"] < 0.1 and second["equal"] is True
 
@@ -231,7 +258,11 @@ def test_dcp_checkpoint_replays_like_the_pt(corrupt_run, tmp_path):
         sd = torch.load(case / "checkpoints" / f"step_{step:06d}.pt", weights_only=True)
         dcp.save({"model": sd["model"]}, checkpoint_id=str(tmp_path / "dcp" / f"step_{step}"))
     a = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False, control_step=False))
-    b = replay_case(case, ReplayOptions(steps=[20], controls=3, earlier=1, probes=False, control_step=False,
-                                        checkpoints=str(tmp_path / "dcp")))
+    b = replay_case(
+        case,
+        ReplayOptions(
+            steps=[20], controls=3, earlier=1, probes=False, control_step=False, checkpoints=str(tmp_path / "dcp")
+        ),
+    )
     assert b.steps[0]["replayed"] == a.steps[0]["replayed"]
     assert b.steps[0]["earlier"] == a.steps[0]["earlier"]

@@ -34,8 +34,17 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("hf-run")
     samples = make_samples(seed=1, n_qa=60, n_code=40).sample(frac=1.0, random_state=0).reset_index(drop=True)
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=128,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        pad_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(config)
 
     class Tokens(Dataset):
@@ -59,9 +68,20 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             return SequentialSampler(self.train_dataset)
 
     args = transformers.TrainingArguments(
-        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=BATCH, learning_rate=3e-3,
-        logging_steps=1, save_steps=4, save_strategy="steps", report_to=[], use_cpu=True, seed=0,
-        dataloader_num_workers=0, disable_tqdm=True, lr_scheduler_type="constant")
+        output_dir=str(out),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        learning_rate=3e-3,
+        logging_steps=1,
+        save_steps=4,
+        save_strategy="steps",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        lr_scheduler_type="constant",
+    )
     trainer = SequentialTrainer(model=model, args=args, train_dataset=Tokens(), data_collator=collate)
     trainer.train()
     trainer.save_state()
@@ -70,8 +90,9 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     plan[plan["step"] < STEPS].astype("int64").to_parquet(out / "plan.parquet", index=False)
     # global_step counts from 1 after the update (docs/concepts.md): step_offset 1, as the HF recorder writes it
     # no 'checkpoints' key: the output folder's own checkpoint-N/ folders are found
-    (out / "run.toml").write_text('metrics = ["trainer_state.json"]\nstep_offset = 1\n'
-                                  "boundaries = [0, 24, 64]\nmax_len = 64\n")
+    (out / "run.toml").write_text(
+        'metrics = ["trainer_state.json"]\nstep_offset = 1\nboundaries = [0, 24, 64]\nmax_len = 64\n'
+    )
     return out
 
 
@@ -98,15 +119,19 @@ def test_model_folder_and_sharded_safetensors_replay_the_same(hf_run, tmp_path):
     folder = tmp_path / "model"
     transformers.GPT2Config.from_pretrained(hf_run / "checkpoint-8").save_pretrained(folder)
     a = replay_case(hf_run, ReplayOptions(steps=[8], controls=3, earlier=0, control_step=False))
-    b = replay_case(hf_run, ReplayOptions(steps=[8], controls=3, earlier=0, control_step=False,
-                                          checkpoints=str(tmp_path / "ck"),
-                                          model=str(folder)))
+    b = replay_case(
+        hf_run,
+        ReplayOptions(
+            steps=[8], controls=3, earlier=0, control_step=False, checkpoints=str(tmp_path / "ck"), model=str(folder)
+        ),
+    )
     assert b.steps[0]["replayed"] == pytest.approx(a.steps[0]["replayed"], rel=1e-6)
 
 
 def test_hf_checkpoint_of_another_architecture_names_the_keys(hf_run, tmp_path, capsys):
-    other = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=32,
-                                                                 n_layer=1, n_head=2))
+    other = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=1, n_head=2)
+    )
     ck = tmp_path / "ck" / "checkpoint-8"
     other.save_pretrained(ck)
     shutil.copy(hf_run / "checkpoint-8" / "config.json", tmp_path / "config.json")  # the run's own config

@@ -92,7 +92,7 @@ def test_from_findings_gives_every_batch_cause_a_verdict_and_the_data_its_sample
     bad = set(hf_cases["static_corrupt"].corrupt_ids)
     d = by[189]
     assert (d["verdict"], d["checkpoint_step"], d["checkpoint"]) == ("data", 100, "before")
-    assert {x["sample_id"] for x in d["samples"][:len(bad)]} == bad and set(d["leave_out"]["sample_ids"]) == bad
+    assert {x["sample_id"] for x in d["samples"][: len(bad)]} == bad and set(d["leave_out"]["sample_ids"]) == bad
     assert d["controls"]["z"] > 10 and d["gradient"]["z"] > 10
     # the table a person reads: integer checkpoints, '-' for none, the logged step beside the canonical one
     assert re.search(r"^\s*189\s+190\s+cause C\d\s+data\s+eval\s+100\s", out, re.M), out
@@ -104,8 +104,12 @@ def test_a_step_before_the_first_checkpoint_gets_a_verdict_from_the_next_one(rep
     by = {d["step"]: d for d in _read(case / "replay" / "replay.json")["steps"]}
     for step, verdict, confidence in ((84, "data", 0.8), (54, "normal", 0.6)):
         d = by[step]
-        assert (d["verdict"], d["checkpoint_step"], d["checkpoint"], d["confidence"]) == (verdict, 100, "after",
-                                                                                           confidence)
+        assert (d["verdict"], d["checkpoint_step"], d["checkpoint"], d["confidence"]) == (
+            verdict,
+            100,
+            "after",
+            confidence,
+        )
         assert f"{100 - step} updates after the step" in d["evidence"][0]
     assert "100 (after)" in out
 
@@ -138,8 +142,9 @@ def test_the_same_batch_with_its_tokens_shifted_by_one_is_not_reproduced(audited
     plan = pd.concat(pd.read_parquet(p) for p in sorted((case / "plan").glob("*.parquet")))
     ids = set(plan.loc[plan["step"] == 300, "sample_id"])
     samples = pd.read_parquet(case / "samples.parquet")
-    shifted = samples["input_ids"].where(~samples["sample_id"].isin(ids),
-                                         samples["input_ids"].map(lambda t: [(int(x) + 1) % len(VOCAB) for x in t]))
+    shifted = samples["input_ids"].where(
+        ~samples["sample_id"].isin(ids), samples["input_ids"].map(lambda t: [(int(x) + 1) % len(VOCAB) for x in t])
+    )
     samples.assign(input_ids=shifted).to_parquet(case / "samples.parquet", index=False)
     assert main(["replay", str(case), "--steps", "300", "--no-control-step", "--no-probes"]) == 0
     (d,) = _read(case / "replay" / "replay.json")["steps"]
@@ -149,8 +154,23 @@ def test_the_same_batch_with_its_tokens_shifted_by_one_is_not_reproduced(audited
 
 def test_steps_as_logged_reads_the_runs_own_numbers(audited, tmp_path, capsys):
     case = _copy(audited, tmp_path / "out")
-    assert main(["replay", str(case), "--steps", "301", "--steps-as", "logged", "--no-control-step", "--no-probes",
-                 "--controls", "3"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(case),
+                "--steps",
+                "301",
+                "--steps-as",
+                "logged",
+                "--no-control-step",
+                "--no-probes",
+                "--controls",
+                "3",
+            ]
+        )
+        == 0
+    )
     (d,) = _read(case / "replay" / "replay.json")["steps"]
     assert (d["step"], d["logged_step"]) == (300, 301)
     assert "logged steps (the run's own numbering): 301 -> canonical 300" in capsys.readouterr().err
@@ -165,7 +185,7 @@ def test_audit_replay_writes_everything_from_the_replayed_evidence(looped):
     cleared = next(c for c in f["causes"] if (c.get("replay") or {}).get("verdict") == "normal")
     assert cleared["severity"] == "info" and cleared["steps"] == [54]
     assert {s["severity"] for s in f["spikes"] if s.get("cause") == cleared["id"]} == {"info"}
-    steps = out[out.index("next steps"):]
+    steps = out[out.index("next steps") :]
     assert "forensics replay" not in steps and "Replay confirms the data" in steps
     assert "cleared by replay: normal at checkpoint 100 (after the step)" in out
     # the report's card shows the verdicts, and its next step is the replayed one
@@ -176,8 +196,16 @@ def test_audit_replay_writes_everything_from_the_replayed_evidence(looped):
 def test_audit_replay_and_a_replay_after_the_audit_give_the_same_findings(looped, replayed):
     def told(path: Path) -> list:
         f = _read(path / "findings.json")
-        return [f["verdict"]] + [(c["id"], c["key"], c["severity"], (c.get("replay") or {}).get("verdict"),
-                                  c["next_step"].replace(str(path), "CASE")) for c in f["causes"]]
+        return [f["verdict"]] + [
+            (
+                c["id"],
+                c["key"],
+                c["severity"],
+                (c.get("replay") or {}).get("verdict"),
+                c["next_step"].replace(str(path), "CASE"),
+            )
+            for c in f["causes"]
+        ]
 
     assert told(looped[0]) == told(replayed[0])
 
@@ -212,7 +240,7 @@ def test_a_model_folder_without_config_falls_back_to_a_checkpoint(audited, tmp_p
 # --- the demo proves itself --------------------------------------------------------------------------------------
 def _commands(summary: str) -> list[str]:
     """The commands the summary's next steps print (between backticks)."""
-    steps = summary[summary.index("next steps"):]
+    steps = summary[summary.index("next steps") :]
     return re.findall(r"`(forensics [^`]+)`", steps)
 
 
@@ -222,8 +250,10 @@ def test_demo_next_steps_run_as_printed_and_the_replay_proves_the_story(demo_sma
     assert main(["audit", "--demo"]) == 0
     commands = _commands(capsys.readouterr().out)
     # one command per cause (each cause's first step and its return), each runnable as printed
-    assert commands == ["forensics replay forensics-demo/static --steps 254,754",
-                        "forensics replay forensics-demo/static --steps 258,1107"]
+    assert commands == [
+        "forensics replay forensics-demo/static --steps 254,754",
+        "forensics replay forensics-demo/static --steps 258,1107",
+    ]
     for command in commands:
         assert main(shlex.split(command)[1:]) == 0, command
     by = {d["step"]: d for d in _read(tmp_path / "forensics-demo/static/replay/replay.json")["steps"]}
@@ -240,8 +270,11 @@ def test_demo_next_steps_run_as_printed_and_the_replay_proves_the_story(demo_sma
     assert set(_commands(again)) == {skip}  # no replay asked again; the way to train without the samples instead
     assert main(shlex.split(skip)[1:]) == 0
     ids = json.loads((tmp_path / "skip.json").read_text())["sample_ids"]
-    confirmed = [c for c in _read(tmp_path / "forensics-demo/static/findings.json")["causes"]
-                 if (c.get("replay") or {}).get("verdict") == "data"]
+    confirmed = [
+        c
+        for c in _read(tmp_path / "forensics-demo/static/findings.json")["causes"]
+        if (c.get("replay") or {}).get("verdict") == "data"
+    ]
     assert len(confirmed) == 2 and all(set(c["replay"]["samples"]) <= set(ids) for c in confirmed)
 
 
@@ -253,8 +286,7 @@ def _stand_in_loss(root: Path, step: int) -> float:
     raise AssertionError(step)
 
 
-def test_hf_run_shows_logged_steps_and_its_printed_replay_command_replays_the_step_it_names(audited, tmp_path,
-                                                                                            capsys):
+def test_hf_run_shows_logged_steps_and_its_printed_replay_command_replays_the_step_it_names(audited, tmp_path, capsys):
     case = _copy(audited, tmp_path / "out")
     assert main(["audit", str(case), "--no-html"]) == 0
     summary = capsys.readouterr().out

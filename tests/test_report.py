@@ -54,9 +54,15 @@ def synthetic_case(n_epochs: int = 3, seed: int = 0, with_nan: bool = False) -> 
     spike_batch = int(np.flatnonzero(cluster[batches].min(axis=1) == 3)[0])
     spike_ids = batches[spike_batch]
     text[int(spike_ids[0])] = f"def f(): return 1  # {SCRIPT_TEXT} & more </script><b>bold?</b>"
-    samples = pd.DataFrame({"sample_id": np.arange(n_samples, dtype=np.int64), "n_tokens": n_tokens,
-                            "text": pd.array(text, dtype="string"), "source": pd.array(sources, dtype="string"),
-                            "cluster": cluster})
+    samples = pd.DataFrame(
+        {
+            "sample_id": np.arange(n_samples, dtype=np.int64),
+            "n_tokens": n_tokens,
+            "text": pd.array(text, dtype="string"),
+            "source": pd.array(sources, dtype="string"),
+            "cluster": cluster,
+        }
+    )
     rows = []
     positions = []  # step of the spike batch in each epoch
     for e in range(n_epochs):
@@ -73,14 +79,22 @@ def synthetic_case(n_epochs: int = 3, seed: int = 0, with_nan: bool = False) -> 
     steps = np.arange(n_steps, dtype=np.int64)
     step_len = plan.groupby("step")["sample_id"].apply(lambda s: n_tokens[s.to_numpy()].mean()).to_numpy()
     bucket = bucket_index(step_len, DEFAULT_BOUNDARIES)
-    step_cluster = plan.assign(c=cluster[plan["sample_id"]]).groupby("step")["c"].agg(
-        lambda c: np.bincount(c).argmax()).to_numpy()
+    step_cluster = (
+        plan.assign(c=cluster[plan["sample_id"]]).groupby("step")["c"].agg(lambda c: np.bincount(c).argmax()).to_numpy()
+    )
     names = {0: "qa what is", 1: "chat hello", 2: "docs <i>api</i>", 3: "code def </script> return"}
-    tags = pd.DataFrame({
-        "step": steps, "epoch": steps // STEPS_PER_EPOCH, "bucket": bucket,
-        "bucket_range": [bucket_range(int(b), DEFAULT_BOUNDARIES) for b in bucket],
-        "cluster": step_cluster, "cluster_name": [names[int(c)] for c in step_cluster],
-        "cluster_entropy": np.zeros(n_steps), "padding_ratio": np.full(n_steps, 0.1)})
+    tags = pd.DataFrame(
+        {
+            "step": steps,
+            "epoch": steps // STEPS_PER_EPOCH,
+            "bucket": bucket,
+            "bucket_range": [bucket_range(int(b), DEFAULT_BOUNDARIES) for b in bucket],
+            "cluster": step_cluster,
+            "cluster_name": [names[int(c)] for c in step_cluster],
+            "cluster_entropy": np.zeros(n_steps),
+            "padding_ratio": np.full(n_steps, 0.1),
+        }
+    )
     loss = 0.9 + 2.0 * np.exp(-steps / 60) + 0.04 * bucket + 0.02 * rng.standard_normal(n_steps)
     loss[list(SPIKE_STEPS)] = [4.5, 5.25]
     grad = 1.0 + 0.1 * rng.standard_normal(n_steps)
@@ -88,33 +102,60 @@ def synthetic_case(n_epochs: int = 3, seed: int = 0, with_nan: bool = False) -> 
     if with_nan:
         loss[2500] = np.nan
         grad[2500] = np.inf
-    metrics = pd.DataFrame({"step": steps, "train/loss": loss, "grad_norm": grad,
-                            "lr": np.minimum(1.0, (steps + 1) / 100) * 3e-4})
+    metrics = pd.DataFrame(
+        {"step": steps, "train/loss": loss, "grad_norm": grad, "lr": np.minimum(1.0, (steps + 1) / 100) * 3e-4}
+    )
     spike_bucket = int(bucket[SPIKE_STEPS[0]])
     spikes = []
     for s, value, score in zip(SPIKE_STEPS, (4.5, 5.25), (41.5, 48.25)):
-        spikes.append({
-            "kind": "spike", "step": s, "end_step": s, "peak_step": s, "metric": "train/loss", "value": value,
-            "baseline": 0.96, "score": score, "suspect_samples": [int(i) for i in spike_ids] if s == 254 else [],
-            "bucket": spike_bucket, "bucket_range": bucket_range(spike_bucket, DEFAULT_BOUNDARIES), "cluster": 3,
-            "cluster_name": names[3],
-            "evidence": [f"loss {value} is {value / 0.96:.1f}x its baseline 0.96 (score {score})"],
-            "next_step": f"Replay step {s} from the checkpoint before it with `forensics replay --step {s}`.",
-            "recurrence": [{"epoch": e, "step": p, "value": float(loss[p])} for e, p in enumerate(positions) if e]
-            if s == 254 else [],
-        })
+        spikes.append(
+            {
+                "kind": "spike",
+                "step": s,
+                "end_step": s,
+                "peak_step": s,
+                "metric": "train/loss",
+                "value": value,
+                "baseline": 0.96,
+                "score": score,
+                "suspect_samples": [int(i) for i in spike_ids] if s == 254 else [],
+                "bucket": spike_bucket,
+                "bucket_range": bucket_range(spike_bucket, DEFAULT_BOUNDARIES),
+                "cluster": 3,
+                "cluster_name": names[3],
+                "evidence": [f"loss {value} is {value / 0.96:.1f}x its baseline 0.96 (score {score})"],
+                "next_step": f"Replay step {s} from the checkpoint before it with `forensics replay --step {s}`.",
+                "recurrence": [{"epoch": e, "step": p, "value": float(loss[p])} for e, p in enumerate(positions) if e]
+                if s == 254
+                else [],
+            }
+        )
     findings = {
         "spikes": spikes,
-        "nonfinite": [{"step": 2500, "metric": "train/loss", "value": float("nan")},
-                      {"step": 2500, "metric": "grad_norm", "value": float("inf")}] if with_nan else [],
+        "nonfinite": [
+            {"step": 2500, "metric": "train/loss", "value": float("nan")},
+            {"step": 2500, "metric": "grad_norm", "value": float("inf")},
+        ]
+        if with_nan
+        else [],
         "oscillation": {"detected": False, "bucket_variance_share": 0.42},
-        "plan": {"static": True, "pair_retention": [1.0] * (n_epochs - 1),
-                 "identical_batches": [1.0] * (n_epochs - 1),
-                 "threshold": {"pair_retention": 0.2, "identical_batches": 0.1, "how": "fixed"}},
+        "plan": {
+            "static": True,
+            "pair_retention": [1.0] * (n_epochs - 1),
+            "identical_batches": [1.0] * (n_epochs - 1),
+            "threshold": {"pair_retention": 0.2, "identical_batches": 0.1, "how": "fixed"},
+        },
         "warnings": ["metric 'train/loss': 1 NaN and 0 inf values kept"] if with_nan else [],
     }
-    return {"findings": findings, "metrics": metrics, "tags": tags, "samples": samples, "plan": plan,
-            "spike_ids": [int(i) for i in spike_ids], "positions": positions}
+    return {
+        "findings": findings,
+        "metrics": metrics,
+        "tags": tags,
+        "samples": samples,
+        "plan": plan,
+        "spike_ids": [int(i) for i in spike_ids],
+        "positions": positions,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +291,7 @@ def test_hostile_sample_text_is_escaped_in_the_page_and_in_the_embedded_json(rep
 
 def test_report_size_stays_flat_as_runs_grow():
     """The figures' payload must not grow with the run: 30k and 300k steps embed about the same data."""
+
     def payload(n: int) -> tuple[int, str]:
         rng = np.random.default_rng(n)
         steps = np.arange(n, dtype=np.int64)
@@ -258,13 +300,33 @@ def test_report_size_stays_flat_as_runs_grow():
         loss[peaks] = 5.0
         metrics = pd.DataFrame({"step": steps, "loss": loss, "grad_norm": 1 + rng.random(n), "lr": np.full(n, 1e-4)})
         bucket = rng.integers(0, 6, n)
-        tags = pd.DataFrame({"step": steps, "epoch": steps * 4 // n, "bucket": bucket,
-                             "bucket_range": [f"b{b}" for b in bucket], "cluster": rng.integers(0, 8, n),
-                             "cluster_name": "c"})
-        findings = {"spikes": [{"step": int(p), "end_step": int(p), "peak_step": int(p), "metric": "loss",
-                                "value": 5.0, "baseline": 1.0, "score": 80.0} for p in peaks],
-                    "nonfinite": [], "oscillation": {"detected": False, "bucket_variance_share": 0.01},
-                    "plan": None}
+        tags = pd.DataFrame(
+            {
+                "step": steps,
+                "epoch": steps * 4 // n,
+                "bucket": bucket,
+                "bucket_range": [f"b{b}" for b in bucket],
+                "cluster": rng.integers(0, 8, n),
+                "cluster_name": "c",
+            }
+        )
+        findings = {
+            "spikes": [
+                {
+                    "step": int(p),
+                    "end_step": int(p),
+                    "peak_step": int(p),
+                    "metric": "loss",
+                    "value": 5.0,
+                    "baseline": 1.0,
+                    "score": 80.0,
+                }
+                for p in peaks
+            ],
+            "nonfinite": [],
+            "oscillation": {"detected": False, "bucket_variance_share": 0.01},
+            "plan": None,
+        }
         html = build_report(findings, metrics, tags)
         return len(html.encode()) - len(get_plotlyjs().encode()), html
 
@@ -283,17 +345,28 @@ def test_spike_cards_show_each_spikes_numbers_batch_and_recurrence(report: str, 
     assert len(cards) == 2
     for card, spike in zip(cards, case["findings"]["spikes"]):
         assert f'data-step="{spike["step"]}"' in card
-        for number in (str(spike["step"]), f"{spike['value']:.4g}", "0.96", f"{spike['score']:.3g}",
-                       f"{spike['value'] / 0.96:.2f}×", spike["bucket_range"]):
+        for number in (
+            str(spike["step"]),
+            f"{spike['value']:.4g}",
+            "0.96",
+            f"{spike['score']:.3g}",
+            f"{spike['value'] / 0.96:.2f}×",
+            spike["bucket_range"],
+        ):
             assert number in card, f"card of step {spike['step']} lacks {number!r}"
         assert "code def &lt;/script&gt; return" in card
         # the suggested next step, its command shown as code
-        assert f"Replay step {spike['step']} from the checkpoint before it with " \
-               f"<code>forensics replay --step {spike['step']}</code>." in card
+        assert (
+            f"Replay step {spike['step']} from the checkpoint before it with "
+            f"<code>forensics replay --step {spike['step']}</code>." in card
+        )
     first = cards[0]
     # the batch: the 4 samples of step 254, the suspects first in their order, each with its length and source
-    sample_cells = re.findall(r"<tr(?: class=\"is-suspect\")?><td>(?:<span class=\"suspect\">#(\d)</span>)?</td>"
-                              r"<td>(\d+)</td><td>(\d*)</td><td class=\"num\">(\d+)</td>", first)
+    sample_cells = re.findall(
+        r"<tr(?: class=\"is-suspect\")?><td>(?:<span class=\"suspect\">#(\d)</span>)?</td>"
+        r"<td>(\d+)</td><td>(\d*)</td><td class=\"num\">(\d+)</td>",
+        first,
+    )
     assert [int(c[1]) for c in sample_cells] == case["spike_ids"]
     assert [c[0] for c in sample_cells] == ["1", "2", "3", "4"]
     assert all(c[2] == "254" for c in sample_cells)
@@ -307,8 +380,10 @@ def test_spike_cards_show_each_spikes_numbers_batch_and_recurrence(report: str, 
 
 def test_report_without_plan_or_tags_still_marks_spikes_and_says_the_plan_is_missing(case: dict):
     findings = dict(case["findings"], plan=None, oscillation={"detected": False})
-    findings["spikes"] = [dict(s, suspect_samples=[], bucket=None, cluster=None, cluster_name=None, recurrence=[])
-                          for s in findings["spikes"]]
+    findings["spikes"] = [
+        dict(s, suspect_samples=[], bucket=None, cluster=None, cluster_name=None, recurrence=[])
+        for s in findings["spikes"]
+    ]
     html = build_report(findings, case["metrics"])
     figs = json.loads(_embedded_json(html))
     assert list(figs) == ["curves"]
@@ -361,11 +436,17 @@ def test_batch_epoch_counts_keep_the_ranks_of_a_multi_rank_plan_apart():
     built once: every rank's batch recurs in all 3 epochs. Merged across ranks by batch_id, the shuffled batch order
     of each rank would pair them differently every epoch and the plan would look rebuilt."""
     rng = np.random.default_rng(0)
-    samples = pd.DataFrame({"sample_id": np.arange(400, dtype=np.int64),
-                            "n_tokens": rng.integers(50, 2000, 400).astype(np.int32)})
+    samples = pd.DataFrame(
+        {"sample_id": np.arange(400, dtype=np.int64), "n_tokens": rng.integers(50, 2000, 400).astype(np.int32)}
+    )
     halves = [samples.iloc[:200].reset_index(drop=True), samples.iloc[200:].reset_index(drop=True)]
-    plan = pd.concat([batches_to_plan([static_sorted(half, e, seed=rank) for e in range(3)]).assign(rank=rank)
-                      for rank, half in enumerate(halves)], ignore_index=True)
+    plan = pd.concat(
+        [
+            batches_to_plan([static_sorted(half, e, seed=rank) for e in range(3)]).assign(rank=rank)
+            for rank, half in enumerate(halves)
+        ],
+        ignore_index=True,
+    )
     rec = batch_epoch_counts(plan)
     assert len(rec) == sum(len(static_sorted(half, 0)) for half in halves)
     assert (rec["n_epochs"] == 3).all()
@@ -409,16 +490,33 @@ def test_bucket_figure_titles_the_findings_share_and_draws_one_line_per_bucket(c
 def test_report_reads_findings_json_as_the_findings_model_writes_it():
     """findings.json from the real model: NaN written as null + value_text, details nested, other kinds listed."""
     import forensics.detect.findings as model
+
     found = model.Findings(
         items=[
-            model.Finding(kind="spike", step=254, end_step=255, peak_step=255, metric="loss", value=4.8,
-                          baseline=0.91, score=41.2, severity="critical",
-                          tags={"bucket": 5, "bucket_range": "(3296, 8192]", "cluster": 3, "cluster_name": "code"},
-                          evidence=["loss 4.8 is 5.3x its baseline 0.91"], next_step="Replay step 254.",
-                          details={"recovery_step": 257, "noise_scale": 0.02}),
+            model.Finding(
+                kind="spike",
+                step=254,
+                end_step=255,
+                peak_step=255,
+                metric="loss",
+                value=4.8,
+                baseline=0.91,
+                score=41.2,
+                severity="critical",
+                tags={"bucket": 5, "bucket_range": "(3296, 8192]", "cluster": 3, "cluster_name": "code"},
+                evidence=["loss 4.8 is 5.3x its baseline 0.91"],
+                next_step="Replay step 254.",
+                details={"recovery_step": 257, "noise_scale": 0.02},
+            ),
             model.Finding(kind="nonfinite", step=900, metric="loss", value=float("nan"), severity="critical"),
-            model.Finding(kind="level_shift", step=600, metric="loss", value=1.4, baseline=0.9,
-                          evidence=["the loss moved from 0.9 to 1.4 and stayed"]),
+            model.Finding(
+                kind="level_shift",
+                step=600,
+                metric="loss",
+                value=1.4,
+                baseline=0.9,
+                evidence=["the loss moved from 0.9 to 1.4 and stayed"],
+            ),
         ],
         sections={"oscillation": {"detected": False, "bucket_variance_share": 0.37}},
     )
@@ -431,8 +529,20 @@ def test_report_reads_findings_json_as_the_findings_model_writes_it():
     loss[900] = np.nan
     html = build_report(findings, pd.DataFrame({"step": steps, "loss": loss}))
     spike = re.search(r'<article class="card finding spike".*?</article>', html, re.S).group(0)
-    for shown in ("Steps 254-255", "4.8", "0.91", "41.2", "5.27×", "(3296, 8192]", "3 · code", "recovered at",
-                  "257", "noise scale", "0.02", "critical"):
+    for shown in (
+        "Steps 254-255",
+        "4.8",
+        "0.91",
+        "41.2",
+        "5.27×",
+        "(3296, 8192]",
+        "3 · code",
+        "recovered at",
+        "257",
+        "noise scale",
+        "0.02",
+        "critical",
+    ):
         assert shown in spike, shown
     nonfinite = re.search(r'<article class="card finding nonfinite".*?</article>', html, re.S).group(0)
     assert "<td>900</td><td>loss</td><td>nan</td>" in nonfinite
@@ -445,26 +555,45 @@ def test_composition_figure_names_the_gates_epoch_pairs():
     """Epochs counted from 1 (or with gaps) keep their names; a missing value stays a gap, not a shift."""
     from forensics.report import composition_figure
 
-    plan_section = {"static": True, "pair_retention": [1.0, None, 0.5], "identical_batches": [1.0, None, 0.2],
-                    "epoch_pairs": [[1, 2], [2, 3], [3, 5]], "threshold": {"pair_retention": 0.1}}
+    plan_section = {
+        "static": True,
+        "pair_retention": [1.0, None, 0.5],
+        "identical_batches": [1.0, None, 0.2],
+        "epoch_pairs": [[1, 2], [2, 3], [3, 5]],
+        "threshold": {"pair_retention": 0.1},
+    }
     fig = composition_figure({"plan": plan_section})
     bars = [t for t in fig.data if t.type == "bar"]
     assert list(bars[0].x) == ["1→2", "2→3", "3→5"]
     assert list(bars[0].y) == [1.0, None, 0.5]
 
 
-@pytest.mark.parametrize(("steps", "expected"), [
-    # the same remedy for three single steps: one line naming them all, logged numbers kept
-    (["Record the plan to name the batch of step 5 (logged 6).", "Record the plan to name the batch of step 9 "
-      "(logged 10)."], ["Record the plan to name the batch of steps 5 and 9 (logged 6, 10)."]),
-    # different remedies stay apart, in their order
-    (["Inspect samples 1, 2 at step 5.", "Replay step 9."], ["Inspect samples 1, 2 at step 5.", "Replay step 9."]),
-    # a step range or two steps in one line is never folded
-    (["A of steps 4-6.", "A of steps 7-9."], ["A of steps 4-6.", "A of steps 7-9."]),
-    (["A of step 1 and step 2.", "A of step 3 and step 4."], ["A of step 1 and step 2.", "A of step 3 and step 4."]),
-    # a step without a logged number
-    (["Record step 30001.", "Record step 100001.", "Record step 60001."], ["Record steps 30001, 60001 and 100001."]),
-])
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        # the same remedy for three single steps: one line naming them all, logged numbers kept
+        (
+            [
+                "Record the plan to name the batch of step 5 (logged 6).",
+                "Record the plan to name the batch of step 9 (logged 10).",
+            ],
+            ["Record the plan to name the batch of steps 5 and 9 (logged 6, 10)."],
+        ),
+        # different remedies stay apart, in their order
+        (["Inspect samples 1, 2 at step 5.", "Replay step 9."], ["Inspect samples 1, 2 at step 5.", "Replay step 9."]),
+        # a step range or two steps in one line is never folded
+        (["A of steps 4-6.", "A of steps 7-9."], ["A of steps 4-6.", "A of steps 7-9."]),
+        (
+            ["A of step 1 and step 2.", "A of step 3 and step 4."],
+            ["A of step 1 and step 2.", "A of step 3 and step 4."],
+        ),
+        # a step without a logged number
+        (
+            ["Record step 30001.", "Record step 100001.", "Record step 60001."],
+            ["Record steps 30001, 60001 and 100001."],
+        ),
+    ],
+)
 def test_next_steps_asking_the_same_of_single_steps_fold_into_one(steps, expected):
     from forensics.report.summary import _next_steps
 
@@ -480,21 +609,35 @@ def test_report_top_shares_the_dashboards_strip_and_tables():
     findings = dict(case["findings"])
     last = int(case["metrics"]["step"].iloc[-1])
     findings["causes"] = [
-        {"id": "C1", "kind": "batch", "severity": "warning", "steps": [254], "logged_steps": [254],
-         "summary": "spike <script>x</script> at 254: detail"},
-        {"id": "C2", "kind": "crash", "severity": "critical", "steps": [last], "logged_steps": [last],
-         "summary": "CUDA out of memory", "replay": {"verdict": "data"}},
+        {
+            "id": "C1",
+            "kind": "batch",
+            "severity": "warning",
+            "steps": [254],
+            "logged_steps": [254],
+            "summary": "spike <script>x</script> at 254: detail",
+        },
+        {
+            "id": "C2",
+            "kind": "crash",
+            "severity": "critical",
+            "steps": [last],
+            "logged_steps": [last],
+            "summary": "CUDA out of memory",
+            "replay": {"verdict": "data"},
+        },
     ]
     findings["harmful_samples"] = [
         {"sample_id": 7, "appearances": 2, "steps": [3, 9], "effect": 0.4, "q": 0.01, "reason": "r"},
-        {"sample_id": 8, "appearances": 2, "steps": [3, 9], "effect": 0.4, "q": 0.02, "reason": "r"}]
+        {"sample_id": 8, "appearances": 2, "steps": [3, 9], "effect": 0.4, "q": 0.02, "reason": "r"},
+    ]
     html = build_report(findings, case["metrics"])
     assert "■ CRITICAL</span> <span>crash cause C2 at steps " in html
     assert "causes: 1 ■ critical, 1 ▲ warning, 0 ● info" in html
-    body = html[html.index('id="causes-table"'):html.index("</table>", html.index('id="causes-table"'))]
+    body = html[html.index('id="causes-table"') : html.index("</table>", html.index('id="causes-table"'))]
     rows = re.findall(r"<tr><td>(C\d)</td><td[^>]*>([^<]+)</td><td>([^<]+)</td><td>([^<]+)</td>", body)
     assert rows == [("C2", "■ critical", "crash", str(last)), ("C1", "▲ warning", "batch", "254")]
-    assert "<th data-col=\"5\">replay verdict</th>" in body and "cause class" not in body
+    assert '<th data-col="5">replay verdict</th>' in body and "cause class" not in body
     assert "spike &lt;script&gt;x&lt;/script&gt; at 254</td>" in body and "<script>x" not in body
-    samples = html[html.index('id="samples-table"'):html.index("</table>", html.index('id="samples-table"'))]
+    samples = html[html.index('id="samples-table"') : html.index("</table>", html.index('id="samples-table"'))]
     assert samples.count("<tr><td>") == 1 and "<td>7, 8</td><td>2</td><td>+40%</td>" in samples

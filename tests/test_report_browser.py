@@ -20,8 +20,9 @@ SCRIPT_TEXT = "<script>alert(1)</script>"
 @pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium) "
-                    "to run the browser test")
+        pytest.skip(
+            f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium) to run the browser test"
+        )
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"], timeout=30_000)
@@ -41,15 +42,15 @@ def test_report_renders_offline_in_chromium_with_hostile_text_shown_as_text(brow
     errors: list[str] = []
     dialogs: list[str] = []
     requests: list[str] = []
-    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type in ("error", "warning")
-            else None)
+    page.on(
+        "console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type in ("error", "warning") else None
+    )
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.on("request", lambda r: requests.append(r.url))
     page.set_default_timeout(15_000)
     page.goto(path.as_uri(), wait_until="load")
-    page.wait_for_function(
-        f"document.querySelectorAll('.js-plotly-plot').length === {n_figures}", timeout=15_000)
+    page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length === {n_figures}", timeout=15_000)
 
     # every figure drew an SVG with its traces
     assert page.locator(".js-plotly-plot").count() == n_figures == 5
@@ -62,8 +63,10 @@ def test_report_renders_offline_in_chromium_with_hostile_text_shown_as_text(brow
     assert page.locator(".main-svg").count() >= n_figures
     # the short run is drawn step by step (line and bucket markers), with both spikes marked where the findings put them
     assert page.locator("#fig-curves .scatterlayer .trace .point").count() > 2000
-    spike_x = page.evaluate("document.getElementById('fig-curves').data.filter(t => t.name.startsWith('spike ('))"
-                            ".flatMap(t => Array.from(t.x))")
+    spike_x = page.evaluate(
+        "document.getElementById('fig-curves').data.filter(t => t.name.startsWith('spike ('))"
+        ".flatMap(t => Array.from(t.x))"
+    )
     assert spike_x == [254, 258]
     assert errors == [], errors
     assert dialogs == [], "a script from the dataset ran"
@@ -83,8 +86,10 @@ def test_report_renders_offline_in_chromium_with_hostile_text_shown_as_text(brow
 
     # the card's button zooms the curves onto its spike
     page.locator('article[data-step="254"] button.zoom').click()
-    page.wait_for_function("(() => { const r = document.getElementById('fig-curves').layout.xaxis.range;"
-                           " return r && r[1] - r[0] < 200; })()")
+    page.wait_for_function(
+        "(() => { const r = document.getElementById('fig-curves').layout.xaxis.range;"
+        " return r && r[1] - r[0] < 200; })()"
+    )
     x0, x1 = page.evaluate("document.getElementById('fig-curves').layout.xaxis.range")
     assert x0 < 254 < x1 and x1 - x0 < 200
 

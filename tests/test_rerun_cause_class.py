@@ -69,21 +69,24 @@ def test_every_class_has_an_action_naming_the_checkpoint() -> None:
     assert "before it" in action("hardware", 3, None)
 
 
-@pytest.mark.parametrize(("name", "group"), [
-    ("transformer.wte.weight", "embeddings"),
-    ("transformer.wpe.weight", "embeddings"),
-    ("model.embed_tokens.weight", "embeddings"),
-    ("transformer.h.0.attn.c_attn.weight", "block.0.attn"),
-    ("transformer.h.11.attn.c_proj.bias", "block.11.attn"),
-    ("transformer.h.1.mlp.c_fc.weight", "block.1.mlp"),
-    ("model.layers.3.self_attn.q_proj.weight", "block.3.attn"),
-    ("model.layers.3.mlp.down_proj.weight", "block.3.mlp"),
-    ("transformer.h.0.ln_1.weight", "norms"),
-    ("transformer.ln_f.bias", "norms"),
-    ("model.layers.2.input_layernorm.weight", "norms"),
-    ("model.norm.weight", "norms"),
-    ("lm_head.weight", "head"),
-])
+@pytest.mark.parametrize(
+    ("name", "group"),
+    [
+        ("transformer.wte.weight", "embeddings"),
+        ("transformer.wpe.weight", "embeddings"),
+        ("model.embed_tokens.weight", "embeddings"),
+        ("transformer.h.0.attn.c_attn.weight", "block.0.attn"),
+        ("transformer.h.11.attn.c_proj.bias", "block.11.attn"),
+        ("transformer.h.1.mlp.c_fc.weight", "block.1.mlp"),
+        ("model.layers.3.self_attn.q_proj.weight", "block.3.attn"),
+        ("model.layers.3.mlp.down_proj.weight", "block.3.mlp"),
+        ("transformer.h.0.ln_1.weight", "norms"),
+        ("transformer.ln_f.bias", "norms"),
+        ("model.layers.2.input_layernorm.weight", "norms"),
+        ("model.norm.weight", "norms"),
+        ("lm_head.weight", "head"),
+    ],
+)
 def test_parameter_groups_follow_the_modules(name: str, group: str) -> None:
     from forensics.replay.rerun import param_group
 
@@ -93,16 +96,22 @@ def test_parameter_groups_follow_the_modules(name: str, group: str) -> None:
 BASE = "loss spiked at step 17: samples 1, 2 were in its batch."
 
 
-@pytest.mark.parametrize(("verdict", "cause", "expected"), [
-    (BASE, {}, BASE),
-    (BASE, {"cause_class": None, "action": None}, BASE),
-    (BASE, {"cause_class": "data", "action": "Skip them."}, BASE[:-1] + "; re-run: cause class data (Skip them)."),
-    # told again: the clause is replaced, never repeated
-    (BASE[:-1] + "; re-run: cause class data (Skip them).", {"cause_class": "optimizer", "action": "Lower the lr."},
-     BASE[:-1] + "; re-run: cause class optimizer (Lower the lr)."),
-    (BASE[:-1] + "; re-run: cause class data (Skip them).", {}, BASE),
-    ("", {"cause_class": "data", "action": "Skip them."}, ""),
-])
+@pytest.mark.parametrize(
+    ("verdict", "cause", "expected"),
+    [
+        (BASE, {}, BASE),
+        (BASE, {"cause_class": None, "action": None}, BASE),
+        (BASE, {"cause_class": "data", "action": "Skip them."}, BASE[:-1] + "; re-run: cause class data (Skip them)."),
+        # told again: the clause is replaced, never repeated
+        (
+            BASE[:-1] + "; re-run: cause class data (Skip them).",
+            {"cause_class": "optimizer", "action": "Lower the lr."},
+            BASE[:-1] + "; re-run: cause class optimizer (Lower the lr).",
+        ),
+        (BASE[:-1] + "; re-run: cause class data (Skip them).", {}, BASE),
+        ("", {"cause_class": "data", "action": "Skip them."}, ""),
+    ],
+)
 def test_verdict_names_the_main_cause_class_once(verdict: str, cause: dict, expected: str) -> None:
     assert verdict_with_class(verdict, cause) == expected
 
@@ -110,8 +119,10 @@ def test_verdict_names_the_main_cause_class_once(verdict: str, cause: dict, expe
 def test_apply_cause_classes_twice_gives_what_once_gives() -> None:
     rerun = {"cause_class": "hardware", "action": "Quarantine the node that ran step 13 and resume from checkpoint 8."}
     replay = {"steps": [{"step": 13, "rerun": rerun}]}
-    findings = {"verdict": BASE, "causes": [{"id": "C1", "kind": "batch", "steps": [13, 20]},
-                                            {"id": "C2", "kind": "batch", "steps": [30]}]}
+    findings = {
+        "verdict": BASE,
+        "causes": [{"id": "C1", "kind": "batch", "steps": [13, 20]}, {"id": "C2", "kind": "batch", "steps": [30]}],
+    }
     once = apply_cause_classes(findings, replay)
     assert once["causes"][0]["cause_class"] == "hardware"
     assert "cause_class" not in once["causes"][1]

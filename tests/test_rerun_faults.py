@@ -69,8 +69,14 @@ def test_corrupted_batch_is_data_with_the_corrupted_samples_first(runs, tmp_path
     for x in r["segment"]:
         assert x["loss"] == pytest.approx(x["logged"], rel=1e-4)
         assert x["grad_norm"] == pytest.approx(x["logged_grad_norm"], rel=1e-4)
-    assert set(r["segment"][0]["groups"]) == {"embeddings", "block.0.attn", "block.0.mlp", "block.1.attn",
-                                              "block.1.mlp", "norms"}
+    assert set(r["segment"][0]["groups"]) == {
+        "embeddings",
+        "block.0.attn",
+        "block.0.mlp",
+        "block.1.attn",
+        "block.1.mlp",
+        "norms",
+    }
     assert "skip" in r["action"].lower()
 
 
@@ -116,8 +122,23 @@ def test_same_inputs_give_the_same_rerun(runs, tmp_path):
 def test_rerun_from_findings_puts_the_class_on_the_cause(runs, tmp_path):
     case = runs["data"].copy_to(tmp_path / "case")
     assert main(["audit", str(case), "--no-html"]) == 0
-    assert main(["replay", str(case), "--from-findings", "--rerun", "--device", "cpu", "--controls", "2",
-                 "--no-probes", "--no-control-step"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(case),
+                "--from-findings",
+                "--rerun",
+                "--device",
+                "cpu",
+                "--controls",
+                "2",
+                "--no-probes",
+                "--no-control-step",
+            ]
+        )
+        == 0
+    )
     findings = json.loads((case / "findings.json").read_text(encoding="utf-8"))
     cause = next(c for c in findings["causes"] if runs["data"].spike_step in c["steps"])
     assert cause["cause_class"] == "data"
@@ -128,8 +149,10 @@ def test_rerun_without_optimizer_state_is_one_line(runs, tmp_path, capsys):
     case = runs["data"].copy_to(tmp_path / "case")
     for ck in case.glob("checkpoint-*"):
         (ck / "optimizer.pt").unlink()
-    assert main(["replay", str(case), "--steps", "17", "--rerun", "--device", "cpu", "--no-probes",
-                 "--no-control-step"]) == 2
+    assert (
+        main(["replay", str(case), "--steps", "17", "--rerun", "--device", "cpu", "--no-probes", "--no-control-step"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "optimizer.pt" in err and "Traceback" not in err
 
@@ -148,8 +171,24 @@ def test_clean_run_largest_events_get_no_class(runs, tmp_path):
     assert len(steps) == 3
     case = run.copy_to(tmp_path / "case")
     assert main(["audit", str(case), "--no-html"]) == 0
-    assert main(["replay", str(case), "--steps", ",".join(map(str, steps)), "--rerun", "--device", "cpu",
-                 "--controls", "2", "--no-probes", "--no-control-step"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(case),
+                "--steps",
+                ",".join(map(str, steps)),
+                "--rerun",
+                "--device",
+                "cpu",
+                "--controls",
+                "2",
+                "--no-probes",
+                "--no-control-step",
+            ]
+        )
+        == 0
+    )
     replay = json.loads((case / "replay" / "replay.json").read_text(encoding="utf-8"))
     reruns = {d["step"]: d["rerun"] for d in replay["steps"] if d.get("rerun")}
     assert sorted(reruns) == steps

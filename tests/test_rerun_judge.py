@@ -26,19 +26,36 @@ CK = Checkpoint(10, Path("checkpoint-10"), "hf")
 GROUPS = ("embeddings", "block.0.attn", "block.0.mlp")
 
 
-def _segment(losses: list[float], ratios: dict[str, list[float]] | None = None,
-             replaced: float | None = None) -> Segment:
+def _segment(
+    losses: list[float], ratios: dict[str, list[float]] | None = None, replaced: float | None = None
+) -> Segment:
     recs = []
     for i, loss in enumerate(losses):
-        groups = {g: {"grad_norm": 1.0, "update_ratio": (ratios or {}).get(g, [0.01] * len(losses))[i],
-                      "eps_share": 0.0, "g2_over_v_max": 2.0} for g in GROUPS}
-        recs.append({"step": 10 + i, "loss": loss, "grad_norm": 1.0, "groups": groups, "max_attention_logit": 1.0,
-                     "logsumexp": 5.0})
+        groups = {
+            g: {
+                "grad_norm": 1.0,
+                "update_ratio": (ratios or {}).get(g, [0.01] * len(losses))[i],
+                "eps_share": 0.0,
+                "g2_over_v_max": 2.0,
+            }
+            for g in GROUPS
+        }
+        recs.append(
+            {
+                "step": 10 + i,
+                "loss": loss,
+                "grad_norm": 1.0,
+                "groups": groups,
+                "max_attention_logit": 1.0,
+                "logsumexp": 5.0,
+            }
+        )
     return Segment(recs, replaced, [])
 
 
-def _judge(first: Segment, logged_last: float, second: Segment | None = None,
-           history: dict[int, float] | None = None) -> dict:
+def _judge(
+    first: Segment, logged_last: float, second: Segment | None = None, history: dict[int, float] | None = None
+) -> dict:
     steps = [r["step"] for r in first.records]
     logged = dict(history or {}) | {s: r["loss"] for s, r in zip(steps, first.records, strict=True)}
     logged[steps[-1]] = logged_last
@@ -53,8 +70,9 @@ def test_reproduced_at_the_tolerance(rel: float, reproduced: bool) -> None:
     assert r["cause_class"] == ("data" if reproduced else "hardware")
 
 
-@pytest.mark.parametrize(("left", "gone", "cls"), [(GONE_SHARE * 0.99, True, "data"),
-                                                   (GONE_SHARE * 1.01, False, "optimizer")])
+@pytest.mark.parametrize(
+    ("left", "gone", "cls"), [(GONE_SHARE * 0.99, True, "data"), (GONE_SHARE * 1.01, False, "optimizer")]
+)
 def test_spike_gone_at_the_share_left(left: float, gone: bool, cls: str) -> None:
     seg = _segment([3.0, 3.0, 3.0, 7.0], replaced=3.0 + left * 4.0)
     r = _judge(seg, 7.0)
@@ -80,21 +98,25 @@ ZIGZAG = dict(enumerate([3.0, 3.1, 3.0, 3.3, 3.0, 3.1, 3.0, 3.3, 3.0, 3.1]))
 def test_loss_noise_is_the_robust_sd_of_differences() -> None:
     from forensics.stats import MAD_TO_SD
 
-    assert loss_noise(ZIGZAG | {10: 3.0}, 11) == pytest.approx(MAD_TO_SD * 0.1 / 2 ** 0.5)
+    assert loss_noise(ZIGZAG | {10: 3.0}, 11) == pytest.approx(MAD_TO_SD * 0.1 / 2**0.5)
     assert loss_noise(ZIGZAG | {10: 3.0, 11: 99.0}, 11) == loss_noise(ZIGZAG | {10: 3.0}, 11)  # the step itself: no
     short = {s: ZIGZAG[s] for s in range(NOISE_MIN_STEPS)}  # NOISE_MIN_STEPS values: one difference too few
     assert loss_noise(short, 10) == 0.0
 
 
-@pytest.mark.parametrize(("excess", "spike", "cls"), [
-    (0.99, False, None), (1.01, True, "data"),
-])
+@pytest.mark.parametrize(
+    ("excess", "spike", "cls"),
+    [
+        (0.99, False, None),
+        (1.01, True, "data"),
+    ],
+)
 def test_spike_at_the_noise_margin(excess: float, spike: bool, cls: str | None) -> None:
     """The step is a spike only past NOISE_Z noise units over the segment's baseline (here wider than 5%); below
     it a batch that the control beats is no fault: no class."""
     from forensics.stats import MAD_TO_SD
 
-    margin = NOISE_Z * MAD_TO_SD * 0.1 / 2 ** 0.5
+    margin = NOISE_Z * MAD_TO_SD * 0.1 / 2**0.5
     assert margin > SPIKE_MIN_REL * 3.0
     top = 3.0 + excess * margin
     seg = _segment([3.0, 3.0, 3.0, top], replaced=3.0)
@@ -135,10 +157,15 @@ def test_determinism_at_its_tolerance(rel: float, deterministic: bool) -> None:
 
 
 #: What the audit wrote for a cause whose spike followed a loss-scale drop (findings.json ``details.numerics``).
-NUMERICS = {"numerics": True, "loss_scale_drop": {"step": 11, "before": 65536.0, "after": 32768.0},
-            "nan_iterations": None,
-            "evidence": ["loss scale dropped from 65536 to 32768 at step 11, 2 steps ahead of the loss spike at 13: "
-                         "the fp16 scaler met an overflow (numerics)."]}
+NUMERICS = {
+    "numerics": True,
+    "loss_scale_drop": {"step": 11, "before": 65536.0, "after": 32768.0},
+    "nan_iterations": None,
+    "evidence": [
+        "loss scale dropped from 65536 to 32768 at step 11, 2 steps ahead of the loss spike at 13: "
+        "the fp16 scaler met an overflow (numerics)."
+    ],
+}
 
 
 @pytest.mark.parametrize(("cause_steps", "found"), [([13, 14], True), ([14, 15], False)])

@@ -26,8 +26,11 @@ BATCH, BATCHES = 10, 10  # an epoch: 10 batches of 10 samples, one step each
 
 def _epoch_plan(epoch: int, order: list[int], first_step: int) -> list[dict]:
     """Rows of one epoch whose steps consume batches ``order`` (batch b holds samples 10b..10b+9)."""
-    return [{"step": first_step + k, "epoch": epoch, "sample_id": b * BATCH + i}
-            for k, b in enumerate(order) for i in range(BATCH)]
+    return [
+        {"step": first_step + k, "epoch": epoch, "sample_id": b * BATCH + i}
+        for k, b in enumerate(order)
+        for i in range(BATCH)
+    ]
 
 
 def _plan(restart_at: int, replayed: int) -> pd.DataFrame:
@@ -43,16 +46,22 @@ def _plan(restart_at: int, replayed: int) -> pd.DataFrame:
 
 
 def _restart(at: int, last: int | None = None) -> Finding:
-    return Finding(kind="restart", step=at, details={"last_step": last if last is not None else at + 2,
-                                                     "resumed_at": at})
+    return Finding(
+        kind="restart", step=at, details={"last_step": last if last is not None else at + 2, "resumed_at": at}
+    )
 
 
 def _run(plan: pd.DataFrame, loss: np.ndarray | None = None) -> RunTables:
     steps = np.arange(int(plan["step"].max()) + 1)
     loss = np.full(len(steps), 2.0) + 0.01 * (steps % 3) if loss is None else loss
     samples = pd.DataFrame({"sample_id": np.arange(100), "n_tokens": np.full(100, 8, dtype=np.int32)})
-    return RunTables(metrics=pd.DataFrame({"step": steps, "loss": loss}), loss_key="loss", analysed=["loss"],
-                     plan=plan, samples=samples)
+    return RunTables(
+        metrics=pd.DataFrame({"step": steps, "loss": loss}),
+        loss_key="loss",
+        analysed=["loss"],
+        plan=plan,
+        samples=samples,
+    )
 
 
 # --- the recorder's rewind ---------------------------------------------------------------------------------------
@@ -61,8 +70,13 @@ def test_rewind_drops_the_rows_from_the_resumed_step_and_records_it(tmp_path: Pa
         for step in range(10):
             rec.record([2 * step, 2 * step + 1], epoch=0, batch_id=step, step=step, micro=0)
     record = rewind_plan(tmp_path, None, 6, sampler={"epoch": 0, "batch_id": 6, "skipped_data": True})
-    assert record == {"rank": None, "last_step": 9, "resumed_at": 6, "rows_replaced": 8,
-                      "sampler": {"epoch": 0, "batch_id": 6, "skipped_data": True}}
+    assert record == {
+        "rank": None,
+        "last_step": 9,
+        "resumed_at": 6,
+        "rows_replaced": 8,
+        "sampler": {"epoch": 0, "batch_id": 6, "skipped_data": True},
+    }
     assert load_plan(tmp_path)["step"].tolist() == [s for s in range(6) for _ in range(2)]
     assert read_rewinds(tmp_path) == [record]
     # a resume from the last step recorded replaces nothing and records nothing
@@ -73,12 +87,15 @@ def test_rewind_drops_the_rows_from_the_resumed_step_and_records_it(tmp_path: Pa
 
 
 # --- the decision, at its boundaries ------------------------------------------------------------------------------
-@pytest.mark.parametrize("restart_at, replayed, repeated, steps", [
-    (15, 0, 0, None),  # the loader resumed where it was: nothing twice
-    (15, 1, 10, [15, 15]),  # one batch consumed again
-    (15, 5, 50, [15, 19]),  # the epoch started again from its first batch
-    (10, 0, None, None),  # a resume at the epoch's start: nothing before it to compare
-])
+@pytest.mark.parametrize(
+    "restart_at, replayed, repeated, steps",
+    [
+        (15, 0, 0, None),  # the loader resumed where it was: nothing twice
+        (15, 1, 10, [15, 15]),  # one batch consumed again
+        (15, 5, 50, [15, 19]),  # the epoch started again from its first batch
+        (10, 0, None, None),  # a resume at the epoch's start: nothing before it to compare
+    ],
+)
 def test_repeated_samples_after_a_restart(restart_at, replayed, repeated, steps):
     plan = _plan(restart_at, replayed)
     effect = resume_effect(plan[plan["epoch"] == 1], restart_at, universe=100, usual_missing=0, complete=True)
@@ -88,24 +105,33 @@ def test_repeated_samples_after_a_restart(restart_at, replayed, repeated, steps)
     assert (effect.repeated, effect.repeated_steps, effect.skipped) == (repeated, steps, repeated)
 
 
-@pytest.mark.parametrize("repeated, skipped, min_samples, min_share, reported", [
-    (0, 0, 1, 0.01, False),
-    (1, 0, 1, 0.01, True),  # limit max(1, 0.01 x 100) = 1
-    (0, 1, 1, 0.01, True),
-    (4, 4, 1, 0.05, False),  # limit 5
-    (5, 0, 1, 0.05, True),
-    (0, 5, 1, 0.05, True),
-    (5, 5, 6, 0.05, False),  # min_samples wins
-    (0, None, 1, 0.01, False),  # an epoch the run stopped inside: no skipped count
-])
+@pytest.mark.parametrize(
+    "repeated, skipped, min_samples, min_share, reported",
+    [
+        (0, 0, 1, 0.01, False),
+        (1, 0, 1, 0.01, True),  # limit max(1, 0.01 x 100) = 1
+        (0, 1, 1, 0.01, True),
+        (4, 4, 1, 0.05, False),  # limit 5
+        (5, 0, 1, 0.05, True),
+        (0, 5, 1, 0.05, True),
+        (5, 5, 6, 0.05, False),  # min_samples wins
+        (0, None, 1, 0.01, False),  # an epoch the run stopped inside: no skipped count
+    ],
+)
 def test_moves_data_boundary(repeated, skipped, min_samples, min_share, reported):
     effect = ResumeEffect(epoch=1, repeated=repeated, skipped=skipped, repeated_steps=None, epoch_samples=100)
     assert moves_data(effect, min_samples, min_share) is reported
 
 
-@pytest.mark.parametrize("repeated, skipped, critical", [
-    (24, 24, False), (25, 0, True), (0, 25, True), (24, None, False),  # critical_share 0.25 of 100 samples
-])
+@pytest.mark.parametrize(
+    "repeated, skipped, critical",
+    [
+        (24, 24, False),
+        (25, 0, True),
+        (0, 25, True),
+        (24, None, False),  # critical_share 0.25 of 100 samples
+    ],
+)
 def test_severe_boundary(repeated, skipped, critical):
     effect = ResumeEffect(epoch=1, repeated=repeated, skipped=skipped, repeated_steps=None, epoch_samples=100)
     assert severe(effect, 0.25) is critical
@@ -127,7 +153,8 @@ def test_skipped_beyond_the_usual_misses_of_the_other_epochs(missing_elsewhere, 
     plan = plan[~((plan["epoch"] != 1) & plan["sample_id"].isin(drop))]
     found = ResumeDataRule().detect(_run(plan), [_restart(13)])
     assert [(f.details["repeated"], f.details["skipped"], f.details["repeated_steps"]) for f in found] == [
-        (30, skipped, [13, 15])]
+        (30, skipped, [13, 15])
+    ]
 
 
 def test_rule_is_quiet_without_a_restart_or_when_the_loader_resumed():
@@ -192,9 +219,15 @@ def test_recorded_plan_is_what_the_surviving_run_consumed(resumed_runs, name):
     assert sorted(surviving) == list(range(60)) and recorded == surviving
     assert sum(1 for o in run.observed if o["step"] in range(30, 35)) == 10  # steps 30-34 were consumed twice
     skipped = name == "resumed_mid"
-    assert read_rewinds(run.out / "plan") == [{"rank": None, "last_step": 34, "resumed_at": 30, "rows_replaced": 40,
-                                               "sampler": {"epoch": 1, "batch_id": 10 if skipped else 0,
-                                                           "skipped_data": skipped}}]
+    assert read_rewinds(run.out / "plan") == [
+        {
+            "rank": None,
+            "last_step": 34,
+            "resumed_at": 30,
+            "rows_replaced": 40,
+            "sampler": {"epoch": 1, "batch_id": 10 if skipped else 0, "skipped_data": skipped},
+        }
+    ]
 
 
 @pytest.mark.slow
@@ -204,12 +237,23 @@ def test_resume_that_restarted_the_epoch_counts_repeated_and_skipped_samples(res
     assert (repeated, skipped, steps) == (80, 80, [30, 39])
     findings = run_audit(open_case(str(run.out))).findings
     found = [f for f in findings["findings"] if f["kind"] == "resume_data"]
-    assert [(f["severity"], f["step"], f["details"]["restart_step"], f["details"]["resumed_at"], f["details"]["epoch"],
-             f["details"]["repeated"], f["details"]["skipped"], f["details"]["repeated_steps"]) for f in found] == [
-        ("critical", 30, 34, 30, 1, repeated, skipped, steps)]
+    assert [
+        (
+            f["severity"],
+            f["step"],
+            f["details"]["restart_step"],
+            f["details"]["resumed_at"],
+            f["details"]["epoch"],
+            f["details"]["repeated"],
+            f["details"]["skipped"],
+            f["details"]["repeated_steps"],
+        )
+        for f in found
+    ] == [("critical", 30, 34, 30, 1, repeated, skipped, steps)]
     assert isinstance(found[0]["details"]["loss_moved"], bool)
-    assert [(f["details"]["last_step"], f["details"]["resumed_at"]) for f in findings["findings"]
-            if f["kind"] == "restart"] == [(34, 30)]
+    assert [
+        (f["details"]["last_step"], f["details"]["resumed_at"]) for f in findings["findings"] if f["kind"] == "restart"
+    ] == [(34, 30)]
     assert [c["kind"] for c in findings["causes"] if c["kind"] == "resume_data"] == ["resume_data"]
 
 
@@ -219,17 +263,34 @@ def test_resume_that_restored_the_loader_is_quiet(resumed_runs):
     assert _truth(run, range(20, 40), 30)[:2] == (0, 0)
     findings = run_audit(open_case(str(run.out))).findings
     assert [f["kind"] for f in findings["findings"] if f["kind"] == "resume_data"] == []
-    assert [(f["details"]["last_step"], f["details"]["resumed_at"]) for f in findings["findings"]
-            if f["kind"] == "restart"] == [(34, 30)]
+    assert [
+        (f["details"]["last_step"], f["details"]["resumed_at"]) for f in findings["findings"] if f["kind"] == "restart"
+    ] == [(34, 30)]
 
 
 @pytest.mark.slow
 def test_fail_on_resume_data(resumed_runs, tmp_path: Path):
     assert parse_fail_on("resume-data") == ["resume-data"]
     run = resumed_runs["resumed_no_skip"]
-    code = subprocess.run([sys.executable, "-m", "forensics", "audit", str(run.out), "--json", str(tmp_path / "f.json"),
-                           "--html", str(tmp_path / "r.html"), "--fail-on", "resume-data"],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]).returncode
+    code = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "forensics",
+            "audit",
+            str(run.out),
+            "--json",
+            str(tmp_path / "f.json"),
+            "--html",
+            str(tmp_path / "r.html"),
+            "--fail-on",
+            "resume-data",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    ).returncode
     assert code == 1
-    assert [f["kind"] for f in json.loads((tmp_path / "f.json").read_text())["findings"]
-            if f["kind"] == "resume_data"] == ["resume_data"]
+    assert [
+        f["kind"] for f in json.loads((tmp_path / "f.json").read_text())["findings"] if f["kind"] == "resume_data"
+    ] == ["resume_data"]

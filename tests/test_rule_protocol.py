@@ -22,19 +22,36 @@ def test_every_builtin_rule_declares_each_parameter_and_its_defaults_pass(cls):
     assert rule.get_params() == defaults
 
 
-@pytest.mark.parametrize("param, value, allowed", [
-    (positive("int"), 1, True), (positive("int"), 0, False), (positive("int"), 1.5, False),
-    (positive("int"), True, False), (positive("int"), np.int64(3), True), (positive("int"), None, False),
-    (positive(), 1e-12, True), (positive(), 0.0, False), (positive(), float("nan"), False),
-    (positive("int", none=True), None, True),
-    (fraction(), 1.0, True), (fraction(), 1.0001, False), (fraction(), 1e-9, True), (fraction(), 0, False),
-    (at_least(4, "int"), 4, True), (at_least(4, "int"), 3, False), (at_least(0), 0.0, True),
-    (Param(low=0, low_open=True, high=1e4, high_open=True, none=True), 1e4, False),
-    (Param(low=0, low_open=True, high=1e4, high_open=True, none=True), 9999.9, True),
-    (Param(low=0, low_open=True, high=1e4, high_open=True, none=True), None, True),
-    (Param("bool"), False, True), (Param("bool"), 0, False), (Param("str"), "bucket", True),
-    (Param(choices=("eval", "train")), "train", True), (Param(choices=("eval", "train")), "test", False),
-])
+@pytest.mark.parametrize(
+    "param, value, allowed",
+    [
+        (positive("int"), 1, True),
+        (positive("int"), 0, False),
+        (positive("int"), 1.5, False),
+        (positive("int"), True, False),
+        (positive("int"), np.int64(3), True),
+        (positive("int"), None, False),
+        (positive(), 1e-12, True),
+        (positive(), 0.0, False),
+        (positive(), float("nan"), False),
+        (positive("int", none=True), None, True),
+        (fraction(), 1.0, True),
+        (fraction(), 1.0001, False),
+        (fraction(), 1e-9, True),
+        (fraction(), 0, False),
+        (at_least(4, "int"), 4, True),
+        (at_least(4, "int"), 3, False),
+        (at_least(0), 0.0, True),
+        (Param(low=0, low_open=True, high=1e4, high_open=True, none=True), 1e4, False),
+        (Param(low=0, low_open=True, high=1e4, high_open=True, none=True), 9999.9, True),
+        (Param(low=0, low_open=True, high=1e4, high_open=True, none=True), None, True),
+        (Param("bool"), False, True),
+        (Param("bool"), 0, False),
+        (Param("str"), "bucket", True),
+        (Param(choices=("eval", "train")), "train", True),
+        (Param(choices=("eval", "train")), "test", False),
+    ],
+)
 def test_parameter_constraints_at_their_boundaries(param, value, allowed):
     assert param.allows(value) is allowed
 
@@ -62,6 +79,7 @@ def test_a_missing_column_is_reported_from_the_rules_declaration():
     run = RunTables(metrics=metrics, loss_key="loss", analysed=["loss"], tags=pd.DataFrame({"step": [0, 1, 2]}))
     with pytest.raises(ForensicsError) as err:
         NeedsCluster().detect(run)
-    assert str(err.value).startswith("detect.needs_cluster: the tags table lacks column 'cluster' (this rule reads "
-                                     "step, cluster)")
+    assert str(err.value).startswith(
+        "detect.needs_cluster: the tags table lacks column 'cluster' (this rule reads step, cluster)"
+    )
     assert NeedsCluster().detect(RunTables(metrics=metrics, loss_key="loss", analysed=["loss"])) == []

@@ -78,8 +78,9 @@ def toy_rule(tmp_path, monkeypatch):
 def test_a_rule_in_one_module_reaches_summary_findings_report_and_fail_on(tmp_path, toy_rule, capsys):
     log = _loss_log(tmp_path / "m.jsonl")
     out_json, out_html = tmp_path / "f.json", tmp_path / "r.html"
-    code = main(["audit", "--metrics", str(log), "--json", str(out_json), "--html", str(out_html),
-                 "--fail-on", "loss-above"])
+    code = main(
+        ["audit", "--metrics", str(log), "--json", str(out_json), "--html", str(out_html), "--fail-on", "loss-above"]
+    )
     printed = capsys.readouterr().out
     assert code == 1
     assert "loss above the ceiling: step 60 loss = 150" in printed
@@ -89,19 +90,32 @@ def test_a_rule_in_one_module_reaches_summary_findings_report_and_fail_on(tmp_pa
     html = out_html.read_text()
     assert html.count('class="card toy-card"') == 1 and "<h3>Over the ceiling</h3><ul><li>step 60: 150.0</li>" in html
     # its parameter from --set: a higher ceiling, no finding, no failure
-    code = main(["audit", "--metrics", str(log), "--json", str(out_json), "--no-html", "--fail-on", "loss-above",
-                 "--set", "detect.loss_above.ceiling=200"])
+    code = main(
+        [
+            "audit",
+            "--metrics",
+            str(log),
+            "--json",
+            str(out_json),
+            "--no-html",
+            "--fail-on",
+            "loss-above",
+            "--set",
+            "detect.loss_above.ceiling=200",
+        ]
+    )
     assert code == 0 and not [f for f in json.loads(out_json.read_text())["findings"] if f["kind"] == "loss_above"]
 
 
 def test_an_unknown_fail_on_kind_rule_or_parameter_is_one_line_exit_2(tmp_path, capsys):
     log = _loss_log(tmp_path / "m.jsonl")
-    for extra, message in ((["--fail-on", "loss-above"], "--fail-on: unknown kind loss-above"),
-                           (["--set", "detect.nosuch.x=1"], "detect.nosuch: no such rule"),
-                           (["--set", "detect.spikes.zz=1"], "detect.spikes: unknown parameter 'zz'"),
-                           (["--set", "detect.spikes.window=2"], "detect.spikes: 'window' must be an integer >= 4"),
-                           (["--set", "detect.causes.same_samples=1.5"],
-                            "detect.causes: 'same_samples' must be a number > 0 and <= 1")):
+    for extra, message in (
+        (["--fail-on", "loss-above"], "--fail-on: unknown kind loss-above"),
+        (["--set", "detect.nosuch.x=1"], "detect.nosuch: no such rule"),
+        (["--set", "detect.spikes.zz=1"], "detect.spikes: unknown parameter 'zz'"),
+        (["--set", "detect.spikes.window=2"], "detect.spikes: 'window' must be an integer >= 4"),
+        (["--set", "detect.causes.same_samples=1.5"], "detect.causes: 'same_samples' must be a number > 0 and <= 1"),
+    ):
         code = main(["audit", "--metrics", str(log), "--no-html", "--json", str(tmp_path / "f.json"), *extra])
         err = capsys.readouterr().err
         assert code == 2 and message in err and err.count("\n") == 1, (extra, err)
@@ -146,6 +160,7 @@ def test_a_registered_rule_gives_the_audits_findings_on_the_live_loop_for_any_ch
         run.refresh()
     online = run.finish()
     assert [(f["kind"], f["step"], f["severity"]) for f in offline["findings"] if f["kind"] == "loss_above"] == [
-        ("loss_above", 60, "critical")]
+        ("loss_above", 60, "critical")
+    ]
     assert sorted(online["findings"], key=json.dumps) == sorted(offline["findings"], key=json.dumps)
     assert online["causes"] == offline["causes"]

@@ -18,8 +18,8 @@ def _carries_by_definition(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndarr
     wc = w.tocsc()
     out = np.zeros(w.shape[1], bool)
     for j in np.flatnonzero(candidates):
-        rows = wc.indices[wc.indptr[j]:wc.indptr[j + 1]]
-        vals = wc.data[wc.indptr[j]:wc.indptr[j + 1]]
+        rows = wc.indices[wc.indptr[j] : wc.indptr[j + 1]]
+        vals = wc.data[wc.indptr[j] : wc.indptr[j + 1]]
         if len(rows) < 2:
             out[j] = True
             continue
@@ -30,17 +30,20 @@ def _carries_by_definition(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndarr
     return out
 
 
-def _shared_by_definition(w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, candidates: np.ndarray,
-                          share: float) -> np.ndarray:
+def _shared_by_definition(
+    w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, candidates: np.ndarray, share: float
+) -> np.ndarray:
     """The median score of the other samples of a candidate's steps reaches ``share`` of its own."""
     a = (w > 0).astype(np.float64).tocsr()
     marginal = (a.T @ r) / np.sqrt(np.maximum(np.asarray(a.sum(axis=0)).ravel(), 1.0))
     out = np.zeros(len(z), bool)
     ac = a.tocsc()
     for j in np.flatnonzero(candidates & (z > 2.0)):
-        steps = ac.indices[ac.indptr[j]:ac.indptr[j + 1]]
-        mates = np.setdiff1d(np.concatenate([a.indices[a.indptr[i]:a.indptr[i + 1]] for i in steps]
-                                            or [np.empty(0, a.indices.dtype)]), [j])
+        steps = ac.indices[ac.indptr[j] : ac.indptr[j + 1]]
+        mates = np.setdiff1d(
+            np.concatenate([a.indices[a.indptr[i] : a.indptr[i + 1]] for i in steps] or [np.empty(0, a.indices.dtype)]),
+            [j],
+        )
         out[j] = bool(len(mates)) and float(np.median(marginal[mates])) >= share * float(marginal[j])
     return out
 
@@ -94,10 +97,16 @@ def test_the_vetoes_without_candidates() -> None:
 def test_blocks_are_the_samples_with_exactly_the_same_steps() -> None:
     """Columns: 0, 1 and 3 share steps {0, 2}; 2 shares {0} alone; 4 has steps {0, 2, 3}; 5 never appears. Only the
     samples of ``near`` are compared, but a block takes in every member, near or not."""
-    w = sp.csr_matrix(np.array([[0.2, 0.3, 0.5, 0.1, 0.2, 0.0],
-                                [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-                                [0.4, 0.1, 0.0, 0.3, 0.2, 0.0],
-                                [0.0, 0.0, 0.0, 0.0, 0.6, 0.0]]))
+    w = sp.csr_matrix(
+        np.array(
+            [
+                [0.2, 0.3, 0.5, 0.1, 0.2, 0.0],
+                [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                [0.4, 0.1, 0.0, 0.3, 0.2, 0.0],
+                [0.0, 0.0, 0.0, 0.0, 0.6, 0.0],
+            ]
+        )
+    )
     cases = [  # near, blocks
         ([False, True, False, False, False, False], [0, 0, 2, 0, 4, 5]),
         ([True, True, True, True, True, True], [0, 0, 2, 0, 4, 5]),
@@ -136,26 +145,37 @@ def audited_static_block(demo_small, tmp_path_factory) -> list[dict]:
     return json.loads(out.read_text())["harmful_samples"]
 
 
-@pytest.mark.parametrize(("q", "excess", "listed"), [
-    (0.05, 0.5, True),  # at both limits
-    (0.05, 0.49, False),  # significant, but its own loss under 1.5x what its steps expect of it
-    (0.0501, 2.0, False),  # a large excess, not significant
-    (0.0, 0.0, False),  # the pursuit gave it no effect: its steps' excess is its batch-mates'
-    (1e-300, 0.51, True),
-])
+@pytest.mark.parametrize(
+    ("q", "excess", "listed"),
+    [
+        (0.05, 0.5, True),  # at both limits
+        (0.05, 0.49, False),  # significant, but its own loss under 1.5x what its steps expect of it
+        (0.0501, 2.0, False),  # a large excess, not significant
+        (0.0, 0.0, False),  # the pursuit gave it no effect: its steps' excess is its batch-mates'
+        (1e-300, 0.51, True),
+    ],
+)
 def test_a_sample_is_listed_only_when_significant_and_its_excess_matters(q, excess, listed) -> None:
     from forensics.detect.rules.harmful_samples import MIN_EXCESS, listed_samples
 
     assert MIN_EXCESS == 0.5
-    est = pd.DataFrame({"sample_id": [7, 8], "q": [q, 0.5], "excess": [excess, 3.0], "z": [5.0, 9.0],
-                        "content": [False, True]})
+    est = pd.DataFrame(
+        {"sample_id": [7, 8], "q": [q, 0.5], "excess": [excess, 3.0], "z": [5.0, 9.0], "content": [False, True]}
+    )
     assert listed_samples(est, q=0.05)["sample_id"].tolist() == ([7] if listed else [])
 
 
 def test_listed_samples_put_content_evidence_first_then_the_score() -> None:
     from forensics.detect.rules.harmful_samples import listed_samples
 
-    est = pd.DataFrame({"sample_id": [1, 2, 3, 4], "q": [0.01] * 4, "excess": [1.0] * 4, "z": [9.0, 3.0, 5.0, 5.0],
-                        "content": [False, True, False, False]})
+    est = pd.DataFrame(
+        {
+            "sample_id": [1, 2, 3, 4],
+            "q": [0.01] * 4,
+            "excess": [1.0] * 4,
+            "z": [9.0, 3.0, 5.0, 5.0],
+            "content": [False, True, False, False],
+        }
+    )
     assert listed_samples(est, q=0.05)["sample_id"].tolist() == [2, 1, 3, 4]
     assert listed_samples(est, q=0.05, limit=2)["sample_id"].tolist() == [2, 1]

@@ -24,8 +24,9 @@ from forensics.sources.reader.rows import last_write_wins
 @pytest.fixture()
 def case(tmp_path):
     """A small valid case folder: 20 samples, 10 steps of 2 samples, metrics for steps 0-9."""
-    samples = pd.DataFrame({"sample_id": np.arange(20), "n_tokens": np.arange(20) * 10 + 5,
-                            "text": [f"text {i}" for i in range(20)]})
+    samples = pd.DataFrame(
+        {"sample_id": np.arange(20), "n_tokens": np.arange(20) * 10 + 5, "text": [f"text {i}" for i in range(20)]}
+    )
     plan = pd.DataFrame({"step": np.repeat(np.arange(10), 2), "sample_id": np.arange(20)})
     metrics = pd.DataFrame({"step": np.arange(10), "train/loss": np.linspace(2, 1, 10)})
     samples.to_parquet(tmp_path / "samples.parquet")
@@ -91,7 +92,7 @@ def test_unreadable_file_is_exit_2(case, capsys):
 
 
 def test_bad_run_toml_value_is_exit_2(case, capsys):
-    (case / "run.toml").write_text('grad_accum = 0\n')
+    (case / "run.toml").write_text("grad_accum = 0\n")
     code, _, err = run_cli(["validate", str(case)], capsys)
     assert code == 2 and "'grad_accum' must be a positive integer" in err
 
@@ -124,8 +125,7 @@ def test_nan_and_inf_are_kept_and_reported(tmp_path):
 
 def test_resumed_steps_last_write_wins():
     # steps 0-5 logged, the run resumed from a checkpoint at 3 and logged 3-6 again
-    df = pd.DataFrame({"step": [0, 1, 2, 3, 4, 5, 3, 4, 5, 6],
-                       "loss": [5, 4, 3, 2, 9, 9, 2.5, 2.4, 2.3, 2.2]})
+    df = pd.DataFrame({"step": [0, 1, 2, 3, 4, 5, 3, 4, 5, 6], "loss": [5, 4, 3, 2, 9, 9, 2.5, 2.4, 2.3, 2.2]})
     steps, loss, written = last_write_wins(df["step"].to_numpy(), df["loss"].to_numpy())
     assert steps.tolist() == [0, 1, 2, 3, 4, 5, 6]
     assert loss.tolist() == [5, 4, 3, 2.5, 2.4, 2.3, 2.2] and written.all()
@@ -147,8 +147,9 @@ def test_records_of_one_step_with_different_metrics_are_combined(tmp_path):
     from forensics.schema import written
     from forensics.sources import read_metrics
 
-    (tmp_path / "m.jsonl").write_text('{"step": 0, "loss": 1.0}\n{"step": 0, "val/loss": 1.2}\n'
-                                      '{"step": 1, "loss": 0.9}\n')
+    (tmp_path / "m.jsonl").write_text(
+        '{"step": 0, "loss": 1.0}\n{"step": 0, "val/loss": 1.2}\n{"step": 1, "loss": 0.9}\n'
+    )
     out, _ = read_metrics([tmp_path / "m.jsonl"])
     assert out["step"].tolist() == [0, 1]
     assert out["loss"].tolist() == [1.0, 0.9] and out["val/loss"][0] == 1.2
@@ -157,16 +158,18 @@ def test_records_of_one_step_with_different_metrics_are_combined(tmp_path):
 
 def test_a_logged_nan_written_again_after_a_resume_wins():
     """A later logged NaN replaces the earlier value; a cell not written replaces nothing."""
-    steps, loss, has = last_write_wins(np.array([0, 1, 2, 1, 2]), np.array([1.0, 2.0, 3.0, np.nan, np.nan]),
-                                       np.array([True, True, True, True, False]))
+    steps, loss, has = last_write_wins(
+        np.array([0, 1, 2, 1, 2]), np.array([1.0, 2.0, 3.0, np.nan, np.nan]), np.array([True, True, True, True, False])
+    )
     assert loss[0] == 1.0 and np.isnan(loss[1]) and loss[2] == 3.0 and has.all()
 
 
 def test_text_values_in_a_metric_are_dropped_with_a_warning(tmp_path):
     from forensics.sources import read_metrics
 
-    (tmp_path / "m.jsonl").write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "loss": "abc"}\n'
-                                      '{"step": 2, "loss": 0.9}\n')
+    (tmp_path / "m.jsonl").write_text(
+        '{"step": 0, "loss": 1.0}\n{"step": 1, "loss": "abc"}\n{"step": 2, "loss": 0.9}\n'
+    )
     out, report = read_metrics([tmp_path / "m.jsonl"])
     assert out["loss"].tolist()[0] == 1.0 and out["loss"].tolist()[2] == 0.9 and pd.isna(out["loss"][1])
     assert any("column 'loss': 1 cell not a number, kept as missing (line 2: 'abc')" in w for w in report.warnings)
@@ -183,19 +186,30 @@ def test_samples_dtypes_are_canonical():
 
 
 def test_run_toml_round_trip(tmp_path):
-    cfg, _ = resolve_config(tmp_path, overrides={"grad_accum": 4, "world_size": 2, "rank_split": "per_rank",
-                                                  "loss_key": "train/loss", "boundaries": [0, 100, 8192],
-                                                  "detect": {"spikes": {"z": 5.0}}})
+    cfg, _ = resolve_config(
+        tmp_path,
+        overrides={
+            "grad_accum": 4,
+            "world_size": 2,
+            "rank_split": "per_rank",
+            "loss_key": "train/loss",
+            "boundaries": [0, 100, 8192],
+            "detect": {"spikes": {"z": 5.0}},
+        },
+    )
     write_run_toml(cfg, tmp_path / "run.toml")
     back, warnings = load_run_toml(tmp_path / "run.toml")
-    assert back == cfg and warnings == [] and back.boundaries == (0, 100, 8192) and back.rule_params("spikes") == {
-        "z": 5.0}
+    assert (
+        back == cfg
+        and warnings == []
+        and back.boundaries == (0, 100, 8192)
+        and back.rule_params("spikes") == {"z": 5.0}
+    )
 
 
 def test_step_mapping_round_robin_worked_example():
     """The worked example of docs/data-model.md: G=2, W=2, 10 batches in epoch 0 and 3 in epoch 1."""
-    plan = pd.DataFrame({"epoch": [0] * 10 + [1] * 3, "batch_id": list(range(10)) + [0, 1, 2],
-                         "sample_id": range(13)})
+    plan = pd.DataFrame({"epoch": [0] * 10 + [1] * 3, "batch_id": list(range(10)) + [0, 1, 2], "sample_id": range(13)})
     out = assign_steps(plan, grad_accum=2, world_size=2)
     assert out["step"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 3]
     assert out["rank"].tolist()[:4] == [0, 1, 0, 1]
@@ -232,10 +246,13 @@ def test_missing_extra_is_exit_2_from_the_cli(tmp_path, capsys, monkeypatch):
     assert "loss-spike-forensics[tensorboard]" in err
 
 
-@pytest.mark.parametrize("values,needle", [
-    ([1e19, 2.0], "outside int64"),
-    (["9223372036854775808", "1"], "outside int64"),
-])
+@pytest.mark.parametrize(
+    "values,needle",
+    [
+        ([1e19, 2.0], "outside int64"),
+        (["9223372036854775808", "1"], "outside int64"),
+    ],
+)
 def test_ids_beyond_int64_are_rejected_not_wrapped(values, needle):
     with pytest.raises(ForensicsError, match=needle):
         validate_samples(pd.DataFrame({"sample_id": values, "n_tokens": [5, 6]}))
@@ -246,11 +263,14 @@ def test_token_counts_beyond_int32_are_rejected():
         validate_samples(pd.DataFrame({"sample_id": [1, 2], "n_tokens": [3e9, 5.0]}))
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("boundaries = [0, 770.7, 8192]\n", "whole numbers"),
-    ("plan = 5\n", "'plan' must be a string"),
-    ("metrics = [1, 2]\n", "'metrics' must be a path"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("boundaries = [0, 770.7, 8192]\n", "whole numbers"),
+        ("plan = 5\n", "'plan' must be a string"),
+        ("metrics = [1, 2]\n", "'metrics' must be a path"),
+    ],
+)
 def test_bad_run_toml_types_are_one_clear_error(tmp_path, text, needle):
     (tmp_path / "run.toml").write_text(text)
     with pytest.raises(ForensicsError, match=needle):

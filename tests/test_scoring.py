@@ -22,8 +22,9 @@ LOSS = "train/loss"
 
 
 def spike(step: int, end: int | None = None, **kw) -> Finding:
-    return Finding(kind="spike", step=step, end_step=end if end is not None else step, peak_step=step, metric=LOSS,
-                   **kw)
+    return Finding(
+        kind="spike", step=step, end_step=end if end is not None else step, peak_step=step, metric=LOSS, **kw
+    )
 
 
 def label(start: int, shape: str = "one_step", **kw) -> SpikeLabel:
@@ -62,8 +63,15 @@ def test_false_events_are_unmatched_detections_outside_every_span():
 def test_score_run_counts_recall_false_rate_and_shapes():
     labels = [label(1_000), label(5_000, "few_steps"), label(9_000, "slow_rise")]
     spans = [(998, 1_005), (4_998, 5_010), (8_990, 9_012)]
-    found = [spike(1_002), spike(1_003), spike(5_003), spike(9_000, 9_004), spike(15_000), spike(18_000),
-             Finding(kind="level_shift", step=12_000, metric=LOSS)]
+    found = [
+        spike(1_002),
+        spike(1_003),
+        spike(5_003),
+        spike(9_000, 9_004),
+        spike(15_000),
+        spike(18_000),
+        Finding(kind="level_shift", step=12_000, metric=LOSS),
+    ]
     s = score_run(labels, spans, np.arange(20_000), found, metric=LOSS)
     assert (s.n_labels, s.n_hits, s.n_detected, s.n_false) == (3, 2, 6, 2)
     assert s.recall == pytest.approx(2 / 3)
@@ -81,8 +89,11 @@ def test_findings_of_another_metric_and_labels_of_another_metric_are_left_out():
 
 
 def test_attribution_counts_what_the_finding_names_first():
-    labels = [label(100, bucket=5, cluster=4, sample_ids=(7, 8)), label(400, bucket=2, cluster=1, sample_ids=(9,)),
-              label(700, "grad_led")]
+    labels = [
+        label(100, bucket=5, cluster=4, sample_ids=(7, 8)),
+        label(400, bucket=2, cluster=1, sample_ids=(9,)),
+        label(700, "grad_led"),
+    ]
     right = spike(100, tags={"bucket": 5, "cluster": 4}, suspect_samples=[8, 1, 2])
     wrong = spike(401, tags={"bucket": 2, "cluster": 3}, suspect_samples=[1, 9])
     s = score_run(labels, [], np.arange(1_000), [right, wrong, spike(700)], metric=LOSS)
@@ -93,8 +104,12 @@ def test_attribution_counts_what_the_finding_names_first():
 
 
 def test_ranked_attribution_overrides_the_step_tag():
-    f = spike(100, tags={"bucket": 5, "cluster": 4}, suspect_samples=[3],
-              details={"attribution": {"buckets": [{"bucket": 2}, {"bucket": 5}], "clusters": []}})
+    f = spike(
+        100,
+        tags={"bucket": 5, "cluster": 4},
+        suspect_samples=[3],
+        details={"attribution": {"buckets": [{"bucket": 2}, {"bucket": 5}], "clusters": []}},
+    )
     assert (named_first(f, "bucket"), named_first(f, "cluster"), named_first(f, "samples")) == (2, 4, 3)
     assert named_first(spike(1), "bucket") is None and named_first(spike(1), "samples") is None
 

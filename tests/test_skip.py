@@ -26,20 +26,37 @@ def _cause(cid="C1", kind="batch", severity="critical", steps=(10,), samples=(7,
 
 
 # --- which causes: every rule at its boundary ------------------------------------------------------------------------
-@pytest.mark.parametrize("min_severity, severity, taken", [
-    ("critical", "critical", True), ("critical", "warning", False), ("warning", "warning", True),
-    ("warning", "info", False), ("info", "info", True), ("info", "critical", True),
-])
+@pytest.mark.parametrize(
+    "min_severity, severity, taken",
+    [
+        ("critical", "critical", True),
+        ("critical", "warning", False),
+        ("warning", "warning", True),
+        ("warning", "info", False),
+        ("info", "info", True),
+        ("info", "critical", True),
+    ],
+)
 def test_min_severity_takes_causes_at_or_above_it(min_severity, severity, taken):
     skip = skip_list({"causes": [_cause(severity=severity)]}, min_severity=min_severity)
     assert [c["id"] for c in skip.taken] == (["C1"] if taken else [])
     assert skip.steps == ([10] if taken else [])
 
 
-@pytest.mark.parametrize("kind, taken", [
-    ("batch", True), ("samples", True), ("event", True), ("nonfinite", True),
-    ("grad_norm", False), ("divergence", False), ("oscillation", False), ("plan", False), ("crash", False),
-])
+@pytest.mark.parametrize(
+    "kind, taken",
+    [
+        ("batch", True),
+        ("samples", True),
+        ("event", True),
+        ("nonfinite", True),
+        ("grad_norm", False),
+        ("divergence", False),
+        ("oscillation", False),
+        ("plan", False),
+        ("crash", False),
+    ],
+)
 def test_only_data_causes_are_skipped(kind, taken):
     skip = skip_list({"causes": [_cause(kind=kind)]})
     assert bool(skip.taken) is taken
@@ -47,17 +64,22 @@ def test_only_data_causes_are_skipped(kind, taken):
         assert skip.left_out == [("C1", f"a {kind} cause, not a data event: skipping steps does not address it")]
 
 
-@pytest.mark.parametrize("verdicts, all_verdicts, taken", [
-    (("data", "normal"), False, ["C1"]),
-    (("data", "normal"), True, ["C1", "C2"]),
-    (("data", None), False, ["C1"]),             # not replayed while another was: left out
-    (("data", None), True, ["C1", "C2"]),
-    ((None, None), False, ["C1", "C2"]),         # no replay at all: the severity alone decides
-    (("state", "nondeterministic"), False, []),
-])
+@pytest.mark.parametrize(
+    "verdicts, all_verdicts, taken",
+    [
+        (("data", "normal"), False, ["C1"]),
+        (("data", "normal"), True, ["C1", "C2"]),
+        (("data", None), False, ["C1"]),  # not replayed while another was: left out
+        (("data", None), True, ["C1", "C2"]),
+        ((None, None), False, ["C1", "C2"]),  # no replay at all: the severity alone decides
+        (("state", "nondeterministic"), False, []),
+    ],
+)
 def test_replay_verdicts_keep_only_data_causes(verdicts, all_verdicts, taken):
-    causes = [_cause("C1", steps=(10,), samples=(1,), verdict=verdicts[0]),
-              _cause("C2", steps=(20,), samples=(2,), verdict=verdicts[1])]
+    causes = [
+        _cause("C1", steps=(10,), samples=(1,), verdict=verdicts[0]),
+        _cause("C2", steps=(20,), samples=(2,), verdict=verdicts[1]),
+    ]
     skip = skip_list({"causes": causes}, all_verdicts=all_verdicts)
     assert [c["id"] for c in skip.taken] == taken
 
@@ -89,8 +111,9 @@ def test_megatron_numbering_of_canonical_steps(indexing, expected):
 def _megatron_parser() -> argparse.ArgumentParser:
     """Megatron-LM's definition of the flag (megatron/training/arguments.py), written out here."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iterations-to-skip", nargs="+", type=int, default=[],
-                        help="List of iterations to skip, empty by default.")
+    parser.add_argument(
+        "--iterations-to-skip", nargs="+", type=int, default=[], help="List of iterations to skip, empty by default."
+    )
     return parser
 
 
@@ -103,8 +126,7 @@ def _megatron_log(template: str, losses: np.ndarray) -> str:
 
 
 @pytest.mark.parametrize("indexing, printed_minus", [("logged", 0), ("zero", 1)])
-def test_megatron_list_is_the_printed_iteration_or_one_less(real_logs_dir, tmp_path, capsys, indexing,
-                                                            printed_minus):
+def test_megatron_list_is_the_printed_iteration_or_one_less(real_logs_dir, tmp_path, capsys, indexing, printed_minus):
     template = (real_logs_dir / "bloom-176b-tr11-megatron.log").read_text().splitlines()[0]
     rng = np.random.default_rng(5)
     losses = 2.5 * (1 + 0.01 * rng.standard_normal(300))
@@ -114,11 +136,14 @@ def test_megatron_list_is_the_printed_iteration_or_one_less(real_logs_dir, tmp_p
     case = tmp_path / "megatron"
     case.mkdir()
     (case / "train.log").write_text(_megatron_log(template, losses))
-    assert main(["audit", "--metrics", str(case / "train.log"), "--no-html", "--json",
-                 str(case / "findings.json")]) == 0
+    assert (
+        main(["audit", "--metrics", str(case / "train.log"), "--no-html", "--json", str(case / "findings.json")]) == 0
+    )
     capsys.readouterr()
-    assert main(["skip", str(case), "--format", "megatron", "--min-severity", "warning",
-                 "--megatron-indexing", indexing]) == 0
+    assert (
+        main(["skip", str(case), "--format", "megatron", "--min-severity", "warning", "--megatron-indexing", indexing])
+        == 0
+    )
     out, err = capsys.readouterr()
     parsed = _megatron_parser().parse_args(["--iterations-to-skip", *out.split()])
     assert parsed.iterations_to_skip == [it - printed_minus for it in printed]
@@ -150,8 +175,9 @@ def test_ids_list_names_each_sample_with_its_cause(demo_case, tmp_path, capsys):
 def test_steps_are_canonical_or_as_logged(demo_case, capsys):
     findings = json.loads((demo_case / "findings.json").read_text())
     offset = findings["run"]["logged_offset"]
-    steps = sorted({s for c in findings["causes"] if c["severity"] == "critical" and c["kind"] == "batch"
-                    for s in c["steps"]})
+    steps = sorted(
+        {s for c in findings["causes"] if c["severity"] == "critical" and c["kind"] == "batch" for s in c["steps"]}
+    )
     for steps_as, shift in (("canonical", 0), ("logged", offset)):
         assert main(["skip", str(demo_case), "--format", "steps", "--steps-as", steps_as]) == 0
         out = capsys.readouterr().out.splitlines()
@@ -170,8 +196,10 @@ def test_a_damaged_findings_json_is_one_line_exit_2(tmp_path, capsys):
     (tmp_path / "findings.json").write_text('{"causes": [')
     assert main(["skip", str(tmp_path), "--format", "megatron"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"forensics: error: findings file {tmp_path / 'findings.json'} is not valid JSON") and \
-        err.count("\n") == 1
+    assert (
+        err.startswith(f"forensics: error: findings file {tmp_path / 'findings.json'} is not valid JSON")
+        and err.count("\n") == 1
+    )
 
 
 def test_no_cause_at_that_severity_is_nothing_to_skip(tmp_path, capsys):
@@ -180,9 +208,10 @@ def test_no_cause_at_that_severity_is_nothing_to_skip(tmp_path, capsys):
     assert main(["skip", str(tmp_path), "--format", "megatron", "-o", str(out_file)]) == 0
     captured = capsys.readouterr()
     assert captured.out == "" and not out_file.exists()
-    assert captured.err.splitlines() == [f"nothing to skip: no data cause at critical or above in "
-                                         f"{tmp_path / 'findings.json'}", "  left out C1: warning, below "
-                                         "--min-severity"]
+    assert captured.err.splitlines() == [
+        f"nothing to skip: no data cause at critical or above in {tmp_path / 'findings.json'}",
+        "  left out C1: warning, below --min-severity",
+    ]
 
 
 # --- exclude_samples on what a training script holds -----------------------------------------------------------------
@@ -257,14 +286,17 @@ def test_retrained_without_the_skip_list_has_none_of_the_corrupted_spikes(hf_cas
 
     before = hf_cases["random_corrupt"].copy_to(tmp_path / "before")
     assert main(["audit", str(before), "--no-html"]) == 0
-    assert main(["skip", str(before), "--format", "ids", "--min-severity", "warning", "-o",
-                 str(tmp_path / "skip.json")]) == 0
+    assert (
+        main(["skip", str(before), "--format", "ids", "--min-severity", "warning", "-o", str(tmp_path / "skip.json")])
+        == 0
+    )
     capsys.readouterr()
     corrupt = hf_cases["random_corrupt"].corrupt_ids
     skipped = json.loads((tmp_path / "skip.json").read_text())["sample_ids"]
     assert set(corrupt) <= set(skipped)
-    loss_spikes_before = [s["step"] for s in json.loads((before / "findings.json").read_text())["spikes"]
-                          if s["metric"] == "loss"]
+    loss_spikes_before = [
+        s["step"] for s in json.loads((before / "findings.json").read_text())["spikes"] if s["metric"] == "loss"
+    ]
     assert len(loss_spikes_before) >= 5
 
     after_case = retrained_with_skip_list("random_corrupt", tmp_path / "skip.json")

@@ -61,8 +61,9 @@ def test_wandb_export_with_two_runs_keeps_run_names(tmp_path):
 
 def test_pandas_csv_with_nan_inf_and_a_bad_row(tmp_path):
     path = tmp_path / "metrics.csv"
-    frame = pd.DataFrame({"global_step": np.arange(6), "loss": [1.0, np.inf, 3.0, 4.0, -np.inf, 6.0],
-                          "phase": ["warmup"] * 6})
+    frame = pd.DataFrame(
+        {"global_step": np.arange(6), "loss": [1.0, np.inf, 3.0, 4.0, -np.inf, 6.0], "phase": ["warmup"] * 6}
+    )
     frame.to_csv(path, index=False, na_rep="nan")
     with open(path, "a") as fh:
         fh.write("6,7.0,main,extra\n7,nan,main\n")

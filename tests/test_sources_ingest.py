@@ -68,12 +68,15 @@ def test_formats_are_detected_from_the_source(tmp_path):
     assert not is_wandb_api_source(str(tmp_path / "x.jsonl"))
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda p: p / "missing.jsonl", "does not exist"),
-    (lambda p: (p / "m.xlsx").write_bytes(b"PK") and p / "m.xlsx", "unknown format"),
-    (lambda p: (p / "m.bin").write_bytes(b"\x00\x01") and p / "m.bin", "unknown format"),
-    (lambda p: (p / "empty").mkdir() or p / "empty", "no TensorBoard event files"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda p: p / "missing.jsonl", "does not exist"),
+        (lambda p: (p / "m.xlsx").write_bytes(b"PK") and p / "m.xlsx", "unknown format"),
+        (lambda p: (p / "m.bin").write_bytes(b"\x00\x01") and p / "m.bin", "unknown format"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "no TensorBoard event files"),
+    ],
+)
 def test_bad_sources_are_one_clear_error(tmp_path, make, message):
     with pytest.raises(ForensicsError, match=message):
         open_reader(make(tmp_path))
@@ -88,8 +91,11 @@ def test_parquet_table_is_read_back_as_written(tmp_path):
 
 def test_ingest_writes_the_canonical_table_and_prints_a_summary(tmp_path, capsys):
     a, b = tmp_path / "train.jsonl", tmp_path / "train.log"
-    _jsonl(a, [{"step": s, "train": {"loss": 1.0 + s}} for s in range(10)]
-           + [{"step": s, "train": {"loss": math.nan if s == 8 else 50.0}} for s in range(7, 12)])
+    _jsonl(
+        a,
+        [{"step": s, "train": {"loss": 1.0 + s}} for s in range(10)]
+        + [{"step": s, "train": {"loss": math.nan if s == 8 else 50.0}} for s in range(7, 12)],
+    )
     b.write_text("banner\nstep 3 | grad_norm 0.5\nstep 4 | grad_norm 1.2.3\nstep x | grad_norm 1\n")
     out = tmp_path / "out" / "metrics.parquet"
     rc = main(["ingest", str(a), str(b), "-o", str(out), "--step-offset", "1"])
@@ -105,13 +111,16 @@ def test_ingest_writes_the_canonical_table_and_prints_a_summary(tmp_path, capsys
     assert table["grad_norm"].notna().sum() == 1
 
 
-@pytest.mark.parametrize("args", [
-    ["ingest", "{tmp}/missing.jsonl", "-o", "{tmp}/m.parquet"],
-    ["ingest", "{tmp}/m.docx", "-o", "{tmp}/m.parquet"],
-    ["ingest", "{tmp}/bad.jsonl", "-o", "{tmp}/m.parquet", "--strict"],
-    ["ingest", "{tmp}/bad.jsonl", "-o", "{tmp}/m.csv"],
-    ["ingest", "{tmp}/bad.jsonl", "-o", "{tmp}/bad.jsonl"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ingest", "{tmp}/missing.jsonl", "-o", "{tmp}/m.parquet"],
+        ["ingest", "{tmp}/m.docx", "-o", "{tmp}/m.parquet"],
+        ["ingest", "{tmp}/bad.jsonl", "-o", "{tmp}/m.parquet", "--strict"],
+        ["ingest", "{tmp}/bad.jsonl", "-o", "{tmp}/m.csv"],
+        ["ingest", "{tmp}/bad.jsonl", "-o", "{tmp}/bad.jsonl"],
+    ],
+)
 def test_ingest_bad_input_exits_2(tmp_path, capsys, args):
     (tmp_path / "m.docx").write_text("x")
     (tmp_path / "bad.jsonl").write_text('{"step": 0, "loss": 1}\n{"step": 1,\n')
@@ -132,17 +141,27 @@ def test_parquet_metrics_keyed_by_another_step_name(tmp_path):
     assert table["step"].tolist() == [0, 1, 2] and table["loss"].tolist() == [1.0, 2.0, 3.0]
 
 
-@pytest.mark.parametrize(("name", "module", "not_imported"), [
-    ("WandbRunReader", "forensics.sources.wandb.run_reader", "forensics.sources.wandb.api_reader"),
-    ("WandbApiReader", "forensics.sources.wandb.api_reader", "forensics.sources.wandb.scanner"),
-])
+@pytest.mark.parametrize(
+    ("name", "module", "not_imported"),
+    [
+        ("WandbRunReader", "forensics.sources.wandb.run_reader", "forensics.sources.wandb.api_reader"),
+        ("WandbApiReader", "forensics.sources.wandb.api_reader", "forensics.sources.wandb.scanner"),
+    ],
+)
 def test_each_wandb_reader_imports_from_its_package_without_the_other(name, module, not_imported):
     import subprocess
     import sys
     from pathlib import Path
 
-    code = (f"import sys; from forensics.sources.wandb import {name}; "
-            f"print({name}.__module__, {not_imported!r} in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parent.parent).stdout.split()
+    code = (
+        f"import sys; from forensics.sources.wandb import {name}; "
+        f"print({name}.__module__, {not_imported!r} in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    ).stdout.split()
     assert out == [module, "False"]

@@ -25,8 +25,9 @@ def _write(path, records, tail: str = "") -> None:
 
 def test_nested_keys_are_flattened_and_values_read_exactly(tmp_path):
     path = tmp_path / "m.jsonl"
-    recs = [{"step": s, "train": {"loss": 1.0 / (s + 1), "opt": {"lr": 1e-4 * s}}, "grad_norm": s * 0.5}
-            for s in range(50)]
+    recs = [
+        {"step": s, "train": {"loss": 1.0 / (s + 1), "opt": {"lr": 1e-4 * s}}, "grad_norm": s * 0.5} for s in range(50)
+    ]
     _write(path, recs)
     df = open_reader(path).read_all()
     assert list(df.columns) == ["step", "train/loss", "train/opt/lr", "grad_norm"]
@@ -54,8 +55,16 @@ def test_step_key_option_picks_the_named_column(tmp_path):
 
 def test_nan_and_infinity_are_kept_and_counted(tmp_path):
     path = tmp_path / "m.jsonl"
-    _write(path, [{"step": 0, "loss": 1.0}, {"step": 1, "loss": math.nan}, {"step": 2, "loss": math.inf},
-                  {"step": 3, "loss": -math.inf}, {"step": 4, "acc": 0.5}])
+    _write(
+        path,
+        [
+            {"step": 0, "loss": 1.0},
+            {"step": 1, "loss": math.nan},
+            {"step": 2, "loss": math.inf},
+            {"step": 3, "loss": -math.inf},
+            {"step": 4, "acc": 0.5},
+        ],
+    )
     assert "NaN" in path.read_text() and "Infinity" in path.read_text()
     df, report = read_metrics([path])
     loss = df["loss"].to_numpy()
@@ -86,16 +95,19 @@ def test_eval_record_for_an_earlier_step_is_merged_not_a_rewind(tmp_path):
     assert report.rewinds == []
 
 
-@pytest.mark.parametrize("records, rewinds", [
-    # logged every 10 steps, resumed below the high point at steps never written: a rewind from the first of them
-    ([(s, "loss") for s in (100, 110, 120)] + [(s, "loss") for s in (60, 70)], [(60, 0, 120)]),
-    # one lone record below the high point is too little to call a resume
-    ([(s, "loss") for s in (100, 110, 120)] + [(60, "loss"), (130, "loss")], []),
-    # a series logged late for earlier steps (nothing of it written yet) is merged, not a rewind
-    ([(s, "loss") for s in (100, 110, 120)] + [(60, "eval/loss"), (70, "eval/loss")], []),
-    # the series was written before only at steps below the jump's target: a late write, not a resume
-    ([(50, "eval/loss"), (100, "loss"), (110, "loss"), (120, "loss"), (60, "eval/loss"), (70, "eval/loss")], []),
-])
+@pytest.mark.parametrize(
+    "records, rewinds",
+    [
+        # logged every 10 steps, resumed below the high point at steps never written: a rewind from the first of them
+        ([(s, "loss") for s in (100, 110, 120)] + [(s, "loss") for s in (60, 70)], [(60, 0, 120)]),
+        # one lone record below the high point is too little to call a resume
+        ([(s, "loss") for s in (100, 110, 120)] + [(60, "loss"), (130, "loss")], []),
+        # a series logged late for earlier steps (nothing of it written yet) is merged, not a rewind
+        ([(s, "loss") for s in (100, 110, 120)] + [(60, "eval/loss"), (70, "eval/loss")], []),
+        # the series was written before only at steps below the jump's target: a late write, not a resume
+        ([(50, "eval/loss"), (100, "loss"), (110, "loss"), (120, "loss"), (60, "eval/loss"), (70, "eval/loss")], []),
+    ],
+)
 def test_jump_back_without_rewritten_steps(tmp_path, records, rewinds):
     path = tmp_path / "m.jsonl"
     _write(path, [{"step": s, key: 1.0 + s} for s, key in records])
@@ -105,8 +117,17 @@ def test_jump_back_without_rewritten_steps(tmp_path, records, rewinds):
 
 def test_malformed_line_is_skipped_with_its_line_number(tmp_path):
     path = tmp_path / "m.jsonl"
-    _write(path, [{"step": 0, "loss": 1.0}, '{"step": 1, "loss": 2.0', "", {"step": 2, "loss": 3.0}, "[1, 2]",
-                  {"step": 3, "loss": 4.0}])
+    _write(
+        path,
+        [
+            {"step": 0, "loss": 1.0},
+            '{"step": 1, "loss": 2.0',
+            "",
+            {"step": 2, "loss": 3.0},
+            "[1, 2]",
+            {"step": 3, "loss": 4.0},
+        ],
+    )
     df, report = read_metrics([path])
     assert df["step"].tolist() == [0, 2, 3] and df["loss"].tolist() == [1.0, 3.0, 4.0]
     src = report.sources[0]
@@ -152,8 +173,10 @@ def test_text_column_is_skipped_with_a_warning(tmp_path):
 
 def test_a_key_whose_type_changes_keeps_its_numbers(tmp_path):
     path = tmp_path / "m.jsonl"
-    _write(path, [{"step": 0, "loss": 1}, {"step": 1, "loss": "n/a"}, {"step": 2, "loss": 2.5},
-                  {"step": 3, "loss": {"x": 1}}])
+    _write(
+        path,
+        [{"step": 0, "loss": 1}, {"step": 1, "loss": "n/a"}, {"step": 2, "loss": 2.5}, {"step": 3, "loss": {"x": 1}}],
+    )
     df, report = read_metrics([path])
     assert df["loss"].tolist()[0] == 1.0 and df["loss"].tolist()[2] == 2.5
     assert report.malformed == 0
@@ -189,12 +212,15 @@ def test_hf_trainer_state_json_log_history(tmp_path):
 
     from forensics.sources import read_metrics as _read
 
-    state = {"global_step": 30, "log_history": [
-        {"epoch": 0.1, "grad_norm": 1.2, "learning_rate": 5e-5, "loss": 2.5, "step": 10},
-        {"epoch": 0.2, "grad_norm": 1.1, "learning_rate": 4e-5, "loss": float("nan"), "step": 20},
-        {"epoch": 0.2, "eval_loss": 2.3, "step": 20},
-        {"epoch": 0.3, "grad_norm": 1.0, "learning_rate": 3e-5, "loss": 2.0, "step": 30},
-    ]}
+    state = {
+        "global_step": 30,
+        "log_history": [
+            {"epoch": 0.1, "grad_norm": 1.2, "learning_rate": 5e-5, "loss": 2.5, "step": 10},
+            {"epoch": 0.2, "grad_norm": 1.1, "learning_rate": 4e-5, "loss": float("nan"), "step": 20},
+            {"epoch": 0.2, "eval_loss": 2.3, "step": 20},
+            {"epoch": 0.3, "grad_norm": 1.0, "learning_rate": 3e-5, "loss": 2.0, "step": 30},
+        ],
+    }
     path = tmp_path / "trainer_state.json"
     path.write_text(_json.dumps(state))
     table, report = _read([path])
@@ -215,9 +241,18 @@ def _blockwise(path) -> JsonlReader:
 
 def test_a_finished_file_read_whole_gives_the_blockwise_table_and_line_numbers(tmp_path):
     path = tmp_path / "m.jsonl"
-    _write(path, [{"step": 0, "loss": 1.0, "lr": 1}, "", "   ", {"step": 1, "loss": float("nan")},
-                  {"step": 2, "loss": 2.5, "lr": 0.5, "eval": {"acc": 0.25}}, {"step": 1, "loss": 9.0}],
-           tail='{"step": 3, "loss": Infinity}')
+    _write(
+        path,
+        [
+            {"step": 0, "loss": 1.0, "lr": 1},
+            "",
+            "   ",
+            {"step": 1, "loss": float("nan")},
+            {"step": 2, "loss": 2.5, "lr": 0.5, "eval": {"acc": 0.25}},
+            {"step": 1, "loss": 9.0},
+        ],
+        tail='{"step": 3, "loss": Infinity}',
+    )
     reader = JsonlReader(path)
     reader.finished = True
     whole = reader.read_all()

@@ -21,10 +21,13 @@ def _value(s: int) -> float:
 FORMS = {
     "jsonl": ("m.jsonl", "", lambda s: json.dumps({"step": s, "train": {"loss": _value(s)}}) + "\n", "train/loss"),
     "csv": ("m.csv", "step,train/loss\n", lambda s: f"{s},{_value(s)}\n", "train/loss"),
-    "text": ("train.log", "starting\n", lambda s: f"step:{s}/100 train_loss:{_value(s)} train_time:{s}ms\n",
-             "train_loss"),
-    "megatron": ("megatron.log", "", lambda s: f" iteration {s:8d}/     100 | lm loss: {_value(s):.6E} |\n",
-                 "lm loss"),
+    "text": (
+        "train.log",
+        "starting\n",
+        lambda s: f"step:{s}/100 train_loss:{_value(s)} train_time:{s}ms\n",
+        "train_loss",
+    ),
+    "megatron": ("megatron.log", "", lambda s: f" iteration {s:8d}/     100 | lm loss: {_value(s):.6E} |\n", "lm loss"),
 }
 
 
@@ -44,7 +47,7 @@ def test_appended_rounds_are_read_exactly_once(tmp_path, kind):
         half = nxt[: len(nxt) // 2]  # the writer is in the middle of the next line
         with open(path, "a") as fh:
             fh.write(pending + "".join(lines) + half)
-        pending = nxt[len(half):]
+        pending = nxt[len(half) :]
         new = reader.read_new()
         expected = list(range(step, step + PER_ROUND))
         assert new["step"].tolist() == expected

@@ -93,8 +93,8 @@ def test_lines_that_look_like_metrics_but_do_not_parse_are_counted(tmp_path):
     path = tmp_path / "train.log"
     path.write_text(
         "step 1 | loss 2.5\n"
-        "step 2 | loss 2.4.1\n"        # a value that tries to be a number
-        "step x3 | loss 2.3\n"         # a step that is not a number
+        "step 2 | loss 2.4.1\n"  # a value that tries to be a number
+        "step x3 | loss 2.3\n"  # a step that is not a number
         "Saving checkpoint at step 3\n"  # prose: skipped silently
         "step 4 | loss 2.2\n"
     )
@@ -178,8 +178,9 @@ def test_nanogpt_iter_and_eval_lines(tmp_path):
     """nanoGPT's train.py prints ``iter N: loss X, time Yms, mfu Z%`` and ``step N: train loss X, val loss Y``."""
     log = tmp_path / "nanogpt.log"
     lines = ["step 0: train loss 10.9876, val loss 10.9901"]
-    lines += [f"iter {i}: loss {10 - i / 10:.4f}, time {120 + i:.2f}ms, mfu {30 + i / 100:.2f}%"
-              for i in range(0, 50, 10)]
+    lines += [
+        f"iter {i}: loss {10 - i / 10:.4f}, time {120 + i:.2f}ms, mfu {30 + i / 100:.2f}%" for i in range(0, 50, 10)
+    ]
     lines += ["step 50: train loss 5.5000, val loss 5.6000", "saving checkpoint to out"]
     log.write_text("\n".join(lines) + "\n")
     table, report = read_metrics([log])
@@ -192,8 +193,9 @@ def test_nanogpt_iter_and_eval_lines(tmp_path):
 
 def test_clock_and_date_fields_do_not_spoil_the_line(tmp_path):
     log = tmp_path / "eta.log"
-    log.write_text("step 1 | loss: 2.0 | eta 0:01:02\nstep 2 | loss: 1.9 | eta 0:00:58 | date 2024-05-01\n"
-                   "step 3 | loss: 2.4.1\n")
+    log.write_text(
+        "step 1 | loss: 2.0 | eta 0:01:02\nstep 2 | loss: 1.9 | eta 0:00:58 | date 2024-05-01\nstep 3 | loss: 2.4.1\n"
+    )
     table, report = read_metrics([log])
     assert table["step"].tolist() == [1, 2]
     assert table["loss"].tolist() == [2.0, 1.9]

@@ -95,7 +95,7 @@ RESTART_TABLE = [
 
 @pytest.mark.parametrize(("history", "then", "statuses"), RESTART_TABLE)
 def test_a_constant_history_starts_over_at_the_first_move(history, then, statuses):
-    assert _trace(history + then)[len(history):] == statuses
+    assert _trace(history + then)[len(history) :] == statuses
 
 
 def test_heavy_tail_run_finds_its_events_with_no_other():

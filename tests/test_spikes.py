@@ -72,8 +72,10 @@ def _clean_runs():
         "student_t3": (base * (1 + 0.02 * rng.standard_t(3, N_CLEAN) / np.sqrt(3)), None),
         "steep_warmup": (1.0 + 10.0 * np.exp(-s / 25.0) + 0.02 * rng.standard_normal(N_CLEAN), None),
         "level_shift_x1.6": (np.where(s < 12_000, 1.0, 1.6) * (1 + 0.03 * rng.standard_normal(N_CLEAN)), None),
-        "level_shift_at_threshold_x1.5": (np.where(s < 12_000, 1.0, 1.5) * (1 + 0.03 * rng.standard_normal(N_CLEAN)),
-                                          None),
+        "level_shift_at_threshold_x1.5": (
+            np.where(s < 12_000, 1.0, 1.5) * (1 + 0.03 * rng.standard_normal(N_CLEAN)),
+            None,
+        ),
         "bucket_effects": (base + offsets[buckets] + 0.015 * rng.standard_normal(N_CLEAN), buckets),
     }
 
@@ -231,15 +233,27 @@ def test_detect_spikes_copies_bucket_cluster_and_epoch_of_the_peak_step():
     grad = 1.0 + 0.1 * rng.standard_normal(n)
     grad[899:902] = [1.1, 30.0, 12.0]
     metrics = pd.DataFrame({"step": np.arange(n), LOSS: loss, "grad_norm": grad})
-    tags = pd.DataFrame({"step": np.arange(n), "epoch": np.arange(n) // 500, "bucket": np.full(n, 5),
-                         "cluster": np.full(n, 2), "cluster_name": ["code"] * n})
+    tags = pd.DataFrame(
+        {
+            "step": np.arange(n),
+            "epoch": np.arange(n) // 500,
+            "bucket": np.full(n, 5),
+            "cluster": np.full(n, 2),
+            "cluster_name": ["code"] * n,
+        }
+    )
     found = detect_spikes(metrics, [LOSS, "grad_norm"], tags=tags)
     spikes = {(f.metric, f.step): f for f in spikes_of(found)}
     assert set(spikes) == {(LOSS, 900), ("grad_norm", 900)}
     assert spikes[("grad_norm", 900)].end_step == 901
     flat = spikes[(LOSS, 900)].to_dict()
     assert {k: flat[k] for k in ("bucket", "bucket_range", "cluster", "cluster_name", "epoch")} == {
-        "bucket": 5, "bucket_range": "(3296, 8192]", "cluster": 2, "cluster_name": "code", "epoch": 1}
+        "bucket": 5,
+        "bucket_range": "(3296, 8192]",
+        "cluster": 2,
+        "cluster_name": "code",
+        "epoch": 1,
+    }
 
 
 def test_missing_metric_column_is_bad_input():
@@ -292,8 +306,13 @@ def _bloom_excerpt(real_logs_dir: Path) -> pd.DataFrame:
     """The 13-row Megatron excerpt around BLOOM-176B's spike (train rows only, not the validation line)."""
     text = (real_logs_dir / "bloom-176b-tr11-megatron.log").read_text()
     rows = re.findall(r"iteration\s+(\d+)/.*?lm loss: (\S+) \| grad norm: (\S+) \|", text)
-    return pd.DataFrame({"step": [int(a) for a, _, _ in rows], "lm loss": [float(b) for _, b, _ in rows],
-                         "grad norm": [float(c) for _, _, c in rows]})
+    return pd.DataFrame(
+        {
+            "step": [int(a) for a, _, _ in rows],
+            "lm loss": [float(b) for _, b, _ in rows],
+            "grad norm": [float(c) for _, _, c in rows],
+        }
+    )
 
 
 def test_short_excerpt_spike_is_judged_two_sided(real_logs_dir):
@@ -344,5 +363,6 @@ def test_loss_spike_led_by_the_grad_norm_gets_a_higher_confidence(real_logs_dir)
     assert joint["lm loss"].details["joint"] == "led" and joint["grad norm"].details["joint"] == "loss_response"
     assert "joint" not in alone.details
     assert 0.5 <= alone.details["confidence"] < joint["lm loss"].details["confidence"] <= 1.0
-    assert joint["lm loss"].details["confidence"] == pytest.approx(1 - 0.4 * (1 - alone.details["confidence"]),
-                                                                   abs=1e-3)
+    assert joint["lm loss"].details["confidence"] == pytest.approx(
+        1 - 0.4 * (1 - alone.details["confidence"]), abs=1e-3
+    )

@@ -30,8 +30,11 @@ def runs():
 
 
 def _sources(run) -> dict[str, str]:
-    return {"trainer_state": str(run.out / "trainer_state.json"), "tensorboard": str(run.tensorboard_runs[0]),
-            "wandb": str(run.wandb_runs[0])}
+    return {
+        "trainer_state": str(run.out / "trainer_state.json"),
+        "tensorboard": str(run.tensorboard_runs[0]),
+        "wandb": str(run.wandb_runs[0]),
+    }
 
 
 def _read(source: str):
@@ -62,8 +65,7 @@ def test_aligned_sources_agree_on_step_and_loss_for_every_logged_step(runs, name
     state, _ = aligned_table(src["trainer_state"])
     tb, _ = aligned_table(src["tensorboard"])
     wb, _ = aligned_table(src["wandb"])
-    series = [t.set_index("step")[key].dropna() for t, key in ((state, "loss"), (tb, "train/loss"),
-                                                               (wb, "train/loss"))]
+    series = [t.set_index("step")[key].dropna() for t, key in ((state, "loss"), (tb, "train/loss"), (wb, "train/loss"))]
     logged = json.loads((run.out / "trainer_state.json").read_text())["log_history"]
     expected = [r["step"] - 1 for r in logged if "loss" in r]  # HF's step s+1 is update s
     for s in series:
@@ -91,8 +93,12 @@ def test_wandb_step_counts_log_calls_and_drifts_after_each_eval(runs):
 def test_wandb_own_step_is_preferred_to_wandb_step():
     own = pd.DataFrame({"step": [0, 1], "trainer/global_step": [0.0, 1.0], "loss": [1.0, 2.0]})
     assert recognise_wandb(own, {}, "_step") == StepConvention(
-        "trainer/global_step", 0, "wandb-own-step", None,
-        "W&B history logs its own step key 'trainer/global_step'; _step (log calls) not used")
+        "trainer/global_step",
+        0,
+        "wandb-own-step",
+        None,
+        "W&B history logs its own step key 'trainer/global_step'; _step (log calls) not used",
+    )
     logged_step = pd.DataFrame({"step": [0, 1], "logged_step": [3.0, 4.0], "loss": [1.0, 2.0]})
     assert recognise_wandb(logged_step, {}, "_step").step_key == "step"  # a logged 'step' key, renamed by the reader
     bare = pd.DataFrame({"step": [0, 1], "loss": [1.0, 2.0]})

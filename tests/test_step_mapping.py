@@ -16,8 +16,9 @@ def _plan(batches_per_epoch: dict[int, int], per_batch: int = 2, rank: int | Non
     for epoch, n in batches_per_epoch.items():
         for b in range(n):
             for _ in range(per_batch):
-                rows.append({"epoch": epoch, "batch_id": b, "sample_id": sid} | ({"rank": rank} if rank is not None
-                                                                                  else {}))
+                rows.append(
+                    {"epoch": epoch, "batch_id": b, "sample_id": sid} | ({"rank": rank} if rank is not None else {})
+                )
                 sid += 1
     return pd.DataFrame(rows)
 
@@ -88,8 +89,9 @@ def test_round_robin_refuses_per_rank_streams():
     from forensics.errors import ForensicsError
     from forensics.plan.step_mapping import assign_steps
 
-    plan = pd.DataFrame({"epoch": [0, 0, 0, 0], "batch_id": [0, 0, 1, 1], "rank": [0, 1, 0, 1],
-                         "sample_id": [1, 2, 3, 4]})
+    plan = pd.DataFrame(
+        {"epoch": [0, 0, 0, 0], "batch_id": [0, 0, 1, 1], "rank": [0, 1, 0, 1], "sample_id": [1, 2, 3, 4]}
+    )
     with pytest.raises(ForensicsError, match="per_rank"):
         assign_steps(plan, grad_accum=1, world_size=2)
     assert assign_steps(plan, 1, 2, "per_rank")["step"].tolist() == [0, 0, 1, 1]

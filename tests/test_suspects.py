@@ -18,11 +18,14 @@ def plan_and_samples() -> tuple[pd.DataFrame, pd.DataFrame]:
     ids = np.arange(800)
     plan = pd.DataFrame({"step": ids // 8, "sample_id": ids})
     words = rng.integers(0, 5000, (800, 30))
-    samples = pd.DataFrame({
-        "sample_id": ids, "n_tokens": rng.integers(950, 1050, 800).astype(np.int32),
-        "cluster": np.zeros(800, dtype=np.int64),
-        "text": [" ".join(f"w{w}" for w in row) for row in words],
-    })
+    samples = pd.DataFrame(
+        {
+            "sample_id": ids,
+            "n_tokens": rng.integers(950, 1050, 800).astype(np.int32),
+            "cluster": np.zeros(800, dtype=np.int64),
+            "text": [" ".join(f"w{w}" for w in row) for row in words],
+        }
+    )
     return plan, samples
 
 

@@ -25,12 +25,14 @@ BOUNDS = [0, 770, 1216, 1728, 2432, 3296, 8192]
 @pytest.fixture
 def tiny() -> tuple[pd.DataFrame, pd.DataFrame]:
     """8 samples with given clusters and a plan of 7 batches (2 samples each), grad_accum 2, two epochs."""
-    samples = pd.DataFrame({
-        "sample_id": np.arange(8),
-        "n_tokens": np.array([100, 200, 900, 1000, 3000, 9000, 50, 60], dtype=np.int32),
-        "cluster": [0, 0, 1, 1, 2, 2, 0, 1],
-        "cluster_name": ["qa", "qa", "math", "math", "code", "code", "qa", "math"],
-    })
+    samples = pd.DataFrame(
+        {
+            "sample_id": np.arange(8),
+            "n_tokens": np.array([100, 200, 900, 1000, 3000, 9000, 50, 60], dtype=np.int32),
+            "cluster": [0, 0, 1, 1, 2, 2, 0, 1],
+            "cluster_name": ["qa", "qa", "math", "math", "code", "code", "qa", "math"],
+        }
+    )
     batches = {0: [[0, 1], [2, 3], [6, 7], [0, 6], [4, 5]], 1: [[6, 7], [0, 1]]}
     rows = [(e, b, s) for e, bs in batches.items() for b, batch in enumerate(bs) for s in batch]
     plan = pd.DataFrame(rows, columns=["epoch", "batch_id", "sample_id"])
@@ -56,8 +58,10 @@ def test_tiny_plan_tags_match_hand_computation(tiny):
     assert tags["bucket_range"].tolist() == ["(0, 770]", "(0, 770]", "(2432, 3296]", "(0, 770]"]
     np.testing.assert_allclose(tags["bucket_share"], [0.5, 1.0, 0.5, 1.0])
     np.testing.assert_allclose(tags["bucket_entropy"], [1.0, 0.0, 1.0, 0.0], atol=1e-12)
-    np.testing.assert_allclose(tags[[f"bucket_share_{k}" for k in range(6)]].to_numpy(),
-                               [[.5, .5, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0, 0, 0, 0, .5, .5], [1, 0, 0, 0, 0, 0]])
+    np.testing.assert_allclose(
+        tags[[f"bucket_share_{k}" for k in range(6)]].to_numpy(),
+        [[0.5, 0.5, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0.5, 0.5], [1, 0, 0, 0, 0, 0]],
+    )
     # clusters: step 0 = {0,0,1,1}; step 1 = {0,1,0,0}; step 2 = {2,2}; step 3 = {0,1,0,0}
     assert tags["cluster"].tolist() == [0, 0, 2, 0]
     assert tags["cluster_name"].tolist() == ["qa", "qa", "code", "qa"]
@@ -74,8 +78,9 @@ def test_tiny_plan_tags_match_hand_computation(tiny):
 
 def test_steps_since_seen_counts_presence_not_only_dominance():
     # cluster 1 is a minority in step 0, absent in steps 1-2, dominant in step 3: last seen 3 steps before.
-    samples = pd.DataFrame({"sample_id": np.arange(7), "n_tokens": np.full(7, 10, np.int32),
-                            "cluster": [0, 0, 1, 0, 0, 1, 1]})
+    samples = pd.DataFrame(
+        {"sample_id": np.arange(7), "n_tokens": np.full(7, 10, np.int32), "cluster": [0, 0, 1, 0, 0, 1, 1]}
+    )
     plan = pd.DataFrame({"step": [0, 0, 0, 1, 2, 3, 3], "sample_id": np.arange(7)})
     tags = tag_steps(plan, samples, BOUNDS)
     assert tags["cluster"].tolist() == [0, 0, 0, 1]
@@ -86,8 +91,9 @@ def test_steps_since_seen_counts_presence_not_only_dominance():
 
 def test_padded_tokens_equal_a_direct_count_over_the_builders_batches():
     rng = np.random.default_rng(1)
-    samples = pd.DataFrame({"sample_id": np.arange(3000) * 3 + 7,
-                            "n_tokens": rng.integers(10, 12000, 3000).astype(np.int32)})
+    samples = pd.DataFrame(
+        {"sample_id": np.arange(3000) * 3 + 7, "n_tokens": rng.integers(10, 12000, 3000).astype(np.int32)}
+    )
     batches = [static_sorted(samples, e, 0) for e in range(2)]
     lengths = dict(zip(samples["sample_id"], np.minimum(samples["n_tokens"], 8192)))
     padded = sum(len(b) * max(lengths[s] for s in b) for epoch in batches for b in epoch)
@@ -123,8 +129,12 @@ def test_without_text_every_step_is_cluster_minus_one_with_a_warning(tiny):
 
 def test_given_clusters_are_kept_unless_clustering_is_asked_for(tiny):
     plan, samples = tiny
-    samples = samples.assign(text=["question capital city"] * 2 + ["solve integral equation"] * 2
-                             + ["def return self"] * 2 + ["question capital river", "solve integral prime"])
+    samples = samples.assign(
+        text=["question capital city"] * 2
+        + ["solve integral equation"] * 2
+        + ["def return self"] * 2
+        + ["question capital river", "solve integral prime"]
+    )
     assert tag_case(plan, samples).clusters.method == "given"
     result = tag_case(plan, samples, clusters=3)
     assert result.clusters.method == "text"
@@ -137,6 +147,7 @@ def test_given_clusters_are_kept_unless_clustering_is_asked_for(tiny):
 
 def test_optimal_boundaries_are_the_finders(tiny):
     import forensics.plan.optimal_boundaries as finder
+
     plan, samples = tiny
     result = tag_case(plan, samples, boundaries="optimal", n_buckets=3)
     lengths = np.minimum(samples["n_tokens"].to_numpy(np.int64), 8192)
@@ -159,8 +170,14 @@ def demo_tables(demo_small):
 def test_every_demo_step_has_its_bucket_and_a_text_cluster(demo_tables):
     for case, plan, samples in demo_tables.values():
         k = samples["source"].nunique()
-        result = tag_case(plan, samples, grad_accum=case.config.grad_accum, world_size=case.config.world_size,
-                          boundaries=case.config.boundaries, clusters=k)
+        result = tag_case(
+            plan,
+            samples,
+            grad_accum=case.config.grad_accum,
+            world_size=case.config.world_size,
+            boundaries=case.config.boundaries,
+            clusters=k,
+        )
         tags = result.tags
         assert tags["step"].tolist() == sorted(result.plan["step"].unique())
         assert tags["bucket"].between(0, len(case.config.boundaries) - 2).all()
@@ -171,8 +188,10 @@ def test_every_demo_step_has_its_bucket_and_a_text_cluster(demo_tables):
 
 
 def test_static_demo_repeats_its_steps_each_epoch_and_pads_less_than_bucketed(demo_tables):
-    tags = {name: tag_case(plan, samples, cluster_by="source", boundaries=BOUNDS).tags for name, (_, plan, samples) in
-            demo_tables.items()}
+    tags = {
+        name: tag_case(plan, samples, cluster_by="source", boundaries=BOUNDS).tags
+        for name, (_, plan, samples) in demo_tables.items()
+    }
     # both plans put one bucket in each batch
     for t in tags.values():
         assert t["bucket_share"].mean() > 0.9
@@ -208,10 +227,11 @@ def test_fast_term_counts_and_tfidf_are_scikit_learns_matrices_entry_for_entry()
     rng = np.random.default_rng(0)
     chars = list("abcABC01_ ,.!\t\n-'") + ["\u00e9", "\u03a3", "\u0130", "\u00df", "\ufffd"]
     weights = np.array([8] * 6 + [3, 3, 2, 15, 3, 3, 2, 2, 2, 2, 2] + [0.3] * 5)
-    texts = np.array(["".join(rng.choice(chars, size=int(rng.integers(0, 40)), p=weights / weights.sum()))
-                      for _ in range(3000)]
-                     + ["", "a", "ab", "Question: the capital?", "\u03a3\u039f\u03a6\u039f\u03a3"],
-                     dtype=object)
+    texts = np.array(
+        ["".join(rng.choice(chars, size=int(rng.integers(0, 40)), p=weights / weights.sum())) for _ in range(3000)]
+        + ["", "a", "ab", "Question: the capital?", "\u03a3\u039f\u03a6\u039f\u03a3"],
+        dtype=object,
+    )
     model = TextClusterer(3, max_fit=3000, seed=0, chunk=700)
     model.fit(texts)
     assert 0.1 < np.mean([not t.isascii() for t in texts]) < 0.9 and len(model.vectorizer_.vocabulary_) > 100
@@ -237,8 +257,22 @@ def test_cluster_by_a_label_column_names_clusters_by_label(demo_tables):
 # --- the CLI -------------------------------------------------------------------------------------------------------
 def test_cli_tags_a_case_and_writes_samples_with_bucket_and_cluster(demo_small, tmp_path, capsys):
     out, s2 = tmp_path / "tags.parquet", tmp_path / "s2.parquet"
-    code = main(["tag", str(demo_small / "static"), "--clusters", "5", "--grad-accum", "2", "--step-offset", "1",
-                 "-o", str(out), "--samples-out", str(s2)])
+    code = main(
+        [
+            "tag",
+            str(demo_small / "static"),
+            "--clusters",
+            "5",
+            "--grad-accum",
+            "2",
+            "--step-offset",
+            "1",
+            "-o",
+            str(out),
+            "--samples-out",
+            str(s2),
+        ]
+    )
     assert code == 0
     tags = pd.read_parquet(out)
     assert set(TAG_COLUMNS) <= set(tags.columns)
@@ -259,23 +293,42 @@ def test_cli_with_plan_and_samples_files(tiny, tmp_path):
     plan.to_csv(tmp_path / "plan.csv", index=False)
     samples.to_parquet(tmp_path / "samples.parquet")
     out = tmp_path / "t.parquet"
-    assert main(["tag", "--plan", str(tmp_path / "plan.csv"), "--samples", str(tmp_path / "samples.parquet"),
-                 "--grad-accum", "2", "--boundaries", "0,500,8192", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "tag",
+                "--plan",
+                str(tmp_path / "plan.csv"),
+                "--samples",
+                str(tmp_path / "samples.parquet"),
+                "--grad-accum",
+                "2",
+                "--boundaries",
+                "0,500,8192",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     tags = pd.read_parquet(out)
     assert tags["padded_tokens"].tolist() == [2400, 320, 16384, 520]
     assert tags["bucket"].tolist() == [0, 0, 1, 0]  # (0, 500] and (500, 8192]
     assert tags["cluster_name"].tolist() == ["qa", "qa", "code", "qa"]  # the samples' given clusters are kept
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--plan", "{d}/missing.parquet", "--samples", "{d}/samples.parquet"], "does not exist"),
-    (["--plan", "{d}/bad_plan.csv", "--samples", "{d}/samples.parquet"], "needs a 'step' column"),
-    (["--plan", "{d}/plan.csv", "--samples", "{d}/samples.parquet", "--clusters", "many"], "--clusters"),
-    (["--plan", "{d}/plan.csv", "--samples", "{d}/samples.parquet", "--cluster-by", "topic"], "topic"),
-    (["--plan", "{d}/plan.csv", "--samples", "{d}/samples.parquet", "--boundaries", "0,900,100"], "increase"),
-    (["--plan", "{d}/plan.csv", "--samples", "{d}/samples.parquet", "--grad-accum", "0"], "--grad-accum"),
-    (["--samples", "{d}/samples.parquet"], "needs a plan"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--plan", "{d}/missing.parquet", "--samples", "{d}/samples.parquet"], "does not exist"),
+        (["--plan", "{d}/bad_plan.csv", "--samples", "{d}/samples.parquet"], "needs a 'step' column"),
+        (["--plan", "{d}/plan.csv", "--samples", "{d}/samples.parquet", "--clusters", "many"], "--clusters"),
+        (["--plan", "{d}/plan.csv", "--samples", "{d}/samples.parquet", "--cluster-by", "topic"], "topic"),
+        (["--plan", "{d}/plan.csv", "--samples", "{d}/samples.parquet", "--boundaries", "0,900,100"], "increase"),
+        (["--plan", "{d}/plan.csv", "--samples", "{d}/samples.parquet", "--grad-accum", "0"], "--grad-accum"),
+        (["--samples", "{d}/samples.parquet"], "needs a plan"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(tiny, tmp_path, capsys, args, message):
     plan, samples = tiny
     plan.to_csv(tmp_path / "plan.csv", index=False)

@@ -44,15 +44,24 @@ def _engine(name: str, client):
 
 @pytest.mark.parametrize("layout", ["samples.parquet", "parts"])
 @pytest.mark.parametrize("engine", ["pandas", "duckdb", "dask"])
-def test_every_engine_gives_the_clusters_of_the_texts_in_memory(texts: dict, engine: str, layout: str,
-                                                                request, monkeypatch) -> None:
+def test_every_engine_gives_the_clusters_of_the_texts_in_memory(
+    texts: dict, engine: str, layout: str, request, monkeypatch
+) -> None:
     monkeypatch.setenv("FORENSICS_NO_CACHE", "1")  # on Dask: a task per row group (11 of the file, 3 parts)
     eng = _engine(engine, request.getfixturevalue("dask_client") if engine == "dask" else None)
     seen: list[int] = []
     try:
         labels = texts["samples"]["source"].to_numpy()
-        codes, info = cluster_text_column(TextColumn(texts["root"] / layout, eng), len(texts["samples"]), None,
-                                          max_fit=1500, seed=0, labels=labels, progress=seen.append, chunk=900)
+        codes, info = cluster_text_column(
+            TextColumn(texts["root"] / layout, eng),
+            len(texts["samples"]),
+            None,
+            max_fit=1500,
+            seed=0,
+            labels=labels,
+            progress=seen.append,
+            chunk=900,
+        )
     finally:
         eng.close()
     assert np.array_equal(codes, texts["codes"])
@@ -66,7 +75,7 @@ def test_the_content_key_is_the_same_for_any_chunking_and_changes_with_one_text(
     body = words[rng.integers(0, 5, 1000)]
 
     def key(t: np.ndarray, cut: int) -> str:
-        digests = [_digest(t[s:s + cut], s) for s in range(0, len(t), cut)]
+        digests = [_digest(t[s : s + cut], s) for s in range(0, len(t), cut)]
         return text_key(digests, len(t), None, 100, 0, None)
 
     assert key(body, 1000) == key(body, 7) == key(body, 333)
@@ -113,10 +122,23 @@ def test_the_cli_tags_on_duckdb_without_loading_the_texts(demo_small: Path, tmp_
 
     out, tagged = {}, {}
     for engine in ("pandas", "duckdb"):
-        res = subprocess.run([sys.executable, "-m", "forensics", "tag", str(demo_small / "static"), "--engine", engine,
-                              "-o", str(tmp_path / f"{engine}.parquet"),
-                              "--samples-out", str(tmp_path / f"samples-{engine}.parquet")], capture_output=True,
-                             text=True)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "forensics",
+                "tag",
+                str(demo_small / "static"),
+                "--engine",
+                engine,
+                "-o",
+                str(tmp_path / f"{engine}.parquet"),
+                "--samples-out",
+                str(tmp_path / f"samples-{engine}.parquet"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stderr
         out[engine] = pd.read_parquet(tmp_path / f"{engine}.parquet")
         tagged[engine] = pd.read_parquet(tmp_path / f"samples-{engine}.parquet")

@@ -34,8 +34,14 @@ print(json.dumps({{"env": {{k: os.environ.get(k) for k in {pools!r}}}, "numba": 
 
 def _probe(cores: int | None = None, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if k not in POOLS and k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", PROBE.format(cores=cores, pools=list(POOLS))], capture_output=True,
-                         text=True, env={**clean, **env}, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(cores=cores, pools=list(POOLS))],
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        timeout=120,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -54,8 +60,9 @@ def test_the_users_own_setting_wins():
     assert got["env"]["MKL_NUM_THREADS"] == "1"  # and BLAS to one thread
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs CPU affinity and two cores")
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs CPU affinity and two cores"
+)
 def test_blas_keeps_one_thread_whatever_the_cores_so_findings_do_not_follow_the_load():
     got = _probe(cores=2)
     assert got["env"]["OPENBLAS_NUM_THREADS"] == got["env"]["MKL_NUM_THREADS"] == "1"
@@ -128,11 +135,17 @@ def test_idle_openblas_workers_sleep_instead_of_spinning():
     (without ``forensics`` imported first, this probe's busiest worker measured 13-23 ticks on 2 cores)."""
     clean = {k: v for k, v in os.environ.items() if k not in POOLS and k != "OPENBLAS_THREAD_TIMEOUT"}
     env = {**clean, "OPENBLAS_NUM_THREADS": "2"}  # a second thread even on a 1-core runner: the user's value wins
-    out = subprocess.run([sys.executable, "-c", SPIN_PROBE], capture_output=True, text=True, env=env, timeout=120,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SPIN_PROBE], capture_output=True, text=True, env=env, timeout=120, check=True
+    )
     assert int(out.stdout.strip().splitlines()[-1]) <= 2  # clock ticks (10 ms each): asleep right after its work
     code = "import forensics.__main__ as m, os; m.size_this_process(); print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
-    spun = subprocess.run([sys.executable, "-c", code],
-                          capture_output=True, text=True, env={**clean, "OPENBLAS_THREAD_TIMEOUT": "20"}, timeout=60,
-                          check=True)
+    spun = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**clean, "OPENBLAS_THREAD_TIMEOUT": "20"},
+        timeout=60,
+        check=True,
+    )
     assert spun.stdout.strip() == "20"  # a user's own spin wins

@@ -64,7 +64,7 @@ def test_a_static_corrupted_run_tells_one_short_story(audited, hf_cases):
     (main_cause,) = [c for c in findings["causes"] if steps <= set(c["steps"])]
     assert main_cause["severity"] == "critical" and main_cause is findings["causes"][0]
     assert str(min(steps)) in findings["verdict"]
-    assert set(main_cause["suspect_samples"][:len(corrupt)]) == corrupt
+    assert set(main_cause["suspect_samples"][: len(corrupt)]) == corrupt
     others = [c for c in findings["causes"] if c is not main_cause and c["severity"] in ("critical", "warning")]
     assert len(others) <= 2
 
@@ -74,14 +74,26 @@ def test_a_re_paired_poisoned_micro_batch_is_one_cause_with_no_clean_step(audite
     findings, _ = audited("accum2_repaired")
     corrupt = set(case.corrupt_ids)
     holding = set(_corrupt_steps(case))
-    poisoned = [c for c in findings["causes"] if c["kind"] in ("batch", "samples")
-                and set(c["suspect_samples"][:len(corrupt)]) == corrupt]
+    poisoned = [
+        c
+        for c in findings["causes"]
+        if c["kind"] in ("batch", "samples") and set(c["suspect_samples"][: len(corrupt)]) == corrupt
+    ]
     assert len(poisoned) == 1
     assert len(poisoned[0]["events"]) >= 3 and set(poisoned[0]["steps"]) <= holding
 
 
-@pytest.mark.parametrize("name", ["clean_grouped", "static_corrupt", "accum2_repaired", "grouped_longest_corrupt",
-                                  "random_corrupt", "random_accum2_corrupt"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "clean_grouped",
+        "static_corrupt",
+        "accum2_repaired",
+        "grouped_longest_corrupt",
+        "random_corrupt",
+        "random_accum2_corrupt",
+    ],
+)
 def test_every_summary_fits_40_lines_and_causes_agree_with_their_findings(audited, name):
     findings, lines = audited(name)
     assert len(lines) <= 40
@@ -133,14 +145,15 @@ def test_an_epoch_end_partial_batch_says_its_size(audited, hf_cases):
     for s in small:
         b = s["details"]["batch_size"]
         assert b["n_samples"] == 2 and b["last_of_epoch"] is True
-        assert any(f"2 samples against a median of 8: the last batch of epoch {s['epoch']}" in e
-                   for e in s["evidence"])
+        assert any(f"2 samples against a median of 8: the last batch of epoch {s['epoch']}" in e for e in s["evidence"])
 
 
 #: Stop words and function words no cluster name may be made of (a person reads the name, not the tokenizer).
-STOP_WORDS = set("""a an and are as at be by does did do for from has have he her his how i if in is it its no not of
+STOP_WORDS = set(
+    """a an and are as at be by does did do for from has have he her his how i if in is it its no not of
 on or our she so than that the their them then there these they this to was we were what when where which who why
-will with yes you your""".split())
+will with yes you your""".split()
+)
 
 
 @pytest.mark.parametrize("name", ["clean_grouped", "static_corrupt", "random_corrupt"])
@@ -163,8 +176,7 @@ def test_the_demo_cluster_names_are_real_words(demo_small):
         assert words and all(re.fullmatch(r"[a-z][a-z'-]{2,}", w) and w not in STOP_WORDS for w in words), n
 
 
-def test_past_the_entries_it_holds_the_harmful_samples_estimate_thins_the_logged_steps(hf_cases, tmp_path,
-                                                                                      monkeypatch):
+def test_past_the_entries_it_holds_the_harmful_samples_estimate_thins_the_logged_steps(hf_cases, tmp_path, monkeypatch):
     """A plan whose logged steps hold more (step, sample) entries than the estimate holds (here: half the run's):
     it keeps one logged step in 2, says so, and still names the corrupted samples (with half their appearances)."""
     import contextlib

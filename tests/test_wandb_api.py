@@ -35,8 +35,9 @@ from forensics.errors import ForensicsError  # noqa: E402
 from forensics.sources import open_reader  # noqa: E402
 from forensics.sources.wandb.api_reader import RunPath, WandbApiReader, parse_run_path  # noqa: E402
 
-pytestmark = pytest.mark.skipif(wandb.__version__ != "0.31.0",
-                                reason=f"the server answers wandb 0.31.0's requests; installed {wandb.__version__}")
+pytestmark = pytest.mark.skipif(
+    wandb.__version__ != "0.31.0", reason=f"the server answers wandb 0.31.0's requests; installed {wandb.__version__}"
+)
 
 DUMMY_KEY = "0123456789abcdef0123456789abcdef01234567"
 
@@ -46,8 +47,14 @@ def make_rows(start: int, stop: int) -> list[dict]:
     rows = []
     for i in range(start, stop):
         loss = {7: math.nan, 8: math.inf, 130: math.nan, 131: -math.inf}.get(i, 1.0 / (i + 1))
-        row = {"_step": i, "_runtime": 0.1 * i, "_timestamp": 1.7e9 + i, "train/loss": loss,
-               "opt": {"lr": 1e-4 * (i % 7), "grad_norm": 0.25 * i}, "note": f"step {i}"}
+        row = {
+            "_step": i,
+            "_runtime": 0.1 * i,
+            "_timestamp": 1.7e9 + i,
+            "train/loss": loss,
+            "opt": {"lr": 1e-4 * (i % 7), "grad_norm": 0.25 * i},
+            "note": f"step {i}",
+        }
         if i % 3 == 0:
             row["eval/acc"] = i / 1000
         rows.append(row)
@@ -73,8 +80,12 @@ def history_pages(server: FakeWandbServer, since: int = 0) -> list[tuple[int, in
 
 def test_every_row_is_read_across_the_export_and_the_pages(wandb_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     rows = make_rows(0, 250)
-    run = FakeRun(rows, config={"lr": 3e-4, "model": {"layers": 12}}, summary={"train/loss": 0.004, "_runtime": 9},
-                  export_upto=120)
+    run = FakeRun(
+        rows,
+        config={"lr": 3e-4, "model": {"layers": 12}},
+        summary={"train/loss": 0.004, "_runtime": 9},
+        export_upto=120,
+    )
     with FakeWandbServer({"acme/drafter/run1": run}) as server:
         monkeypatch.setenv("WANDB_BASE_URL", server.url)
         reader = WandbApiReader("wandb://acme/drafter/run1", page_size=50, timeout=5)
@@ -125,8 +136,9 @@ def test_keys_keep_rows_that_lack_the_other_keys(wandb_env: None, monkeypatch: p
     """A keyed ``scan_history`` drops rows missing any key; the reader must not: loss stays on every step."""
     with FakeWandbServer({"acme/drafter/k1": FakeRun(make_rows(0, 30))}) as server:
         monkeypatch.setenv("WANDB_BASE_URL", server.url)
-        got = WandbApiReader("https://wandb.ai/acme/drafter/runs/k1/overview", keys=["train/loss", "eval/*"],
-                             timeout=5).read_all()
+        got = WandbApiReader(
+            "https://wandb.ai/acme/drafter/runs/k1/overview", keys=["train/loss", "eval/*"], timeout=5
+        ).read_all()
     assert sorted(got.columns) == ["_timestamp", "eval/acc", "step", "train/loss"]
     assert got["step"].tolist() == list(range(30)) and got["eval/acc"].notna().sum() == 10
 

@@ -28,7 +28,7 @@ import forensics.sources.wandb.scanner as scanner  # noqa: E402
 from forensics.sources.wandb.run_reader import WandbRunReader  # noqa: E402
 from tests.wandb_writers import isolated_env  # noqa: E402
 
-EDGE_WRITER = textwrap.dedent('''
+EDGE_WRITER = textwrap.dedent("""
     import sys
     import wandb
 
@@ -57,15 +57,20 @@ EDGE_WRITER = textwrap.dedent('''
             run.summary["dropped"] = 1.0
     del run.summary["dropped"]
     run.finish()
-''')
+""")
 
 
 @pytest.fixture(scope="module")
 def edge_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wandb-edge")
     (out / "writer.py").write_text(EDGE_WRITER)
-    subprocess.run([sys.executable, str(out / "writer.py"), str(out)], env=isolated_env(out), check=True,
-                   timeout=120, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(out / "writer.py"), str(out)],
+        env=isolated_env(out),
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     return next((out / "wandb").glob("offline-run-*/run-edge1.wandb"))
 
 
@@ -91,8 +96,9 @@ def assert_same_reads(a: WandbRunReader, b: WandbRunReader) -> None:
 
 
 @pytest.mark.parametrize(("window", "ahead"), [(scanner.WINDOW, False), (16 * 1024, False), (16 * 1024, True)])
-def test_the_edge_run_reads_the_same_on_both_paths(edge_run: Path, window: int, ahead: bool,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_edge_run_reads_the_same_on_both_paths(
+    edge_run: Path, window: int, ahead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``ahead``: the next window walked on a second thread (on by itself only with two free cores)."""
     monkeypatch.setattr(scanner, "WINDOW", window)
     monkeypatch.setattr(scanner, "_two_cores", lambda: ahead)
@@ -117,13 +123,18 @@ def test_the_edge_run_reads_the_same_on_both_paths(edge_run: Path, window: int, 
 
 def test_the_fixture_runs_read_the_same_on_both_paths(monkeypatch: pytest.MonkeyPatch, wandb_runs: Path) -> None:
     runs = wandb_runs
-    for source, kwargs in [(runs / "nested", {}), (runs / "multi", {}), (runs / "multi", {"run_id": "other1"}),
-                           (runs / "multi", {"run_id": "other1", "step_key": "global_step"})]:
+    for source, kwargs in [
+        (runs / "nested", {}),
+        (runs / "multi", {}),
+        (runs / "multi", {"run_id": "other1"}),
+        (runs / "multi", {"run_id": "other1", "step_key": "global_step"}),
+    ]:
         assert_same_reads(_read(source, False, monkeypatch, **kwargs), _read(source, True, monkeypatch, **kwargs))
 
 
-def test_damaged_copies_read_the_same_on_both_paths(edge_run: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_damaged_copies_read_the_same_on_both_paths(
+    edge_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(scanner, "WINDOW", 64 * 1024)
     data = edge_run.read_bytes()
     rng = np.random.default_rng(7)
@@ -137,8 +148,9 @@ def test_damaged_copies_read_the_same_on_both_paths(edge_run: Path, tmp_path: Pa
         assert len(fast.table) >= 390  # one record lost, at most a few rows
 
 
-def test_a_growing_copy_reads_each_row_once_as_the_exact_path_does(edge_run: Path, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_growing_copy_reads_each_row_once_as_the_exact_path_does(
+    edge_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(scanner, "WINDOW", 16 * 1024)
     monkeypatch.setattr(scanner, "_two_cores", lambda: True)
     source = edge_run.read_bytes()
@@ -150,7 +162,7 @@ def test_a_growing_copy_reads_each_row_once_as_the_exact_path_does(edge_run: Pat
     with copy.open("wb") as fh:
         while pos < len(source):
             size = int(rng.choice([7, 3000, 40_000, 200_000]))
-            fh.write(source[pos:pos + size])
+            fh.write(source[pos : pos + size])
             fh.flush()
             pos += size
             pieces.append(reader.read_new())
@@ -168,16 +180,59 @@ def test_the_loop_checksum_is_zlibs() -> None:
     for n in [0, 1, 7, 8, 9, 15, 16, 17, 1000, 32 * 1024]:
         buf = rng.integers(0, 256, n + 5).astype(np.uint8)
         for seed in (0, zlib.crc32(b"\x01"), 0xFFFFFFFF):
-            assert _crc32(buf, 3, 3 + n, seed, scanner._CRC) == zlib.crc32(buf[3:3 + n].tobytes(), seed)
+            assert _crc32(buf, 3, 3 + n, seed, scanner._CRC) == zlib.crc32(buf[3 : 3 + n].tobytes(), seed)
 
 
 def test_a_value_the_loop_calls_plain_is_the_number_json_reads() -> None:
     from forensics.sources.wandb import scan_kernel as K
 
-    texts = ["0", "-0", "12", "-3.5", "1e5", "1E+5", "2.5e-3", "-0.0", "NaN", "Infinity", "-Infinity", "true",
-             "false", "null", "1" * 30, "0.1", "9" * 400, "-1.7976931348623157e308", "4.9e-324", "123.456e-7"]
-    others = ["01", "1.", ".5", "+1", "1e", "1e+", "-", "nan", "inf", " 1", "1 ", '"1"', "[1]", "{}", "", "--1",
-              "0x10", "1_000", "Infinity1", "NaN ", "tru", "1.5.5", "9" * 4301]
+    texts = [
+        "0",
+        "-0",
+        "12",
+        "-3.5",
+        "1e5",
+        "1E+5",
+        "2.5e-3",
+        "-0.0",
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        "true",
+        "false",
+        "null",
+        "1" * 30,
+        "0.1",
+        "9" * 400,
+        "-1.7976931348623157e308",
+        "4.9e-324",
+        "123.456e-7",
+    ]
+    others = [
+        "01",
+        "1.",
+        ".5",
+        "+1",
+        "1e",
+        "1e+",
+        "-",
+        "nan",
+        "inf",
+        " 1",
+        "1 ",
+        '"1"',
+        "[1]",
+        "{}",
+        "",
+        "--1",
+        "0x10",
+        "1_000",
+        "Infinity1",
+        "NaN ",
+        "tru",
+        "1.5.5",
+        "9" * 4301,
+    ]
     for text in texts + others:
         raw = np.frombuffer(text.encode(), dtype=np.uint8).copy()
         kind = K._classify(raw, 0, len(raw), 4300)
@@ -186,8 +241,12 @@ def test_a_value_the_loop_calls_plain_is_the_number_json_reads() -> None:
             continue
         value = json.loads(text)
         want = {True: 1.0, False: 0.0}.get(value, value) if isinstance(value, bool) else value
-        assert kind == {bool: K.V_TRUE if value is True else K.V_FALSE, int: K.V_INT, float: K.V_FLOAT,
-                        type(None): K.V_NULL}[type(value)], text
+        assert (
+            kind
+            == {bool: K.V_TRUE if value is True else K.V_FALSE, int: K.V_INT, float: K.V_FLOAT, type(None): K.V_NULL}[
+                type(value)
+            ]
+        ), text
         if kind in (K.V_INT, K.V_FLOAT):
             texts_arr = np.frombuffer(("0" if text == "-0" else text).encode(), dtype=np.uint8).copy()
             got = scanner._parse_values(texts_arr, np.array([0, len(texts_arr)], dtype=np.int64))[0]
@@ -215,7 +274,7 @@ def _framed(payloads: list[bytes], paddings: list[int] | None = None) -> bytes:
                     paddings.append(len(out))
                 out += bytes(left)
                 continue
-            part, data = data[: left - 7], data[left - 7:]
+            part, data = data[: left - 7], data[left - 7 :]
             kind = (FULL if not data else FIRST) if first else (LAST if not data else MIDDLE)
             out += struct.pack("<IHB", zlib.crc32(part, zlib.crc32(bytes([kind]))), len(part), kind) + part
             first = False
@@ -259,8 +318,9 @@ def _both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, records: list[bytes],
     return fast
 
 
-def test_a_broken_summary_string_is_a_damaged_record_on_both_paths(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_broken_summary_string_is_a_damaged_record_on_both_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     row = _history(_item(b"loss", b"1.5"))
     for bad in (_item(b"k", b"\xff"), _string(1, b"\xfe") + _item(b"k", b"2")):  # the value; an ignored key
         reader = _both(tmp_path, monkeypatch, [row, _summary([_item(b"ok", b"1")]), _summary([bad])])
@@ -268,45 +328,63 @@ def test_a_broken_summary_string_is_a_damaged_record_on_both_paths(tmp_path: Pat
         assert list(reader.report.metadata["summary"]) == ["ok"]
 
 
-def test_summary_keys_end_in_the_order_their_records_leave_them(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    reader = _both(tmp_path, monkeypatch, [
-        _summary([_item(b"a", b"1"), _item(b"b", b"2"), _item(b"c", b"0")]),
-        _history(_item(b"loss", b"1")),
-        _summary([], [_item(b"a", b"")]), _summary([_item(b"a", b"3"), _item(b"c", b"4")]),
-    ])
+def test_summary_keys_end_in_the_order_their_records_leave_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = _both(
+        tmp_path,
+        monkeypatch,
+        [
+            _summary([_item(b"a", b"1"), _item(b"b", b"2"), _item(b"c", b"0")]),
+            _history(_item(b"loss", b"1")),
+            _summary([], [_item(b"a", b"")]),
+            _summary([_item(b"a", b"3"), _item(b"c", b"4")]),
+        ],
+    )
     assert reader.report.metadata["summary"] == {"b": 2, "c": 4, "a": 3}
     assert list(reader.report.metadata["summary"]) == ["b", "c", "a"]
 
 
-def test_odd_values_and_fields_read_as_the_exact_path_reads_them(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_odd_values_and_fields_read_as_the_exact_path_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     huge = b"1" + b"0" * 400
     longest = b"9" * 4301  # past Python's int-to-str limit: json refuses it, so it is a dropped value
-    reader = _both(tmp_path, monkeypatch, [
-        _history(_item(b"a", b"1"), _item(b"big", huge), step=0),
-        _history(_item(b"a", b"2"), _item(b"big", b"-" + huge), _item(b"caption", b'"text"'), step=1),
-        _history(_item(b"a", b"3"), _item(b"big", longest), step=2),
-        _history(_item(b"a", b"4"), step=3, extra=_varint((1 << 29) << 3) + _varint(5)),  # field number too large
-        _history(_item(b"a", b"5"), _item(b"x", b"1", nested=False) + _string(1, b"\xff"), step=4),
-    ])
+    reader = _both(
+        tmp_path,
+        monkeypatch,
+        [
+            _history(_item(b"a", b"1"), _item(b"big", huge), step=0),
+            _history(_item(b"a", b"2"), _item(b"big", b"-" + huge), _item(b"caption", b'"text"'), step=1),
+            _history(_item(b"a", b"3"), _item(b"big", longest), step=2),
+            _history(_item(b"a", b"4"), step=3, extra=_varint((1 << 29) << 3) + _varint(5)),  # field number too large
+            _history(_item(b"a", b"5"), _item(b"x", b"1", nested=False) + _string(1, b"\xff"), step=4),
+        ],
+    )
     table = reader.table
     assert table["step"].tolist() == [0, 1, 2]  # steps 3 and 4 do not decode: damage, as protobuf says
     assert table["big"].iloc[0] == np.inf and table["big"].iloc[1] == -np.inf and pd.isna(table["big"].iloc[2])
-    assert [d.reason.rsplit(": ", 1)[1] for d in reader.report.damaged] == ["Wire format was corrupt",
-                                                                            "String field had bad UTF-8"]
+    assert [d.reason.rsplit(": ", 1)[1] for d in reader.report.damaged] == [
+        "Wire format was corrupt",
+        "String field had bad UTF-8",
+    ]
     assert "'caption' (1), 'big' (1)" in reader.report.warnings[0]
 
 
 def test_rows_that_write_nothing_kept_leave_an_empty_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    reader = _both(tmp_path, monkeypatch, [_history(_item(b"_runtime", b"1")), _history(_item(b"_runtime", b"2"))],
-                   step_key="global_step")
+    reader = _both(
+        tmp_path,
+        monkeypatch,
+        [_history(_item(b"_runtime", b"1")), _history(_item(b"_runtime", b"2"))],
+        step_key="global_step",
+    )
     assert reader.table.empty
 
 
 @pytest.mark.parametrize("window", [48 * 1024, 70 * 1024, 100 * 1024 + 3])
-def test_windows_read_ahead_join_up_at_padding_and_cuts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        window: int) -> None:
+def test_windows_read_ahead_join_up_at_padding_and_cuts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int
+) -> None:
     """Records sized so that block tails too short for a header (padding) fall where windows end; the file is cut
     at a few places (a record still being written): offsets and warnings as the exact reader's."""
 
@@ -320,14 +398,18 @@ def test_windows_read_ahead_join_up_at_padding_and_cuts(tmp_path: Path, monkeypa
         if left < 7:  # the padding itself
             at, left = at + left, 32 * 1024
         if 60 < left < 200 and i % 3:  # end this record 3 bytes before the block does: padding follows
-            payload = next(r for n in range(1, 200)
-                           for r in [_history(_item(b"loss", str(i / 7).encode()), _item(b"note", b"1" * n), step=i)]
-                           if len(r) + 7 >= left - 3)
+            payload = next(
+                r
+                for n in range(1, 200)
+                for r in [_history(_item(b"loss", str(i / 7).encode()), _item(b"note", b"1" * n), step=i)]
+                if len(r) + 7 >= left - 3
+            )
         elif rng.random() < 0.03:
             payload = _history(*(_item(f"k{j}".encode(), b"2") for j in range(int(rng.integers(100, 1500)))), step=i)
         else:
-            payload = _history(_item(b"loss", str(i / 7).encode()), _item(b"note", b"1" * int(rng.integers(1, 400))),
-                               step=i)
+            payload = _history(
+                _item(b"loss", str(i / 7).encode()), _item(b"note", b"1" * int(rng.integers(1, 400))), step=i
+            )
         records.append(payload)
         at = len(_framed(records)) if len(payload) + 7 > left else at + len(payload) + 7
     paddings: list[int] = []
@@ -343,8 +425,9 @@ def test_windows_read_ahead_join_up_at_padding_and_cuts(tmp_path: Path, monkeypa
 
 
 @pytest.mark.parametrize("ahead", [False, True])
-def test_a_small_window_that_starts_in_padding_still_moves_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               ahead: bool) -> None:
+def test_a_small_window_that_starts_in_padding_still_moves_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: bool
+) -> None:
     """Rows end 3 bytes before the first block does; with a window smaller than two blocks, the next window starts in
     that padding (it looped forever, its boundary being the padding's end)."""
     monkeypatch.setattr(scanner, "WINDOW", 16 * 1024)
@@ -354,9 +437,14 @@ def test_a_small_window_that_starts_in_padding_still_moves_on(tmp_path: Path, mo
         records.append(_history(_item(b"loss", b"1"), _item(b"note", b"1" * 900), step=len(records)))
         at += len(records[-1]) + 7
     left = 32 * 1024 - at
-    records.append(next(r for n in range(1, 1300)
-                        for r in [_history(_item(b"loss", b"2"), _item(b"note", b"1" * n), step=len(records))]
-                        if len(r) + 7 >= left - 3))
+    records.append(
+        next(
+            r
+            for n in range(1, 1300)
+            for r in [_history(_item(b"loss", b"2"), _item(b"note", b"1" * n), step=len(records))]
+            if len(r) + 7 >= left - 3
+        )
+    )
     records.append(_history(_item(b"loss", b"3"), _item(b"note", b"1" * 500), step=len(records)))
     paddings: list[int] = []
     _framed(records, paddings)

@@ -28,7 +28,7 @@ from forensics.sources.wandb.record_log import FILE_HEADER, RecordLog  # noqa: E
 from forensics.sources.wandb.run_reader import WandbRunReader  # noqa: E402
 from tests.wandb_writers import isolated_env  # noqa: E402
 
-LIVE_WRITER = textwrap.dedent('''
+LIVE_WRITER = textwrap.dedent("""
     import os, sys, time
     import wandb
 
@@ -46,7 +46,7 @@ LIVE_WRITER = textwrap.dedent('''
         while not os.path.exists(os.path.join(out, f"go-{r}")) and time.time() < deadline:
             time.sleep(0.02)
     run.finish()
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +157,12 @@ def test_live_run_is_read_while_it_logs(tmp_path: Path) -> None:
     rounds, per_round = 4, 30
     script = tmp_path / "live.py"
     script.write_text(LIVE_WRITER)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(rounds), str(per_round)],
-                            env=isolated_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path), str(rounds), str(per_round)],
+        env=isolated_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         reader = WandbRunReader(tmp_path / "wandb")
         pieces: list[pd.DataFrame] = []
@@ -208,7 +212,7 @@ def test_growing_copy_cut_anywhere_reads_each_row_once(runs: Path, tmp_path: Pat
     with copy.open("wb") as fh:
         while pos < len(source):
             size = int(rng.choice([1, 3, 7, 50, 700, 5000, 40000]))
-            fh.write(source[pos:pos + size])
+            fh.write(source[pos : pos + size])
             fh.flush()
             pos += size
             pieces.append(reader.read_new())
@@ -239,8 +243,11 @@ def test_corrupt_bytes_lose_only_their_record_with_the_offset(runs: Path, tmp_pa
     path = nested_file(runs)
     block = 32 * 1024
     # a history record held in one FULL chunk (not split across blocks), so its chunk starts where it starts
-    start, end = next((s, e) for s, e, kind in record_spans(path)
-                      if kind == "history" and s // block == (e - 1) // block and s > 40_000)
+    start, end = next(
+        (s, e)
+        for s, e, kind in record_spans(path)
+        if kind == "history" and s // block == (e - 1) // block and s > 40_000
+    )
     data = bytearray(path.read_bytes())
     data[start + 7 + 5] ^= 0xFF
     bad = tmp_path / "run-nested1.wandb"
@@ -250,8 +257,12 @@ def test_corrupt_bytes_lose_only_their_record_with_the_offset(runs: Path, tmp_pa
     lost = sum(1 for s, _, kind in record_spans(path) if kind == "history" and s < start)
     assert got["step"].tolist() == [s for s in range(150) if s != lost]  # the rest of the file is read
     (damage,) = reader.report.damaged
-    assert (damage.offset, damage.length, damage.reason, damage.steps) == (start, end - start, "checksum mismatch",
-                                                                           (lost - 1, lost + 1))
+    assert (damage.offset, damage.length, damage.reason, damage.steps) == (
+        start,
+        end - start,
+        "checksum mismatch",
+        (lost - 1, lost + 1),
+    )
     said = f"1 record skipped for damage at byte offset {start}, steps {lost - 1}-{lost + 1} (checksum mismatch)"
     assert any(said in w for w in reader.report.warnings)
     assert len(reader.read_new()) == 0  # nothing new later
@@ -282,8 +293,9 @@ def test_demo_wandb_run_reads_back_equal_to_its_metrics_parquet(demo_small: Path
         got = got[list(want.columns)]
         assert got["step"].tolist() == want["step"].tolist()
         for col in want.columns.drop("step"):
-            np.testing.assert_array_equal(got[col].to_numpy(np.float64), want[col].to_numpy(np.float64),
-                                          err_msg=f"{case}: {col}")
+            np.testing.assert_array_equal(
+                got[col].to_numpy(np.float64), want[col].to_numpy(np.float64), err_msg=f"{case}: {col}"
+            )
 
 
 def test_case_folder_holding_wandb_is_a_source(runs: Path, tmp_path: Path) -> None:

@@ -108,8 +108,14 @@ class Watcher:
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         run_env = dict(env or os.environ)
         run_env["PYTHONPATH"] = str(REPO)
-        self.proc = subprocess.Popen([sys.executable, "-m", "forensics", "watch", *args], cwd=REPO, env=run_env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "forensics", "watch", *args],
+            cwd=REPO,
+            env=run_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.time() + 60
@@ -161,8 +167,18 @@ def test_jsonl_each_new_cause_is_alerted_once_within_two_intervals_and_growth_is
     (t1, spike), (t2, nan) = webhook.received
     assert t1 - t_spike < 2 * INTERVAL and t2 - t_nan < 2 * INTERVAL
     assert spike["cause"] == "event" and spike["severity"] == "warning" and spike["steps"] == [310]
-    assert set(spike) == {"cause", "key", "severity", "steps", "logged_steps", "summary", "evidence", "run",
-                          "dashboard", "text"}
+    assert set(spike) == {
+        "cause",
+        "key",
+        "severity",
+        "steps",
+        "logged_steps",
+        "summary",
+        "evidence",
+        "run",
+        "dashboard",
+        "text",
+    }
     assert spike["run"] == str(path) and spike["text"].startswith("[warning] event at step 310")
     assert "9" in spike["evidence"][0] and nan["severity"] == "critical" and nan["steps"] == [335]
     assert len(w.alerts()) == 2
@@ -278,9 +294,19 @@ def test_exit_on_critical_exits_0_when_the_source_ends_clean(run_log, webhook):
 def test_cmd_sink_gets_the_body_on_stdin(run_log, tmp_path):
     path, rng = run_log
     out = tmp_path / "bodies.jsonl"
-    w = Watcher(str(path), "--interval", str(INTERVAL), "--quiet-period", "0", "--until-idle", "2",
-                "--alert", f"cmd={sys.executable} -c \"import sys; open({str(out)!r}, 'a').write(sys.stdin.read())\"",
-                "--dashboard-url", "http://127.0.0.1:8501")
+    w = Watcher(
+        str(path),
+        "--interval",
+        str(INTERVAL),
+        "--quiet-period",
+        "0",
+        "--until-idle",
+        "2",
+        "--alert",
+        f"cmd={sys.executable} -c \"import sys; open({str(out)!r}, 'a').write(sys.stdin.read())\"",
+        "--dashboard-url",
+        "http://127.0.0.1:8501",
+    )
     append(path, range(300, 330), rng, spike={310: 9.0})
     assert w.wait() == 0
     bodies = [json.loads(line) for line in out.read_text().splitlines()]
@@ -289,19 +315,28 @@ def test_cmd_sink_gets_the_body_on_stdin(run_log, tmp_path):
     assert bodies[0]["text"].endswith("<http://127.0.0.1:8501|dashboard>")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["{missing}"], "does not exist"),
-    (["{log}", "--alert", "webhook="], "--alert 'webhook='"),
-    (["{log}", "--alert", "foo"], "--alert 'foo' is not a sink"),
-    (["{log}", "--interval", "soon"], "invalid float value"),
-    (["{log}", "--interval", "0"], "--interval must be more than 0"),
-    (["{log}", "--exit-on", "fatal"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{missing}"], "does not exist"),
+        (["{log}", "--alert", "webhook="], "--alert 'webhook='"),
+        (["{log}", "--alert", "foo"], "--alert 'foo' is not a sink"),
+        (["{log}", "--interval", "soon"], "invalid float value"),
+        (["{log}", "--interval", "0"], "--interval must be more than 0"),
+        (["{log}", "--exit-on", "fatal"], "invalid choice"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(run_log, tmp_path, args, message):
     path, _ = run_log
     args = [a.format(missing=tmp_path / "no-such-folder" / "nope.jsonl", log=path) for a in args]
-    done = subprocess.run([sys.executable, "-m", "forensics", "watch", *args], cwd=REPO, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "forensics", "watch", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr
     assert done.stdout == ""
@@ -309,24 +344,47 @@ def test_bad_input_is_one_line_and_exit_2(run_log, tmp_path, args, message):
 
 def test_wandb_alert_without_a_wandb_source_is_one_message_and_the_watch_goes_on(run_log):
     path, _ = run_log
-    done = subprocess.run([sys.executable, "-m", "forensics", "watch", str(path), "--alert", "wandb",
-                           "--interval", "0.2", "--until-idle", "0.5"], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "forensics",
+            "watch",
+            str(path),
+            "--alert",
+            "wandb",
+            "--interval",
+            "0.2",
+            "--until-idle",
+            "0.5",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     assert done.returncode == 0
     assert done.stderr.strip().splitlines() == [
-        "forensics watch: --alert wandb: the watched source is not a W&B run (entity/project/run_id); "
-        "no W&B alerts"]
+        "forensics watch: --alert wandb: the watched source is not a W&B run (entity/project/run_id); no W&B alerts"
+    ]
 
 
 def test_help_has_an_example():
-    done = subprocess.run([sys.executable, "-m", "forensics", "watch", "--help"], cwd=REPO, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "forensics", "watch", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     assert done.returncode == 0
     assert "example:\n  forensics watch " in done.stdout and "--alert webhook=" in done.stdout
 
 
 # --- a live W&B offline run ----------------------------------------------------------------------------------------
-WANDB_WRITER = textwrap.dedent('''
+WANDB_WRITER = textwrap.dedent("""
     import json, math, os, sys, time
     import numpy as np
     import wandb
@@ -349,7 +407,7 @@ WANDB_WRITER = textwrap.dedent('''
         while not os.path.exists(os.path.join(out, f"go-{r}")) and time.time() < deadline:
             time.sleep(0.01)
     run.finish()
-''')
+""")
 
 
 def test_wandb_offline_run_each_new_cause_is_alerted_once_within_two_intervals(tmp_path, webhook):
@@ -358,8 +416,12 @@ def test_wandb_offline_run_each_new_cause_is_alerted_once_within_two_intervals(t
 
     script = tmp_path / "writer.py"
     script.write_text(WANDB_WRITER)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=isolated_env(tmp_path),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        env=isolated_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         folder = tmp_path / "wandb"
         deadline = time.time() + 60
@@ -404,10 +466,24 @@ def test_wandb_alert_goes_to_the_watched_wandb_run(tmp_path):
     rows = [{"_step": s, "loss": loss(s, rng)} for s in range(300)]
     run = FakeRun(rows)
     with FakeWandbServer({"acme/drafter/w1": run}) as server:
-        env = {**isolated_env(tmp_path), "WANDB_MODE": "online", "WANDB_BASE_URL": server.url,
-               "WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567"}
-        w = Watcher("wandb://acme/drafter/w1", "--interval", str(INTERVAL), "--quiet-period", "0", "--alert", "wandb",
-                    "--grace", "2", env=env)
+        env = {
+            **isolated_env(tmp_path),
+            "WANDB_MODE": "online",
+            "WANDB_BASE_URL": server.url,
+            "WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567",
+        }
+        w = Watcher(
+            "wandb://acme/drafter/w1",
+            "--interval",
+            str(INTERVAL),
+            "--quiet-period",
+            "0",
+            "--alert",
+            "wandb",
+            "--grace",
+            "2",
+            env=env,
+        )
         run.rows += [{"_step": s, "loss": 9.0 if s == 310 else loss(s, rng)} for s in range(300, 330)]
         deadline = time.time() + 20
         while "NotifyScriptableRunAlert" not in server.operations() and time.time() < deadline:
@@ -431,8 +507,9 @@ def test_a_batch_coming_back_joins_its_cause_and_is_not_alerted_again(demo_small
     case.mkdir()
     for name in ("plan.parquet", "samples.parquet"):
         shutil.copy(src / name, case / name)
-    (case / "run.toml").write_text((src / "run.toml").read_text().replace('metrics = ["metrics.parquet"]',
-                                                                          'metrics = ["metrics.jsonl"]'))
+    (case / "run.toml").write_text(
+        (src / "run.toml").read_text().replace('metrics = ["metrics.parquet"]', 'metrics = ["metrics.jsonl"]')
+    )
     lines = (src / "metrics.jsonl").read_text().splitlines(keepends=True)
     (case / "metrics.jsonl").write_text("".join(lines[:200]))
     w = Watcher(str(case), *hook_args(webhook))
@@ -515,8 +592,10 @@ def test_a_sink_that_is_down_is_retried_with_backoff_in_order_and_never_blocks_s
     assert delivery.close(grace_s=5) == 0
     assert [k for _, k in sink.got] == ["a", "b", "c"]
     assert sink.tries == 4 + 3  # failures at 0, 0.1, 0.3, 0.7 s (backoff 0.1, 0.2, 0.4), a at 1.1 s, then b, c
-    assert warned == ["forensics watch: alert to recorder failed (down); retrying with backoff",
-                      "forensics watch: alert to recorder delivered again after failures"]
+    assert warned == [
+        "forensics watch: alert to recorder failed (down); retrying with backoff",
+        "forensics watch: alert to recorder delivered again after failures",
+    ]
 
 
 def test_a_log_not_written_yet_is_waited_for_and_a_path_in_no_folder_is_not(tmp_path):
@@ -542,14 +621,23 @@ def test_a_log_not_written_yet_is_waited_for_and_a_path_in_no_folder_is_not(tmp_
     assert now[0] == 3.0
 
 
-@pytest.mark.parametrize("summary, shown", [
-    ("plain words", "plain words"), ("cluster '<!channel> & co'", "cluster '&lt;!channel&gt; &amp; co'"),
-    ("a <https://x|link>", "a &lt;https://x|link&gt;"),
-])
+@pytest.mark.parametrize(
+    "summary, shown",
+    [
+        ("plain words", "plain words"),
+        ("cluster '<!channel> & co'", "cluster '&lt;!channel&gt; &amp; co'"),
+        ("a <https://x|link>", "a &lt;https://x|link&gt;"),
+    ],
+)
 def test_dataset_text_in_the_slack_line_is_escaped_and_the_body_keeps_it(summary, shown):
     from forensics.live.alerts import alert_body
 
-    body = alert_body({"kind": "batch", "key": "batch:1:x", "severity": "critical", "steps": [1], "summary": summary},
-                      run="r", dashboard="http://127.0.0.1:8501")
+    body = alert_body(
+        {"kind": "batch", "key": "batch:1:x", "severity": "critical", "steps": [1], "summary": summary},
+        run="r",
+        dashboard="http://127.0.0.1:8501",
+    )
     assert body["summary"] == summary
-    assert body["text"] == f"[critical] batch at step 1: {shown} (run r; key batch:1:x) <http://127.0.0.1:8501|dashboard>"
+    assert (
+        body["text"] == f"[critical] batch at step 1: {shown} (run r; key batch:1:x) <http://127.0.0.1:8501|dashboard>"
+    )

@@ -30,11 +30,16 @@ def by_hand(samples: pd.DataFrame, builder, epochs: int, batches_per_step: int, 
         batches = builder(samples, epoch, 0, token_budget=8192, **kw)
         n_batches.append(len(batches))
         for start in range(0, len(batches), batches_per_step):
-            group = batches[start:start + batches_per_step]
+            group = batches[start : start + batches_per_step]
             real_steps.append(sum(length[s] for b in group for s in b))
             padded_steps.append(sum(len(b) * max(length[s] for s in b) for b in group))
-    return {"batches": np.mean(n_batches), "steps": len(real_steps) / epochs,
-            "eff": sum(real_steps) / sum(padded_steps), "real": np.array(real_steps), "padded": np.array(padded_steps)}
+    return {
+        "batches": np.mean(n_batches),
+        "steps": len(real_steps) / epochs,
+        "eff": sum(real_steps) / sum(padded_steps),
+        "real": np.array(real_steps),
+        "padded": np.array(padded_steps),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +120,21 @@ def test_whatif_command_writes_every_strategy_to_json(samples, tmp_path, capsys)
     path = tmp_path / "samples.parquet"
     samples.to_parquet(path)
     out = tmp_path / "whatif.json"
-    rc = main(["whatif", "--samples", str(path), "--token-budget", "8192", "--boundaries", "0,1000,8192",
-               "--tokens-per-s", "20000", "--json", str(out)])
+    rc = main(
+        [
+            "whatif",
+            "--samples",
+            str(path),
+            "--token-budget",
+            "8192",
+            "--boundaries",
+            "0,1000,8192",
+            "--tokens-per-s",
+            "20000",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert [s["name"] for s in data["strategies"]] == list(STRATEGIES)
@@ -125,18 +143,26 @@ def test_whatif_command_writes_every_strategy_to_json(samples, tmp_path, capsys)
     assert given["boundaries"] == [0, 1000, 8192]
     assert len(data["strategies"][2]["boundaries"]) == 3  # optimal with the same K
     for s in data["strategies"]:
-        assert {"batches_per_epoch", "padding_efficiency", "tokens_per_s", "real_tokens_per_step",
-                "padded_tokens_per_step"} <= set(s)
+        assert {
+            "batches_per_epoch",
+            "padding_efficiency",
+            "tokens_per_s",
+            "real_tokens_per_step",
+            "padded_tokens_per_step",
+        } <= set(s)
         assert {"mean", "std", "p5", "p95", "cv"} == set(s["real_tokens_per_step"])
     assert data["random_over_sorted"] == pytest.approx(data["strategies"][4]["tokens_per_s"] / 20000)
     assert "random/sorted throughput" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--boundaries", "0,x,8192"], "--boundaries"),
-    (["--boundaries", "10,20"], "start at 0"),
-    (["--token-budget", "0"], "--token-budget: must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--boundaries", "0,x,8192"], "--boundaries"),
+        (["--boundaries", "10,20"], "start at 0"),
+        (["--token-budget", "0"], "--token-budget: must be a positive integer"),
+    ],
+)
 def test_whatif_command_exits_2_on_bad_options(samples, tmp_path, capsys, extra, message):
     path = tmp_path / "samples.csv"
     samples.to_csv(path, index=False)

@@ -52,14 +52,29 @@ def test_a_metrics_file_given_as_the_case_is_audited_as_its_metrics(form, metric
 
 # --- a loss column that holds no number -----------------------------------------------------------------------------
 TEXT_LOSS = [  # (column, given key, what the one line says)
-    ("loss", None, "no loss column found: column 'loss' of {f} holds no numeric value (e.g. 'high'); expected a "
-                   "column of numbers"),
-    ("loss", "loss", "loss key 'loss' holds no number: column 'loss' of {f} holds no numeric value (e.g. 'high'); "
-                     "expected a column of numbers"),
-    ("train/loss", None, "no loss column found: column 'train/loss' of {f} holds no numeric value (e.g. 'high'); "
-                         "expected a column of numbers"),
-    ("train/loss", "train/loss", "loss key 'train/loss' holds no number: column 'train/loss' of {f} holds no "
-                                 "numeric value (e.g. 'high'); expected a column of numbers"),
+    (
+        "loss",
+        None,
+        "no loss column found: column 'loss' of {f} holds no numeric value (e.g. 'high'); expected a column of numbers",
+    ),
+    (
+        "loss",
+        "loss",
+        "loss key 'loss' holds no number: column 'loss' of {f} holds no numeric value (e.g. 'high'); "
+        "expected a column of numbers",
+    ),
+    (
+        "train/loss",
+        None,
+        "no loss column found: column 'train/loss' of {f} holds no numeric value (e.g. 'high'); "
+        "expected a column of numbers",
+    ),
+    (
+        "train/loss",
+        "train/loss",
+        "loss key 'train/loss' holds no number: column 'train/loss' of {f} holds no "
+        "numeric value (e.g. 'high'); expected a column of numbers",
+    ),
 ]
 
 
@@ -71,8 +86,12 @@ def _text_loss_csv(tmp_path: Path, column: str) -> Path:
 
 
 #: compare takes no loss key: it looks for the loss by name only
-WHERE_THE_LOSS_IS_LOOKED_FOR = [(command, *row) for command in ("audit", "compare", "replay-session")
-                                for row in TEXT_LOSS if not (command == "compare" and row[1])]
+WHERE_THE_LOSS_IS_LOOKED_FOR = [
+    (command, *row)
+    for command in ("audit", "compare", "replay-session")
+    for row in TEXT_LOSS
+    if not (command == "compare" and row[1])
+]
 
 
 @pytest.mark.parametrize(("command", "column", "given", "said"), WHERE_THE_LOSS_IS_LOOKED_FOR)
@@ -100,45 +119,61 @@ def test_the_live_loop_names_a_loss_column_of_text(tmp_path):
     from forensics.live.target import Target
 
     path = _text_loss_csv(tmp_path, "loss")
-    with pytest.raises(ForensicsError, match=r"^no loss column found: column 'loss' of .*textloss.csv holds no "
-                                             r"numeric value \(e.g. 'high'\)"):
+    with pytest.raises(
+        ForensicsError,
+        match=r"^no loss column found: column 'loss' of .*textloss.csv holds no "
+        r"numeric value \(e.g. 'high'\)",
+    ):
         LiveRun(Target(sources=[str(path)])).start()
 
 
 def test_a_numeric_loss_beside_a_text_column_is_chosen():
     """Left-out fields speak only when the lookup finds nothing: a numeric loss still wins over a text one."""
-    choice = choose_key(["train/loss", "lr"], "loss", required=True,
-                        left_out={"loss": "column 'loss' of x.csv holds no numeric value"})
+    choice = choose_key(
+        ["train/loss", "lr"], "loss", required=True, left_out={"loss": "column 'loss' of x.csv holds no numeric value"}
+    )
     assert choice.key == "train/loss"
 
 
 # --- plurals --------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("n", "noun", "many", "said"), [
-    (0, "spike", None, "0 spikes"),
-    (1, "spike", None, "1 spike"),
-    (2, "spike", None, "2 spikes"),
-    (1, "batch", None, "1 batch"),
-    (2, "batch", None, "2 batches"),
-    (3, "NaN/inf value", None, "3 NaN/inf values"),
-    (1, "spike without a batch", "spikes without a batch", "1 spike without a batch"),
-    (31, "spike without a batch", "spikes without a batch", "31 spikes without a batch"),
-])
+@pytest.mark.parametrize(
+    ("n", "noun", "many", "said"),
+    [
+        (0, "spike", None, "0 spikes"),
+        (1, "spike", None, "1 spike"),
+        (2, "spike", None, "2 spikes"),
+        (1, "batch", None, "1 batch"),
+        (2, "batch", None, "2 batches"),
+        (3, "NaN/inf value", None, "3 NaN/inf values"),
+        (1, "spike without a batch", "spikes without a batch", "1 spike without a batch"),
+        (31, "spike without a batch", "spikes without a batch", "31 spikes without a batch"),
+    ],
+)
 def test_counted_says_the_plural_at_its_boundary(n, noun, many, said):
     assert counted(n, noun, many) == said
     assert plural(noun, n, many) == said.split(" ", 1)[1]
 
 
-@pytest.mark.parametrize(("kind", "n", "line"), [
-    ("event", 1, "and 1 spike without a batch (at most warning): findings.json cause C1"),
-    ("event", 31, "and 31 spikes without a batch (at most warning): findings.json causes C1, C2, C3, C4, C5, C6, C7, "
-                  "C8 ..."),
-    ("batch", 1, "and 1 batch cause (at most warning): findings.json cause C1"),
-    ("batch", 2, "and 2 batch causes (at most warning): findings.json causes C1, C2"),
-    ("grad_norm", 2, "and 2 sets of grad-norm spikes the loss did not follow (at most warning): findings.json causes "
-                     "C1, C2"),
-    ("level_shift", 2, "and 2 level shifts (at most warning): findings.json causes C1, C2"),
-    ("crash", 2, "and 2 crash causes (at most warning): findings.json causes C1, C2"),
-])
+@pytest.mark.parametrize(
+    ("kind", "n", "line"),
+    [
+        ("event", 1, "and 1 spike without a batch (at most warning): findings.json cause C1"),
+        (
+            "event",
+            31,
+            "and 31 spikes without a batch (at most warning): findings.json causes C1, C2, C3, C4, C5, C6, C7, C8 ...",
+        ),
+        ("batch", 1, "and 1 batch cause (at most warning): findings.json cause C1"),
+        ("batch", 2, "and 2 batch causes (at most warning): findings.json causes C1, C2"),
+        (
+            "grad_norm",
+            2,
+            "and 2 sets of grad-norm spikes the loss did not follow (at most warning): findings.json causes C1, C2",
+        ),
+        ("level_shift", 2, "and 2 level shifts (at most warning): findings.json causes C1, C2"),
+        ("crash", 2, "and 2 crash causes (at most warning): findings.json causes C1, C2"),
+    ],
+)
 def test_folded_causes_are_counted_in_words(kind, n, line):
     causes = [{"id": f"C{i + 1}", "kind": kind, "severity": "warning"} for i in range(n)]
     assert fold_causes(causes) == [line]

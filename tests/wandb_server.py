@@ -35,8 +35,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-VIEWER = {"id": "VXNlcjox", "entity": "forensics", "username": "forensics", "email": "forensics@example.invalid",
-          "flags": "{}", "teams": {"edges": []}}
+VIEWER = {
+    "id": "VXNlcjox",
+    "entity": "forensics",
+    "username": "forensics",
+    "email": "forensics@example.invalid",
+    "flags": "{}",
+    "teams": {"edges": []},
+}
 
 
 @dataclass
@@ -55,19 +61,35 @@ class FakeRun:
 
     def attrs(self, name: str) -> dict[str, Any]:
         return {
-            "id": "UnVuOjE=", "projectId": "1", "tags": [], "name": name, "displayName": f"{name}-display",
-            "sweepName": None, "state": self.state, "group": None, "jobType": None, "commit": None,
-            "readOnly": False, "createdAt": "2025-01-01T00:00:00", "heartbeatAt": "2025-01-01T00:00:00",
-            "description": None, "notes": None, "systemMetrics": "{}",
+            "id": "UnVuOjE=",
+            "projectId": "1",
+            "tags": [],
+            "name": name,
+            "displayName": f"{name}-display",
+            "sweepName": None,
+            "state": self.state,
+            "group": None,
+            "jobType": None,
+            "commit": None,
+            "readOnly": False,
+            "createdAt": "2025-01-01T00:00:00",
+            "heartbeatAt": "2025-01-01T00:00:00",
+            "description": None,
+            "notes": None,
+            "systemMetrics": "{}",
             "config": json.dumps({k: {"value": v, "desc": None} for k, v in self.config.items()}),
-            "summaryMetrics": json.dumps(self.summary), "historyLineCount": len(self.rows),
-            "user": {"name": "forensics", "username": "forensics"}, "historyKeys": self.history_keys(),
+            "summaryMetrics": json.dumps(self.summary),
+            "historyLineCount": len(self.rows),
+            "user": {"name": "forensics", "username": "forensics"},
+            "historyKeys": self.history_keys(),
         }
 
     def history_keys(self) -> dict[str, Any]:
         keys = sorted({k for r in self.rows for k in r})
-        return {"lastStep": self.last_step,
-                "keys": {k: {"typeCounts": [{"type": "number", "count": len(self.rows)}]} for k in keys}}
+        return {
+            "lastStep": self.last_step,
+            "keys": {k: {"typeCounts": [{"type": "number", "count": len(self.rows)}]} for k in keys},
+        }
 
     def export_parquet(self) -> bytes:
         """The export as W&B writes it: one column per key, null where a row lacks the key, NaN kept as NaN."""
@@ -139,10 +161,14 @@ class FakeWandbServer:
         if "RunParquetHistory" in query:
             urls = [f"{self.url}/export/{name}.parquet"] if run and run.export_upto > 0 else []
             live_keys = variables.get("liveKeys") or ["_step"]
-            live = [{k: r[k] for k in live_keys if k in r} for r in (run.rows if run else [])
-                    if r["_step"] >= run.export_upto]
-            return "RunParquetHistory", {"data": {"project": {"run": run and {
-                "parquetHistory": {"parquetUrls": urls, "liveData": live}}}}}
+            live = [
+                {k: r[k] for k in live_keys if k in r}
+                for r in (run.rows if run else [])
+                if r["_step"] >= run.export_upto
+            ]
+            return "RunParquetHistory", {
+                "data": {"project": {"run": run and {"parquetHistory": {"parquetUrls": urls, "liveData": live}}}}
+            }
         if "HistoryPage" in query and "SampledHistoryPage" not in query:
             lo, hi = variables["minStep"], variables["maxStep"]
             rows = [json.dumps(r) for r in (run.rows if run else []) if lo <= r["_step"] < hi]
@@ -207,7 +233,10 @@ class FakeWandbServer:
                 first, _, last = rng.split("=", 1)[1].partition("-")
                 a = int(first)
                 z = min(int(last) if last else len(data) - 1, len(data) - 1)
-                self._send(206, data[a:z + 1], {"Content-Type": "application/octet-stream",
-                                                "Content-Range": f"bytes {a}-{z}/{len(data)}"})
+                self._send(
+                    206,
+                    data[a : z + 1],
+                    {"Content-Type": "application/octet-stream", "Content-Range": f"bytes {a}-{z}/{len(data)}"},
+                )
 
         return Handler

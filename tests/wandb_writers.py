@@ -6,7 +6,7 @@ import os
 import textwrap
 from pathlib import Path
 
-WRITER = textwrap.dedent('''
+WRITER = textwrap.dedent("""
     import json, math, os, sys, time
     import wandb
 
@@ -59,15 +59,22 @@ WRITER = textwrap.dedent('''
     logged["resumed_second"] = [{"step": i, "loss": 1000.0 + i, "resumed": 1.0} for i in range(25)]
     with open(out + "/logged.json", "w") as fh:
         json.dump(logged, fh)
-''')
+""")
 
 
 def isolated_env(tmp: Path) -> dict[str, str]:
     """The environment for a writer: offline, silent, W&B's own folders under ``tmp``, no key, no server."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update({
-        "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HOME": str(tmp / "home"),
-        "WANDB_CONFIG_DIR": str(tmp / "config"), "WANDB_CACHE_DIR": str(tmp / "cache"),
-        "WANDB_DATA_DIR": str(tmp / "data"), "WANDB_DISABLE_CODE": "true", "WANDB_DISABLE_GIT": "true",
-    })
+    env.update(
+        {
+            "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true",
+            "HOME": str(tmp / "home"),
+            "WANDB_CONFIG_DIR": str(tmp / "config"),
+            "WANDB_CACHE_DIR": str(tmp / "cache"),
+            "WANDB_DATA_DIR": str(tmp / "data"),
+            "WANDB_DISABLE_CODE": "true",
+            "WANDB_DISABLE_GIT": "true",
+        }
+    )
     return env

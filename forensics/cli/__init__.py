@@ -19,8 +19,21 @@ from forensics.errors import ForensicsError
 from forensics.schema import ConfigError
 
 #: The order commands are listed in ``forensics --help``; a discovered module not named here comes last.
-ORDER = ["demo", "audit", "replay", "skip", "dashboard", "watch", "ingest", "tag", "buckets", "whatif", "check_plan",
-         "validate", "compare"]
+ORDER = [
+    "demo",
+    "audit",
+    "replay",
+    "skip",
+    "dashboard",
+    "watch",
+    "ingest",
+    "tag",
+    "buckets",
+    "whatif",
+    "check_plan",
+    "validate",
+    "compare",
+]
 _HELPERS = {"common"}
 
 

@@ -26,44 +26,97 @@ DEMO_DIR = Path("forensics-demo")
 
 
 def register(sub) -> None:
-    p = add_command(sub, "audit", "Audit a run: spikes, oscillation, batch composition, attribution; writes "
-                    "findings.json and report.html.",
-                    "forensics audit forensics-demo/static --fail-on spike,static-plan")
+    p = add_command(
+        sub,
+        "audit",
+        "Audit a run: spikes, oscillation, batch composition, attribution; writes findings.json and report.html.",
+        "forensics audit forensics-demo/static --fail-on spike,static-plan",
+    )
     add_case_argument(p, "outputs go there too (an HF Trainer output folder works as one)")
-    p.add_argument("--demo", action="store_true",
-                   help=f"audit the demo's static run ({DEMO_DIR}/static), building the demo first if missing")
-    p.add_argument("--metrics", action="append", default=None, metavar="SRC",
-                   help="metrics source, anything `forensics ingest` reads (repeatable; later sources win)")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help=f"audit the demo's static run ({DEMO_DIR}/static), building the demo first if missing",
+    )
+    p.add_argument(
+        "--metrics",
+        action="append",
+        default=None,
+        metavar="SRC",
+        help="metrics source, anything `forensics ingest` reads (repeatable; later sources win)",
+    )
     p.add_argument("--plan", default=None, help="plan table (Parquet/CSV/JSONL, or a recorder folder)")
     p.add_argument("--samples", default=None, help="samples table (Parquet/CSV/JSONL)")
     add_step_mapping_options(p)
     add_engine_options(p)
-    p.add_argument("--pattern", default=None, metavar="REGEX",
-                   help="text logs: a regex with a group 'step' and one named group per metric (as ingest takes it)")
+    p.add_argument(
+        "--pattern",
+        default=None,
+        metavar="REGEX",
+        help="text logs: a regex with a group 'step' and one named group per metric (as ingest takes it)",
+    )
     add_mlflow_uri_option(p)
-    p.add_argument("--step-key", default=None, metavar="K",
-                   help="the key holding the step in every source (default: what each source says of itself)")
-    p.add_argument("--loss-key", default=None, metavar="K", help="the loss column (default: found by name, "
-                   "e.g. train/loss, loss, train_loss, lm loss)")
-    p.add_argument("--boundaries", default=None, metavar="b0,b1,...|optimal",
-                   help="length-bucket boundaries (default: run.toml's, else fitted to the samples)")
-    p.add_argument("--clusters", type=clusters_option, default=None, metavar="K|auto",
-                   help="content clusters of the sample text (default: chosen from the texts)")
-    p.add_argument("--spike-metric", action="append", default=None, metavar="K",
-                   help="also look for spikes in this metric (repeatable; default: the loss and grad norm)")
-    p.add_argument("--cluster-by", default=None, metavar="COLUMN",
-                   help="content clusters from this samples column (e.g. source) instead of the text")
+    p.add_argument(
+        "--step-key",
+        default=None,
+        metavar="K",
+        help="the key holding the step in every source (default: what each source says of itself)",
+    )
+    p.add_argument(
+        "--loss-key",
+        default=None,
+        metavar="K",
+        help="the loss column (default: found by name, e.g. train/loss, loss, train_loss, lm loss)",
+    )
+    p.add_argument(
+        "--boundaries",
+        default=None,
+        metavar="b0,b1,...|optimal",
+        help="length-bucket boundaries (default: run.toml's, else fitted to the samples)",
+    )
+    p.add_argument(
+        "--clusters",
+        type=clusters_option,
+        default=None,
+        metavar="K|auto",
+        help="content clusters of the sample text (default: chosen from the texts)",
+    )
+    p.add_argument(
+        "--spike-metric",
+        action="append",
+        default=None,
+        metavar="K",
+        help="also look for spikes in this metric (repeatable; default: the loss and grad norm)",
+    )
+    p.add_argument(
+        "--cluster-by",
+        default=None,
+        metavar="COLUMN",
+        help="content clusters from this samples column (e.g. source) instead of the text",
+    )
     p.add_argument("--json", default=None, metavar="F", help="findings.json path (default CASE/findings.json)")
     p.add_argument("--html", default=None, metavar="F", help="report path (default CASE/report.html)")
     p.add_argument("--no-html", action="store_true", help="do not write the HTML report")
-    p.add_argument("--replay", action="store_true",
-                   help="then replay the most urgent causes through the run's checkpoints and write everything from "
-                   "the replayed evidence (run.toml [replay] auto = true does the same; needs the [replay] extra)")
-    p.add_argument("--replay-budget", type=float, default=None, metavar="SECONDS",
-                   help="seconds --replay may spend (default: run.toml [replay] budget, else 300); the causes it does "
-                   "not reach are listed as not replayed")
-    p.add_argument("--fail-on", default=None, metavar="KIND[,KIND]",
-                   help=f"exit 1 when a critical finding of these kinds is found: {', '.join(sorted(fail_kinds()))}")
+    p.add_argument(
+        "--replay",
+        action="store_true",
+        help="then replay the most urgent causes through the run's checkpoints and write everything from "
+        "the replayed evidence (run.toml [replay] auto = true does the same; needs the [replay] extra)",
+    )
+    p.add_argument(
+        "--replay-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds --replay may spend (default: run.toml [replay] budget, else 300); the causes it does "
+        "not reach are listed as not replayed",
+    )
+    p.add_argument(
+        "--fail-on",
+        default=None,
+        metavar="KIND[,KIND]",
+        help=f"exit 1 when a critical finding of these kinds is found: {', '.join(sorted(fail_kinds()))}",
+    )
     p.set_defaults(func=run)
 
 
@@ -95,9 +148,17 @@ def run(args: argparse.Namespace) -> int:
         from forensics.report import write_report
 
         with stage("writing the report"):
-            write_report(html_path, audit.findings, audit.metrics, tags=audit.tags, samples=audit.samples,
-                         plan=audit.plan, loss_key=audit.loss_key, replay=audit.replay_results(),
-                         batch_rows=audit.batch_rows)
+            write_report(
+                html_path,
+                audit.findings,
+                audit.metrics,
+                tags=audit.tags,
+                samples=audit.samples,
+                plan=audit.plan,
+                loss_key=audit.loss_key,
+                replay=audit.replay_results(),
+                batch_rows=audit.batch_rows,
+            )
         written.append(str(html_path))
 
     from forensics.report.summary import render_summary
@@ -120,8 +181,7 @@ def _replay(case, audit, budget: float | None):
         audit.findings.setdefault("warnings", []).append("--replay: not replayed; the case has no batch plan")
         return None
     with stage("replaying the top causes"):
-        _, result = replay_causes(case, audit.findings, plan_steps, budget,
-                                  progress=console(stderr=True).is_terminal)
+        _, result = replay_causes(case, audit.findings, plan_steps, budget, progress=console(stderr=True).is_terminal)
     return result
 
 

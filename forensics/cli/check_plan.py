@@ -25,32 +25,72 @@ from forensics.schema import RANK_SPLITS, check_output
 
 
 def register(sub) -> None:
-    p = add_command(sub, "check-plan", "CI gate: fail when batch composition does not vary across epochs.",
-                    "forensics check-plan --builder my_data.py:build_batches --samples samples.parquet "
-                    "--junit check-plan.xml")
+    p = add_command(
+        sub,
+        "check-plan",
+        "CI gate: fail when batch composition does not vary across epochs.",
+        "forensics check-plan --builder my_data.py:build_batches --samples samples.parquet --junit check-plan.xml",
+    )
     add_case_argument(p, "its plan, samples and run.toml")
     p.add_argument("--plan", help="plan table with an 'epoch' column (Parquet/CSV/JSONL, or a folder of parts)")
-    p.add_argument("--builder", help="reference builder name, module:function or path/to/file.py:function "
-                   "(called once per epoch; needs the samples)")
+    p.add_argument(
+        "--builder",
+        help="reference builder name, module:function or path/to/file.py:function "
+        "(called once per epoch; needs the samples)",
+    )
     p.add_argument("--samples", help="samples table (sample_id, n_tokens): size-aware limits, coverage, padding")
-    p.add_argument("--epochs", type=int, default=None, metavar="N",
-                   help="epochs to compare (default: all in a plan; 3 for a builder)")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="epochs to compare (default: all in a plan; 3 for a builder)",
+    )
     p.add_argument("--seed", type=int, default=0, metavar="K", help="seed passed to the builder (default 0)")
-    p.add_argument("--token-budget", type=int, default=None, metavar="T",
-                   help="padded tokens per batch, for the builder (default 16384) and the reference bucketed "
-                        "shuffle (default: the plan's largest padded batch)")
+    p.add_argument(
+        "--token-budget",
+        type=int,
+        default=None,
+        metavar="T",
+        help="padded tokens per batch, for the builder (default 16384) and the reference bucketed "
+        "shuffle (default: the plan's largest padded batch)",
+    )
     p.add_argument("--max-len", type=int, default=None, metavar="L", help="truncation length (default 8192)")
-    p.add_argument("--boundaries", default=None, metavar="b0,b1,...",
-                   help="length-bucket boundaries of the reference (default: run.toml's, else fitted to the samples)")
-    p.add_argument("--max-pair-retention", type=float, default=None, metavar="X",
-                   help="override the derived pair-retention limit (0-1)")
-    p.add_argument("--max-identical-batches", type=float, default=None, metavar="X",
-                   help="override the derived identical-batches limit (0-1)")
-    p.add_argument("--allow-drop-last", type=int, default=None, metavar="N",
-                   help="an epoch may miss at most N samples (default: fewer than one of its batches, a dropped "
-                        "last partial batch, noted; 0: none); repeats always fail")
-    p.add_argument("--min-padding-efficiency", type=float, default=None, metavar="X",
-                   help="fail when an epoch's real/padded tokens is below X (needs the samples)")
+    p.add_argument(
+        "--boundaries",
+        default=None,
+        metavar="b0,b1,...",
+        help="length-bucket boundaries of the reference (default: run.toml's, else fitted to the samples)",
+    )
+    p.add_argument(
+        "--max-pair-retention",
+        type=float,
+        default=None,
+        metavar="X",
+        help="override the derived pair-retention limit (0-1)",
+    )
+    p.add_argument(
+        "--max-identical-batches",
+        type=float,
+        default=None,
+        metavar="X",
+        help="override the derived identical-batches limit (0-1)",
+    )
+    p.add_argument(
+        "--allow-drop-last",
+        type=int,
+        default=None,
+        metavar="N",
+        help="an epoch may miss at most N samples (default: fewer than one of its batches, a dropped "
+        "last partial batch, noted; 0: none); repeats always fail",
+    )
+    p.add_argument(
+        "--min-padding-efficiency",
+        type=float,
+        default=None,
+        metavar="X",
+        help="fail when an epoch's real/padded tokens is below X (needs the samples)",
+    )
     p.add_argument("--grad-accum", type=int, default=None, metavar="G", help="micro-batches per step (cluster runs)")
     p.add_argument("--world-size", type=int, default=None, metavar="W", help="data-parallel ranks (cluster runs)")
     p.add_argument("--rank-split", choices=RANK_SPLITS, default=None, help="how batches go to ranks")
@@ -65,8 +105,12 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.junit, (".xml",), "--junit")
     if args.plan and args.builder:
         raise ForensicsError("check-plan: give --plan or --builder, not both")
-    options = GateOptions(max_pair_retention=args.max_pair_retention, max_identical_batches=args.max_identical_batches,
-                          allow_drop_last=args.allow_drop_last, min_padding_efficiency=args.min_padding_efficiency)
+    options = GateOptions(
+        max_pair_retention=args.max_pair_retention,
+        max_identical_batches=args.max_identical_batches,
+        allow_drop_last=args.allow_drop_last,
+        min_padding_efficiency=args.min_padding_efficiency,
+    )
     case = open_case_from(args)
     with stage("checking batch composition across epochs"):
         result = check_case(case, builder=args.builder, epochs=args.epochs, seed=args.seed, options=options)
@@ -88,8 +132,12 @@ def render(result: GateResult) -> None:
     if len(result.epochs) > 2:
         rows.append((f"{result.first_last.earlier}-{result.first_last.later} (first-last)", result.first_last))
     for label, p in rows:
-        pairs.add_row(label, _mark(p.pair_retention, lim.pair_retention), _mark(p.identical_batches,
-                      lim.identical_batches), "[red]yes[/]" if p.order_only else "no")
+        pairs.add_row(
+            label,
+            _mark(p.pair_retention, lim.pair_retention),
+            _mark(p.identical_batches, lim.identical_batches),
+            "[red]yes[/]" if p.order_only else "no",
+        )
     out.print(pairs)
     epochs = Table(title="per epoch", title_justify="left")
     cols = ["epoch", "missing", "duplicated"]
@@ -105,8 +153,11 @@ def render(result: GateResult) -> None:
             row.append(f"{result.epoch_padding_efficiency[i]:.1%}")
         if result.cluster_mix:
             m = result.cluster_mix[i] if i < len(result.cluster_mix) else None
-            row += [f"{m.cluster_entropy:.2f}", f"{m.longest_dominant_run} ({escape(str(m.dominant_cluster))})"] \
-                if m else ["", ""]
+            row += (
+                [f"{m.cluster_entropy:.2f}", f"{m.longest_dominant_run} ({escape(str(m.dominant_cluster))})"]
+                if m
+                else ["", ""]
+            )
         epochs.add_row(*row)
     out.print(epochs)
     out.print(f"limits: pair retention <= {lim.pair_retention:.4g}, identical batches <= {lim.identical_batches:.4g}")

@@ -18,9 +18,30 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 #: Flags whose value is a key of the run configuration (argparse dest -> RunConfig key).
-CONFIG_FLAGS = ("metrics", "plan", "samples", "grad_accum", "world_size", "rank_split", "step_offset", "step_key",
-                "logging_steps", "loss_key", "boundaries", "n_buckets", "clusters", "cluster_by", "token_budget",
-                "max_len", "max_batch_size", "model", "checkpoints", "engine", "memory_limit", "scheduler")
+CONFIG_FLAGS = (
+    "metrics",
+    "plan",
+    "samples",
+    "grad_accum",
+    "world_size",
+    "rank_split",
+    "step_offset",
+    "step_key",
+    "logging_steps",
+    "loss_key",
+    "boundaries",
+    "n_buckets",
+    "clusters",
+    "cluster_by",
+    "token_budget",
+    "max_len",
+    "max_batch_size",
+    "model",
+    "checkpoints",
+    "engine",
+    "memory_limit",
+    "scheduler",
+)
 
 
 def add_command(sub: Any, name: str, summary: str, example: str) -> argparse.ArgumentParser:
@@ -39,8 +60,13 @@ def add_command(sub: Any, name: str, summary: str, example: str) -> argparse.Arg
 def add_case_argument(p: argparse.ArgumentParser, what: str = "its inputs") -> None:
     """The optional CASE folder and ``--set KEY=VALUE`` (any run.toml key, e.g. grad_accum=2, detect.spikes.z=5)."""
     p.add_argument("case", nargs="?", help=f"case folder (run.toml, plan.parquet, samples.parquet, ...): {what}")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a run.toml key (repeatable), e.g. --set grad_accum=2 --set detect.spikes.z=5")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a run.toml key (repeatable), e.g. --set grad_accum=2 --set detect.spikes.z=5",
+    )
 
 
 def open_case_from(args: argparse.Namespace) -> Case:
@@ -66,9 +92,13 @@ def clusters_option(text: str) -> int | str | None:
 
 def add_mlflow_uri_option(p: argparse.ArgumentParser) -> None:
     """``--mlflow-uri``: where ``mlflow:RUN_ID`` sources live (default ``MLFLOW_TRACKING_URI``)."""
-    p.add_argument("--mlflow-uri", default=None, metavar="URI",
-                   help="MLflow tracking URI of mlflow:RUN_ID sources: a server, sqlite:///mlflow.db or a mlruns/ "
-                        "folder (default: MLFLOW_TRACKING_URI)")
+    p.add_argument(
+        "--mlflow-uri",
+        default=None,
+        metavar="URI",
+        help="MLflow tracking URI of mlflow:RUN_ID sources: a server, sqlite:///mlflow.db or a mlruns/ "
+        "folder (default: MLFLOW_TRACKING_URI)",
+    )
 
 
 def use_mlflow_uri(args: argparse.Namespace) -> None:
@@ -82,28 +112,53 @@ def add_step_mapping_options(p: argparse.ArgumentParser) -> None:
     """``--grad-accum``, ``--world-size``, ``--rank-split``, ``--step-offset`` (defaults: run.toml's, else 1/1/rr/0)."""
     p.add_argument("--grad-accum", type=int, default=None, metavar="G", help="micro-batches per optimizer step")
     p.add_argument("--world-size", type=int, default=None, metavar="W", help="data-parallel ranks")
-    p.add_argument("--rank-split", choices=RANK_SPLITS, default=None,
-                   help="round_robin: one batch stream shared by the ranks; per_rank: one stream per rank")
-    p.add_argument("--step-offset", type=int, default=None, metavar="N",
-                   help="metrics step = logged step - N (a log counting from 1 takes N = 1)")
+    p.add_argument(
+        "--rank-split",
+        choices=RANK_SPLITS,
+        default=None,
+        help="round_robin: one batch stream shared by the ranks; per_rank: one stream per rank",
+    )
+    p.add_argument(
+        "--step-offset",
+        type=int,
+        default=None,
+        metavar="N",
+        help="metrics step = logged step - N (a log counting from 1 takes N = 1)",
+    )
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     """``--engine``, ``--memory-limit``, ``--scheduler``: where the plan computations run (default: run.toml's,
     else ``auto``: pandas while the plan's Arrow size is under a quarter of the memory limit, DuckDB beyond)."""
-    p.add_argument("--engine", choices=("auto", "pandas", "duckdb", "dask"), default=None,
-                   help="where the plan computations run (default auto: pandas in memory, DuckDB past memory)")
-    p.add_argument("--memory-limit", default=None, metavar="SIZE",
-                   help="memory the engine may use, e.g. 4GB (default: half the available memory)")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                   help="the Dask scheduler of --engine dask, e.g. tcp://10.0.0.5:8786 (default: a local cluster)")
+    p.add_argument(
+        "--engine",
+        choices=("auto", "pandas", "duckdb", "dask"),
+        default=None,
+        help="where the plan computations run (default auto: pandas in memory, DuckDB past memory)",
+    )
+    p.add_argument(
+        "--memory-limit",
+        default=None,
+        metavar="SIZE",
+        help="memory the engine may use, e.g. 4GB (default: half the available memory)",
+    )
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="the Dask scheduler of --engine dask, e.g. tcp://10.0.0.5:8786 (default: a local cluster)",
+    )
 
 
 def add_steps_as_option(p: argparse.ArgumentParser) -> None:
     """``--steps-as logged|canonical``: which numbering the steps a user types are in (docs/concepts.md)."""
-    p.add_argument("--steps-as", choices=("canonical", "logged"), default="canonical",
-                   help="the steps given are canonical 0-based steps (default) or the run's logged steps "
-                        "(HF global_step = canonical + 1)")
+    p.add_argument(
+        "--steps-as",
+        choices=("canonical", "logged"),
+        default="canonical",
+        help="the steps given are canonical 0-based steps (default) or the run's logged steps "
+        "(HF global_step = canonical + 1)",
+    )
 
 
 def console(stderr: bool = False, *, for_rich: bool = False) -> Console | PipedConsole:
@@ -136,8 +191,15 @@ class PipedConsole:
         self.file = file
         self._rich: Console | None = None
 
-    def print(self, *objects: Any, sep: str = " ", end: str = "\n", markup: bool | None = None,
-              highlight: bool | None = None, **options: Any) -> None:
+    def print(
+        self,
+        *objects: Any,
+        sep: str = " ",
+        end: str = "\n",
+        markup: bool | None = None,
+        highlight: bool | None = None,
+        **options: Any,
+    ) -> None:
         if options or not all(isinstance(o, str) for o in objects):
             self.rich.print(*objects, sep=sep, end=end, markup=markup, highlight=highlight, **options)
             return
@@ -200,8 +262,9 @@ def stage_progress(name: str, total: int | None = None) -> Iterator[Callable[...
         if state["bar"] is None:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            state["bar"] = Progress(TextColumn(name), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                    console=err, transient=True)
+            state["bar"] = Progress(
+                TextColumn(name), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True
+            )
             state["bar"].start()
             state["task"] = state["bar"].add_task(name, total=state["total"])
         state["bar"].update(state["task"], completed=done, total=state["total"])

@@ -43,10 +43,18 @@ def split_streamlit_options(args: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def register(sub) -> None:
-    p = add_command(sub, "dashboard", "Serve the live dashboard of a run (Streamlit), on 127.0.0.1 by default.",
-                    "forensics dashboard forensics-demo/static --port 8501")
-    p.add_argument("targets", nargs="*", metavar="CASE | SOURCE",
-                   help="a case folder, or metrics sources (log files, a W&B folder or run path); none: the demo")
+    p = add_command(
+        sub,
+        "dashboard",
+        "Serve the live dashboard of a run (Streamlit), on 127.0.0.1 by default.",
+        "forensics dashboard forensics-demo/static --port 8501",
+    )
+    p.add_argument(
+        "targets",
+        nargs="*",
+        metavar="CASE | SOURCE",
+        help="a case folder, or metrics sources (log files, a W&B folder or run path); none: the demo",
+    )
     p.add_argument("--host", default=None, metavar="H", help=f"address to bind (default {DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=None, metavar="P", help="port (default: streamlit's, 8501)")
     p.add_argument("--print-command", action="store_true", help="print the streamlit command instead of running it")
@@ -65,8 +73,9 @@ def register(sub) -> None:
     p.parse_known_args = types.MethodType(parse_known_args, p)
 
 
-def streamlit_command(targets: Sequence[str], host: str | None = None, port: int | None = None,
-                      options: Sequence[str] = ()) -> list[str]:
+def streamlit_command(
+    targets: Sequence[str], host: str | None = None, port: int | None = None, options: Sequence[str] = ()
+) -> list[str]:
     """The ``python -m streamlit run <app> [options] -- [targets]`` command line."""
     from forensics.dashboard import app
 

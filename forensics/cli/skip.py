@@ -9,29 +9,56 @@ from pathlib import Path
 
 from forensics.cli.common import add_command, console
 
-EXAMPLE = ("forensics skip forensics-demo/static --format megatron   (then: --iterations-to-skip $(...))\n"
-           "  forensics skip forensics-demo/static --format ids --min-severity warning -o skip.json\n"
-           "  # in the training script: train_ds = forensics.integrations.exclude_samples(train_ds, \"skip.json\")")
+EXAMPLE = (
+    "forensics skip forensics-demo/static --format megatron   (then: --iterations-to-skip $(...))\n"
+    "  forensics skip forensics-demo/static --format ids --min-severity warning -o skip.json\n"
+    '  # in the training script: train_ds = forensics.integrations.exclude_samples(train_ds, "skip.json")'
+)
 
 
 def register(sub) -> None:
-    p = add_command(sub, "skip", "Export the steps and samples an audit blames, to train past them: Megatron-LM's "
-                    "--iterations-to-skip, a sample-id list for exclude_samples, or plain steps.", EXAMPLE)
-    p.add_argument("case", metavar="CASE", help="a case folder with findings.json (from `forensics audit`), "
-                   "or a findings.json")
-    p.add_argument("--format", required=True, choices=("megatron", "ids", "steps"),
-                   help="megatron: steps space-separated for --iterations-to-skip; ids: {\"sample_ids\": [...], "
-                        "\"why\": {...}} JSON; steps: one per line")
-    p.add_argument("--min-severity", choices=("info", "warning", "critical"), default="critical",
-                   help="take causes at this severity or above (default: critical)")
-    p.add_argument("--all-verdicts", action="store_true",
-                   help="when the causes were replayed, take them whatever the verdict (default: only 'data')")
-    p.add_argument("--megatron-indexing", choices=("logged", "zero"), default="logged",
-                   help="logged: the iteration Megatron prints (core_v0.17.0 and later test iteration + 1); "
-                        "zero: the updates done before it (core_v0.12.0 to core_v0.16.x test iteration). "
-                        "Default: logged")
-    p.add_argument("--steps-as", choices=("canonical", "logged"), default="canonical",
-                   help="--format steps: canonical 0-based steps (default) or as the run logs them")
+    p = add_command(
+        sub,
+        "skip",
+        "Export the steps and samples an audit blames, to train past them: Megatron-LM's "
+        "--iterations-to-skip, a sample-id list for exclude_samples, or plain steps.",
+        EXAMPLE,
+    )
+    p.add_argument(
+        "case", metavar="CASE", help="a case folder with findings.json (from `forensics audit`), or a findings.json"
+    )
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=("megatron", "ids", "steps"),
+        help='megatron: steps space-separated for --iterations-to-skip; ids: {"sample_ids": [...], '
+        '"why": {...}} JSON; steps: one per line',
+    )
+    p.add_argument(
+        "--min-severity",
+        choices=("info", "warning", "critical"),
+        default="critical",
+        help="take causes at this severity or above (default: critical)",
+    )
+    p.add_argument(
+        "--all-verdicts",
+        action="store_true",
+        help="when the causes were replayed, take them whatever the verdict (default: only 'data')",
+    )
+    p.add_argument(
+        "--megatron-indexing",
+        choices=("logged", "zero"),
+        default="logged",
+        help="logged: the iteration Megatron prints (core_v0.17.0 and later test iteration + 1); "
+        "zero: the updates done before it (core_v0.12.0 to core_v0.16.x test iteration). "
+        "Default: logged",
+    )
+    p.add_argument(
+        "--steps-as",
+        choices=("canonical", "logged"),
+        default="canonical",
+        help="--format steps: canonical 0-based steps (default) or as the run logs them",
+    )
     p.add_argument("-o", "--output", default=None, metavar="F", help="write the list to F (default: stdout)")
     p.set_defaults(func=run)
 

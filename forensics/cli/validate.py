@@ -13,15 +13,23 @@ from forensics.schema.words import counted
 
 
 def register(sub) -> None:
-    p = add_command(sub, "validate", "Check that a case folder's metrics, plan and samples load and agree.",
-                    "forensics validate forensics-demo/static")
+    p = add_command(
+        sub,
+        "validate",
+        "Check that a case folder's metrics, plan and samples load and agree.",
+        "forensics validate forensics-demo/static",
+    )
     add_case_argument(p, "metrics, plan, samples and run.toml (default: the current folder)")
     p.add_argument("--metrics", action="append", default=None, metavar="SRC", help="metrics source (repeatable)")
     p.add_argument("--plan", default=None, help="plan table (Parquet/CSV/JSONL)")
     p.add_argument("--samples", default=None, help="samples table (Parquet/CSV/JSONL)")
     add_step_mapping_options(p)
-    p.add_argument("--json", default=None, metavar="F",
-                   help="also write what was found as JSON: found, warnings, compiled {cache, warm, loops}")
+    p.add_argument(
+        "--json",
+        default=None,
+        metavar="F",
+        help="also write what was found as JSON: found, warnings, compiled {cache, warm, loops}",
+    )
     p.set_defaults(func=run)
 
 
@@ -39,9 +47,12 @@ def run(args: argparse.Namespace) -> int:
     for line in check.lines:
         out.print(line, markup=False)
     cold = [name for name, warm in compiled["loops"].items() if not warm]
-    state = "all cached" if compiled["warm"] else (
-        f"not cached yet: {', '.join(cold)} (runs under {compile_from():,} rows use plain Python; longer ones compile "
-        "once)")
+    rows = f"{compile_from():,}"
+    state = (
+        "all cached"
+        if compiled["warm"]
+        else f"not cached yet: {', '.join(cold)} (runs under {rows} rows use plain Python; longer ones compile once)"
+    )
     out.print(f"compiled loops: {state}; cache {compiled['cache']}", markup=False)
     for w in check.warnings:
         err.print(f"warning: {w}", markup=False)

@@ -20,8 +20,14 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "compare_runs": "core", "Comparison": "result", "ComparedRun": "runs", "load_run": "runs",
-    "classify": "classes", "align": "align", "StepSamples": "positions", "build_compare_html": "html",
+    "compare_runs": "core",
+    "Comparison": "result",
+    "ComparedRun": "runs",
+    "load_run": "runs",
+    "classify": "classes",
+    "align": "align",
+    "StepSamples": "positions",
+    "build_compare_html": "html",
 }
 
 __all__ = sorted(_WHERE)

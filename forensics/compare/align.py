@@ -55,8 +55,9 @@ def _spans_meet(a: Spike, b: Spike, tolerance: int) -> bool:
     return a.step - tolerance <= b.end_step and b.step - tolerance <= a.end_step
 
 
-def align(runs: Sequence[ComparedRun], by: str = "step", same_order: bool = False, tolerance: int = 0
-          ) -> list[Position]:
+def align(
+    runs: Sequence[ComparedRun], by: str = "step", same_order: bool = False, tolerance: int = 0
+) -> list[Position]:
     """Every data position where some run spiked, in order of its anchor's step (module docstring)."""
     if by not in BY:
         raise ValueError(f"by must be one of {BY}; got {by!r}")
@@ -80,8 +81,9 @@ def align(runs: Sequence[ComparedRun], by: str = "step", same_order: bool = Fals
     return out
 
 
-def _joined(ri: int, a: Spike, sa: frozenset[int] | None, rj: int, b: Spike, sb: frozenset[int] | None, by: str,
-            tolerance: int) -> bool:
+def _joined(
+    ri: int, a: Spike, sa: frozenset[int] | None, rj: int, b: Spike, sb: frozenset[int] | None, by: str, tolerance: int
+) -> bool:
     """Whether two spikes are at one data position (module docstring, "Joining")."""
     both_plans = sa is not None and sb is not None
     if by == "data" and both_plans:
@@ -93,8 +95,14 @@ def _joined(ri: int, a: Spike, sa: frozenset[int] | None, rj: int, b: Spike, sb:
     return not both_plans or _jaccard(sa, sb) >= SAME_SAMPLES
 
 
-def _position(runs: Sequence[ComparedRun], members: list[tuple[int, Spike]], anchor: tuple[int, Spike],
-              samples: frozenset[int] | None, by: str, same_order: bool) -> Position:
+def _position(
+    runs: Sequence[ComparedRun],
+    members: list[tuple[int, Spike]],
+    anchor: tuple[int, Spike],
+    samples: frozenset[int] | None,
+    by: str,
+    same_order: bool,
+) -> Position:
     anchor_run, spike = anchor
     pos = Position(anchor_run=anchor_run, anchor=spike, spikes={}, states={}, steps={}, values={}, samples=samples)
     for r, s in members:
@@ -120,8 +128,9 @@ def _position(runs: Sequence[ComparedRun], members: list[tuple[int, Spike]], anc
     return pos
 
 
-def _state(run: ComparedRun, spike: Spike, samples: frozenset[int] | None, by: str, same_order: bool,
-           pos: Position, r: int) -> tuple[str, int | None]:
+def _state(
+    run: ComparedRun, spike: Spike, samples: frozenset[int] | None, by: str, same_order: bool, pos: Position, r: int
+) -> tuple[str, int | None]:
     """Where a run that did not spike stands at a position, and the step it is compared at (module docstring of
     :mod:`forensics.compare.classes`)."""
     at = spike.peak_step

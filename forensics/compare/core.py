@@ -42,21 +42,27 @@ def compare_runs(
     if by is None:
         by = "data" if len(planned) == len(runs) else "step"
     elif by == "data" and not planned:
-        raise ForensicsError("--by data: no run has a plan (plan.parquet, or a recorded plan/ folder); compare by "
-                             "step, with --same-order when the runs read the data in the same order")
+        raise ForensicsError(
+            "--by data: no run has a plan (plan.parquet, or a recorded plan/ folder); compare by "
+            "step, with --same-order when the runs read the data in the same order"
+        )
     if by == "data" and len(planned) < len(runs):
         lacking = ", ".join(r.name for r in runs if r.plan is None)
-        warnings.append(f"--by data: {lacking} {'has' if len(runs) - len(planned) == 1 else 'have'} no plan: "
-                        "aligned by step")
+        warnings.append(
+            f"--by data: {lacking} {'has' if len(runs) - len(planned) == 1 else 'have'} no plan: aligned by step"
+        )
     if same_order and len(planned) == len(runs):
         warnings.append("--same-order: every run has a plan, and the plans say the order; the flag is ignored")
         same_order = False
     unknown = [r for r in runs[1:] if runs[0].plan is None or r.plan is None]
     if unknown and not same_order:
-        warnings.append("the runs' data order is not known (no plans): a spike at the same step in several runs "
-                        "is classed recurring by its step alone; give --same-order when they read the data in the "
-                        "same order (a rerun, another seed of the model only)")
+        warnings.append(
+            "the runs' data order is not known (no plans): a spike at the same step in several runs "
+            "is classed recurring by its step alone; give --same-order when they read the data in the "
+            "same order (a rerun, another seed of the model only)"
+        )
     warnings += id_warnings(runs)
     positions = align(runs, by=by, same_order=same_order, tolerance=tolerance)
-    return Comparison(runs=runs, positions=positions, by=by, same_order_given=same_order, tolerance=tolerance,
-                      warnings=warnings)
+    return Comparison(
+        runs=runs, positions=positions, by=by, same_order_given=same_order, tolerance=tolerance, warnings=warnings
+    )

@@ -31,11 +31,13 @@ _LOADER = """
   });
 })();
 """
-_CSS = ("body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222}"
-        "main{max-width:1200px;margin:0 auto;padding:16px}table{border-collapse:collapse;width:100%;font-size:13px}"
-        "th,td{border-bottom:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}"
-        ".muted{color:#666}.cls{font-weight:600}.recurring{color:#d62728}.vanished{color:#1f77b4}"
-        ".unique{color:#555}code{font-size:12px}")
+_CSS = (
+    "body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222}"
+    "main{max-width:1200px;margin:0 auto;padding:16px}table{border-collapse:collapse;width:100%;font-size:13px}"
+    "th,td{border-bottom:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}"
+    ".muted{color:#666}.cls{font-weight:600}.recurring{color:#d62728}.vanished{color:#1f77b4}"
+    ".unique{color:#555}code{font-size:12px}"
+)
 
 
 def compare_figure(result: Comparison) -> go.Figure:
@@ -43,9 +45,16 @@ def compare_figure(result: Comparison) -> go.Figure:
     own value there, so a vanished spike shows both the spike and the quiet run beside it)."""
     fig = go.Figure()
     for run in result.runs:
-        fig.add_trace(go.Scattergl(x=np.asarray(run.steps), y=np.asarray(run.values), mode="lines", name=run.name,
-                                   line={"width": 1}, hovertemplate=f"{run.name}<br>step %{{x}}<br>loss %{{y:.4g}}"
-                                   "<extra></extra>"))
+        fig.add_trace(
+            go.Scattergl(
+                x=np.asarray(run.steps),
+                y=np.asarray(run.values),
+                mode="lines",
+                name=run.name,
+                line={"width": 1},
+                hovertemplate=f"{run.name}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>",
+            )
+        )
     for cls in CLASSES:
         xs, ys, texts = [], [], []
         for p in result.positions:
@@ -60,11 +69,24 @@ def compare_figure(result: Comparison) -> go.Figure:
                         texts.append(f"{result.runs[r].name}: {p.states[r]} ({cls})")
         if xs:
             colour, symbol = CLASS_STYLE[cls]
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=f"{cls} spikes", text=texts,
-                                     marker={"color": colour, "symbol": symbol, "size": 10},
-                                     hovertemplate="step %{x}<br>loss %{y:.4g}<br>%{text}<extra></extra>"))
-    fig.update_layout(height=480, xaxis_title="step (canonical, 0-based)", yaxis_title="loss",
-                      margin={"l": 60, "r": 20, "t": 30, "b": 50}, legend={"orientation": "h"})
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    mode="markers",
+                    name=f"{cls} spikes",
+                    text=texts,
+                    marker={"color": colour, "symbol": symbol, "size": 10},
+                    hovertemplate="step %{x}<br>loss %{y:.4g}<br>%{text}<extra></extra>",
+                )
+            )
+    fig.update_layout(
+        height=480,
+        xaxis_title="step (canonical, 0-based)",
+        yaxis_title="loss",
+        margin={"l": 60, "r": 20, "t": 30, "b": 50},
+        legend={"orientation": "h"},
+    )
     return fig
 
 
@@ -86,37 +108,44 @@ def _rows(result: Comparison) -> str:
         ids = (j["data_position"] or {}).get("sample_ids") or []
         values = "<br>".join(f"{esc(k)}: {esc(fmt_num(v))}" for k, v in j["values"].items())
         rows.append(
-            f"<tr><td>{j['step']} <span class=\"muted\">(logged {j['logged_step']})</span></td>"
-            f"<td class=\"cls {esc(j['class'])}\">{esc(j['class'])}{' (removed)' if id(p) in removed else ''}</td>"
+            f'<tr><td>{j["step"]} <span class="muted">(logged {j["logged_step"]})</span></td>'
+            f'<td class="cls {esc(j["class"])}">{esc(j["class"])}{" (removed)" if id(p) in removed else ""}</td>'
             f"<td>{esc(', '.join(j['runs']))}</td><td>{values}</td>"
-            f"<td><code>{esc(', '.join(map(str, ids)))}</code></td><td>{esc(_text_of(result, ids))}</td></tr>")
+            f"<td><code>{esc(', '.join(map(str, ids)))}</code></td><td>{esc(_text_of(result, ids))}</td></tr>"
+        )
     if not rows:
         return '<p class="muted">No loss spike in any run.</p>'
-    return ("<table><thead><tr><th>step</th><th>class</th><th>spiked in</th><th>loss</th><th>samples</th>"
-            f"<th>first sample's text</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+    return (
+        "<table><thead><tr><th>step</th><th>class</th><th>spiked in</th><th>loss</th><th>samples</th>"
+        f"<th>first sample's text</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def build_compare_html(result: Comparison) -> str:
     """compare.html as one string (module docstring)."""
     figs = {"compare": compare_figure(result)}
-    runs = "".join(f"<li>{esc(r.name)}: <code>{esc(r.source)}</code> ({len(r.steps)} steps)</li>"
-                   for r in result.runs)
+    runs = "".join(f"<li>{esc(r.name)}: <code>{esc(r.source)}</code> ({len(r.steps)} steps)</li>" for r in result.runs)
     ba = result.before_after() or {}
-    pair = "".join(f"<li>{esc(k)}: {esc(fmt_num(ba[k][0]))} before, {esc(fmt_num(ba[k][1]))} after</li>"
-                   for k in ("jumpiness_share", "tokens_per_s") if k in ba)
+    pair = "".join(
+        f"<li>{esc(k)}: {esc(fmt_num(ba[k][0]))} before, {esc(fmt_num(ba[k][1]))} after</li>"
+        for k in ("jumpiness_share", "tokens_per_s")
+        if k in ba
+    )
     meaning = "".join(f'<li><span class="cls {c}">{c}</span>: {esc(MEANING[c])}</li>' for c in CLASSES)
-    return "".join([
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
-        f"<title>Compare: {esc(', '.join(r.name for r in result.runs))}</title><style>{_CSS}</style></head>",
-        f"<body><main><h1>Runs compared</h1><p>{esc(result.sentence())}</p><ul>{runs}</ul>",
-        f"<ul>{pair}</ul>" if pair else "",
-        '<div id="fig-compare" style="height:480px"></div>',
-        f"<h2>Spike positions</h2>{_rows(result)}<ul class=\"muted\">{meaning}</ul>",
-        "<footer class=\"muted\">Made by loss-spike-forensics. Self-contained; works offline.</footer></main>",
-        f'<script type="text/javascript">{get_plotlyjs()}</script>',
-        f'<script type="application/json" id="compare-figures">{figures_json(figs)}</script>',
-        f"<script>{_LOADER}</script></body></html>\n",
-    ])
+    return "".join(
+        [
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+            f"<title>Compare: {esc(', '.join(r.name for r in result.runs))}</title><style>{_CSS}</style></head>",
+            f"<body><main><h1>Runs compared</h1><p>{esc(result.sentence())}</p><ul>{runs}</ul>",
+            f"<ul>{pair}</ul>" if pair else "",
+            '<div id="fig-compare" style="height:480px"></div>',
+            f'<h2>Spike positions</h2>{_rows(result)}<ul class="muted">{meaning}</ul>',
+            '<footer class="muted">Made by loss-spike-forensics. Self-contained; works offline.</footer></main>',
+            f'<script type="text/javascript">{get_plotlyjs()}</script>',
+            f'<script type="application/json" id="compare-figures">{figures_json(figs)}</script>',
+            f"<script>{_LOADER}</script></body></html>\n",
+        ]
+    )
 
 
 def write_compare_html(path: str | Path, result: Comparison) -> Path:
@@ -124,4 +153,3 @@ def write_compare_html(path: str | Path, result: Comparison) -> Path:
     out = Path(path)
     out.write_text(build_compare_html(result), encoding="utf-8")
     return out
-

@@ -97,8 +97,7 @@ class StepSamples:
         common, mine, theirs = np.intersect1d(self._step_keys, other._step_keys, return_indices=True)
         if not len(common):
             return None
-        same = sum(np.array_equal(self._step_ids[i], other._step_ids[j])
-                   for i, j in zip(mine, theirs, strict=True))
+        same = sum(np.array_equal(self._step_ids[i], other._step_ids[j]) for i, j in zip(mine, theirs, strict=True))
         return same / len(common)
 
     def ids(self) -> np.ndarray:

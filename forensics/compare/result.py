@@ -91,15 +91,23 @@ class Comparison:
 
     def new(self) -> list[Position]:
         """Before/after: positions only the second run spiked at (the first reached them)."""
-        return [p for p in self.positions if self.is_pair and p.states[1] == SPIKED
-                and p.states[0] not in (*_THERE, UNREACHED)]
+        return [
+            p
+            for p in self.positions
+            if self.is_pair and p.states[1] == SPIKED and p.states[0] not in (*_THERE, UNREACHED)
+        ]
 
     def before_after(self) -> dict[str, Any] | None:
         if not self.is_pair:
             return None
         a, b = self.runs
-        out: dict[str, Any] = {"before": a.name, "after": b.name, "removed": len(self.removed()),
-                               "left": len(self.left()), "new": len(self.new())}
+        out: dict[str, Any] = {
+            "before": a.name,
+            "after": b.name,
+            "removed": len(self.removed()),
+            "left": len(self.left()),
+            "new": len(self.new()),
+        }
         if a.jumpiness_share is not None and b.jumpiness_share is not None:
             out["jumpiness_share"] = [a.jumpiness_share, b.jumpiness_share]
         if a.tokens_per_s is not None and b.tokens_per_s is not None:
@@ -114,14 +122,18 @@ class Comparison:
         data = None
         if p.samples is not None:
             data = {
-                "n_samples": len(p.samples), "sample_ids": sorted(p.samples)[:LISTED_SAMPLES],
+                "n_samples": len(p.samples),
+                "sample_ids": sorted(p.samples)[:LISTED_SAMPLES],
                 "overlap": {names[r]: round(v, 4) for r, v in sorted(p.overlap.items())},
                 "consumed_at": {names[r]: s for r, s in sorted(p.consumed.items())},
             }
         return {
-            "step": p.anchor.step, "logged_step": p.anchor.step + anchor.logged_offset,
-            "runs": [names[r] for r, s in sorted(p.states.items()) if s in _THERE], "class": p.cls,
-            "data_position": data, "values": {names[r]: p.values.get(r) for r in range(len(names))},
+            "step": p.anchor.step,
+            "logged_step": p.anchor.step + anchor.logged_offset,
+            "runs": [names[r] for r, s in sorted(p.states.items()) if s in _THERE],
+            "class": p.cls,
+            "data_position": data,
+            "values": {names[r]: p.values.get(r) for r in range(len(names))},
             "states": {names[r]: st for r, st in sorted(p.states.items())},
         }
 
@@ -143,8 +155,10 @@ class Comparison:
         parts = [f"{counts[c]} {c}" for c in CLASSES if counts[c]]
         text = f"{counted(n, 'spike position')} across {len(self.runs)} runs: {', '.join(parts)}"
         if self.is_pair:
-            text += (f"; {self.runs[1].name} against {self.runs[0].name}: {len(self.removed())} removed, "
-                     f"{len(self.left())} left, {len(self.new())} new")
+            text += (
+                f"; {self.runs[1].name} against {self.runs[0].name}: {len(self.removed())} removed, "
+                f"{len(self.left())} left, {len(self.new())} new"
+            )
         return text + "."
 
     def lines(self) -> list[str]:
@@ -158,8 +172,10 @@ class Comparison:
             j = self.position_json(p)
             values = ", ".join(f"{k} {v:.4g}" if v is not None else f"{k} -" for k, v in j["values"].items())
             mark = " (removed)" if id(p) in removed else ""
-            out.append(f"  step {j['step']} (logged {j['logged_step']}): {j['class']}{mark}, in "
-                       f"{', '.join(j['runs'])}; loss {values}")
+            out.append(
+                f"  step {j['step']} (logged {j['logged_step']}): {j['class']}{mark}, in "
+                f"{', '.join(j['runs'])}; loss {values}"
+            )
         ba = self.before_after() or {}
         for key in ("jumpiness_share", "tokens_per_s"):
             if key in ba:
@@ -195,8 +211,10 @@ def id_warnings(runs: Sequence[ComparedRun]) -> list[str]:
             continue
         differ = int((first.sample_tokens.loc[common].to_numpy() != run.sample_tokens.loc[common].to_numpy()).sum())
         if differ > 0.05 * len(common):
-            out.append(f"{run.name} and {first.name} give {differ} of their {len(common)} common sample ids "
-                       "samples of other lengths: the ids do not name the same samples, so data positions compared "
-                       "by id are not the same data (keep each sample's id when re-building a dataset: a "
-                       "'sample_id' column)")
+            out.append(
+                f"{run.name} and {first.name} give {differ} of their {len(common)} common sample ids "
+                "samples of other lengths: the ids do not name the same samples, so data positions compared "
+                "by id are not the same data (keep each sample's id when re-building a dataset: a "
+                "'sample_id' column)"
+            )
     return out

@@ -57,8 +57,14 @@ class Spike:
         end = int(s["end_step"]) if s.get("end_step") is not None else step
         peak = int(s["peak_step"]) if s.get("peak_step") is not None else step
         value = s.get("value")
-        return cls(step, max(end, step), min(max(peak, step), max(end, step)),
-                   float(value) if isinstance(value, (int, float)) else None, s.get("severity"), s.get("cause"))
+        return cls(
+            step,
+            max(end, step),
+            min(max(peak, step), max(end, step)),
+            float(value) if isinstance(value, (int, float)) else None,
+            s.get("severity"),
+            s.get("cause"),
+        )
 
 
 @dataclass
@@ -109,18 +115,29 @@ class ComparedRun:
         if not self.reaches(step):
             return None
         i = min(int(np.searchsorted(self.steps, int(step))), len(self.values) - 1)
-        around = np.concatenate([self.values[max(0, i - window):i], self.values[i + 1:i + 1 + window]])
+        around = np.concatenate([self.values[max(0, i - window) : i], self.values[i + 1 : i + 1 + window]])
         around = around[np.isfinite(around)]
         if not len(around) or not np.isfinite(self.values[i]):
             return None
         return float(self.values[i] - np.median(around))
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source, "case": str(self.case) if self.case else None,
-                "steps": int(len(self.steps)), "first_step": self.first_step, "last_step": self.last_step,
-                "loss_key": self.loss_key, "logged_offset": self.logged_offset, "spikes": len(self.spikes),
-                "plan": self.plan is not None, "jumpiness_share": self.jumpiness_share,
-                "tokens_per_s": self.tokens_per_s, "tokens_key": self.tokens_key, "findings": self.findings_from}
+        return {
+            "name": self.name,
+            "source": self.source,
+            "case": str(self.case) if self.case else None,
+            "steps": int(len(self.steps)),
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "loss_key": self.loss_key,
+            "logged_offset": self.logged_offset,
+            "spikes": len(self.spikes),
+            "plan": self.plan is not None,
+            "jumpiness_share": self.jumpiness_share,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_key": self.tokens_key,
+            "findings": self.findings_from,
+        }
 
 
 def open_run(source: str, sets: Sequence[str] = ()) -> Case:
@@ -129,14 +146,18 @@ def open_run(source: str, sets: Sequence[str] = ()) -> Case:
     path = Path(source)
     if path.is_dir():
         return open_case(path, sets=sets)
-    if path.is_file() or source.startswith(_REMOTE) or (source.count("/") == 2 and not path.exists()
-                                                         and not source.startswith((".", "/"))):
+    if (
+        path.is_file()
+        or source.startswith(_REMOTE)
+        or (source.count("/") == 2 and not path.exists() and not source.startswith((".", "/")))
+    ):
         return open_case(None, sets=sets, overrides={"metrics": [source]})
     raise ForensicsError(f"compare: {source}: no such case folder or metrics source")
 
 
-def load_run(source: str, name: str, *, sets: Sequence[str] = (),
-             stage: Callable[[str], Any] | None = None) -> ComparedRun:
+def load_run(
+    source: str, name: str, *, sets: Sequence[str] = (), stage: Callable[[str], Any] | None = None
+) -> ComparedRun:
     """Read one RUN (module docstring): its findings (reused or audited), loss curve and plan."""
     case = open_run(source, sets)
     reused = None if sets else fresh_findings(case)
@@ -155,15 +176,19 @@ def load_run(source: str, name: str, *, sets: Sequence[str] = (),
     run_section = findings.get("run") or {}
     loss_key = str(run_section.get("loss_key"))
     if loss_key not in metrics.columns:
-        raise ForensicsError(f"compare: {source}: its findings name loss key '{loss_key}', which its metrics lack; "
-                             "audit it again (forensics audit)")
+        raise ForensicsError(
+            f"compare: {source}: its findings name loss key '{loss_key}', which its metrics lack; "
+            "audit it again (forensics audit)"
+        )
     rows = written(metrics, loss_key)
     steps = metrics[STEP].to_numpy(np.int64)[rows]
     values = metrics[loss_key].to_numpy(dtype=np.float64, na_value=np.nan)[rows]
     if not len(steps):
         raise ForensicsError(f"compare: {source}: its loss '{loss_key}' has no logged value")
-    spikes = sorted((Spike.from_json(s) for s in findings.get("spikes") or [] if s.get("metric") == loss_key),
-                    key=lambda s: (s.step, s.peak_step))
+    spikes = sorted(
+        (Spike.from_json(s) for s in findings.get("spikes") or [] if s.get("metric") == loss_key),
+        key=lambda s: (s.step, s.peak_step),
+    )
     osc = findings.get("oscillation") or {}
     share = osc.get("bucket_variance_share") if isinstance(osc, dict) else None
     tokens_key, tps = throughput(metrics)
@@ -174,12 +199,23 @@ def load_run(source: str, name: str, *, sets: Sequence[str] = (),
     if samples is not None and "text" in samples.columns:
         text = pd.Series(samples["text"].to_numpy(), index=samples["sample_id"].to_numpy())
     return ComparedRun(
-        name=name, source=source, case=case.root, loss_key=loss_key, steps=steps, values=values,
-        logged_offset=int(run_section.get("logged_offset") or 0), spikes=spikes,
-        plan=StepSamples(plan) if plan is not None else None, sample_tokens=tokens, sample_text=text,
-        jumpiness_share=float(share) if isinstance(share, (int, float)) else None, tokens_per_s=tps,
-        tokens_key=tokens_key, findings_from="reused" if reused is not None else "audited",
-        warnings=list(case.warnings))
+        name=name,
+        source=source,
+        case=case.root,
+        loss_key=loss_key,
+        steps=steps,
+        values=values,
+        logged_offset=int(run_section.get("logged_offset") or 0),
+        spikes=spikes,
+        plan=StepSamples(plan) if plan is not None else None,
+        sample_tokens=tokens,
+        sample_text=text,
+        jumpiness_share=float(share) if isinstance(share, (int, float)) else None,
+        tokens_per_s=tps,
+        tokens_key=tokens_key,
+        findings_from="reused" if reused is not None else "audited",
+        warnings=list(case.warnings),
+    )
 
 
 def throughput(metrics: pd.DataFrame) -> tuple[str | None, float | None]:
@@ -235,8 +271,9 @@ def _tables(case: Case) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame
     cfg = case.config
     metrics, _ = read_metrics(case.metrics_sources, step_offset=cfg.step_offset, step_key=cfg.step_key)
     if metrics.empty:
-        raise ForensicsError(f"compare: the metrics sources hold no rows: "
-                             f"{', '.join(s.path for s in case.metrics_sources)}")
+        raise ForensicsError(
+            f"compare: the metrics sources hold no rows: {', '.join(s.path for s in case.metrics_sources)}"
+        )
     plan = samples = None
     if cfg.plan and cfg.samples:
         from forensics.pipeline.audit import load_step_plan

@@ -143,4 +143,3 @@ def _numba_array_library_without_scipy() -> None:
     finally:
         nb_linalg.ensure_blas = probe
     arraymath._HAVE_BLAS = importlib.util.find_spec("scipy") is not None
-

@@ -79,8 +79,11 @@ def _compiling(name: str, dispatcher: Any) -> Callable[..., Any]:
     def first_call(*args: Any) -> Any:
         what = LOOPS[name][2]
         if name not in _COMPILED:
-            print(f"forensics: compiling {what} (once for this version; cached in {_folder()})", file=sys.stderr,
-                  flush=True)
+            print(
+                f"forensics: compiling {what} (once for this version; cached in {_folder()})",
+                file=sys.stderr,
+                flush=True,
+            )
             started = time.perf_counter()
             result = dispatcher(*args)
             _COMPILED.add(name)

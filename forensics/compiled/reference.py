@@ -47,8 +47,9 @@ def _plain(dispatcher: Any) -> types.FunctionType:
     namespace = _plain_globals(py.__module__)
     found = _PLAIN.get(id(dispatcher))  # made while its module's globals were (a module's own functions are)
     if found is None:
-        found = _PLAIN[id(dispatcher)] = types.FunctionType(py.__code__, namespace, py.__name__, py.__defaults__,
-                                                            py.__closure__)
+        found = _PLAIN[id(dispatcher)] = types.FunctionType(
+            py.__code__, namespace, py.__name__, py.__defaults__, py.__closure__
+        )
     return found
 
 

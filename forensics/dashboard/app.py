@@ -26,8 +26,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     interval, paused = live.controls()
     if run is None:
         return
-    if st.sidebar.button("Re-fit tags", help="fit bucket boundaries and clusters again on everything recorded so "
-                                              "far (new plan parts are otherwise tagged with those fitted at start)"):
+    if st.sidebar.button(
+        "Re-fit tags",
+        help="fit bucket boundaries and clusters again on everything recorded so "
+        "far (new plan parts are otherwise tagged with those fitted at start)",
+    ):
         with st.spinner("Re-fitting tags..."):
             run.refit()
     st.sidebar.caption(md(f"watching {run.target.label}"))

@@ -22,8 +22,9 @@ VIEW_KEY = "view"
 
 def controls() -> tuple[float, bool]:
     """The sidebar's interval (default 5 s) and pause toggle."""
-    interval = st.sidebar.number_input("Refresh every (s)", min_value=1.0, max_value=600.0,
-                                       value=DEFAULT_INTERVAL_S, step=1.0, key="interval")
+    interval = st.sidebar.number_input(
+        "Refresh every (s)", min_value=1.0, max_value=600.0, value=DEFAULT_INTERVAL_S, step=1.0, key="interval"
+    )
     paused = st.sidebar.toggle("Pause refresh", value=False, key="paused")
     return float(interval), bool(paused)
 

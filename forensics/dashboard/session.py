@@ -49,9 +49,12 @@ def sidebar_target() -> None:
     """A text box to watch other sources (a case folder, log files, a W&B run path); applied on Enter."""
     current = " ".join(shlex.quote(a) for a in st.session_state.get(TARGET, []))
     st.session_state.setdefault("target_text", current)
-    text = st.sidebar.text_input("Case folder or sources", key="target_text",
-                                 help="a case folder, an HF Trainer output folder, log files, or a W&B run path "
-                                      "entity/project/run_id (several separated by spaces)")
+    text = st.sidebar.text_input(
+        "Case folder or sources",
+        key="target_text",
+        help="a case folder, an HF Trainer output folder, log files, or a W&B run path "
+        "entity/project/run_id (several separated by spaces)",
+    )
     if text.strip() and text != current:
         try:
             st.session_state[TARGET] = shlex.split(text)

@@ -37,8 +37,10 @@ def spike_line(s: dict[str, Any]) -> str:
     """One spike event in a sentence: where, how high, bucket and cluster, suspects (dataset text not escaped)."""
     start, end = int(s["step"]), int(s.get("end_step") if s.get("end_step") is not None else s["step"])
     span = step_span(start, end, int(s.get("logged_step", start)) - start)
-    parts = [f"{s.get('kind', 'spike')} at {span}: {s.get('metric', '')} {fmt_num(s.get('value'))} vs baseline "
-             f"{fmt_num(s.get('baseline'))}"]
+    parts = [
+        f"{s.get('kind', 'spike')} at {span}: {s.get('metric', '')} {fmt_num(s.get('value'))} vs baseline "
+        f"{fmt_num(s.get('baseline'))}"
+    ]
     if s.get("severity"):
         parts.append(str(s["severity"]))
     if s.get("bucket") is not None:

@@ -123,8 +123,17 @@ def write_metrics_jsonl(metrics: pd.DataFrame, path: Path) -> None:
             fh.write(json.dumps(dict(zip(cols, row)), allow_nan=True) + "\n")
 
 
-def _labels(name: str, builder: str, seed: int, scale: str, sim: Simulation, plan: pd.DataFrame,
-            corrupt_ids: list[int], groups: tuple[tuple[int, ...], ...], params: LossModelParams) -> dict[str, Any]:
+def _labels(
+    name: str,
+    builder: str,
+    seed: int,
+    scale: str,
+    sim: Simulation,
+    plan: pd.DataFrame,
+    corrupt_ids: list[int],
+    groups: tuple[tuple[int, ...], ...],
+    params: LossModelParams,
+) -> dict[str, Any]:
     t = sim.terms
     per_batch = t.loc[t["n_corrupt"] > 0, "n_corrupt"]
     return {
@@ -152,8 +161,14 @@ def _labels(name: str, builder: str, seed: int, scale: str, sim: Simulation, pla
     }
 
 
-def write_case(case_dir: Path, samples: pd.DataFrame, plan: pd.DataFrame, sim: Simulation,
-               labels: dict[str, Any], run_keys: dict[str, Any] | None = None) -> None:
+def write_case(
+    case_dir: Path,
+    samples: pd.DataFrame,
+    plan: pd.DataFrame,
+    sim: Simulation,
+    labels: dict[str, Any],
+    run_keys: dict[str, Any] | None = None,
+) -> None:
     """Write one case folder's tables, ``run.toml`` and ``labels.json`` (the W&B run is written separately).
 
     The W&B run of an earlier demo in the same folder (recognised by its ``labels.json``) is removed first, so that
@@ -166,12 +181,24 @@ def write_case(case_dir: Path, samples: pd.DataFrame, plan: pd.DataFrame, sim: S
     plan.to_parquet(case_dir / "plan.parquet", index=False)
     write_metrics(sim.metrics, case_dir / "metrics.parquet")
     write_metrics_jsonl(sim.metrics, case_dir / "metrics.jsonl")
-    write_run_toml({"metrics": ["metrics.parquet"], "plan": "plan.parquet", "samples": "samples.parquet",
-                    "grad_accum": 1, "world_size": 1, "rank_split": "round_robin", "loss_key": LOSS,
-                    "boundaries": list(DEFAULT_BOUNDARIES), "token_budget": TOKEN_BUDGET, "max_len": MAX_LEN,
-                    # the forgetting signature read on the simulator's own time scale (labels.json 'forgetting')
-                    "detect": {"forgetting": {"tau": float(labels["forgetting"]["tau_steps"])}}, **(run_keys or {})},
-                   case_dir / "run.toml")
+    write_run_toml(
+        {
+            "metrics": ["metrics.parquet"],
+            "plan": "plan.parquet",
+            "samples": "samples.parquet",
+            "grad_accum": 1,
+            "world_size": 1,
+            "rank_split": "round_robin",
+            "loss_key": LOSS,
+            "boundaries": list(DEFAULT_BOUNDARIES),
+            "token_budget": TOKEN_BUDGET,
+            "max_len": MAX_LEN,
+            # the forgetting signature read on the simulator's own time scale (labels.json 'forgetting')
+            "detect": {"forgetting": {"tau": float(labels["forgetting"]["tau_steps"])}},
+            **(run_keys or {}),
+        },
+        case_dir / "run.toml",
+    )
     (case_dir / "labels.json").write_text(json.dumps(labels, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
 
@@ -206,8 +233,14 @@ def build_demo(
     samples, corrupt_ids, groups = build_samples(scale, seed)
     samples = with_tokens(samples)
     timings["samples"] = time.perf_counter() - t0
-    summary: dict[str, Any] = {"out": str(out), "scale": scale, "seed": seed, "n_samples": len(samples),
-                               "cases": {}, "seconds": timings}
+    summary: dict[str, Any] = {
+        "out": str(out),
+        "scale": scale,
+        "seed": seed,
+        "n_samples": len(samples),
+        "cases": {},
+        "seconds": timings,
+    }
     sims: dict[str, tuple[Path, Simulation, dict[str, Any]]] = {}
     for index, (name, builder) in enumerate(CASES.items()):
         t = time.perf_counter()
@@ -230,23 +263,40 @@ def build_demo(
         sims[name] = (case_dir, sim, labels)
         timings[name] = time.perf_counter() - t
         summary["cases"][name] = {
-            "path": str(case_dir), "builder": builder, "steps": len(sim.metrics),
+            "path": str(case_dir),
+            "builder": builder,
+            "steps": len(sim.metrics),
             "spike_steps": [s["step"] for s in labels["spikes"]],
             "mean_tokens_per_s": labels["mean_tokens_per_s"],
         }
     wrote_wandb = wandb and wandb_available()
     if wrote_wandb:
         t = time.perf_counter()
-        jobs = [WandbJob(case_dir, sim.metrics, name=f"demo-{name}", config={
-            "builder": labels["builder"], "seed": seed, "scale": scale, "epochs": EPOCHS,
-            "token_budget": TOKEN_BUDGET, "max_len": MAX_LEN, "grad_accum": 1, "world_size": 1})
-            for name, (case_dir, sim, labels) in sims.items()]
+        jobs = [
+            WandbJob(
+                case_dir,
+                sim.metrics,
+                name=f"demo-{name}",
+                config={
+                    "builder": labels["builder"],
+                    "seed": seed,
+                    "scale": scale,
+                    "epochs": EPOCHS,
+                    "token_budget": TOKEN_BUDGET,
+                    "max_len": MAX_LEN,
+                    "grad_accum": 1,
+                    "world_size": 1,
+                },
+            )
+            for name, (case_dir, sim, labels) in sims.items()
+        ]
         rows = sum(len(j.metrics) for j in jobs)
         # parallel processes pay ~1 s of start-up each: worth it only for large runs
         processes = WANDB_PROCESSES if rows > WANDB_PARALLEL_ROWS else 1
         progress("W&B offline runs", 0, len(jobs))
-        folders = write_wandb_runs(jobs, processes=processes,
-                                   on_done=lambda done, total: progress("W&B offline runs", done, total))
+        folders = write_wandb_runs(
+            jobs, processes=processes, on_done=lambda done, total: progress("W&B offline runs", done, total)
+        )
         for name, folder in zip(sims, folders):
             summary["cases"][name]["wandb"] = str(folder)
         timings["wandb"] = time.perf_counter() - t

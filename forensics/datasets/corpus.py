@@ -120,8 +120,9 @@ class RunSpec:
     def __post_init__(self) -> None:
         unknown = set(self.spikes) - set(SHAPES) - {"story"}
         if unknown or self.noise not in ("gaussian", "student_t") or self.builder not in REFERENCE_BUILDERS:
-            raise ValueError(f"bad RunSpec {self.name}: shapes {sorted(unknown)}, noise {self.noise!r}, "
-                             f"builder {self.builder!r}")
+            raise ValueError(
+                f"bad RunSpec {self.name}: shapes {sorted(unknown)}, noise {self.noise!r}, builder {self.builder!r}"
+            )
 
 
 @dataclass
@@ -217,8 +218,12 @@ def _profile(shape: str, rng: np.random.Generator) -> _Profile:
         g = np.concatenate([up, down])
         return _Profile(np.arange(len(g)) - (r - 1), g, 1.0 + 2.0 * (g - 1.0), shape)
     elif shape == "grad_led":
-        lead, n_dec, d, p = int(rng.integers(3, 7)), int(rng.integers(8, 21)), rng.uniform(0.6, 0.8), \
-            _peak(rng, 1.6, 4.0)
+        lead, n_dec, d, p = (
+            int(rng.integers(3, 7)),
+            int(rng.integers(8, 21)),
+            rng.uniform(0.6, 0.8),
+            _peak(rng, 1.6, 4.0),
+        )
         g_lead = 1.0 + rng.uniform(0.0, 0.12, lead)  # the loss barely moves while grad norm climbs
         g = np.concatenate([g_lead, 1.0 + (p - 1.0) * d ** np.arange(n_dec)])
         grad = np.concatenate([np.geomspace(2.0, 300.0, lead), np.geomspace(1000.0, 2.0, n_dec)])
@@ -258,10 +263,16 @@ def _loss_params(spec: RunSpec) -> LossModelParams:
     # a gentler decline than the demo's (x0.69 and an epoch drop of ~4%): the bucket and content levels are additive,
     # so over a long run a steep decline would leave the lowest buckets at a tiny fraction of the others
     return replace(
-        base, initial_loss=spec.initial_loss, warmup_tau=spec.warmup_tau, plateau_start=spec.level,
-        plateau_end=spec.level * 0.85, epoch_drop=0.02 * spec.level,
+        base,
+        initial_loss=spec.initial_loss,
+        warmup_tau=spec.warmup_tau,
+        plateau_start=spec.level,
+        plateau_end=spec.level * 0.85,
+        epoch_drop=0.02 * spec.level,
         source_difficulty={s: v * k for s, v in base.source_difficulty.items()},
-        bucket_level=tuple(v * k for v in base.bucket_level), forget_scale=base.forget_scale * lv, noise_sd=0.0,
+        bucket_level=tuple(v * k for v in base.bucket_level),
+        forget_scale=base.forget_scale * lv,
+        noise_sd=0.0,
     )
 
 
@@ -296,9 +307,17 @@ def _noise(spec: RunSpec, rng: np.random.Generator, real_tokens: np.ndarray) -> 
     return eps * spec.noise_sd * np.clip(np.sqrt(_REF_TOKENS / np.maximum(real_tokens, 1.0)), 0.5, 1.5)
 
 
-def _corrupt_batch(plan_steps: np.ndarray, plan_ids: np.ndarray, step: int, bucket: int, cluster: int,
-                   sample_bucket: np.ndarray, sample_cluster: np.ndarray, texts: np.ndarray,
-                   rng: np.random.Generator) -> tuple[int, ...]:
+def _corrupt_batch(
+    plan_steps: np.ndarray,
+    plan_ids: np.ndarray,
+    step: int,
+    bucket: int,
+    cluster: int,
+    sample_bucket: np.ndarray,
+    sample_cluster: np.ndarray,
+    texts: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[int, ...]:
     """Make a few samples of ``step``'s batch corrupted near-duplicates (in place in ``texts``); their ids.
 
     They are drawn from the samples of the step's own bucket and cluster where there are enough (else its cluster,
@@ -374,11 +393,24 @@ def make_run(spec: RunSpec) -> Run:
         peak = int(at[np.argmax(prof.g)])
         data_led = shape in DATA_LED
         bucket, cluster = int(tag_bucket[start]), int(tag_cluster[start])
-        sample_ids = _corrupt_batch(plan_steps, plan_ids, start, bucket, cluster, sample_bucket, sample_cluster,
-                                    texts, rng) if data_led else ()
-        labels.spikes.append(SpikeLabel(
-            start=start, end=end, peak=peak, shape=shape, factor=round(prof.peak_factor, 6), metric=LOSS,
-            bucket=bucket if data_led else None, cluster=cluster if data_led else None, sample_ids=sample_ids))
+        sample_ids = (
+            _corrupt_batch(plan_steps, plan_ids, start, bucket, cluster, sample_bucket, sample_cluster, texts, rng)
+            if data_led
+            else ()
+        )
+        labels.spikes.append(
+            SpikeLabel(
+                start=start,
+                end=end,
+                peak=peak,
+                shape=shape,
+                factor=round(prof.peak_factor, 6),
+                metric=LOSS,
+                bucket=bucket if data_led else None,
+                cluster=cluster if data_led else None,
+                sample_ids=sample_ids,
+            )
+        )
         labels.extents.append((int(at.min()), int(at.max())))
     samples = samples.assign(**{TEXT: texts})
 
@@ -397,12 +429,14 @@ def make_run(spec: RunSpec) -> Run:
     metrics = pd.DataFrame({STEP: steps, LOSS: loss, GRAD_NORM: grad, LR: sim.metrics[LR].to_numpy()})
     if spec.resumed:
         metrics, labels.rewound = _resumed(metrics, baseline, spec, rng)
-    return Run(spec=spec, metrics=metrics, tags=tags, plan=plan, samples=samples, labels=labels,
-               baseline=baseline, factor=g)
+    return Run(
+        spec=spec, metrics=metrics, tags=tags, plan=plan, samples=samples, labels=labels, baseline=baseline, factor=g
+    )
 
 
-def _resumed(metrics: pd.DataFrame, baseline: np.ndarray, spec: RunSpec,
-             rng: np.random.Generator) -> tuple[pd.DataFrame, tuple[int, int]]:
+def _resumed(
+    metrics: pd.DataFrame, baseline: np.ndarray, spec: RunSpec, rng: np.random.Generator
+) -> tuple[pd.DataFrame, tuple[int, int]]:
     """Write the run as a resumed log (first attempt diverged at ``crash``, resumed at ``resume``), read it back."""
     from forensics.sources import read_metrics
 
@@ -440,11 +474,19 @@ def _story_run(spec: RunSpec) -> Run:
         factor = float((base[s] + excess[s]) / base[s])
         if factor < MIN_FACTOR:  # the demo labels late recurrences from 1.4x; the corpus's spikes start at 1.6x
             continue
-        labels.spikes.append(SpikeLabel(
-            start=s, end=int(ev["end_step"]), peak=int(ev["peak_step"]), shape="story",
-            factor=round(factor, 6), metric=LOSS,
-            bucket=int(tags["bucket"].iloc[s]), cluster=int(tags[CLUSTER].iloc[s]),
-            sample_ids=tuple(int(i) for i in ev["sample_ids"])))
+        labels.spikes.append(
+            SpikeLabel(
+                start=s,
+                end=int(ev["end_step"]),
+                peak=int(ev["peak_step"]),
+                shape="story",
+                factor=round(factor, 6),
+                metric=LOSS,
+                bucket=int(tags["bucket"].iloc[s]),
+                cluster=int(tags[CLUSTER].iloc[s]),
+                sample_ids=tuple(int(i) for i in ev["sample_ids"]),
+            )
+        )
     # every step the corrupted samples touched (recurrences too small to be labelled spikes included) is not clean
     touched = np.flatnonzero(excess > 0.01)
     if len(touched):
@@ -452,8 +494,16 @@ def _story_run(spec: RunSpec) -> Run:
         for a, b in zip(np.r_[touched[0], touched[cuts + 1]], np.r_[touched[cuts], touched[-1]], strict=True):
             labels.extents.append((int(a), int(b)))
     metrics = sim.metrics[list(METRIC_COLUMNS)].copy()
-    return Run(spec=spec, metrics=metrics, tags=tags, plan=plan, samples=samples, labels=labels,
-               baseline=base, factor=(base + excess) / base)
+    return Run(
+        spec=spec,
+        metrics=metrics,
+        tags=tags,
+        plan=plan,
+        samples=samples,
+        labels=labels,
+        baseline=base,
+        factor=(base + excess) / base,
+    )
 
 
 # --- the corpus ----------------------------------------------------------------------------------------------------
@@ -473,8 +523,12 @@ def _kinds() -> list[tuple[str, int, int, dict]]:
         ("resumed", 3, 8_000, dict(resumed=True, spikes=("one_step", "few_steps", "grad_led"))),
         ("grad-accum", 3, 5_000, dict(grad_accum=4, bucket_scale=2.0, spikes=("one_step", "few_steps", "one_step"))),
         ("story", 2, 0, dict(story=True)),
-        ("long", 2, 30_000, dict(noise="student_t", level_shifts=1,
-                                 spikes=("one_step", "few_steps", "slow_rise", "grad_led") * 4)),
+        (
+            "long",
+            2,
+            30_000,
+            dict(noise="student_t", level_shifts=1, spikes=("one_step", "few_steps", "slow_rise", "grad_led") * 4),
+        ),
     ]
 
 
@@ -490,11 +544,13 @@ def corpus_specs(size: str = "full", seed: int = 0) -> list[RunSpec]:
     specs: list[RunSpec] = []
     kinds = _kinds()
     if size == "test":
-        kinds = [("t-spikes", 1, 3_000, dict(spikes=("one_step", "few_steps", "slow_rise", "grad_led"))),
-                 ("t-heavy", 1, 3_000, dict(noise="student_t", spikes=("one_step",), nan_steps=2)),
-                 ("t-warmup", 1, 2_500, dict(spikes=("warmup", "one_step"), warmup_tau=120.0, level_shifts=1)),
-                 ("t-resumed", 1, 2_500, dict(resumed=True, spikes=("one_step", "grad_led"))),
-                 ("t-accum", 1, 2_000, dict(grad_accum=4, bucket_scale=2.0, spikes=("one_step",)))]
+        kinds = [
+            ("t-spikes", 1, 3_000, dict(spikes=("one_step", "few_steps", "slow_rise", "grad_led"))),
+            ("t-heavy", 1, 3_000, dict(noise="student_t", spikes=("one_step",), nan_steps=2)),
+            ("t-warmup", 1, 2_500, dict(spikes=("warmup", "one_step"), warmup_tau=120.0, level_shifts=1)),
+            ("t-resumed", 1, 2_500, dict(resumed=True, spikes=("one_step", "grad_led"))),
+            ("t-accum", 1, 2_000, dict(grad_accum=4, bucket_scale=2.0, spikes=("one_step",))),
+        ]
     for kind, n_runs, n_steps, extra in kinds:
         if size == "quick":
             n_runs, n_steps = 1, min(n_steps // 2, 6_000)
@@ -542,8 +598,13 @@ LONG_FAMILIES: dict[str, tuple[str, float, bool]] = {
 LONG_NOISE_CAP = 2.0
 #: Noise scale ranges per family (log space; Student-t: of the t draw), drawn per run: from easy to the regime where
 #: a fixed 1.5x ratio starts to flag the noise.
-LONG_SCALES = {"gauss": (0.01, 0.04), "t5": (0.01, 0.02), "t3": (0.007, 0.014), "t2.5": (0.005, 0.010),
-               "lr-drift": (0.009, 0.018)}
+LONG_SCALES = {
+    "gauss": (0.01, 0.04),
+    "t5": (0.01, 0.02),
+    "t3": (0.007, 0.014),
+    "t2.5": (0.005, 0.010),
+    "lr-drift": (0.009, 0.018),
+}
 #: Shapes of the long corpus: the corpus's metrics-only shapes plus bursts (several one-step spikes close together).
 LONG_SHAPES = ("one_step", "few_steps", "slow_rise", "grad_led", "burst")
 EVAL_KEY = "eval/loss"
@@ -620,8 +681,9 @@ def make_long_run(spec: LongRunSpec) -> MetricsRun:
     n = spec.n_steps
     s = np.arange(n, dtype=np.float64)
     base = spec.level * (1.0 - 0.15 * s / n) + (spec.initial_loss - spec.level) * np.exp(-s / spec.warmup_tau)
-    lr = np.where(s < 2000, (s + 1) / 2000, 0.1 + 0.45 * (1 + np.cos(np.pi * np.clip((s - 2000) / max(n - 2000, 1),
-                                                                                        0, 1))))
+    lr = np.where(
+        s < 2000, (s + 1) / 2000, 0.1 + 0.45 * (1 + np.cos(np.pi * np.clip((s - 2000) / max(n - 2000, 1), 0, 1)))
+    )
     place = _Placer(np.random.default_rng([spec.seed, 24]), n)
     labels = RunLabels()
     shift = np.ones(n)
@@ -647,9 +709,16 @@ def make_long_run(spec: LongRunSpec) -> MetricsRun:
             g[at] = prof.g
             grad_f[at] = prof.grad
             vis = s0 + prof.visible()
-            labels.spikes.append(SpikeLabel(start=int(vis.min()), end=int(vis.max()),
-                                            peak=int(at[np.argmax(prof.g)]), shape=prof.shape,
-                                            factor=round(prof.peak_factor, 6), metric=LOSS))
+            labels.spikes.append(
+                SpikeLabel(
+                    start=int(vis.min()),
+                    end=int(vis.max()),
+                    peak=int(at[np.argmax(prof.g)]),
+                    shape=prof.shape,
+                    factor=round(prof.peak_factor, 6),
+                    metric=LOSS,
+                )
+            )
         labels.extents.append((s0 + lo_off, s0 + hi_off))
     eps = rng.standard_normal(n) if kind == "gaussian" else rng.standard_t(dof, n)
     scale = spec.noise_sd * ((0.3 + 0.7 * lr / lr.max()) if drift else 1.0)
@@ -690,8 +759,18 @@ def long_corpus_specs(size: str = "long", seed: int = 0) -> list[LongRunSpec]:
     for family in LONG_FAMILIES:
         for i in range(n_runs):
             sd = float(rng.uniform(*LONG_SCALES[family]))
-            specs.append(LongRunSpec(
-                name=f"{family}-{i}", seed=int(rng.integers(1, 2**31 - 1)), n_steps=n_steps, family=family,
-                noise_sd=sd, level=float(rng.uniform(0.8, 3.0)), initial_loss=float(rng.uniform(6.0, 11.0)),
-                warmup_tau=float(rng.uniform(100.0, 600.0)), spikes=shapes, eval_every=500 if i % 2 else 0))
+            specs.append(
+                LongRunSpec(
+                    name=f"{family}-{i}",
+                    seed=int(rng.integers(1, 2**31 - 1)),
+                    n_steps=n_steps,
+                    family=family,
+                    noise_sd=sd,
+                    level=float(rng.uniform(0.8, 3.0)),
+                    initial_loss=float(rng.uniform(6.0, 11.0)),
+                    warmup_tau=float(rng.uniform(100.0, 600.0)),
+                    spikes=shapes,
+                    eval_every=500 if i % 2 else 0,
+                )
+            )
     return specs

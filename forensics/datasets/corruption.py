@@ -76,13 +76,17 @@ def place_corrupt_group(
         raise ValueError("a candidate sample count exceeds the pool")
     for n in candidates:
         samples = pd.DataFrame({SAMPLE_ID: np.arange(n, dtype=np.int64), N_TOKENS: lengths[:n]})
-        batches = static_sorted(samples, 0, seed, token_budget=token_budget, max_len=max_len,
-                                max_batch_size=max_batch_size)
+        batches = static_sorted(
+            samples, 0, seed, token_budget=token_budget, max_len=max_len, max_batch_size=max_batch_size
+        )
         if max(spike_steps) >= len(batches):
-            raise ForensicsError(f"the demo needs more than {max(spike_steps)} batches in epoch 0; "
-                                 f"{n} samples give {len(batches)}")
+            raise ForensicsError(
+                f"the demo needs more than {max(spike_steps)} batches in epoch 0; {n} samples give {len(batches)}"
+            )
         if all(_is_long_batch(batches[s], lengths) for s in spike_steps):
             groups = tuple(tuple(int(i) for i in batches[s]) for s in spike_steps)
             return Placement(n_samples=int(n), spike_steps=tuple(int(s) for s in spike_steps), groups=groups)
-    raise ForensicsError(f"no sample count among {len(candidates)} candidates from {min(candidates)} puts long "
-                         f"batches at steps {list(spike_steps)} for seed {seed}")
+    raise ForensicsError(
+        f"no sample count among {len(candidates)} candidates from {min(candidates)} puts long "
+        f"batches at steps {list(spike_steps)} for seed {seed}"
+    )

@@ -145,8 +145,10 @@ def _train(batches: list[list[list[int]]], out: Path) -> None:
         log = []
         for step, seqs in enumerate(batches):
             if step % CHECKPOINT_EVERY == 0:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
-                           out / f"step_{step:06d}.pt")
+                torch.save(
+                    {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
+                    out / f"step_{step:06d}.pt",
+                )
             for g in opt.param_groups:
                 g["lr"] = LR * min(1.0, (step + 1) / WARMUP)
             width = max(len(s) for s in seqs)
@@ -162,8 +164,10 @@ def _train(batches: list[list[list[int]]], out: Path) -> None:
             loss.backward()
             opt.step()
             log.append({"step": step, LOSS: float(loss.item())})
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": len(batches)},
-                   out / f"step_{len(batches):06d}.pt")
+        torch.save(
+            {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": len(batches)},
+            out / f"step_{len(batches):06d}.pt",
+        )
     finally:
         torch.set_num_threads(threads)
     with open(out / LOG, "w", encoding="utf-8") as f:
@@ -195,11 +199,17 @@ def add_stand_in(case_dir: Path, samples: pd.DataFrame, plan: pd.DataFrame) -> d
     target = case_dir / FOLDER
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(entry, target)
-    return {"model": FACTORY, "checkpoints": FOLDER, "pad_id": PAD_ID, "pad_side": "right",
-            "replay": {"metrics": [f"{FOLDER}/{LOG}"]}}
+    return {
+        "model": FACTORY,
+        "checkpoints": FOLDER,
+        "pad_id": PAD_ID,
+        "pad_side": "right",
+        "replay": {"metrics": [f"{FOLDER}/{LOG}"]},
+    }
 
 
 def with_tokens(samples: pd.DataFrame) -> pd.DataFrame:
     """The samples with ``input_ids``: the token ids of their text (what the stand-in was trained on)."""
-    return samples.assign(input_ids=pd.Series([np.asarray(t, dtype=np.int32) for t in tokenize(samples[TEXT])],
-                                              index=samples.index))
+    return samples.assign(
+        input_ids=pd.Series([np.asarray(t, dtype=np.int32) for t in tokenize(samples[TEXT])], index=samples.index)
+    )

@@ -49,8 +49,18 @@ from forensics.errors import ForensicsError, require
 from forensics.schema.tables import as_metrics, metric_array
 
 LOSS, EVAL_LOSS, GRAD_NORM, LR = "train/loss", "eval/loss", "grad_norm", "lr"
-FAULTS = ("clean", "divergence", "spike", "warm_restart", "not_learning", "plateau", "overfitting", "no_warmup",
-          "lr_reset", "lr_jump")
+FAULTS = (
+    "clean",
+    "divergence",
+    "spike",
+    "warm_restart",
+    "not_learning",
+    "plateau",
+    "overfitting",
+    "no_warmup",
+    "lr_reset",
+    "lr_jump",
+)
 
 
 @dataclass(frozen=True)
@@ -167,7 +177,7 @@ def health_run(fault: str = "clean", params: HealthParams | None = None, **overr
         truth.update(start_step=p.onset, end_step=p.n_steps - 1, level=float(trend[-1]), lr_mode=p.lr_mode)
     elif fault == "overfitting":
         k = np.clip((s - p.onset) / 1000.0, 0.0, None)
-        eval_trend = eval_trend + p.overfit_rise * k ** 2
+        eval_trend = eval_trend + p.overfit_rise * k**2
         evals = s[(s + 1) % p.eval_every == 0]
         truth.update(onset_step=p.onset, eval_min_step=int(evals[np.argmin(eval_trend[evals])]))
     elif fault == "no_warmup":
@@ -196,8 +206,10 @@ def write_case(run: HealthRun, folder: str | Path, checkpoints: str | None = "hf
     m = run.metrics
     with (folder / "metrics.jsonl").open("w", encoding="utf-8") as out:
         for row in m.itertuples(index=False):
-            out.write(json.dumps({"step": int(row[0]), LOSS: float(row[1]), GRAD_NORM: float(row[2]),
-                                  LR: float(row[3])}) + "\n")
+            out.write(
+                json.dumps({"step": int(row[0]), LOSS: float(row[1]), GRAD_NORM: float(row[2]), LR: float(row[3])})
+                + "\n"
+            )
             if not pd.isna(row[4]):
                 out.write(json.dumps({"step": int(row[0]), EVAL_LOSS: float(row[4])}) + "\n")
     toml = ['metrics = ["metrics.jsonl"]', 'loss_key = "train/loss"']

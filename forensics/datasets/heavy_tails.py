@@ -84,8 +84,10 @@ class HeavyTailSpec:
 
     def __post_init__(self) -> None:
         if self.noise_form not in NOISE_FORMS or self.scale_means not in SCALE_MEANINGS or self.dof <= 2:
-            raise ValueError(f"bad HeavyTailSpec {self.name}: noise_form {self.noise_form!r} (one of {NOISE_FORMS}), "
-                             f"scale_means {self.scale_means!r} (one of {SCALE_MEANINGS}), dof {self.dof} (> 2)")
+            raise ValueError(
+                f"bad HeavyTailSpec {self.name}: noise_form {self.noise_form!r} (one of {NOISE_FORMS}), "
+                f"scale_means {self.scale_means!r} (one of {SCALE_MEANINGS}), dof {self.dof} (> 2)"
+            )
 
     @property
     def family(self) -> str:
@@ -129,9 +131,11 @@ def make_heavy_tail_run(spec: HeavyTailSpec) -> MetricsRun:
     g = np.ones(n)
     grad_f = np.ones(n)
     warm_end = max(int(3 * spec.warmup_tau), 120)
-    profiles = ([_one_step(rng, "warmup") for _ in range(spec.n_warmup_spikes)]
-                + [_one_step(rng, "one_step") for _ in range(spec.n_spikes)]
-                + [_slow_rise(), _profile("grad_led", rng)])
+    profiles = (
+        [_one_step(rng, "warmup") for _ in range(spec.n_warmup_spikes)]
+        + [_one_step(rng, "one_step") for _ in range(spec.n_spikes)]
+        + [_slow_rise(), _profile("grad_led", rng)]
+    )
     for prof in profiles:
         before, after = int(-prof.offsets.min()), int(prof.offsets.max()) + POST_STEPS
         if prof.shape == "warmup":
@@ -144,8 +148,16 @@ def make_heavy_tail_run(spec: HeavyTailSpec) -> MetricsRun:
         g[at] = prof.g
         grad_f[at] = prof.grad  # 1 but for the grad-norm-led event
         vis = s0 + prof.visible()
-        labels.spikes.append(SpikeLabel(start=int(vis.min()), end=int(vis.max()), peak=int(at[np.argmax(prof.g)]),
-                                        shape=prof.shape, factor=round(prof.peak_factor, 6), metric=LOSS))
+        labels.spikes.append(
+            SpikeLabel(
+                start=int(vis.min()),
+                end=int(vis.max()),
+                peak=int(at[np.argmax(prof.g)]),
+                shape=prof.shape,
+                factor=round(prof.peak_factor, 6),
+                metric=LOSS,
+            )
+        )
         labels.extents.append((int(at.min()), int(at.max())))
     eps = rng.standard_t(spec.dof, n)
     noise = spec.t_scale * eps
@@ -154,8 +166,11 @@ def make_heavy_tail_run(spec: HeavyTailSpec) -> MetricsRun:
     # noise as large as a spike rule's jump is a spike by the tool's contract, though no event put it there
     labels.noise_spikes = np.flatnonzero((factor >= NOISE_SPIKE_FACTOR) & (g == 1.0)).tolist()
     grad = (0.3 + 2.0 * np.exp(-s / spec.warmup_tau)) * np.exp(0.15 * rng.standard_normal(n)) * grad_f
-    lr = np.where(s < spec.warmup_tau, (s + 1) / spec.warmup_tau,
-                  0.1 + 0.45 * (1 + np.cos(np.pi * np.clip((s - spec.warmup_tau) / n, 0, 1))))
+    lr = np.where(
+        s < spec.warmup_tau,
+        (s + 1) / spec.warmup_tau,
+        0.1 + 0.45 * (1 + np.cos(np.pi * np.clip((s - spec.warmup_tau) / n, 0, 1))),
+    )
     labels.spikes.sort(key=lambda lab: lab.start)
     labels.extents.sort()
     metrics = pd.DataFrame({STEP: np.arange(n, dtype=np.int64), LOSS: loss, GRAD_NORM: grad, LR: 3e-4 * lr})
@@ -166,6 +181,14 @@ def heavy_tail_specs(n_runs: int = 6, seed: int = 0, **fields) -> list[HeavyTail
     """``n_runs`` runs of the family, varied by ``seed`` (level 1.5-3, initial loss 7-11, warm-up time constant
     80-200 steps); ``fields`` set the other knobs for every run (``scale_means="scale"``, ``noise_form="log"``)."""
     rng = np.random.default_rng([seed, 4141])
-    return [HeavyTailSpec(name=f"heavy-tail-{i}", seed=int(rng.integers(1, 2**31 - 1)),
-                          level=float(rng.uniform(1.5, 3.0)), initial_loss=float(rng.uniform(7.0, 11.0)),
-                          warmup_tau=float(rng.uniform(80.0, 200.0)), **fields) for i in range(n_runs)]
+    return [
+        HeavyTailSpec(
+            name=f"heavy-tail-{i}",
+            seed=int(rng.integers(1, 2**31 - 1)),
+            level=float(rng.uniform(1.5, 3.0)),
+            initial_loss=float(rng.uniform(7.0, 11.0)),
+            warmup_tau=float(rng.uniform(80.0, 200.0)),
+            **fields,
+        )
+        for i in range(n_runs)
+    ]

@@ -77,8 +77,9 @@ class LossModelParams:
     plateau_end: float = 0.62  # by the last step, before epoch drops
     epoch_drop: float = 0.035  # the loss steps down at each epoch boundary (data seen again)
     # what the batch holds (additive, per token)
-    source_difficulty: dict[str, float] = field(default_factory=lambda: {
-        "qa": -0.05, "chat": 0.02, "summarization": 0.06, "math": 0.09, "code": -0.03})
+    source_difficulty: dict[str, float] = field(
+        default_factory=lambda: {"qa": -0.05, "chat": 0.02, "summarization": 0.06, "math": 0.09, "code": -0.03}
+    )
     #: per length bucket of ``boundaries`` (default: the story's six buckets), shortest first
     bucket_level: tuple[float, ...] = (0.14, 0.07, 0.02, -0.04, -0.09, -0.14)
     # forgetting
@@ -115,7 +116,7 @@ class LossModelParams:
     def hill(self, n: np.ndarray) -> np.ndarray:
         """The collective effect of ``n`` near-duplicates in one batch, 0-1, steeply superlinear in ``n``."""
         n = np.asarray(n, dtype=np.float64) ** self.hill_power
-        return n / (n + self.hill_half ** self.hill_power)
+        return n / (n + self.hill_half**self.hill_power)
 
     def forgetting_params(self) -> dict[str, Any]:
         """The forgetting parameters as written to ``labels.json``."""
@@ -204,7 +205,7 @@ def simulate(
     n_corrupt = np.bincount(c_steps, minlength=n_steps)
     corrupt_tokens = np.bincount(c_steps, weights=tokens[is_corrupt], minlength=n_steps)
     mean_exposure = np.bincount(c_steps, weights=exposures, minlength=n_steps) / np.maximum(n_corrupt, 1)
-    weight = (corrupt_tokens / real) * p.memorise_decay ** mean_exposure
+    weight = (corrupt_tokens / real) * p.memorise_decay**mean_exposure
     collective = weight * p.corrupt_amplitude * p.hill(n_corrupt)
     corrupt = collective + weight * p.corrupt_sample_offset
     corrupt[n_corrupt == 0] = 0.0
@@ -220,8 +221,11 @@ def simulate(
     loss = trend + composition + forgetting + excess + noise
 
     acc = np.clip(np.exp(-p.acc_k * loss) + rng.normal(0.0, p.acc_noise_sd, n_steps), 0.0, 1.0)
-    grad_norm = (p.grad_floor + p.grad_warm * np.exp(-s / p.grad_tau)) * (1.0 + p.grad_gain * grad_excess) \
+    grad_norm = (
+        (p.grad_floor + p.grad_warm * np.exp(-s / p.grad_tau))
+        * (1.0 + p.grad_gain * grad_excess)
         * rng.lognormal(0.0, p.grad_noise_sd, n_steps)
+    )
     warm = np.minimum((s + 1) / p.lr_warmup_steps, 1.0)
     progress = np.clip((s - p.lr_warmup_steps) / max(n_steps - p.lr_warmup_steps, 1), 0.0, 1.0)
     lr = p.lr_peak * warm * (p.lr_min_ratio + (1 - p.lr_min_ratio) * 0.5 * (1 + np.cos(np.pi * progress)))
@@ -229,20 +233,38 @@ def simulate(
     tokens_per_s = real / step_time * rng.lognormal(0.0, p.tps_noise_sd, n_steps)
     timestamp = p.start_time + np.cumsum(real / tokens_per_s)
 
-    metrics = pd.DataFrame({
-        STEP: np.arange(n_steps, dtype=np.int64), LOSS: loss, ACC: acc, GRAD_NORM: grad_norm, LR: lr,
-        TOKENS_PER_S: tokens_per_s, TIMESTAMP: timestamp,
-    })
-    terms = pd.DataFrame({
-        STEP: np.arange(n_steps, dtype=np.int64), EPOCH: epoch, "trend": trend, "composition": composition,
-        "forgetting": forgetting, "corrupt": corrupt, "aftershock": aftershock, "noise": noise,
-        "n_corrupt": n_corrupt, "real_tokens": real, "padded_tokens": padded,
-    })
+    metrics = pd.DataFrame(
+        {
+            STEP: np.arange(n_steps, dtype=np.int64),
+            LOSS: loss,
+            ACC: acc,
+            GRAD_NORM: grad_norm,
+            LR: lr,
+            TOKENS_PER_S: tokens_per_s,
+            TIMESTAMP: timestamp,
+        }
+    )
+    terms = pd.DataFrame(
+        {
+            STEP: np.arange(n_steps, dtype=np.int64),
+            EPOCH: epoch,
+            "trend": trend,
+            "composition": composition,
+            "forgetting": forgetting,
+            "corrupt": corrupt,
+            "aftershock": aftershock,
+            "noise": noise,
+            "n_corrupt": n_corrupt,
+            "real_tokens": real,
+            "padded_tokens": padded,
+        }
+    )
     return Simulation(metrics=metrics, terms=terms)
 
 
-def label_spikes(sim: Simulation, plan: pd.DataFrame, corrupt_ids: list[int], params: LossModelParams,
-                 builder: str) -> list[dict[str, Any]]:
+def label_spikes(
+    sim: Simulation, plan: pd.DataFrame, corrupt_ids: list[int], params: LossModelParams, builder: str
+) -> list[dict[str, Any]]:
     """The ground-truth spike events of a simulation: runs of steps whose corrupt + aftershock term is large."""
     t = sim.terms
     excess = (t["corrupt"] + t["aftershock"]).to_numpy()
@@ -262,14 +284,27 @@ def label_spikes(sim: Simulation, plan: pd.DataFrame, corrupt_ids: list[int], pa
         seen_before.add(group)
         epoch = int(t[EPOCH].iloc[a])
         if kind == "corrupt_duplicates":
-            cause = (f"{len(ids)} corrupted near-duplicate code samples (<|endoftext|> runs) of nearly equal length, "
-                     f"packed into one batch by {builder}")
+            cause = (
+                f"{len(ids)} corrupted near-duplicate code samples (<|endoftext|> runs) of nearly equal length, "
+                f"packed into one batch by {builder}"
+            )
         else:
-            cause = (f"the same batch of {len(ids)} corrupted near-duplicates again in epoch {epoch} "
-                     f"({builder} repeats its batches; smaller as the model memorises them)")
-        peak = a + int(np.argmax(loss[a:b + 1]))
-        events.append({
-            "step": a, "end_step": b, "peak_step": peak, "kind": kind, "cause": cause, "sample_ids": ids,
-            "epoch": epoch, "loss": float(loss[peak]), "excess": float(excess[peak]),
-        })
+            cause = (
+                f"the same batch of {len(ids)} corrupted near-duplicates again in epoch {epoch} "
+                f"({builder} repeats its batches; smaller as the model memorises them)"
+            )
+        peak = a + int(np.argmax(loss[a : b + 1]))
+        events.append(
+            {
+                "step": a,
+                "end_step": b,
+                "peak_step": peak,
+                "kind": kind,
+                "cause": cause,
+                "sample_ids": ids,
+                "epoch": epoch,
+                "loss": float(loss[peak]),
+                "excess": float(excess[peak]),
+            }
+        )
     return events

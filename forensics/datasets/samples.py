@@ -54,26 +54,66 @@ def _words(text: str) -> tuple[str, ...]:
 #: ~30K tok/s), and so that no source holds more than ~30% of the samples (k-means on the text finds balanced sources
 #: more reliably).
 SOURCES: tuple[Source, ...] = (
-    Source("qa", 0.30, 150.0, 0.75, "Question:", _words(
-        "capital country river mountain population largest smallest year founded author wrote invented who what "
-        "where when which city ocean continent language currency president planet element discovered height "
-        "longest oldest famous painter museum border island desert national flag anthem tallest nearest")),
-    Source("chat", 0.26, 300.0, 0.8, "User:", _words(
-        "hello thanks please help feel recommend weekend friend advice trip plan favourite movie music dinner "
-        "recipe birthday gift email sorry appreciate suggestion hobby tonight coffee morning weather holiday "
-        "restaurant playlist chat mood relax stressed excited")),
-    Source("summarization", 0.12, 1450.0, 0.4, "Summarize:", _words(
-        "article report summary paragraph key points findings study researchers announced according quarterly "
-        "revenue policy government meeting committee outlined highlights conclusion overview analysts published "
-        "statement document briefly main argument survey participants agency")),
-    Source("math", 0.12, 1000.0, 0.5, "Solve:", _words(
-        "equation integer prime derivative integral triangle angle probability solve prove theorem lemma "
-        "polynomial matrix vector sum product fraction remainder modulo factor root inequality sequence series "
-        "geometric arithmetic circle radius hypotenuse")),
-    Source("code", 0.20, 2600.0, 0.8, "def", _words(
-        "function return class import self args kwargs list dict tensor loop index array parse config module "
-        "exception raise yield async await lambda buffer string bytes iterator decorator compile thread socket "
-        "struct pointer null")),
+    Source(
+        "qa",
+        0.30,
+        150.0,
+        0.75,
+        "Question:",
+        _words(
+            "capital country river mountain population largest smallest year founded author wrote invented who what "
+            "where when which city ocean continent language currency president planet element discovered height "
+            "longest oldest famous painter museum border island desert national flag anthem tallest nearest"
+        ),
+    ),
+    Source(
+        "chat",
+        0.26,
+        300.0,
+        0.8,
+        "User:",
+        _words(
+            "hello thanks please help feel recommend weekend friend advice trip plan favourite movie music dinner "
+            "recipe birthday gift email sorry appreciate suggestion hobby tonight coffee morning weather holiday "
+            "restaurant playlist chat mood relax stressed excited"
+        ),
+    ),
+    Source(
+        "summarization",
+        0.12,
+        1450.0,
+        0.4,
+        "Summarize:",
+        _words(
+            "article report summary paragraph key points findings study researchers announced according quarterly "
+            "revenue policy government meeting committee outlined highlights conclusion overview analysts published "
+            "statement document briefly main argument survey participants agency"
+        ),
+    ),
+    Source(
+        "math",
+        0.12,
+        1000.0,
+        0.5,
+        "Solve:",
+        _words(
+            "equation integer prime derivative integral triangle angle probability solve prove theorem lemma "
+            "polynomial matrix vector sum product fraction remainder modulo factor root inequality sequence series "
+            "geometric arithmetic circle radius hypotenuse"
+        ),
+    ),
+    Source(
+        "code",
+        0.20,
+        2600.0,
+        0.8,
+        "def",
+        _words(
+            "function return class import self args kwargs list dict tensor loop index array parse config module "
+            "exception raise yield async await lambda buffer string bytes iterator decorator compile thread socket "
+            "struct pointer null"
+        ),
+    ),
 )
 
 SOURCE_NAMES: tuple[str, ...] = tuple(s.name for s in SOURCES)
@@ -90,13 +130,37 @@ CORRUPT_PATTERN = "<|endoftext|> <|endoftext|> \ufffd\ufffd\ufffd"
 
 #: The scraped file the corrupted near-duplicates copy (each copy changes two of its words).
 CORRUPT_FILE: tuple[str, ...] = (
-    "def", "parse_config", "(", "self", ",", "buffer", ")", ":", "return", "self", ".", "module", "(", "buffer", ")",
-    CORRUPT_PATTERN, "import", "struct", "bytes", "iterator", CORRUPT_PATTERN, "raise", "exception", "null",
-    "pointer")
+    "def",
+    "parse_config",
+    "(",
+    "self",
+    ",",
+    "buffer",
+    ")",
+    ":",
+    "return",
+    "self",
+    ".",
+    "module",
+    "(",
+    "buffer",
+    ")",
+    CORRUPT_PATTERN,
+    "import",
+    "struct",
+    "bytes",
+    "iterator",
+    CORRUPT_PATTERN,
+    "raise",
+    "exception",
+    "null",
+    "pointer",
+)
 
 
-def sample_lengths_and_sources(n: int, rng: np.random.Generator, max_len: int = MAX_LEN) -> tuple[np.ndarray,
-                                                                                                  np.ndarray]:
+def sample_lengths_and_sources(
+    n: int, rng: np.random.Generator, max_len: int = MAX_LEN
+) -> tuple[np.ndarray, np.ndarray]:
     """``n`` whole-number lengths in ``[MIN_TOKENS, max_len]`` and the source index of each (into :data:`SOURCES`)."""
     weights = np.array([s.weight for s in SOURCES])
     source = rng.choice(len(SOURCES), size=n, p=weights / weights.sum())
@@ -139,12 +203,14 @@ def make_samples(n: int, seed: int, max_len: int = MAX_LEN) -> pd.DataFrame:
 def samples_from_pool(lengths: np.ndarray, source: np.ndarray, n: int, rng: np.random.Generator) -> pd.DataFrame:
     """The first ``n`` samples of a drawn pool of lengths and sources, with text snippets drawn from ``rng``."""
     source = source[:n]
-    return pd.DataFrame({
-        SAMPLE_ID: np.arange(n, dtype=np.int64),
-        N_TOKENS: lengths[:n].astype(np.int32),
-        SOURCE: np.array(SOURCE_NAMES, dtype=object)[source],
-        TEXT: snippet_texts(source, rng),
-    })
+    return pd.DataFrame(
+        {
+            SAMPLE_ID: np.arange(n, dtype=np.int64),
+            N_TOKENS: lengths[:n].astype(np.int32),
+            SOURCE: np.array(SOURCE_NAMES, dtype=object)[source],
+            TEXT: snippet_texts(source, rng),
+        }
+    )
 
 
 def corrupt_text(count: int, rng: np.random.Generator) -> list[str]:

@@ -39,16 +39,35 @@ def wandb_available() -> bool:
 @contextlib.contextmanager
 def isolated_wandb_env(run_dir: Path) -> Iterator[None]:
     """Offline, silent W&B whose config/cache/data folders are temporary; the environment is restored after."""
-    keys = ("WANDB_MODE", "WANDB_SILENT", "WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR",
-            "WANDB_ARTIFACT_DIR", "WANDB_CONSOLE", "WANDB_DISABLE_CODE", "WANDB_DISABLE_GIT", "WANDB_API_KEY")
+    keys = (
+        "WANDB_MODE",
+        "WANDB_SILENT",
+        "WANDB_DIR",
+        "WANDB_CONFIG_DIR",
+        "WANDB_CACHE_DIR",
+        "WANDB_DATA_DIR",
+        "WANDB_ARTIFACT_DIR",
+        "WANDB_CONSOLE",
+        "WANDB_DISABLE_CODE",
+        "WANDB_DISABLE_GIT",
+        "WANDB_API_KEY",
+    )
     saved = {k: os.environ.get(k) for k in keys}
     with tempfile.TemporaryDirectory(prefix="forensics-wandb-") as tmp:
-        os.environ.update({
-            "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(run_dir),
-            "WANDB_CONFIG_DIR": os.path.join(tmp, "config"), "WANDB_CACHE_DIR": os.path.join(tmp, "cache"),
-            "WANDB_DATA_DIR": os.path.join(tmp, "data"), "WANDB_ARTIFACT_DIR": os.path.join(tmp, "artifacts"),
-            "WANDB_CONSOLE": "off", "WANDB_DISABLE_CODE": "true", "WANDB_DISABLE_GIT": "true",
-        })
+        os.environ.update(
+            {
+                "WANDB_MODE": "offline",
+                "WANDB_SILENT": "true",
+                "WANDB_DIR": str(run_dir),
+                "WANDB_CONFIG_DIR": os.path.join(tmp, "config"),
+                "WANDB_CACHE_DIR": os.path.join(tmp, "cache"),
+                "WANDB_DATA_DIR": os.path.join(tmp, "data"),
+                "WANDB_ARTIFACT_DIR": os.path.join(tmp, "artifacts"),
+                "WANDB_CONSOLE": "off",
+                "WANDB_DISABLE_CODE": "true",
+                "WANDB_DISABLE_GIT": "true",
+            }
+        )
         os.environ.pop("WANDB_API_KEY", None)
         try:
             yield
@@ -80,15 +99,29 @@ def write_wandb_run(
     steps = metrics[STEP].to_numpy(np.int64).tolist()
     values = {c: metrics[c].to_numpy(np.float64).tolist() for c in columns}
     settings = wandb.Settings(
-        console="off", silent=True, x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True,
-        disable_git=True, save_code=False, x_save_requirements=False, disable_job_creation=True,
+        console="off",
+        silent=True,
+        x_disable_stats=True,
+        x_disable_meta=True,
+        x_disable_machine_info=True,
+        disable_git=True,
+        save_code=False,
+        x_save_requirements=False,
+        disable_job_creation=True,
     )
     # A W&B service this process already runs (the user's own runs, or an earlier writer's) is theirs: kept, not
     # torn down with ours.
     had_service = "WANDB_SERVICE" in os.environ
     with isolated_wandb_env(case_dir):
-        run = wandb.init(dir=str(case_dir), mode="offline", project=PROJECT, name=name, config=config,
-                         settings=settings, reinit="create_new")
+        run = wandb.init(
+            dir=str(case_dir),
+            mode="offline",
+            project=PROJECT,
+            name=name,
+            config=config,
+            settings=settings,
+            reinit="create_new",
+        )
         try:
             for i, step in enumerate(steps):
                 row = {c: values[c][i] for c in columns}
@@ -121,8 +154,9 @@ def _write_job(job: WandbJob) -> Path:
     return write_wandb_run(job.case_dir, job.metrics, job.config, job.name)
 
 
-def write_wandb_runs(jobs: Sequence[WandbJob], processes: int = 1,
-                     on_done: Callable[[int, int], None] | None = None) -> list[Path]:
+def write_wandb_runs(
+    jobs: Sequence[WandbJob], processes: int = 1, on_done: Callable[[int, int], None] | None = None
+) -> list[Path]:
     """Write several runs; with ``processes > 1`` in that many fresh (spawned) processes at once.
 
     Returns the run folders in the order of ``jobs``; ``on_done(finished, total)`` is called as runs finish.

@@ -161,8 +161,10 @@ class Rule:
                 continue
             missing = [c for c in columns if c not in frame.columns]
             if missing:
-                raise ForensicsError(f"detect.{self.name}: the {table} table lacks column '{missing[0]}' (this rule "
-                                     f"reads {', '.join(columns)}); it has {', '.join(map(str, frame.columns[:12]))}")
+                raise ForensicsError(
+                    f"detect.{self.name}: the {table} table lacks column '{missing[0]}' (this rule "
+                    f"reads {', '.join(columns)}); it has {', '.join(map(str, frame.columns[:12]))}"
+                )
 
     def reset(self) -> None:
         self.section_: Any = None

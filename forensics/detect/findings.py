@@ -222,8 +222,11 @@ class Findings:
         for key, value in data.items():
             if key in ("version", "warnings", "findings"):
                 continue
-            if isinstance(value, list) and value and all(isinstance(v, dict) and "kind" in v and "step" in v
-                                                         for v in value):
+            if (
+                isinstance(value, list)
+                and value
+                and all(isinstance(v, dict) and "kind" in v and "step" in v for v in value)
+            ):
                 items.extend(Finding.from_dict(v) for v in value)
             elif key in REQUIRED_LISTS or (isinstance(value, list) and value == []):
                 continue

@@ -109,8 +109,12 @@ def resume_point(run: RunTables, onset: int, last_healthy: int) -> dict[str, Any
     later), else the last healthy step. ``resume_step`` is the checkpoint's step (checkpoint N = the state after N
     updates, so training continues with step N); ``resume_checkpoint`` its path, None without one."""
     margin = max(10, int(math.ceil(0.01 * run_steps(run))))
-    out: dict[str, Any] = {"resume_step": int(last_healthy), "resume_checkpoint": None, "checkpoint_margin": margin,
-                           "checkpoints_known": run.checkpoints is not None}
+    out: dict[str, Any] = {
+        "resume_step": int(last_healthy),
+        "resume_checkpoint": None,
+        "checkpoint_margin": margin,
+        "checkpoints_known": run.checkpoints is not None,
+    }
     if run.checkpoints:
         before = [(s, p) for s, p in run.checkpoints if s <= onset - margin]
         if before:

@@ -57,8 +57,7 @@ class PlanView(ABC):
         samples those steps hold: the family sizes of the enrichment tests (every sample a logged step trained could
         have been enriched)."""
         allowed = None if steps is None else np.unique(np.fromiter(steps, dtype=np.int64))
-        return self._answer(("tested", None if allowed is None else allowed.tobytes()),
-                            lambda: self._tested(allowed))
+        return self._answer(("tested", None if allowed is None else allowed.tobytes()), lambda: self._tested(allowed))
 
     def n_rows(self) -> int:
         """The rows up to :attr:`last_step`."""

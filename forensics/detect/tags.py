@@ -58,8 +58,9 @@ class StepLookup:
     def groups(self, steps: np.ndarray, column: str) -> np.ndarray:
         """The group id (``-1`` when unknown) of each step."""
         if column not in self.tags.columns:
-            raise ForensicsError(f"tags: missing column '{column}'; it has "
-                                 f"{', '.join(map(str, self.tags.columns[:12]))}")
+            raise ForensicsError(
+                f"tags: missing column '{column}'; it has {', '.join(map(str, self.tags.columns[:12]))}"
+            )
         if column not in self._ids:
             self._ids[column] = group_ids(self.tags[column], column)
         ids = self._ids[column]
@@ -67,8 +68,9 @@ class StepLookup:
         return np.where(rows >= 0, ids[np.maximum(rows, 0)], -1)
 
 
-def attach_tags(findings: Iterable[Finding], tags: pd.DataFrame | None,
-                boundaries: Sequence[int] | None = None) -> None:
+def attach_tags(
+    findings: Iterable[Finding], tags: pd.DataFrame | None, boundaries: Sequence[int] | None = None
+) -> None:
     """Copy ``bucket``, ``bucket_range``, ``cluster``, ``cluster_name``, ``epoch`` of each finding's peak step
     (else its first step) from the tags table into ``finding.tags`` (in place; missing values are skipped)."""
     findings = list(findings)

@@ -32,8 +32,13 @@ def choose_engine(name: str, plan: PlanInput | None, limit: str | int | None = N
     return "pandas" if arrow_size(plan) < memory_limit(limit) / 4 else "duckdb"
 
 
-def get_engine(name: str = "auto", plan: PlanInput | None = None, memory_limit: str | int | None = None,
-               scheduler: str | None = None, say: bool = False) -> Engine:
+def get_engine(
+    name: str = "auto",
+    plan: PlanInput | None = None,
+    memory_limit: str | int | None = None,
+    scheduler: str | None = None,
+    say: bool = False,
+) -> Engine:
     """The engine to run a plan's computations on (``say``: name it on stderr when ``auto`` chose)."""
     chosen = choose_engine(name, plan, memory_limit)
     if say and name == "auto" and chosen != "pandas":

@@ -111,8 +111,10 @@ class GateCounts:
 
 def no_steps() -> ForensicsError:
     """The one message of every engine asked for a plan's rows by step when the plan has no ``step`` column."""
-    return ForensicsError("plan: needs a 'step' column to be read step by step (the recorder writes it); "
-                          "map (epoch, batch_id) plans to steps first")
+    return ForensicsError(
+        "plan: needs a 'step' column to be read step by step (the recorder writes it); "
+        "map (epoch, batch_id) plans to steps first"
+    )
 
 
 class Engine(ABC):
@@ -125,8 +127,14 @@ class Engine(ABC):
         """The plan's column names (hive partition keys included)."""
 
     @abstractmethod
-    def step_counts(self, plan: PlanInput, samples: pd.DataFrame, packed: bool = False, tokens: bool = True,
-                    keep_epochs: Sequence[int] | None = None) -> StepCounts:
+    def step_counts(
+        self,
+        plan: PlanInput,
+        samples: pd.DataFrame,
+        packed: bool = False,
+        tokens: bool = True,
+        keep_epochs: Sequence[int] | None = None,
+    ) -> StepCounts:
         """:class:`StepCounts` of a plan with ``step``, against coded samples (every plan sample must be there);
         ``tokens=False`` leaves the token and batch counts 0 (only the label pairs are wanted); ``keep_epochs``
         counts only the rows of those epochs."""
@@ -152,8 +160,13 @@ class Engine(ABC):
         rules that read every logged step (the forgetting design, the per-sample membership) aggregate as they go,
         so that no engine holds the plan whole."""
 
-    def map_sample_chunks(self, samples: str | Path, columns: Sequence[str],
-                          fn: Callable[[pd.DataFrame, int], Any], chunk: int = CHUNK_ROWS) -> list[Any]:
+    def map_sample_chunks(
+        self,
+        samples: str | Path,
+        columns: Sequence[str],
+        fn: Callable[[pd.DataFrame, int], Any],
+        chunk: int = CHUNK_ROWS,
+    ) -> list[Any]:
         """``fn(rows, start)`` over ``columns`` of a samples table too large to load with its texts, chunk by chunk
         in the table's order (``start``: the chunk's first row), the results in that order. This default reads the
         columns whole and cuts them (the in-memory engine); DuckDB streams them, Dask runs ``fn`` per row group on
@@ -161,8 +174,10 @@ class Engine(ABC):
         from forensics.schema import read_table
 
         table = read_table(samples, "samples", columns=list(columns))[list(columns)]
-        return [fn(table.iloc[start:start + chunk].reset_index(drop=True), start)
-                for start in range(0, max(len(table), 1), chunk)]
+        return [
+            fn(table.iloc[start : start + chunk].reset_index(drop=True), start)
+            for start in range(0, max(len(table), 1), chunk)
+        ]
 
     def close(self) -> None:
         """Release what the engine holds (connections, clients); nothing by default."""

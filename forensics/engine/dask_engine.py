@@ -76,6 +76,7 @@ def _grouped(files: list[str]) -> list[list[str]]:
 
 def _clear_failures(method):
     """A computation whose workers all died (out of memory, most often) is one clear message, not a traceback."""
+
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         from distributed.scheduler import KilledWorker
@@ -83,9 +84,11 @@ def _clear_failures(method):
         try:
             return method(self, *args, **kwargs)
         except KilledWorker as exc:
-            raise ForensicsError(f"--engine dask: the workers died running {method.__name__} (out of memory, most "
-                                 "often): give them more (--memory-limit for the local cluster, or a cluster's own "
-                                 "workers with --scheduler), or use --engine duckdb") from exc
+            raise ForensicsError(
+                f"--engine dask: the workers died running {method.__name__} (out of memory, most "
+                "often): give them more (--memory-limit for the local cluster, or a cluster's own "
+                "workers with --scheduler), or use --engine duckdb"
+            ) from exc
 
     return run
 
@@ -96,14 +99,22 @@ class DaskEngine(Engine):
 
     name = "dask"
 
-    def __init__(self, scheduler: str | None = None, limit: str | int | None = None, workers: int | None = None,
-                 processes: bool = True, client=None, connect_timeout: str = "20s"):
+    def __init__(
+        self,
+        scheduler: str | None = None,
+        limit: str | int | None = None,
+        workers: int | None = None,
+        processes: bool = True,
+        client=None,
+        connect_timeout: str = "20s",
+    ):
         try:
             import dask.dataframe  # noqa: F401
             from distributed import Client, LocalCluster
         except ImportError as exc:
-            raise ForensicsError("--engine dask needs the [dask] extra: pip install 'loss-spike-forensics[dask]'") \
-                from exc
+            raise ForensicsError(
+                "--engine dask needs the [dask] extra: pip install 'loss-spike-forensics[dask]'"
+            ) from exc
         import logging
 
         logging.getLogger("distributed.shuffle").setLevel(logging.ERROR)  # one line per shuffle is not news
@@ -121,8 +132,13 @@ class DaskEngine(Engine):
             import os
 
             n = workers or max(1, min(4, os.cpu_count() or 1))
-            self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=processes,
-                                         memory_limit=max(memory_limit(limit) // n, 2**28), dashboard_address=None)
+            self._cluster = LocalCluster(
+                n_workers=n,
+                threads_per_worker=1,
+                processes=processes,
+                memory_limit=max(memory_limit(limit) // n, 2**28),
+                dashboard_address=None,
+            )
             self.client = Client(self._cluster)
 
     # --- the plan as a dask frame -------------------------------------------------------------------------------
@@ -157,15 +173,23 @@ class DaskEngine(Engine):
         if len(bad_ids):
             few = np.unique(bad_ids.to_numpy(np.int64))
             if gate:
-                raise ForensicsError(f"plan: {len(few)} sample_id values are not in the samples table, "
-                                     f"e.g. {', '.join(map(str, few[:5].tolist()))}")
+                raise ForensicsError(
+                    f"plan: {len(few)} sample_id values are not in the samples table, "
+                    f"e.g. {', '.join(map(str, few[:5].tolist()))}"
+                )
             raise unknown_samples(len(bad_ids), few[:5].tolist())
         return frame.merge(samples, on=SAMPLE_ID, how="inner")
 
     # --- per step -----------------------------------------------------------------------------------------------
     @_clear_failures
-    def step_counts(self, plan: PlanInput, samples: pd.DataFrame, packed: bool = False, tokens: bool = True,
-                    keep_epochs: Sequence[int] | None = None) -> StepCounts:
+    def step_counts(
+        self,
+        plan: PlanInput,
+        samples: pd.DataFrame,
+        packed: bool = False,
+        tokens: bool = True,
+        keep_epochs: Sequence[int] | None = None,
+    ) -> StepCounts:
         import dask
 
         frame = self._frame(plan)
@@ -204,8 +228,11 @@ class DaskEngine(Engine):
         pairs = {}
         for col in labels:
             q = got[col].reset_index(name="n").sort_values([STEP, col], ignore_index=True)
-            pairs[col] = LabelPairs(np.searchsorted(step_values, q[STEP].to_numpy(np.int64)),
-                                    q[col].to_numpy(np.int64), q["n"].to_numpy(np.int64))
+            pairs[col] = LabelPairs(
+                np.searchsorted(step_values, q[STEP].to_numpy(np.int64)),
+                q[col].to_numpy(np.int64),
+                q["n"].to_numpy(np.int64),
+            )
         epoch = steps["epoch"].to_numpy(np.int64) if has_epoch else np.zeros(n_steps, np.int64)
         return StepCounts(step_values, epoch, steps["n"].to_numpy(np.int64), real, padded, n_batches, pairs)
 
@@ -240,14 +267,20 @@ class DaskEngine(Engine):
         # one group per (epoch, sample): as many as the plan has rows, so the result is spread over as many
         # partitions as the plan (one partition of them all is what a worker's memory cannot hold)
         spread = max(1, frame.npartitions * 4)
-        first = frame.groupby([EPOCH, SAMPLE_ID]).agg(b=("b", "min"), n=("b", "count"),
-                                                     split_out=spread).reset_index().persist()
-        lazy = {"sizes": first.groupby([EPOCH, "b"]).size(),
-                "per": first.groupby(EPOCH).agg(rows=("n", "sum"), present=("b", "count"))}
+        first = (
+            frame.groupby([EPOCH, SAMPLE_ID])
+            .agg(b=("b", "min"), n=("b", "count"), split_out=spread)
+            .reset_index()
+            .persist()
+        )
+        lazy = {
+            "sizes": first.groupby([EPOCH, "b"]).size(),
+            "per": first.groupby(EPOCH).agg(rows=("n", "sum"), present=("b", "count")),
+        }
         if samples is not None:
-            lazy["shape"] = frame.groupby([EPOCH, "b"]).agg(n=("b", "count"), hi=("length", "max"),
-                                                            lo=("length", "min"), real=("length", "sum"),
-                                                            split_out=spread)
+            lazy["shape"] = frame.groupby([EPOCH, "b"]).agg(
+                n=("b", "count"), hi=("length", "max"), lo=("length", "min"), real=("length", "sum"), split_out=spread
+            )
         pair_keys = list(zip(labels, labels[1:], strict=False)) + ([(labels[0], labels[-1])] if labels else [])
         for a, b in dict.fromkeys(pair_keys):
             x = first[first[EPOCH] == a][[SAMPLE_ID, "b"]]
@@ -264,12 +297,26 @@ class DaskEngine(Engine):
                 sh = got["shape"].loc[e]
                 hi, lo, n = (sh[c].to_numpy(np.int64) for c in ("hi", "lo", "n"))
                 order = np.lexsort((hi, lo))
-                extra = dict(real=int(sh["real"].sum()), padded=int((n * hi).sum()),
-                             budget=int((n * hi)[n >= 2].max()) if (n >= 2).any() else 0, max_size=int(n.max()),
-                             shape_batches=len(n), overlaps=int(np.count_nonzero(hi[order][:-1] > lo[order][1:])))
+                extra = dict(
+                    real=int(sh["real"].sum()),
+                    padded=int((n * hi).sum()),
+                    budget=int((n * hi)[n >= 2].max()) if (n >= 2).any() else 0,
+                    max_size=int(n.max()),
+                    shape_batches=len(n),
+                    overlaps=int(np.count_nonzero(hi[order][:-1] > lo[order][1:])),
+                )
             per = got["per"].loc[e]
-            out.append(EpochCounts(e, int(per["rows"]), int(per["present"]), len(s), int(np.count_nonzero(s >= 2)),
-                                   int((s * (s - 1) // 2).sum()), **extra))
+            out.append(
+                EpochCounts(
+                    e,
+                    int(per["rows"]),
+                    int(per["present"]),
+                    len(s),
+                    int(np.count_nonzero(s >= 2)),
+                    int((s * (s - 1) // 2).sum()),
+                    **extra,
+                )
+            )
         by_epoch = {e: g.set_index("b") for e, g in sizes.groupby(EPOCH)}
 
         def pair(a: int, b: int) -> PairCounts:
@@ -278,8 +325,9 @@ class DaskEngine(Engine):
             sa, sb = by_epoch[a].loc[g["b_a"]], by_epoch[b].loc[g["b_b"]]
             ex = (c == sa["size"].to_numpy()) & (c == sb["size"].to_numpy())
             same = bool(np.array_equal(sa["pos"].to_numpy()[ex], sb["pos"].to_numpy()[ex]))
-            return PairCounts(a, b, int((c * (c - 1) // 2).sum()), int(ex.sum()),
-                              int((ex & (sb["size"].to_numpy() >= 2)).sum()), same)
+            return PairCounts(
+                a, b, int((c * (c - 1) // 2).sum()), int(ex.sum()), int((ex & (sb["size"].to_numpy() >= 2)).sum()), same
+            )
 
         pairs = [pair(a, b) for a, b in zip(labels, labels[1:], strict=False)]
         first_last = pair(labels[0], labels[-1]) if labels else None
@@ -335,8 +383,9 @@ class DaskEngine(Engine):
             meta = pq.ParquetFile(f).metadata
             groups += [(f, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
         starts = np.concatenate([[0], np.cumsum([n for _, _, n in groups], dtype=np.int64)[:-1]]).tolist()
-        tasks = [dask.delayed(_on_row_group)(fn, f, g, list(columns), int(start))
-                 for (f, g, _), start in zip(groups, starts)]
+        tasks = [
+            dask.delayed(_on_row_group)(fn, f, g, list(columns), int(start)) for (f, g, _), start in zip(groups, starts)
+        ]
         return list(dask.compute(*tasks)) if tasks else [fn(pd.DataFrame({c: [] for c in columns}), 0)]
 
     def _stepped(self, plan: PlanInput):

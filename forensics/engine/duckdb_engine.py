@@ -80,8 +80,10 @@ class DuckDBEngine(Engine):
         files, hive = parts
         listing = _listing(files)
         try:
-            self.con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM read_parquet({listing}, "
-                             f"hive_partitioning = {str(hive).lower()}, union_by_name = true)")
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM read_parquet({listing}, "
+                f"hive_partitioning = {str(hive).lower()}, union_by_name = true)"
+            )
         except Exception as exc:  # duckdb's own error types: a corrupt or unreadable part
             raise ForensicsError(f"plan {plan} could not be read: {str(exc).splitlines()[0]}") from exc
         return name
@@ -100,27 +102,40 @@ class DuckDBEngine(Engine):
 
     def _check_known(self, rel: str, smp: str, gate: bool = False, dense: int | None = None) -> None:
         if dense is not None:  # sample ids 0 .. n-1: a range test over the plan, no join
-            bad, = self.con.execute(f"SELECT count(*) FROM {rel} WHERE sample_id < 0 OR sample_id >= {dense}"
-                                    ).fetchone()
+            (bad,) = self.con.execute(
+                f"SELECT count(*) FROM {rel} WHERE sample_id < 0 OR sample_id >= {dense}"
+            ).fetchone()
             if not bad:
                 return
-        n, = self.con.execute(f"SELECT count(*) FROM {rel} p ANTI JOIN {smp} s USING (sample_id)").fetchone()
+        (n,) = self.con.execute(f"SELECT count(*) FROM {rel} p ANTI JOIN {smp} s USING (sample_id)").fetchone()
         if n:
-            few = [r[0] for r in self.con.execute(f"SELECT DISTINCT sample_id FROM {rel} ANTI JOIN {smp} "
-                                                  "USING (sample_id) ORDER BY 1 LIMIT 5").fetchall()]
+            few = [
+                r[0]
+                for r in self.con.execute(
+                    f"SELECT DISTINCT sample_id FROM {rel} ANTI JOIN {smp} USING (sample_id) ORDER BY 1 LIMIT 5"
+                ).fetchall()
+            ]
             if gate:
-                distinct, = self.con.execute(f"SELECT count(DISTINCT sample_id) FROM {rel} ANTI JOIN {smp} "
-                                             "USING (sample_id)").fetchone()
-                raise ForensicsError(f"plan: {distinct} sample_id values are not in the samples table, "
-                                     f"e.g. {', '.join(map(str, few))}")
+                (distinct,) = self.con.execute(
+                    f"SELECT count(DISTINCT sample_id) FROM {rel} ANTI JOIN {smp} USING (sample_id)"
+                ).fetchone()
+                raise ForensicsError(
+                    f"plan: {distinct} sample_id values are not in the samples table, e.g. {', '.join(map(str, few))}"
+                )
             raise unknown_samples(int(n), few)
 
     def _df(self, sql: str) -> pd.DataFrame:
         return self.con.execute(sql).df()
 
     # --- per step -----------------------------------------------------------------------------------------------
-    def step_counts(self, plan: PlanInput, samples: pd.DataFrame, packed: bool = False, tokens: bool = True,
-                    keep_epochs: Sequence[int] | None = None) -> StepCounts:
+    def step_counts(
+        self,
+        plan: PlanInput,
+        samples: pd.DataFrame,
+        packed: bool = False,
+        tokens: bool = True,
+        keep_epochs: Sequence[int] | None = None,
+    ) -> StepCounts:
         rel = self._relation(plan)
         cols = self._columns(rel)
         if STEP not in cols:
@@ -133,8 +148,9 @@ class DuckDBEngine(Engine):
         rows = f"(SELECT * FROM {rel} p JOIN {smp} s USING (sample_id) {where})"
         # one scan: (step, every label) groups, reduced here to the steps and to each label's pairs
         group = ", ".join(["step"] + [_ident(c) for c in labels])
-        fine = self._df(f"SELECT {group}, {epoch} AS epoch, count(*) AS n, sum(length) AS real "
-                        f"FROM {rows} GROUP BY ALL")
+        fine = self._df(
+            f"SELECT {group}, {epoch} AS epoch, count(*) AS n, sum(length) AS real FROM {rows} GROUP BY ALL"
+        )
         for c in ["step", "epoch", "n", "real", *labels]:
             fine[c] = fine[c].to_numpy(np.int64)
         steps = fine.groupby("step", sort=True).agg(epoch=("epoch", "min"), n=("n", "sum"), real=("real", "sum"))
@@ -144,8 +160,10 @@ class DuckDBEngine(Engine):
         padded, n_batches = np.zeros(n_steps, np.int64), np.zeros(n_steps, np.int64)
         if tokens:
             keys = ", ".join(_ident(c) for c in batch_columns(cols))
-            b = self._df(f"SELECT st, count(*) AS nb, sum(pad) AS padded FROM (SELECT max(step) AS st, "
-                         f"count(*) * max(length) AS pad FROM {rows} GROUP BY {keys}) GROUP BY st")
+            b = self._df(
+                f"SELECT st, count(*) AS nb, sum(pad) AS padded FROM (SELECT max(step) AS st, "
+                f"count(*) * max(length) AS pad FROM {rows} GROUP BY {keys}) GROUP BY st"
+            )
             at = np.searchsorted(step_values, b["st"].to_numpy(np.int64))
             n_batches[at] = b["nb"].to_numpy(np.int64)
             padded = real.copy() if packed else padded
@@ -154,10 +172,20 @@ class DuckDBEngine(Engine):
         pairs = {}
         for col in labels:
             q = fine.groupby(["step", col], sort=True)["n"].sum().reset_index()
-            pairs[col] = LabelPairs(np.searchsorted(step_values, q["step"].to_numpy(np.int64)),
-                                    q[col].to_numpy(np.int64), q["n"].to_numpy(np.int64))
-        return StepCounts(step_values, steps["epoch"].to_numpy(np.int64), steps["n"].to_numpy(np.int64), real,
-                          padded, n_batches, pairs)
+            pairs[col] = LabelPairs(
+                np.searchsorted(step_values, q["step"].to_numpy(np.int64)),
+                q[col].to_numpy(np.int64),
+                q["n"].to_numpy(np.int64),
+            )
+        return StepCounts(
+            step_values,
+            steps["epoch"].to_numpy(np.int64),
+            steps["n"].to_numpy(np.int64),
+            real,
+            padded,
+            n_batches,
+            pairs,
+        )
 
     # --- per epoch and pair of epochs ---------------------------------------------------------------------------
     def _batch_code(self, rel: str, cols: list[str]) -> str:
@@ -165,8 +193,9 @@ class DuckDBEngine(Engine):
         keys = [c for c in batch_columns(cols) if c != EPOCH]
         if len(keys) == 1:
             return _ident(keys[0])
-        spans = self.con.execute(f"SELECT {', '.join(f'coalesce(max({_ident(c)}), 0) + 1' for c in keys)} "
-                                 f"FROM {rel}").fetchone()
+        spans = self.con.execute(
+            f"SELECT {', '.join(f'coalesce(max({_ident(c)}), 0) + 1' for c in keys)} FROM {rel}"
+        ).fetchone()
         if float(np.prod([float(s) for s in spans])) >= 2**62:
             order = ", ".join(_ident(c) for c in keys)
             return f"dense_rank() OVER (PARTITION BY epoch ORDER BY {order})"
@@ -187,7 +216,7 @@ class DuckDBEngine(Engine):
             self._check_known(rel, smp, gate=True, dense=_dense(samples))
             n_samples = len(samples)
         else:
-            n_samples, = self.con.execute(f"SELECT count(DISTINCT sample_id) FROM {rel}").fetchone()
+            (n_samples,) = self.con.execute(f"SELECT count(DISTINCT sample_id) FROM {rel}").fetchone()
         labels = [int(r[0]) for r in self.con.execute(f"SELECT DISTINCT epoch FROM {rel} ORDER BY 1").fetchall()]
         if epochs is not None:
             labels = labels[:epochs]
@@ -195,17 +224,25 @@ class DuckDBEngine(Engine):
         code = self._batch_code(rel, cols)
         self._n += 1
         first, sizes, rows = f"first_{self._n}", f"sizes_{self._n}", f"rows_{self._n}"
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW {rows} AS SELECT CAST(epoch AS BIGINT) AS epoch, sample_id, "
-                         f"{code} AS b FROM {rel} WHERE epoch IN ({keep})")
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE {first} AS SELECT epoch, sample_id, min(b) AS b, "
-                         f"count(*) AS n FROM {rows} GROUP BY epoch, sample_id")
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE {sizes} AS SELECT epoch, b, count(*) AS size, "
-                         f"row_number() OVER (PARTITION BY epoch ORDER BY b) AS pos FROM {first} GROUP BY epoch, b")
-        per = self._df(f"SELECT f.epoch, f.rows, f.present, z.batches, z.multi, z.pairs FROM "
-                       f"(SELECT epoch, sum(n) AS rows, count(*) AS present FROM {first} GROUP BY epoch) f JOIN "
-                       f"(SELECT epoch, count(*) AS batches, count_if(size >= 2) AS multi, "
-                       f"sum(size * (size - 1) // 2) AS pairs FROM {sizes} GROUP BY epoch) z USING (epoch) "
-                       f"ORDER BY epoch").set_index("epoch")
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP VIEW {rows} AS SELECT CAST(epoch AS BIGINT) AS epoch, sample_id, "
+            f"{code} AS b FROM {rel} WHERE epoch IN ({keep})"
+        )
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {first} AS SELECT epoch, sample_id, min(b) AS b, "
+            f"count(*) AS n FROM {rows} GROUP BY epoch, sample_id"
+        )
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {sizes} AS SELECT epoch, b, count(*) AS size, "
+            f"row_number() OVER (PARTITION BY epoch ORDER BY b) AS pos FROM {first} GROUP BY epoch, b"
+        )
+        per = self._df(
+            f"SELECT f.epoch, f.rows, f.present, z.batches, z.multi, z.pairs FROM "
+            f"(SELECT epoch, sum(n) AS rows, count(*) AS present FROM {first} GROUP BY epoch) f JOIN "
+            f"(SELECT epoch, count(*) AS batches, count_if(size >= 2) AS multi, "
+            f"sum(size * (size - 1) // 2) AS pairs FROM {sizes} GROUP BY epoch) z USING (epoch) "
+            f"ORDER BY epoch"
+        ).set_index("epoch")
         shape = None
         if smp is not None:
             shape = self._df(
@@ -219,10 +256,19 @@ class DuckDBEngine(Engine):
         out = []
         for e in labels:
             r = per.loc[e]
-            extra = {} if shape is None else {k: int(shape.loc[e, k]) for k in (
-                "real", "padded", "budget", "max_size", "shape_batches", "overlaps")}
-            out.append(EpochCounts(e, int(r["rows"]), int(r["present"]), int(r["batches"]), int(r["multi"]),
-                                   int(r["pairs"]), **extra))
+            extra = (
+                {}
+                if shape is None
+                else {
+                    k: int(shape.loc[e, k])
+                    for k in ("real", "padded", "budget", "max_size", "shape_batches", "overlaps")
+                }
+            )
+            out.append(
+                EpochCounts(
+                    e, int(r["rows"]), int(r["present"]), int(r["batches"]), int(r["multi"]), int(r["pairs"]), **extra
+                )
+            )
 
         def pair(a: int, b: int) -> PairCounts:
             got = self.con.execute(
@@ -232,7 +278,8 @@ class DuckDBEngine(Engine):
                 f"(g.c = se.size AND g.c = sf.size) AS ex FROM g "
                 f"JOIN {sizes} se ON se.epoch = {a} AND se.b = g.a JOIN {sizes} sf ON sf.epoch = {b} AND sf.b = g.b) "
                 f"SELECT coalesce(sum(c * (c - 1) // 2), 0), count_if(ex), count_if(ex AND sb >= 2), "
-                f"coalesce(bool_and(NOT ex OR pa = pb), true) FROM j").fetchone()
+                f"coalesce(bool_and(NOT ex OR pa = pb), true) FROM j"
+            ).fetchone()
             return PairCounts(a, b, int(got[0]), int(got[1]), int(got[2]), bool(got[3]))
 
         done: dict[tuple[int, int], PairCounts] = {}
@@ -249,16 +296,18 @@ class DuckDBEngine(Engine):
     def steps_holding(self, plan: PlanInput, sample_ids: Sequence[int]) -> pd.DataFrame:
         rel = self._relation(plan)
         ids = self._samples(pd.DataFrame({SAMPLE_ID: np.asarray(list(sample_ids), np.int64)}))
-        got = self._df(f"SELECT DISTINCT step, sample_id FROM {rel} WHERE sample_id IN (SELECT sample_id FROM {ids}) "
-                       "ORDER BY 1, 2")
+        got = self._df(
+            f"SELECT DISTINCT step, sample_id FROM {rel} WHERE sample_id IN (SELECT sample_id FROM {ids}) ORDER BY 1, 2"
+        )
         return got.astype(np.int64).reset_index(drop=True)
 
     def rows_at_steps(self, plan: PlanInput, steps: Sequence[int]) -> pd.DataFrame:
         wanted = self._samples(pd.DataFrame({STEP: np.unique(np.asarray(list(steps), np.int64))}))
         return self._ordered_rows(plan, lambda rel: f"step IN (SELECT step FROM {wanted})")
 
-    def plan_chunks(self, plan: PlanInput, columns: Sequence[str], last_step: int,
-                    chunk: int = 1_000_000) -> Iterator[pd.DataFrame]:
+    def plan_chunks(
+        self, plan: PlanInput, columns: Sequence[str], last_step: int, chunk: int = 1_000_000
+    ) -> Iterator[pd.DataFrame]:
         import duckdb
 
         rel = self._relation(plan)
@@ -267,8 +316,9 @@ class DuckDBEngine(Engine):
         picked = ", ".join(_ident(c) for c in columns)
         try:
             query = self.con.sql(f"SELECT {picked} FROM {rel} WHERE step <= {int(last_step)}")
-            reader = (query.to_arrow_reader(chunk) if hasattr(query, "to_arrow_reader")
-                      else query.fetch_record_batch(chunk))
+            reader = (
+                query.to_arrow_reader(chunk) if hasattr(query, "to_arrow_reader") else query.fetch_record_batch(chunk)
+            )
             for batch in reader:
                 yield batch.to_pandas()
         except duckdb.Error as exc:
@@ -296,10 +346,15 @@ class DuckDBEngine(Engine):
         order = f"files_{self._n}"
         self.con.register(order, pd.DataFrame({"filename": files, "file_index": np.arange(len(files))}))
         listing = _listing(files)
-        source = (f"read_parquet({listing}, hive_partitioning = {str(hive).lower()}, union_by_name = true, "
-                  "filename = true, file_row_number = true)")
-        return self._read(plan, f"SELECT {picked} FROM {source} p LEFT JOIN {order} f USING (filename) "
-                                f"WHERE {where(rel)} ORDER BY f.file_index NULLS LAST, p.filename, p.file_row_number")
+        source = (
+            f"read_parquet({listing}, hive_partitioning = {str(hive).lower()}, union_by_name = true, "
+            "filename = true, file_row_number = true)"
+        )
+        return self._read(
+            plan,
+            f"SELECT {picked} FROM {source} p LEFT JOIN {order} f USING (filename) "
+            f"WHERE {where(rel)} ORDER BY f.file_index NULLS LAST, p.filename, p.file_row_number",
+        )
 
     def _read(self, path, sql: str) -> pd.DataFrame:
         """A query over a table's Parquet parts; one a part cannot answer (a damaged page) is bad input."""
@@ -323,8 +378,10 @@ class DuckDBEngine(Engine):
 
         self.con.execute("SET preserve_insertion_order = true")
         try:
-            rel = self.con.sql(f"SELECT {picked} FROM read_parquet({listing}, hive_partitioning = "
-                               f"{str(hive).lower()}, union_by_name = true)")
+            rel = self.con.sql(
+                f"SELECT {picked} FROM read_parquet({listing}, hive_partitioning = "
+                f"{str(hive).lower()}, union_by_name = true)"
+            )
             reader = rel.to_arrow_reader(chunk) if hasattr(rel, "to_arrow_reader") else rel.fetch_record_batch(chunk)
             out, start = [], 0
             for batch in reader:

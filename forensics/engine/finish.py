@@ -11,11 +11,15 @@ def pair_composition(p: PairCounts, earlier: EpochCounts, later: EpochCounts) ->
     :func:`forensics.plan.composition.compare_epochs` defines them."""
     order_only = p.exact == later.batches == earlier.batches and later.batches > 0
     return PairComposition(
-        earlier=p.earlier, later=p.later,
+        earlier=p.earlier,
+        later=p.later,
         pair_retention=p.retained / later.pairs if later.pairs else 0.0,
         identical_batches=p.identical_multi / later.multi if later.multi else 0.0,
-        order_only=order_only, same_order=bool(order_only and p.same_places),
-        pairs=later.pairs, retained_pairs=p.retained, multi_batches=later.multi,
+        order_only=order_only,
+        same_order=bool(order_only and p.same_places),
+        pairs=later.pairs,
+        retained_pairs=p.retained,
+        multi_batches=later.multi,
         identical_multi_batches=p.identical_multi,
     )
 
@@ -33,7 +37,8 @@ def gate_figures(g: GateCounts) -> dict:
         "first_last": pair_composition(fl, by_epoch[fl.earlier], by_epoch[fl.later]) if fl else None,
         "coverage": [EpochCoverage(e.epoch, g.n_samples - e.present, e.rows - e.present) for e in g.epochs],
         "padding": [float(e.real) / e.padded if e.padded else 1.0 for e in g.epochs],
-        "length_sorted": [e.shape_batches >= 2 and e.overlaps <= SORTED_TOLERANCE * (e.shape_batches - 1)
-                          for e in g.epochs],
+        "length_sorted": [
+            e.shape_batches >= 2 and e.overlaps <= SORTED_TOLERANCE * (e.shape_batches - 1) for e in g.epochs
+        ],
         "batch_shape": (budget or None, size or None),
     }

@@ -56,8 +56,14 @@ class PandasEngine(Engine):
     def plan_columns(self, plan: PlanInput) -> list[str]:
         return list(load(plan).columns)
 
-    def step_counts(self, plan: PlanInput, samples: pd.DataFrame, packed: bool = False, tokens: bool = True,
-                    keep_epochs: Sequence[int] | None = None) -> StepCounts:
+    def step_counts(
+        self,
+        plan: PlanInput,
+        samples: pd.DataFrame,
+        packed: bool = False,
+        tokens: bool = True,
+        keep_epochs: Sequence[int] | None = None,
+    ) -> StepCounts:
         plan = load(plan)
         if keep_epochs is not None:
             plan = plan[plan[EPOCH].isin(list(keep_epochs))]
@@ -78,8 +84,11 @@ class PandasEngine(Engine):
             shapes = batch_shapes(bk, lens)
             batch_step = np.zeros(len(shapes.size), dtype=np.int64)
             np.maximum.at(batch_step, bk, step_idx)
-            padded = real.copy() if packed else \
-                np.bincount(batch_step, weights=shapes.padded, minlength=n_steps).astype(np.int64)
+            padded = (
+                real.copy()
+                if packed
+                else np.bincount(batch_step, weights=shapes.padded, minlength=n_steps).astype(np.int64)
+            )
             n_batches = np.bincount(batch_step, minlength=n_steps)
             del bk, shapes, batch_step
         pairs = {}
@@ -90,8 +99,9 @@ class PandasEngine(Engine):
             n_codes = int(code.max()) + 1 if len(code) else 1
             pairs[col] = LabelPairs(*count_pairs(step_idx, code[pos], n_steps, n_codes))
         epoch = epoch_per_step(plan, step_idx, n_steps)
-        return StepCounts(step_values, epoch, n_samples.astype(np.int64), real, padded, n_batches.astype(np.int64),
-                          pairs)
+        return StepCounts(
+            step_values, epoch, n_samples.astype(np.int64), real, padded, n_batches.astype(np.int64), pairs
+        )
 
     def gate_counts(self, plan: PlanInput, samples: pd.DataFrame | None, epochs: int | None = None) -> GateCounts:
         from forensics.plan.composition import PlanMembership, index_plan
@@ -131,12 +141,23 @@ def epoch_counts(e, lengths: np.ndarray | None) -> EpochCounts:
         np.minimum.at(lo, e.row_batch, lens.astype(np.int64))
         hi, lo = shapes.longest[used].astype(np.int64), lo[used]
         order = np.lexsort((hi, lo))
-        extra = dict(real=int(lens.sum()), padded=int(shapes.padded.sum()),
-                     budget=int(shapes.padded[multi].max()) if multi.any() else 0,
-                     max_size=int(shapes.size.max()) if len(shapes.size) else 0, shape_batches=int(used.sum()),
-                     overlaps=int(np.count_nonzero(hi[order][:-1] > lo[order][1:])))
-    return EpochCounts(e.epoch, e.rows, e.present, int(np.count_nonzero(sizes)), int(np.count_nonzero(sizes >= 2)),
-                       int((sizes * (sizes - 1) // 2).sum()), **extra)
+        extra = dict(
+            real=int(lens.sum()),
+            padded=int(shapes.padded.sum()),
+            budget=int(shapes.padded[multi].max()) if multi.any() else 0,
+            max_size=int(shapes.size.max()) if len(shapes.size) else 0,
+            shape_batches=int(used.sum()),
+            overlaps=int(np.count_nonzero(hi[order][:-1] > lo[order][1:])),
+        )
+    return EpochCounts(
+        e.epoch,
+        e.rows,
+        e.present,
+        int(np.count_nonzero(sizes)),
+        int(np.count_nonzero(sizes >= 2)),
+        int((sizes * (sizes - 1) // 2).sum()),
+        **extra,
+    )
 
 
 def pair_counts(a, b) -> PairCounts:
@@ -148,13 +169,22 @@ def pair_counts(a, b) -> PairCounts:
     exact = (counts == a.sizes[ga]) & (counts == b.sizes[gb])
     pos_a = np.cumsum(a.sizes > 0) - 1
     pos_b = np.cumsum(b.sizes > 0) - 1
-    return PairCounts(a.epoch, b.epoch, int((counts * (counts - 1) // 2).sum()), int(np.count_nonzero(exact)),
-                      int(np.count_nonzero(exact & (b.sizes[gb] >= 2))),
-                      bool(np.array_equal(pos_a[ga[exact]], pos_b[gb[exact]])))
+    return PairCounts(
+        a.epoch,
+        b.epoch,
+        int((counts * (counts - 1) // 2).sum()),
+        int(np.count_nonzero(exact)),
+        int(np.count_nonzero(exact & (b.sizes[gb] >= 2))),
+        bool(np.array_equal(pos_a[ga[exact]], pos_b[gb[exact]])),
+    )
 
 
-def count_pairs(step_idx: np.ndarray, code: np.ndarray, n_steps: int, n_codes: int,
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def count_pairs(
+    step_idx: np.ndarray,
+    code: np.ndarray,
+    n_steps: int,
+    n_codes: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct (step, code) pairs with their counts, sorted by step then code."""
     n_codes = max(n_codes, 1)
     key = step_idx.astype(np.int64) * n_codes + code
@@ -183,8 +213,9 @@ def sample_positions(sample_ids: np.ndarray, plan_ids: np.ndarray) -> np.ndarray
 
 def unknown_samples(n: int, few: Sequence[int]) -> ForensicsError:
     """The one message for plan rows naming samples the samples table lacks."""
-    return ForensicsError(f"plan: {n} rows name samples not in the samples table, e.g. "
-                          f"{', '.join(str(v) for v in few)}")
+    return ForensicsError(
+        f"plan: {n} rows name samples not in the samples table, e.g. {', '.join(str(v) for v in few)}"
+    )
 
 
 def dense_steps(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -64,6 +64,7 @@ _NAN = np.nan
 # ``ref`` (the reference value the row was compared with) and ``score`` (ratio or z against it). ``pf``/``pi`` are
 # the rule's parameters, ``sf``/``si``/``ring`` its state, updated in place.
 
+
 @nb.njit(cache=True)
 def _megatron(values, pf, pi, sf, si, ring, cand, fired, ref, score):  # pragma: no cover - compiled
     threshold, num_samples = pf[0], pi[0]
@@ -236,8 +237,10 @@ class FrameworkRule(MetricDetector):
             self.metric_ = find_loss_key(new_rows.columns)
         for col in (STEP, self.metric_):
             if col not in new_rows.columns:
-                raise ForensicsError(f"metrics: missing column '{col}' ({self.label} watches '{self.metric_}'); "
-                                     f"it has {', '.join(map(str, new_rows.columns[:12]))}")
+                raise ForensicsError(
+                    f"metrics: missing column '{col}' ({self.label} watches '{self.metric_}'); "
+                    f"it has {', '.join(map(str, new_rows.columns[:12]))}"
+                )
         steps = new_rows[STEP].to_numpy(dtype=np.int64)
         values = new_rows[self.metric_].to_numpy(dtype=np.float64, na_value=np.nan)
         keep = np.ones(len(steps), dtype=bool)
@@ -260,8 +263,16 @@ class FrameworkRule(MetricDetector):
         metric = other.metric_ or find_loss_key(table.columns)
         values = np.ascontiguousarray(table[metric].to_numpy(dtype=np.float64, na_value=np.nan))
         cand, fired, ref, score = other._judge(values)
-        return pd.DataFrame({STEP: table[STEP].to_numpy(np.int64), "value": values, "reference": ref,
-                             "score": score, "outlier": cand, "alarm": fired})
+        return pd.DataFrame(
+            {
+                STEP: table[STEP].to_numpy(np.int64),
+                "value": values,
+                "reference": ref,
+                "score": score,
+                "outlier": cand,
+                "alarm": fired,
+            }
+        )
 
     def _judge(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         n = len(values)
@@ -305,9 +316,15 @@ class FrameworkRule(MetricDetector):
             else:
                 any_fired = bool(fired[seg].any())
                 self.open_ = {
-                    "start": int(steps[a]), "end": int(steps[b]), "n": b - a + 1, "fired": any_fired,
+                    "start": int(steps[a]),
+                    "end": int(steps[b]),
+                    "n": b - a + 1,
+                    "fired": any_fired,
                     "first_alarm": int(steps[a + int(np.argmax(fired[seg]))]) if any_fired else None,
-                    "peak": int(steps[j]), "value": float(values[j]), "ref": float(ref[j]), "score": float(score[j]),
+                    "peak": int(steps[j]),
+                    "value": float(values[j]),
+                    "ref": float(ref[j]),
+                    "score": float(score[j]),
                 }
             if b < n - 1:
                 out += self._close()
@@ -320,17 +337,33 @@ class FrameworkRule(MetricDetector):
     def _finding(self, ev: dict[str, Any], is_open: bool = False) -> Finding:
         metric, ref, score = self.metric_, ev["ref"], ev["score"]
         span = f"step {ev['start']}" if ev["start"] == ev["end"] else f"steps {ev['start']}-{ev['end']}"
-        how = (f"{score:.2f} x the reference" if self.score_kind == "ratio" else f"{score:.1f} std above the mean")
-        evidence = [f"{self.label} flagged {span}: {metric} reached {ev['value']:.4g} at step {ev['peak']} "
-                    f"({how}); rule: {self._rule_words(ref)}.",
-                    f"Source: {self.source}."]
+        how = f"{score:.2f} x the reference" if self.score_kind == "ratio" else f"{score:.1f} std above the mean"
+        evidence = [
+            f"{self.label} flagged {span}: {metric} reached {ev['value']:.4g} at step {ev['peak']} "
+            f"({how}); rule: {self._rule_words(ref)}.",
+            f"Source: {self.source}.",
+        ]
         params = {k: v for k, v in self.get_params().items() if k != "metric"}
         return Finding(
-            kind="spike", step=ev["start"], end_step=ev["end"], peak_step=ev["peak"], metric=metric,
-            value=ev["value"], baseline=ref, score=score, severity=WARNING, evidence=evidence,
+            kind="spike",
+            step=ev["start"],
+            end_step=ev["end"],
+            peak_step=ev["peak"],
+            metric=metric,
+            value=ev["value"],
+            baseline=ref,
+            score=score,
+            severity=WARNING,
+            evidence=evidence,
             next_step=None,
-            details={"rule": self.label, "source": self.source, "params": params, "n_steps": ev["n"],
-                     "first_alarm_step": ev["first_alarm"], "open": is_open},
+            details={
+                "rule": self.label,
+                "source": self.source,
+                "params": params,
+                "n_steps": ev["n"],
+                "first_alarm_step": ev["first_alarm"],
+                "open": is_open,
+            },
         )
 
 
@@ -358,8 +391,7 @@ class MegatronSpikyLoss(FrameworkRule):
         return np.array([float(self.threshold)]), np.array([int(self.num_samples)], dtype=np.int64)
 
     def _rule_words(self, ref: float) -> str:
-        return (f"|value| >= {self.threshold:g} x {ref:.4g}, the largest of the first {self.num_samples} "
-                f"finite values")
+        return f"|value| >= {self.threshold:g} x {ref:.4g}, the largest of the first {self.num_samples} finite values"
 
 
 class KillLossSpike(FrameworkRule):
@@ -373,8 +405,9 @@ class KillLossSpike(FrameworkRule):
     label = "llm-foundry KillLossSpike"
     source = "mosaicml/llm-foundry llmfoundry/callbacks/kill_loss_spike_callback.py (KillLossSpike)"
 
-    def __init__(self, metric: str | None = None, window: int = 100, outlier_multiplier: float = 2.0,
-                 patience: int = 4):
+    def __init__(
+        self, metric: str | None = None, window: int = 100, outlier_multiplier: float = 2.0, patience: int = 4
+    ):
         super().__init__(metric)
         self.window = window
         self.outlier_multiplier = outlier_multiplier
@@ -386,15 +419,19 @@ class KillLossSpike(FrameworkRule):
     def _params(self):
         if not (int(self.window) >= 1 and int(self.patience) >= 0):
             raise ForensicsError(f"{self.label}: need window >= 1 and patience >= 0")
-        return (np.array([float(self.outlier_multiplier)]),
-                np.array([int(self.window), int(self.patience)], dtype=np.int64))
+        return (
+            np.array([float(self.outlier_multiplier)]),
+            np.array([int(self.window), int(self.patience)], dtype=np.int64),
+        )
 
     def _ring_size(self) -> int:
         return int(self.window)
 
     def _rule_words(self, ref: float) -> str:
-        return (f"more than {self.patience} consecutive losses >= {self.outlier_multiplier:g} x the mean of the last "
-                f"{self.window} ({ref:.4g} at the peak)")
+        return (
+            f"more than {self.patience} consecutive losses >= {self.outlier_multiplier:g} x the mean of the last "
+            f"{self.window} ({ref:.4g} at the peak)"
+        )
 
 
 class OlmoStabilityMonitor(FrameworkRule):
@@ -424,8 +461,7 @@ class OlmoStabilityMonitor(FrameworkRule):
         return int(self.window)
 
     def _rule_words(self, ref: float) -> str:
-        return (f"value > mean + {self.threshold_std:g} x std of the previous {self.window} values "
-                f"(mean {ref:.4g})")
+        return f"value > mean + {self.threshold_std:g} x std of the previous {self.window} values (mean {ref:.4g})"
 
 
 class LightningSpikeDetection(FrameworkRule):
@@ -438,8 +474,14 @@ class LightningSpikeDetection(FrameworkRule):
     label = "Lightning SpikeDetection"
     source = "Lightning-AI/pytorch-lightning src/lightning/fabric/utilities/spike.py (SpikeDetection)"
 
-    def __init__(self, metric: str | None = None, window: int = 10, warmup: int = 1, rtol: float | None = 2.0,
-                 atol: float | None = None):
+    def __init__(
+        self,
+        metric: str | None = None,
+        window: int = 10,
+        warmup: int = 1,
+        rtol: float | None = 2.0,
+        atol: float | None = None,
+    ):
         super().__init__(metric)
         self.window = window
         self.warmup = warmup
@@ -460,10 +502,18 @@ class LightningSpikeDetection(FrameworkRule):
         return int(self.window)
 
     def _rule_words(self, ref: float) -> str:
-        tol = " and ".join(t for t in (f"rtol {self.rtol:g}" if self.rtol is not None else "",
-                                       f"atol {self.atol:g}" if self.atol is not None else "") if t)
-        return (f"no improvement on the last accepted loss and |value - running mean| beyond {tol or 'no tolerance'} "
-                f"(running mean of the last {self.window} accepted losses: {ref:.4g})")
+        tol = " and ".join(
+            t
+            for t in (
+                f"rtol {self.rtol:g}" if self.rtol is not None else "",
+                f"atol {self.atol:g}" if self.atol is not None else "",
+            )
+            if t
+        )
+        return (
+            f"no improvement on the last accepted loss and |value - running mean| beyond {tol or 'no tolerance'} "
+            f"(running mean of the last {self.window} accepted losses: {ref:.4g})"
+        )
 
 
 class MetaseqEwmRatio(FrameworkRule):
@@ -498,7 +548,11 @@ class MetaseqEwmRatio(FrameworkRule):
 
 #: The rules with their published parameters, in the order the benchmark prints them.
 FRAMEWORK_RULES: tuple[type[FrameworkRule], ...] = (
-    MegatronSpikyLoss, KillLossSpike, OlmoStabilityMonitor, LightningSpikeDetection, MetaseqEwmRatio,
+    MegatronSpikyLoss,
+    KillLossSpike,
+    OlmoStabilityMonitor,
+    LightningSpikeDetection,
+    MetaseqEwmRatio,
 )
 
 

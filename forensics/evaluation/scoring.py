@@ -75,9 +75,15 @@ class Score:
     names_anything: bool = False
 
     def __add__(self, other: Score) -> Score:
-        out = Score(self.n_labels + other.n_labels, self.n_hits + other.n_hits, self.n_detected + other.n_detected,
-                    self.n_false + other.n_false, self.n_clean_steps + other.n_clean_steps,
-                    self.n_steps + other.n_steps, names_anything=self.names_anything or other.names_anything)
+        out = Score(
+            self.n_labels + other.n_labels,
+            self.n_hits + other.n_hits,
+            self.n_detected + other.n_detected,
+            self.n_false + other.n_false,
+            self.n_clean_steps + other.n_clean_steps,
+            self.n_steps + other.n_steps,
+            names_anything=self.names_anything or other.names_anything,
+        )
         for src in (self.by_shape, other.by_shape):
             for k, (h, n) in src.items():
                 acc = out.by_shape.setdefault(k, [0, 0])
@@ -107,8 +113,9 @@ class Score:
         return correct / n if n else float("nan")
 
 
-def match_events(label_starts: Sequence[int], detected_starts: Sequence[int],
-                 margin: int = MARGIN) -> list[tuple[int, int]]:
+def match_events(
+    label_starts: Sequence[int], detected_starts: Sequence[int], margin: int = MARGIN
+) -> list[tuple[int, int]]:
     """One-to-one ``(label index, detection index)`` pairs whose starts are at most ``margin`` steps apart.
 
     Closest pairs are taken first (ties: lower label index, then earlier detection), so the matching is the same
@@ -171,8 +178,9 @@ def clean_steps(steps: Sequence[int] | np.ndarray, spans: Iterable[tuple[int, in
     return int((~in_spans(steps, spans)).sum())
 
 
-def false_events(detected_starts: Sequence[int], matched: Iterable[int],
-                 spans: Iterable[tuple[int, int]]) -> np.ndarray:
+def false_events(
+    detected_starts: Sequence[int], matched: Iterable[int], spans: Iterable[tuple[int, int]]
+) -> np.ndarray:
     """Indices of the detections that hit nothing (not in ``matched``) and start outside every span."""
     det = np.asarray(detected_starts, dtype=np.int64)
     outside = ~in_spans(det, spans)
@@ -198,9 +206,15 @@ def named_first(f: Finding, key: str) -> int | None:
     return None if value is None else int(value)
 
 
-def score_run(labels: Sequence[SpikeLabel], spans: Iterable[tuple[int, int]], steps: Sequence[int] | np.ndarray,
-              findings: Sequence[Finding], margin: int = MARGIN, metric: str | None = None,
-              kinds: Sequence[str] = ("spike",)) -> Score:
+def score_run(
+    labels: Sequence[SpikeLabel],
+    spans: Iterable[tuple[int, int]],
+    steps: Sequence[int] | np.ndarray,
+    findings: Sequence[Finding],
+    margin: int = MARGIN,
+    metric: str | None = None,
+    kinds: Sequence[str] = ("spike",),
+) -> Score:
     """Score one run's findings (of ``kinds``, on ``metric`` when given) against its labels and spans.
 
     ``spans`` are the steps that are not clean (inclusive pairs); ``steps`` are the run's logged steps (for the
@@ -208,14 +222,22 @@ def score_run(labels: Sequence[SpikeLabel], spans: Iterable[tuple[int, int]], st
     """
     if metric is not None:
         labels = [lab for lab in labels if lab.metric == metric]
-    found = sorted((f for f in findings if f.kind in kinds and (metric is None or f.metric in (None, metric))),
-                   key=lambda f: f.step)
+    found = sorted(
+        (f for f in findings if f.kind in kinds and (metric is None or f.metric in (None, metric))),
+        key=lambda f: f.step,
+    )
     merged = merge_spans(spans)
     starts = [int(f.step) for f in found]
     pairs = match_events([lab.start for lab in labels], starts, margin)
     false_idx = false_events(starts, [j for _, j in pairs], merged)
-    score = Score(n_labels=len(labels), n_hits=len(pairs), n_detected=len(found), n_false=len(false_idx),
-                  n_clean_steps=clean_steps(steps, merged), n_steps=len(np.asarray(steps)))
+    score = Score(
+        n_labels=len(labels),
+        n_hits=len(pairs),
+        n_detected=len(found),
+        n_false=len(false_idx),
+        n_clean_steps=clean_steps(steps, merged),
+        n_steps=len(np.asarray(steps)),
+    )
     score.names_anything = any(named_first(f, key) is not None for f in found for key in ATTRIBUTION_KEYS)
     for lab in labels:
         score.by_shape.setdefault(lab.shape, [0, 0])[1] += 1

@@ -55,11 +55,15 @@ def check_map_style(dataset: Any, who: str) -> int:
     try:
         n = len(dataset)
     except TypeError as exc:
-        raise ForensicsError(f"{who}: the train dataset has no length (an IterableDataset); recording the plan "
-                             "needs a map-style dataset whose rows are dicts") from exc
+        raise ForensicsError(
+            f"{who}: the train dataset has no length (an IterableDataset); recording the plan "
+            "needs a map-style dataset whose rows are dicts"
+        ) from exc
     if n and _columns(dataset) is None and not isinstance(dataset[0], Mapping):
-        raise ForensicsError(f"{who}: the train dataset's rows are {type(dataset[0]).__name__}, not dicts; "
-                             "recording the plan needs rows that are dicts (as Trainer datasets are)")
+        raise ForensicsError(
+            f"{who}: the train dataset's rows are {type(dataset[0]).__name__}, not dicts; "
+            "recording the plan needs rows that are dicts (as Trainer datasets are)"
+        )
     return n
 
 
@@ -82,8 +86,9 @@ def _scalar(v: Any) -> Any:
     return v.item() if hasattr(v, "item") else v
 
 
-def samples_table(dataset: Any, ids: np.ndarray | None, decode: Callable[[list[list[int]]], list[str]] | None,
-                  who: str):
+def samples_table(
+    dataset: Any, ids: np.ndarray | None, decode: Callable[[list[list[int]]], list[str]] | None, who: str
+):
     """The samples table (docs/concepts.md) of a train dataset, as a :class:`pyarrow.Table`.
 
     ``n_tokens`` counts the attention mask's ones when the rows carry a mask (padded rows), else the token ids;

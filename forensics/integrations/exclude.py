@@ -35,8 +35,10 @@ def read_sample_ids(path_or_ids: str | Path | Iterable[int]) -> set[int]:
         raise ForensicsError(f"{path}: not a skip list of `forensics skip --format ids` ({exc})") from exc
     ids = doc.get("sample_ids") if isinstance(doc, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ForensicsError(f"{path}: expected {{\"sample_ids\": [whole numbers], ...}} "
-                             "(`forensics skip CASE --format ids -o FILE` writes it)")
+        raise ForensicsError(
+            f'{path}: expected {{"sample_ids": [whole numbers], ...}} '
+            "(`forensics skip CASE --format ids -o FILE` writes it)"
+        )
     return set(ids)
 
 
@@ -53,8 +55,10 @@ def kept_indices(dataset: Any, ids: set[int]) -> list[int]:
     try:
         n = len(dataset)
     except TypeError as exc:
-        raise ForensicsError("exclude_samples: the dataset has no length (an IterableDataset); filter its stream "
-                             "by sample id instead, or give a map-style dataset") from exc
+        raise ForensicsError(
+            "exclude_samples: the dataset has no length (an IterableDataset); filter its stream "
+            "by sample id instead, or give a map-style dataset"
+        ) from exc
     own = sample_ids_of(dataset, n, "exclude_samples")
     row_ids = range(n) if own is None else own.tolist()
     return [i for i, sid in enumerate(row_ids) if int(sid) not in ids]

@@ -121,8 +121,10 @@ class _IndexedView:
 
 def _tagged(row: Any, index: int) -> dict:
     if not isinstance(row, Mapping):
-        raise ForensicsError(f"{_WHO}: a train dataset row is {type(row).__name__}, not a dict; recording the plan "
-                             "needs rows that are dicts")
+        raise ForensicsError(
+            f"{_WHO}: a train dataset row is {type(row).__name__}, not a dict; recording the plan "
+            "needs rows that are dicts"
+        )
     out = dict(row)
     out[SAMPLE_ID_KEY] = int(index)
     return out
@@ -143,8 +145,10 @@ class _IdCollator:
         ids = [int(f[SAMPLE_ID_KEY]) for f in features]
         batch = self.inner([{k: v for k, v in f.items() if k != SAMPLE_ID_KEY} for f in features])
         if not isinstance(batch, MutableMapping):
-            raise ForensicsError(f"{_WHO}: the data collator returned {type(batch).__name__}, not a dict of "
-                                 "tensors; recording the plan needs a dict batch (as Trainer collators return)")
+            raise ForensicsError(
+                f"{_WHO}: the data collator returned {type(batch).__name__}, not a dict of "
+                "tensors; recording the plan needs a dict batch (as Trainer collators return)"
+            )
         batch[SAMPLE_ID_KEY] = torch.tensor(ids, dtype=torch.int64)
         return batch
 
@@ -190,8 +194,9 @@ class HFRecording:
             self._micro += 1
         else:
             self._last_step, self._micro = step, 0
-        index = np.asarray(index_tensor.detach().cpu().numpy() if hasattr(index_tensor, "detach") else index_tensor,
-                           dtype=np.int64).reshape(-1)
+        index = np.asarray(
+            index_tensor.detach().cpu().numpy() if hasattr(index_tensor, "detach") else index_tensor, dtype=np.int64
+        ).reshape(-1)
         sample_ids = self._ids[index] if self._ids is not None else index
         self.recorder.record(sample_ids, **self._position(step, state), step=step, micro=self._micro)
 
@@ -217,8 +222,13 @@ class HFRecording:
             )
         if self.resumed:
             # the last consumption of a step wins: the crashed process's rows from here on are replaced
-            self.rewind = rewind_plan(self.plan_dir, self.rank, first_step, sampler=self._resume_position(first_step),
-                                      write_record=self.is_main)
+            self.rewind = rewind_plan(
+                self.plan_dir,
+                self.rank,
+                first_step,
+                sampler=self._resume_position(first_step),
+                write_record=self.is_main,
+            )
         self.recorder = PlanRecorder(self.plan_dir, rank=self.rank, flush_every=self.flush_every, resume=True)
 
     def _resume_position(self, step: int) -> dict[str, Any] | None:
@@ -229,8 +239,11 @@ class HFRecording:
             return None
         updates = max(-(-self.micro_batches_per_epoch // self.grad_accum), 1)
         skipped = not bool(getattr(self.trainer.args, "ignore_data_skip", False))
-        return {"epoch": step // updates, "batch_id": (step % updates) * self.grad_accum if skipped else 0,
-                "skipped_data": skipped}
+        return {
+            "epoch": step // updates,
+            "batch_id": (step % updates) * self.grad_accum if skipped else 0,
+            "skipped_data": skipped,
+        }
 
     # --- checkpoints and the end ---------------------------------------------------------------------------------
     def checkpoint(self, state: Any) -> None:
@@ -268,8 +281,10 @@ class HFRecording:
             "checkpoints": _case.relative(Path(args.output_dir), self.case_dir),
             "max_grad_norm": _max_grad_norm(args),
         }
-        header = ("Written by forensics.integrations.hf.record: the case folder of a Hugging Face Trainer run.\n"
-                  "Metrics sources are aligned by their own step convention (HF counts global_step from 1).")
+        header = (
+            "Written by forensics.integrations.hf.record: the case folder of a Hugging Face Trainer run.\n"
+            "Metrics sources are aligned by their own step convention (HF counts global_step from 1)."
+        )
         _case.write_run_toml(self.run_toml, values, header)
 
     def metrics_sources(self) -> list[str]:
@@ -349,8 +364,10 @@ def _keep_id_field(trainer: Any) -> None:
         return
     ensure = getattr(trainer, "_set_signature_columns_if_needed", None)
     if not callable(ensure) or not hasattr(trainer, "_signature_columns"):
-        raise ForensicsError(f"{_WHO}: this transformers version hides the columns remove_unused_columns keeps; "
-                             "pass remove_unused_columns=False in TrainingArguments")
+        raise ForensicsError(
+            f"{_WHO}: this transformers version hides the columns remove_unused_columns keeps; "
+            "pass remove_unused_columns=False in TrainingArguments"
+        )
     ensure()
     if SAMPLE_ID_KEY not in trainer._signature_columns:
         trainer._signature_columns.append(SAMPLE_ID_KEY)

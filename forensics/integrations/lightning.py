@@ -61,8 +61,14 @@ def _base_callback() -> type:
 class _PlanRecorderCallback:
     """The callback's behaviour; :func:`PlanRecorderCallback` combines it with Lightning's ``Callback``."""
 
-    def __init__(self, case_dir: str | os.PathLike, *, id_key: str | int = "sample_id", flush_every: int = 256,
-                 write_samples: bool = True) -> None:
+    def __init__(
+        self,
+        case_dir: str | os.PathLike,
+        *,
+        id_key: str | int = "sample_id",
+        flush_every: int = 256,
+        write_samples: bool = True,
+    ) -> None:
         self.case_dir = Path(case_dir)
         self.plan_dir = self.case_dir / _case.PLAN_DIR
         self.id_key = id_key
@@ -93,8 +99,9 @@ class _PlanRecorderCallback:
         else:
             self._last_step, self._micro = step, 0
         ids = _ids_of(batch, self.id_key)
-        self.recorder.record(ids, epoch=int(trainer.current_epoch), batch_id=int(batch_idx), step=step,
-                             micro=self._micro)
+        self.recorder.record(
+            ids, epoch=int(trainer.current_epoch), batch_id=int(batch_idx), step=step, micro=self._micro
+        )
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
         if self.recorder is not None:
@@ -144,8 +151,7 @@ class _PlanRecorderCallback:
             "world_size": int(getattr(trainer, "world_size", 1) or 1),
             "checkpoints": self._checkpoint_dir(trainer),
         }
-        header = ("Written by forensics.integrations.lightning.PlanRecorderCallback: the case folder of a "
-                  "Lightning fit.")
+        header = "Written by forensics.integrations.lightning.PlanRecorderCallback: the case folder of a Lightning fit."
         _case.write_run_toml(self.case_dir / _case.RUN_TOML, values, header)
 
     def _logger_sources(self, trainer: Any) -> list[str]:
@@ -174,8 +180,10 @@ def _ids_of(batch: Any, id_key: str | int) -> np.ndarray:
     if isinstance(id_key, str):
         if not isinstance(batch, Mapping) or id_key not in batch:
             keys = ", ".join(map(str, list(batch)[:8])) if isinstance(batch, Mapping) else type(batch).__name__
-            raise ForensicsError(f"{_WHO}: the batch has no '{id_key}' field (it has {keys}); have the dataset "
-                                 "return each row's sample id under that key, or pass id_key=")
+            raise ForensicsError(
+                f"{_WHO}: the batch has no '{id_key}' field (it has {keys}); have the dataset "
+                "return each row's sample id under that key, or pass id_key="
+            )
         value = batch[id_key]
     else:
         if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)) or id_key >= len(batch):
@@ -192,14 +200,17 @@ def _ids_of(batch: Any, id_key: str | int) -> np.ndarray:
 _CLASS: type | None = None
 
 
-def PlanRecorderCallback(case_dir: str | os.PathLike, *, id_key: str | int = "sample_id", flush_every: int = 256,
-                         write_samples: bool = True) -> Any:
+def PlanRecorderCallback(
+    case_dir: str | os.PathLike, *, id_key: str | int = "sample_id", flush_every: int = 256, write_samples: bool = True
+) -> Any:
     """A Lightning ``Callback`` recording the plan as consumed into ``case_dir/plan/``, plus ``samples.parquet``
     and ``run.toml`` (see the module docstring). ``id_key``: where the batch carries its sample ids.
     ``flush_every``: batches per plan part (parts are also written at each checkpoint and at the end)."""
     global _CLASS
     if _CLASS is None:
-        _CLASS = type("PlanRecorderCallback", (_PlanRecorderCallback, _base_callback()),
-                      {"__doc__": _PlanRecorderCallback.__doc__, "__module__": __name__})
+        _CLASS = type(
+            "PlanRecorderCallback",
+            (_PlanRecorderCallback, _base_callback()),
+            {"__doc__": _PlanRecorderCallback.__doc__, "__module__": __name__},
+        )
     return _CLASS(case_dir, id_key=id_key, flush_every=flush_every, write_samples=write_samples)
-

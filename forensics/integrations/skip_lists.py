@@ -49,10 +49,14 @@ class SkipList:
 
     def header(self) -> list[str]:
         """Lines saying what the list holds and from which causes (a comment where the format allows, else stderr)."""
-        ids = ", ".join(f"{c['id']} ({c['kind']}, {c['severity']}{', replay: ' + c['verdict'] if c['verdict'] else ''})"
-                        for c in self.taken)
-        lines = [f"skip list from {self.source}: {len(self.steps)} step(s), {len(self.sample_ids)} sample(s) "
-                 f"of {len(self.taken)} cause(s) at {self.min_severity} or above" + (f": {ids}" if ids else "")]
+        ids = ", ".join(
+            f"{c['id']} ({c['kind']}, {c['severity']}{', replay: ' + c['verdict'] if c['verdict'] else ''})"
+            for c in self.taken
+        )
+        lines = [
+            f"skip list from {self.source}: {len(self.steps)} step(s), {len(self.sample_ids)} sample(s) "
+            f"of {len(self.taken)} cause(s) at {self.min_severity} or above" + (f": {ids}" if ids else "")
+        ]
         lines += [f"left out {cid}: {reason}" for cid, reason in self.left_out]
         return lines
 
@@ -70,8 +74,9 @@ def read_findings(path: str | Path) -> tuple[dict[str, Any], Path]:
     return read_case_json(file, "findings file", "causes", "`forensics audit`"), file
 
 
-def skip_list(findings: dict[str, Any], min_severity: str = CRITICAL, all_verdicts: bool = False,
-              source: str = "findings.json") -> SkipList:
+def skip_list(
+    findings: dict[str, Any], min_severity: str = CRITICAL, all_verdicts: bool = False, source: str = "findings.json"
+) -> SkipList:
     """The causes to skip and their steps and samples (module docstring for the choice)."""
     if min_severity not in SEVERITIES:
         raise ForensicsError(f"--min-severity must be one of {', '.join(SEVERITIES)}, not {min_severity!r}")
@@ -103,15 +108,19 @@ def skip_list(findings: dict[str, Any], min_severity: str = CRITICAL, all_verdic
     return out
 
 
-def _left_out_reason(kind: str, severity: str, floor: int, verdict: str | None, replayed: bool,
-                     all_verdicts: bool) -> str | None:
+def _left_out_reason(
+    kind: str, severity: str, floor: int, verdict: str | None, replayed: bool, all_verdicts: bool
+) -> str | None:
     if kind not in SKIPPABLE:
         return f"a {kind} cause, not a data event: skipping steps does not address it"
     if severity not in SEVERITIES or SEVERITIES.index(severity) < floor:
         return f"{severity}, below --min-severity"
     if replayed and not all_verdicts and verdict != "data":
-        return (f"replay verdict {verdict}, not data (--all-verdicts takes it)" if verdict
-                else "not replayed while other causes were (--all-verdicts takes it)")
+        return (
+            f"replay verdict {verdict}, not data (--all-verdicts takes it)"
+            if verdict
+            else "not replayed while other causes were (--all-verdicts takes it)"
+        )
     return None
 
 
@@ -136,8 +145,11 @@ def megatron_steps(skip: SkipList, indexing: str = "logged") -> list[int]:
 def ids_document(skip: SkipList) -> dict[str, Any]:
     """``{"sample_ids": [...], "why": {id: cause}}``, with ``about`` saying what it holds (JSON has
     no comments); :func:`forensics.integrations.exclude.exclude_samples` reads it."""
-    return {"sample_ids": skip.sample_ids, "why": {str(i): skip.why_samples[i] for i in skip.sample_ids},
-            "about": skip.header()}
+    return {
+        "sample_ids": skip.sample_ids,
+        "why": {str(i): skip.why_samples[i] for i in skip.sample_ids},
+        "about": skip.header(),
+    }
 
 
 def step_lines(skip: SkipList, steps_as: str = "canonical") -> list[str]:

@@ -39,21 +39,33 @@ EVIDENCE_LINES = 6
 SINK_KINDS = ("terminal", "webhook=URL", "wandb", "cmd=CMD")
 
 
-def alert_body(cause: dict[str, Any], run: str, dashboard: str | None = None,
-               evidence: list[str] | None = None) -> dict[str, Any]:
+def alert_body(
+    cause: dict[str, Any], run: str, dashboard: str | None = None, evidence: list[str] | None = None
+) -> dict[str, Any]:
     """The JSON every sink receives for one cause; the same cause gives the same body whatever the sink."""
     steps = [int(s) for s in cause.get("steps") or []]
     logged = [int(s) for s in cause.get("logged_steps") or steps]
     severity = str(cause.get("severity") or "info")
     summary = str(cause.get("summary") or "")
     where = f" at step {_span(logged)}" if logged else ""
-    text = f"[{severity}] {cause.get('kind')}{where}: {slack_escape(summary)} (run {slack_escape(run)}; key " \
-           f"{cause.get('key')})"
+    text = (
+        f"[{severity}] {cause.get('kind')}{where}: {slack_escape(summary)} (run {slack_escape(run)}; key "
+        f"{cause.get('key')})"
+    )
     if dashboard:
         text += f" <{dashboard}|dashboard>"
-    return {"cause": str(cause.get("kind")), "key": str(cause.get("key")), "severity": severity, "steps": steps,
-            "logged_steps": logged, "summary": summary, "evidence": list(evidence or [])[:EVIDENCE_LINES],
-            "run": run, "dashboard": dashboard, "text": text}
+    return {
+        "cause": str(cause.get("kind")),
+        "key": str(cause.get("key")),
+        "severity": severity,
+        "steps": steps,
+        "logged_steps": logged,
+        "summary": summary,
+        "evidence": list(evidence or [])[:EVIDENCE_LINES],
+        "run": run,
+        "dashboard": dashboard,
+        "text": text,
+    }
 
 
 def slack_escape(text: str) -> str:
@@ -105,8 +117,7 @@ class WebhookSink(Sink):
 
     def send(self, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
-        req = urllib.request.Request(self.url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(self.url, data=data, method="POST", headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=SEND_TIMEOUT_S) as resp:
             if not 200 <= resp.status < 300:
                 raise OSError(f"{self.url} answered {resp.status}")
@@ -120,8 +131,14 @@ class CommandSink(Sink):
         self.name = f"cmd={command}"
 
     def send(self, body: dict[str, Any]) -> None:
-        done = subprocess.run(self.command, shell=True, input=json.dumps(body) + "\n", text=True,
-                              capture_output=True, timeout=COMMAND_TIMEOUT_S)
+        done = subprocess.run(
+            self.command,
+            shell=True,
+            input=json.dumps(body) + "\n",
+            text=True,
+            capture_output=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
         if done.returncode != 0:
             raise OSError(f"{self.command!r} exited {done.returncode}: {done.stderr.strip()[-200:]}")
 
@@ -151,14 +168,20 @@ class WandbSink(Sink):
     def send(self, body: dict[str, Any]) -> None:
         rp = self.run_path
         variables = {
-            "entityName": rp.entity, "projectName": rp.project, "runName": rp.run_id,
+            "entityName": rp.entity,
+            "projectName": rp.project,
+            "runName": rp.run_id,
             "title": f"{body['severity']}: {body['cause']} at step {_span(body['logged_steps'] or [0])}",
             "text": body["text"] + "".join(f"\n- {e}" for e in body["evidence"]),
-            "severity": WANDB_LEVELS.get(body["severity"], "INFO")}
+            "severity": WANDB_LEVELS.get(body["severity"], "INFO"),
+        }
         auth = base64.b64encode(f"api:{self.api_key}".encode()).decode()
-        req = urllib.request.Request(f"{self.base_url}/graphql", method="POST",
-                                     data=json.dumps({"query": WANDB_ALERT, "variables": variables}).encode(),
-                                     headers={"Content-Type": "application/json", "Authorization": f"Basic {auth}"})
+        req = urllib.request.Request(
+            f"{self.base_url}/graphql",
+            method="POST",
+            data=json.dumps({"query": WANDB_ALERT, "variables": variables}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Basic {auth}"},
+        )
         with urllib.request.urlopen(req, timeout=SEND_TIMEOUT_S) as resp:
             answer = json.loads(resp.read() or b"{}")
         if answer.get("errors") or not (answer.get("data") or {}).get("notifyScriptableRunAlert"):
@@ -194,8 +217,10 @@ def parse_sink(spec: str, wandb_sources: list[str], warn: Callable[[str], None])
         import importlib.util
 
         if importlib.util.find_spec("wandb") is None:
-            warn("--alert wandb: the wandb package is not installed (pip install 'loss-spike-forensics[wandb]'); "
-                 "no W&B alerts")
+            warn(
+                "--alert wandb: the wandb package is not installed (pip install 'loss-spike-forensics[wandb]'); "
+                "no W&B alerts"
+            )
             return None
         if not wandb_sources:
             warn("--alert wandb: the watched source is not a W&B run (entity/project/run_id); no W&B alerts")
@@ -211,8 +236,9 @@ def parse_sink(spec: str, wandb_sources: list[str], warn: Callable[[str], None])
         return WebhookSink(value)
     if eq and kind == "cmd":
         if not value.strip():
-            raise ForensicsError(f"watch: --alert {spec!r}: expected cmd=COMMAND (a shell command; the alert's "
-                                 "JSON comes on its stdin)")
+            raise ForensicsError(
+                f"watch: --alert {spec!r}: expected cmd=COMMAND (a shell command; the alert's JSON comes on its stdin)"
+            )
         return CommandSink(value)
     raise ForensicsError(f"watch: --alert {spec!r} is not a sink; expected one of {', '.join(SINK_KINDS)}")
 
@@ -250,8 +276,14 @@ class Delivery:
     line when a sink starts failing and one when it recovers (not one per retry).
     """
 
-    def __init__(self, sinks: list[Sink], quiet_period_s: float = 300.0, backoff: Backoff | None = None,
-                 warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        sinks: list[Sink],
+        quiet_period_s: float = 300.0,
+        backoff: Backoff | None = None,
+        warn: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.states = [SinkState(s) for s in sinks]
         self.quiet_period_s = float(quiet_period_s)
         self.backoff = backoff or Backoff()
@@ -259,8 +291,10 @@ class Delivery:
         self.clock = clock
         self._cond = threading.Condition()
         self._closing = False
-        self._threads = [threading.Thread(target=self._work, args=(st,), name=f"alert {st.sink.name}", daemon=True)
-                         for st in self.states]
+        self._threads = [
+            threading.Thread(target=self._work, args=(st,), name=f"alert {st.sink.name}", daemon=True)
+            for st in self.states
+        ]
         for t in self._threads:
             t.start()
 
@@ -335,6 +369,8 @@ class Delivery:
             for st in self.states:
                 for body in st.pending:
                     left += 1
-                    self.warn(f"forensics watch: alert {body['key']} not delivered to {st.sink.name} "
-                              f"({st.last_error or 'time ran out'})")
+                    self.warn(
+                        f"forensics watch: alert {body['key']} not delivered to {st.sink.name} "
+                        f"({st.last_error or 'time ran out'})"
+                    )
         return left

@@ -118,8 +118,7 @@ class LiveRun:
         t = self.target
         self.inputs = Inputs.of(open_case(t.case, overrides={"metrics": list(t.sources)} if t.sources else None))
         self.config = self.inputs.config
-        self.live = LiveMetrics(self.inputs.metrics, step_offset=self.config.step_offset,
-                                step_key=self.config.step_key)
+        self.live = LiveMetrics(self.inputs.metrics, step_offset=self.config.step_offset, step_key=self.config.step_key)
         self.metrics, _ = self.live.poll()
         self.last_arrival = self._source_time()
         self._read_replay()
@@ -133,8 +132,9 @@ class LiveRun:
             try:
                 self.findings = json.loads(stored.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
-                raise ForensicsError(f"{stored} could not be read as JSON ({exc}); remove it or run forensics "
-                                     "audit again") from exc
+                raise ForensicsError(
+                    f"{stored} could not be read as JSON ({exc}); remove it or run forensics audit again"
+                ) from exc
             self.findings_source = str(stored)
             if self.inputs.plan:
                 self._take_tags(tag_all(self.inputs))
@@ -142,15 +142,20 @@ class LiveRun:
             audit = cached_audit(self.inputs)
             self.findings = audit.findings
             self.findings_source = "computed at start"
-            self.tags, self.plan, self.samples, self.boundaries = audit.tags, audit.plan, audit.samples, \
-                audit.boundaries
+            self.tags, self.plan, self.samples, self.boundaries = (
+                audit.tags,
+                audit.plan,
+                audit.samples,
+                audit.boundaries,
+            )
             if audit.plan_on_engine:  # audited through an engine: the live loop
                 from forensics.pipeline.audit import load_step_plan  # holds the plan it extends as parts arrive
 
                 self.plan = load_step_plan(self.inputs.case, audit.samples)
             if audit.tags is not None:  # the next opening reads them from the cache
-                self.warnings += store_tags(self.inputs, Tagged(audit.tags, audit.samples, audit.boundaries, [],
-                                                                plan=self.plan))
+                self.warnings += store_tags(
+                    self.inputs, Tagged(audit.tags, audit.samples, audit.boundaries, [], plan=self.plan)
+                )
         self._plan_parts = plan_parts(self.inputs.plan)
         self._index_samples()
         self.harmful_samples = list(self.findings.get("harmful_samples") or [])
@@ -183,10 +188,19 @@ class LiveRun:
             keys = dataclasses.replace(keys, analysed=analysed_metrics(cols, keys.loss_key, stored[1:], None))
         self.loss_key = keys.loss_key
         sections = {k: self.findings.get(k) for k in ("plan", "whatif") if k in self.findings}
-        self.run = assemble_run(self.inputs.case, self.metrics, self.live.report, keys, tags=self.tags,
-                                plan=self._plan, samples=self.samples, boundaries=self.boundaries,
-                                sections=sections, warnings=self.warnings,
-                                has_plan=bool(self.inputs.plan and self.samples is not None))
+        self.run = assemble_run(
+            self.inputs.case,
+            self.metrics,
+            self.live.report,
+            keys,
+            tags=self.tags,
+            plan=self._plan,
+            samples=self.samples,
+            boundaries=self.boundaries,
+            sections=sections,
+            warnings=self.warnings,
+            has_plan=bool(self.inputs.plan and self.samples is not None),
+        )
         self._health = _health_key(self.run)
         self.rules = build_rules(cfg.detect, has_plan=bool(self.inputs.plan and self.samples is not None))
         self.online = {r.name: s for r in self.rules if (s := r.online(self.run)) is not None}
@@ -305,9 +319,14 @@ class LiveRun:
         again = {"samples"} if samples else set()
         # the rules over what arrives beside the metrics (rewinds, crash lines) run again; their kinds are theirs
         rerun = {k for r in self.rules for k in r.live_kinds}
-        kept = [Finding.from_dict(f) for f in self.findings.get("findings") or []
-                if isinstance(f, dict) and f.get("kind") not in LIVE_KINDS and f.get("kind") not in rerun
-                and not (samples and f.get("kind") == "harmful_samples")]
+        kept = [
+            Finding.from_dict(f)
+            for f in self.findings.get("findings") or []
+            if isinstance(f, dict)
+            and f.get("kind") not in LIVE_KINDS
+            and f.get("kind") not in rerun
+            and not (samples and f.get("kind") == "harmful_samples")
+        ]
         explain = [r for r in self.rules if r.explains or r.live_kinds or r.name in again]
         if samples:
             self._samples_rows = len(self.metrics)
@@ -327,8 +346,10 @@ class LiveRun:
         if not self.started:
             return dict(self.findings)
         self.run.plan = self.plan
-        given: dict[str, list] = {name: [_raw(f) for rule, f in self._found if rule == name] + state.finish()
-                                  for name, state in self.online.items()}
+        given: dict[str, list] = {
+            name: [_raw(f) for rule, f in self._found if rule == name] + state.finish()
+            for name, state in self.online.items()
+        }
         run = copy.copy(self.run)
         run.sections = {k: v for k, v in self.run.sections.items() if k in ("plan", "whatif")}
         judged = run_rules(self.rules, run, given=given)
@@ -337,8 +358,9 @@ class LiveRun:
         for key in ("run", "plan", "whatif"):
             if key in self.findings and key not in judged.sections:
                 sections[key] = self.findings[key]
-        out = Findings(items=judged.found, sections=sections, warnings=judged.warnings,
-                       logged_offset=self.run.logged_offset).to_dict()
+        out = Findings(
+            items=judged.found, sections=sections, warnings=judged.warnings, logged_offset=self.run.logged_offset
+        ).to_dict()
         out["verdict"] = verdict(out, self.loss_key)
         out["verdict_facts"] = facts(out)
         return out
@@ -450,4 +472,3 @@ def _raw(f: Any) -> Any:
     out = copy.deepcopy(f)
     out.suspect_samples = []
     return out
-

@@ -47,9 +47,12 @@ class Inputs:
 
     @classmethod
     def of(cls, case: Case) -> Inputs:
-        return cls(case, [s.path for s in case.metrics_sources],
-                   str(case.plan_path) if case.plan_path else None,
-                   str(case.samples_path) if case.samples_path else None)
+        return cls(
+            case,
+            [s.path for s in case.metrics_sources],
+            str(case.plan_path) if case.plan_path else None,
+            str(case.samples_path) if case.samples_path else None,
+        )
 
 
 def stat_key(paths: Sequence[str | None]) -> tuple:
@@ -62,8 +65,14 @@ def stat_key(paths: Sequence[str | None]) -> tuple:
         path = Path(p)
         if path.is_dir():
             files = sorted(f for f in path.rglob("*") if f.is_file())
-            out.append((str(path), len(files), sum(f.stat().st_size for f in files),
-                        max((f.stat().st_mtime_ns for f in files), default=0)))
+            out.append(
+                (
+                    str(path),
+                    len(files),
+                    sum(f.stat().st_size for f in files),
+                    max((f.stat().st_mtime_ns for f in files), default=0),
+                )
+            )
         elif path.exists():
             st = path.stat()
             out.append((str(path), st.st_size, st.st_mtime_ns))
@@ -142,8 +151,16 @@ def tags_cache_folder(inputs: Inputs) -> Path | None:
     if not inputs.plan or not inputs.samples:
         return None
     cfg = inputs.config
-    key = repr((stat_key([inputs.plan, inputs.samples]), cfg.boundaries, cfg.grad_accum, cfg.world_size,
-                cfg.rank_split, cfg.max_len))
+    key = repr(
+        (
+            stat_key([inputs.plan, inputs.samples]),
+            cfg.boundaries,
+            cfg.grad_accum,
+            cfg.world_size,
+            cfg.rank_split,
+            cfg.max_len,
+        )
+    )
     return cache_dir() / "tags" / hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
@@ -156,8 +173,13 @@ def tag_all(inputs: Inputs, use_cache: bool = True) -> Tagged:
     folder = tags_cache_folder(inputs)
     if use_cache and folder is not None and (folder / "meta.json").exists():
         meta = json.loads((folder / "meta.json").read_text())
-        return Tagged(pd.read_parquet(folder / "tags.parquet"), pd.read_parquet(folder / "samples.parquet"),
-                      meta["boundaries"], meta.get("warnings", []), plan_file=folder / "plan.parquet")
+        return Tagged(
+            pd.read_parquet(folder / "tags.parquet"),
+            pd.read_parquet(folder / "samples.parquet"),
+            meta["boundaries"],
+            meta.get("warnings", []),
+            plan_file=folder / "plan.parquet",
+        )
     path = clustered_samples_path(inputs.samples, lambda: fit_clusters(inputs.samples))
     samples = load_samples(path)
     plan = load_plan(inputs.plan, samples)
@@ -182,8 +204,11 @@ def store_tags(inputs: Inputs, tagged: Tagged) -> list[str]:
         tagged.tags.astype(labels).to_parquet(folder / "tags.parquet", index=False)
         tagged.plan.to_parquet(folder / "plan.parquet", index=False)
         tagged.samples.to_parquet(folder / "samples.parquet", index=False)
-        (folder / "meta.json").write_text(json.dumps({"boundaries": [int(b) for b in tagged.boundaries or []],
-                                                      "warnings": [str(w) for w in tagged.warnings]}))
+        (folder / "meta.json").write_text(
+            json.dumps(
+                {"boundaries": [int(b) for b in tagged.boundaries or []], "warnings": [str(w) for w in tagged.warnings]}
+            )
+        )
     except (OSError, ValueError, TypeError) as exc:
         return [f"tags not cached in {folder}: {exc}"]
     return []
@@ -195,9 +220,14 @@ def plan_parts(plan: str | None) -> set[str]:
     return {p.name for p in folder.glob("*.parquet")} if folder is not None and folder.is_dir() else set()
 
 
-def tag_new_parts(inputs: Inputs, seen: set[str], plan: pd.DataFrame, samples: pd.DataFrame,
-                  tags: pd.DataFrame | None,
-                  boundaries: list[int]) -> tuple[pd.DataFrame, pd.DataFrame | None, set[str]] | None:
+def tag_new_parts(
+    inputs: Inputs,
+    seen: set[str],
+    plan: pd.DataFrame,
+    samples: pd.DataFrame,
+    tags: pd.DataFrame | None,
+    boundaries: list[int],
+) -> tuple[pd.DataFrame, pd.DataFrame | None, set[str]] | None:
     """The plan and tags grown by the parts a recorder added since ``seen`` (tagged with the boundaries and clusters
     fitted at start), and the parts now seen; None when nothing new was written."""
     folder = Path(inputs.plan) if inputs.plan else None
@@ -217,8 +247,7 @@ def tag_new_parts(inputs: Inputs, seen: set[str], plan: pd.DataFrame, samples: p
     if STEP not in parts.columns:
         # the step mapping needs the whole epoch's batch order: map the recorded columns of all parts again
         recorded = [c for c in parts.columns if c in plan.columns]
-        plan_all = pd.concat([plan[recorded].assign(_new=False), parts[recorded].assign(_new=True)],
-                             ignore_index=True)
+        plan_all = pd.concat([plan[recorded].assign(_new=False), parts[recorded].assign(_new=True)], ignore_index=True)
         mapped = assign_steps(plan_all, cfg.grad_accum, cfg.world_size, cfg.rank_split)
         parts = mapped[mapped["_new"].to_numpy(bool)].drop(columns=["_new"])
     known = samples[SAMPLE_ID].to_numpy(np.int64)

@@ -46,6 +46,8 @@ def resolve_target(args: Sequence[str], command: str = "dashboard") -> Target:
         if is_case_folder(a):
             raise ForensicsError(f"{command}: {a} is a case folder; give it alone, not with other sources")
         if not Path(a).exists() and a.count("/") != 2 and not a.startswith(REMOTE_PREFIXES):
-            raise ForensicsError(f"{command}: {a} does not exist (expected a case folder, a log file or folder, "
-                                 "a W&B run path entity/project/run_id, or mlflow:RUN_ID)")
+            raise ForensicsError(
+                f"{command}: {a} does not exist (expected a case folder, a log file or folder, "
+                "a W&B run path entity/project/run_id, or mlflow:RUN_ID)"
+            )
     return Target(sources=args)

@@ -54,8 +54,9 @@ class WatchOptions:
         for name in ("min_severity", "exit_on"):
             value = getattr(self, name)
             if value is not None and value not in SEVERITIES:
-                raise ForensicsError(f"watch: --{name.replace('_', '-')} {value!r}: expected one of "
-                                     f"{', '.join(SEVERITIES)}")
+                raise ForensicsError(
+                    f"watch: --{name.replace('_', '-')} {value!r}: expected one of {', '.join(SEVERITIES)}"
+                )
         for name in ("interval_s", "quiet_period_s", "until_idle_s", "grace_s"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
@@ -70,9 +71,15 @@ class Watch:
     ``out`` receives the one line per cause (stdout in the command), ``warn`` the messages (stderr).
     """
 
-    def __init__(self, target: Target, sinks: list[Sink], options: WatchOptions | None = None,
-                 out: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        target: Target,
+        sinks: list[Sink],
+        options: WatchOptions | None = None,
+        out: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.target = target
         self.options = options or WatchOptions()
         self.out = out or (lambda line: print(line, flush=True))
@@ -107,9 +114,11 @@ class Watch:
         live = self.live = LiveRun(self.target).start()
         last_rows, grown_at = len(live.metrics), self.clock()
         known = live.causes if live.started else []
-        self.out(f"watching {self.target.label}: {len(live.metrics)} rows"
-                 + (f", steps {live.metrics['step'].iloc[0]}-{live.last_step}" if len(live.metrics) else "")
-                 + f", {len(known)} causes so far; every {opt.interval_s:g}s")
+        self.out(
+            f"watching {self.target.label}: {len(live.metrics)} rows"
+            + (f", steps {live.metrics['step'].iloc[0]}-{live.last_step}" if len(live.metrics) else "")
+            + f", {len(known)} causes so far; every {opt.interval_s:g}s"
+        )
         for c in known:
             self._tell(c, existing=not opt.alert_existing)
         if (code := self._exit_code()) is not None:
@@ -209,12 +218,24 @@ def not_yet_written(targets: list[str]) -> list[str]:
     waits for them; a path in no folder at all is a typo, left to the target check's one-line error)."""
     from forensics.live.target import REMOTE_PREFIXES
 
-    return [t for t in targets if not t.startswith(REMOTE_PREFIXES) and not Path(t).exists()
-            and Path(t).parent.is_dir() and Path(t).parent != Path(t)]
+    return [
+        t
+        for t in targets
+        if not t.startswith(REMOTE_PREFIXES)
+        and not Path(t).exists()
+        and Path(t).parent.is_dir()
+        and Path(t).parent != Path(t)
+    ]
 
 
-def wait_for(paths: list[str], interval_s: float, until_s: float | None, warn: Callable[[str], None],
-             sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> bool:
+def wait_for(
+    paths: list[str],
+    interval_s: float,
+    until_s: float | None,
+    warn: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
     """Poll until every path exists (True), or ``until_s`` seconds pass first (False); says once that it waits."""
     if not paths:
         return True

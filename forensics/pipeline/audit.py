@@ -113,9 +113,11 @@ def run_audit(
     if not cfg.metrics:
         if case.root is None:
             raise ForensicsError("audit: give a case folder, or the metrics with --metrics SRC")
-        raise ForensicsError(f"audit: case folder {case.root} holds no metrics source (metrics.parquet, "
-                             "trainer_state.json, a log, a TensorBoard or W&B folder) and its run.toml names none; "
-                             "give --metrics SRC")
+        raise ForensicsError(
+            f"audit: case folder {case.root} holds no metrics source (metrics.parquet, "
+            "trainer_state.json, a log, a TensorBoard or W&B folder) and its run.toml names none; "
+            "give --metrics SRC"
+        )
     if cfg.plan and not cfg.samples:
         raise ForensicsError("audit: a plan needs its samples table too (--samples, or samples.parquet in the case)")
     if cfg.plan:  # footers and columns before any reading: the engine's choice reads the footers too
@@ -131,8 +133,7 @@ def run_audit(
     rules = build_rules(cfg.detect, has_plan=bool(cfg.plan))  # first: a typo in [detect] costs no reading
     sources = case.metrics_sources
     with stage("reading metrics"):
-        metrics, report = read_metrics(sources, step_offset=cfg.step_offset,
-                                       step_key=cfg.step_key, pattern=pattern)
+        metrics, report = read_metrics(sources, step_offset=cfg.step_offset, step_key=cfg.step_key, pattern=pattern)
     warnings += report.warnings
     if metrics.empty:
         raise ForensicsError(f"audit: the metrics sources hold no rows: {', '.join(s.path for s in sources)}")
@@ -165,28 +166,45 @@ def run_audit(
 
         sections: dict[str, Any] = {}
         if has_plan:
-            sections.update(_plan_sections(plan if engine is None else case.plan_path, samples, boundaries, cfg, case,
-                                           stage, warnings, engine))
+            sections.update(
+                _plan_sections(
+                    plan if engine is None else case.plan_path, samples, boundaries, cfg, case, stage, warnings, engine
+                )
+            )
         else:
             sections["plan"] = None
 
         from forensics.detect import Findings
         from forensics.detect.rules import run_rules
 
-        run = assemble_run(case, metrics, report, keys, tags=tags, plan=plan, samples=samples,
-                           boundaries=boundaries, sections=sections, plan_source=view, warnings=warnings)
+        run = assemble_run(
+            case,
+            metrics,
+            report,
+            keys,
+            tags=tags,
+            plan=plan,
+            samples=samples,
+            boundaries=boundaries,
+            sections=sections,
+            plan_source=view,
+            warnings=warnings,
+        )
         judged = run_rules(rules, run, stage=stage)
         # the batches the report's cards show, while the engine is open
         from forensics.detect.findings import spike_span
 
-        batch_rows = (view.rows_at({spike_span(f)[2] for f in judged.found if f.kind == "spike"})
-                      if view is not None else None)
+        batch_rows = (
+            view.rows_at({spike_span(f)[2] for f in judged.found if f.kind == "spike"}) if view is not None else None
+        )
     found = judged.found
     sections.update(judged.sections)
     warnings += judged.warnings
     if not has_plan and any(f.kind == "spike" for f in found):
-        warnings.append("no plan given: spikes are found from the metrics alone; a plan (--plan and --samples) "
-                        "names each spike's bucket, cluster, batch and suspect samples")
+        warnings.append(
+            "no plan given: spikes are found from the metrics alone; a plan (--plan and --samples) "
+            "names each spike's bucket, cluster, batch and suspect samples"
+        )
 
     sections["run"] = _run_section(case, metrics, loss_key, analysed, has_plan, tags, boundaries, report)
     sections["run"].update(key_choices_section(keys.loss, keys.grad_norm, keys.eval_loss))
@@ -204,8 +222,17 @@ def run_audit(
         from forensics.detect.causes.replayed import apply_replay
 
         apply_replay(findings, replayed)
-    return Audit(findings=findings, metrics=metrics, loss_key=loss_key, case=case, tags=tags, plan=plan,
-                 samples=samples, boundaries=boundaries, batch_rows=batch_rows)
+    return Audit(
+        findings=findings,
+        metrics=metrics,
+        loss_key=loss_key,
+        case=case,
+        tags=tags,
+        plan=plan,
+        samples=samples,
+        boundaries=boundaries,
+        batch_rows=batch_rows,
+    )
 
 
 def load_step_plan(case: Case, samples: pd.DataFrame | None) -> pd.DataFrame:
@@ -250,9 +277,11 @@ def _plan_engine(case: Case, warnings: list[str]) -> Iterator[Any]:
     try:
         whole = parquet_parts(case.plan_path) is None or STEP not in engine.plan_columns(case.plan_path)
         if whole:
-            warnings.append(f"plan {case.plan_path}: loaded whole, not read on {engine.name}: the engine reads a "
-                            "Parquet plan with a 'step' column (the recorder's), and this one is mapped to steps "
-                            "in memory")
+            warnings.append(
+                f"plan {case.plan_path}: loaded whole, not read on {engine.name}: the engine reads a "
+                "Parquet plan with a 'step' column (the recorder's), and this one is mapped to steps "
+                "in memory"
+            )
         yield None if whole else engine
     finally:
         engine.close()
@@ -275,14 +304,16 @@ def _replay_doc(case: Case) -> dict[str, Any] | None:
     return read_replay(path) if path is not None else None
 
 
-
-
-
-
-
-
-def _plan_sections(plan: Any, samples: pd.DataFrame, boundaries: list[int], cfg: RunConfig, case: Case,
-                   stage: Callable[[str], Any], warnings: list[str], engine: Any = None) -> dict[str, Any]:
+def _plan_sections(
+    plan: Any,
+    samples: pd.DataFrame,
+    boundaries: list[int],
+    cfg: RunConfig,
+    case: Case,
+    stage: Callable[[str], Any],
+    warnings: list[str],
+    engine: Any = None,
+) -> dict[str, Any]:
     """The plan stage's typed results as findings.json sections: the gate (``plan``) and the what-if. ``plan``: the
     step-mapped plan, or the plan's path that ``engine`` reads."""
     from forensics.plan.gate import check_plan
@@ -291,23 +322,43 @@ def _plan_sections(plan: Any, samples: pd.DataFrame, boundaries: list[int], cfg:
     out: dict[str, Any] = {}
     with stage("checking batch composition across epochs"):
         try:
-            out["plan"] = check_plan(plan, samples, token_budget=cfg.token_budget, max_len=cfg.max_len,
-                                     boundaries=boundaries, grad_accum=cfg.grad_accum, world_size=cfg.world_size,
-                                     rank_split=cfg.rank_split, source=str(case.plan_path),
-                                     engine=engine).to_json()
+            out["plan"] = check_plan(
+                plan,
+                samples,
+                token_budget=cfg.token_budget,
+                max_len=cfg.max_len,
+                boundaries=boundaries,
+                grad_accum=cfg.grad_accum,
+                world_size=cfg.world_size,
+                rank_split=cfg.rank_split,
+                source=str(case.plan_path),
+                engine=engine,
+            ).to_json()
         except ForensicsError as exc:  # e.g. a single-epoch plan: the gate has nothing to compare
             out["plan"] = {"static": None, "pair_retention": [], "note": str(exc)}
             warnings.append(f"batch composition not checked: {exc}")
     with stage("what-if of batching strategies"):
-        out["whatif"] = whatif(samples["n_tokens"].to_numpy(), token_budget=cfg.token_budget, boundaries=boundaries,
-                               max_len=cfg.max_len, grad_accum=cfg.grad_accum, world_size=cfg.world_size).to_dict()
+        out["whatif"] = whatif(
+            samples["n_tokens"].to_numpy(),
+            token_budget=cfg.token_budget,
+            boundaries=boundaries,
+            max_len=cfg.max_len,
+            grad_accum=cfg.grad_accum,
+            world_size=cfg.world_size,
+        ).to_dict()
     return out
 
 
-
-def _run_section(case: Case, metrics: pd.DataFrame, loss_key: str, analysed: list[str],
-                 has_plan: bool, tags: pd.DataFrame | None, boundaries: list[int] | None,
-                 report: Any) -> dict[str, Any]:
+def _run_section(
+    case: Case,
+    metrics: pd.DataFrame,
+    loss_key: str,
+    analysed: list[str],
+    has_plan: bool,
+    tags: pd.DataFrame | None,
+    boundaries: list[int] | None,
+    report: Any,
+) -> dict[str, Any]:
     cfg = case.config
     steps = metrics[STEP]
     epochs = int(tags["epoch"].max()) + 1 if tags is not None and "epoch" in tags and len(tags) else None
@@ -379,8 +430,10 @@ def validate_case(case: Case) -> CaseCheck:
     cfg = case.config
     if not (cfg.metrics or cfg.plan or cfg.samples):
         where = f"{case.root}" if case.root else "the current folder (no case given)"
-        raise ForensicsError(f"validate: no case in {where}: expected run.toml, metrics.parquet, plan.parquet or "
-                             "samples.parquet, or --metrics/--plan/--samples")
+        raise ForensicsError(
+            f"validate: no case in {where}: expected run.toml, metrics.parquet, plan.parquet or "
+            "samples.parquet, or --metrics/--plan/--samples"
+        )
     from forensics.plan import step_plan
     from forensics.sources import read_metrics
 
@@ -389,14 +442,16 @@ def validate_case(case: Case) -> CaseCheck:
     plan = step_plan(load_plan(case.plan_path, samples), cfg) if cfg.plan else None
     metrics = None
     if cfg.metrics:
-        metrics, report = read_metrics(case.metrics_sources, step_offset=cfg.step_offset,
-                                       step_key=cfg.step_key)
+        metrics, report = read_metrics(case.metrics_sources, step_offset=cfg.step_offset, step_key=cfg.step_key)
         warnings += report.warnings
         if metrics.empty:
-            raise ForensicsError(f"validate: the metrics sources hold no rows: "
-                                 f"{', '.join(s.path for s in case.metrics_sources)}")
-        lines.append(f"metrics: {len(metrics)} steps ({metrics[STEP].min()}-{metrics[STEP].max()}), "
-                     f"{len(metric_columns(metrics))} metrics")
+            raise ForensicsError(
+                f"validate: the metrics sources hold no rows: {', '.join(s.path for s in case.metrics_sources)}"
+            )
+        lines.append(
+            f"metrics: {len(metrics)} steps ({metrics[STEP].min()}-{metrics[STEP].max()}), "
+            f"{len(metric_columns(metrics))} metrics"
+        )
     if samples is not None:
         lines.append(f"samples: {len(samples)}")
     if plan is not None:

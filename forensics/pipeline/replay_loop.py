@@ -36,8 +36,14 @@ def replay_requested(case: Case, flag: bool) -> bool:
     return bool(flag or (case.config.replay or {}).get("auto"))
 
 
-def replay_causes(case: Case, findings: dict[str, Any], plan_steps: set[int], budget_s: float | None = None,
-                  progress: bool = False, device: str | None = None) -> tuple[dict[str, Any], Any]:
+def replay_causes(
+    case: Case,
+    findings: dict[str, Any],
+    plan_steps: set[int],
+    budget_s: float | None = None,
+    progress: bool = False,
+    device: str | None = None,
+) -> tuple[dict[str, Any], Any]:
     """Replay the top causes of ``findings`` (the audit's, not yet written; ``plan_steps``: the steps its plan
     holds) and merge the verdicts into them; returns the findings and the :class:`~forensics.replay.ReplayResult`
     (None when nothing could be replayed: why is added to the findings' warnings)."""
@@ -62,12 +68,36 @@ def replay_causes(case: Case, findings: dict[str, Any], plan_steps: set[int], bu
         findings.setdefault("warnings", []).append("--replay: no cause with a batch to replay")
         return findings, None
     rerun = has_optimizer_state(case)
-    result = replay_case(case, ReplayOptions(groups=chosen, budget_s=budget, progress=progress, device=device,
-                                             findings=findings, rerun=rerun, rerun_optional=True))
-    not_replayed = [{"cause": g["cause"], "key": keys.get(str(g["cause"])), "steps": g["steps"],
-                     "why": f"the replay budget ({budget:g} s) was spent"} for g in result.not_replayed]
-    not_replayed += [{"cause": g.cause, "key": keys.get(str(g.cause)), "steps": g.steps,
-                      "why": f"past the {max_causes} most urgent causes ([replay] max_causes)"} for g in rest]
+    result = replay_case(
+        case,
+        ReplayOptions(
+            groups=chosen,
+            budget_s=budget,
+            progress=progress,
+            device=device,
+            findings=findings,
+            rerun=rerun,
+            rerun_optional=True,
+        ),
+    )
+    not_replayed = [
+        {
+            "cause": g["cause"],
+            "key": keys.get(str(g["cause"])),
+            "steps": g["steps"],
+            "why": f"the replay budget ({budget:g} s) was spent",
+        }
+        for g in result.not_replayed
+    ]
+    not_replayed += [
+        {
+            "cause": g.cause,
+            "key": keys.get(str(g.cause)),
+            "steps": g.steps,
+            "why": f"past the {max_causes} most urgent causes ([replay] max_causes)",
+        }
+        for g in rest
+    ]
     from forensics.detect.causes.replayed import apply_replay
     from forensics.replay.result import read_replay
 
@@ -126,8 +156,16 @@ def write_case_report(case: Case, findings: dict[str, Any], replay: dict[str, An
         plan = step_plan(load_plan(case.plan_path, samples), cfg)
         tagged = tag_run(plan, samples, cfg)
         tags, samples = tagged.tags, tagged.samples
-    write_report(path, findings, metrics, tags=tags, samples=samples, plan=plan,
-                 loss_key=(findings.get("run") or {}).get("loss_key"), replay=replay)
+    write_report(
+        path,
+        findings,
+        metrics,
+        tags=tags,
+        samples=samples,
+        plan=plan,
+        loss_key=(findings.get("run") or {}).get("loss_key"),
+        replay=replay,
+    )
 
 
 def _write_json(case: Case, findings: dict[str, Any]) -> None:

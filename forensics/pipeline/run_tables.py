@@ -47,31 +47,48 @@ def choose_keys(metrics: pd.DataFrame, cfg: RunConfig, spike_metrics: Sequence[s
     dense series beat a sparse one of the same name (HF's end-of-run ``train_loss`` beside the per-step ``loss``)."""
     cols = metric_columns(metrics)
     counts = {c: int(written(metrics, c).sum()) for c in cols}
-    loss = choose_key(cols, "loss", given=cfg.loss_key, counts=counts, required=True,
-                      left_out=metrics.attrs.get(LEFT_OUT))
+    loss = choose_key(
+        cols, "loss", given=cfg.loss_key, counts=counts, required=True, left_out=metrics.attrs.get(LEFT_OUT)
+    )
     grad = choose_key(cols, "grad_norm", counts=counts)
     loss_key = str(loss.key)
-    return RunKeys(loss, grad, eval_loss_choice(cols, counts, loss_key, cfg.eval_loss_key),
-                   analysed_metrics(cols, loss_key, spike_metrics, grad.key))
+    return RunKeys(
+        loss,
+        grad,
+        eval_loss_choice(cols, counts, loss_key, cfg.eval_loss_key),
+        analysed_metrics(cols, loss_key, spike_metrics, grad.key),
+    )
 
 
-def analysed_metrics(cols: Sequence[str], loss_key: str, requested: Sequence[str] | None,
-                     grad: str | None) -> list[str]:
+def analysed_metrics(
+    cols: Sequence[str], loss_key: str, requested: Sequence[str] | None, grad: str | None
+) -> list[str]:
     """The metrics judged for spikes: the loss and ``requested`` (each must exist), else the loss and grad norm."""
     if requested:
         missing = [m for m in requested if m not in cols]
         if missing:
-            raise ForensicsError(f"--spike-metric: {', '.join(missing)} not among the metrics "
-                                 f"({', '.join(list(cols)[:12])})")
+            raise ForensicsError(
+                f"--spike-metric: {', '.join(missing)} not among the metrics ({', '.join(list(cols)[:12])})"
+            )
         return list(dict.fromkeys([loss_key, *requested]))
     return [loss_key] + ([grad] if grad and grad != loss_key else [])
 
 
-def assemble_run(case: Case, metrics: pd.DataFrame, report: Any, keys: RunKeys, *,
-                 tags: pd.DataFrame | None = None, plan: pd.DataFrame | None = None,
-                 samples: pd.DataFrame | None = None, boundaries: list[int] | None = None,
-                 sections: dict[str, Any] | None = None, plan_source: Any = None,
-                 warnings: list[str] | None = None, has_plan: bool | None = None) -> Any:
+def assemble_run(
+    case: Case,
+    metrics: pd.DataFrame,
+    report: Any,
+    keys: RunKeys,
+    *,
+    tags: pd.DataFrame | None = None,
+    plan: pd.DataFrame | None = None,
+    samples: pd.DataFrame | None = None,
+    boundaries: list[int] | None = None,
+    sections: dict[str, Any] | None = None,
+    plan_source: Any = None,
+    warnings: list[str] | None = None,
+    has_plan: bool | None = None,
+) -> Any:
     """The tables every rule reads (:class:`forensics.detect.base.RunTables`), for the audit, the live loop,
     ``watch`` and the dashboard alike.
 
@@ -84,16 +101,28 @@ def assemble_run(case: Case, metrics: pd.DataFrame, report: Any, keys: RunKeys, 
     cfg = case.config
     if has_plan is None:
         has_plan = (plan is not None or plan_source is not None) and samples is not None
-    return RunTables(metrics=metrics, loss_key=keys.loss_key, analysed=list(keys.analysed),
-                     grad_norm_key=keys.grad_norm.key,
-                     tags=tags, plan=plan, samples=samples, boundaries=boundaries, max_len=cfg.max_len,
-                     sections=dict(sections or {}),
-                     steps_known=all(a.convention != "as logged" for a in report.alignments),
-                     logging_steps=logging_steps(cfg, report), logged_offset=logged_offset(report),
-                     max_grad_norm=cfg.max_grad_norm, rule_params={k: dict(v) for k, v in cfg.detect.items()},
-                     eval_loss_key=keys.eval_loss.key, plan_source=plan_source,
-                     **replay_fields(case, has_plan), **checkpoint_fields(case, warnings),
-                     **health_fields(case, report))
+    return RunTables(
+        metrics=metrics,
+        loss_key=keys.loss_key,
+        analysed=list(keys.analysed),
+        grad_norm_key=keys.grad_norm.key,
+        tags=tags,
+        plan=plan,
+        samples=samples,
+        boundaries=boundaries,
+        max_len=cfg.max_len,
+        sections=dict(sections or {}),
+        steps_known=all(a.convention != "as logged" for a in report.alignments),
+        logging_steps=logging_steps(cfg, report),
+        logged_offset=logged_offset(report),
+        max_grad_norm=cfg.max_grad_norm,
+        rule_params={k: dict(v) for k, v in cfg.detect.items()},
+        eval_loss_key=keys.eval_loss.key,
+        plan_source=plan_source,
+        **replay_fields(case, has_plan),
+        **checkpoint_fields(case, warnings),
+        **health_fields(case, report),
+    )
 
 
 def replay_fields(case: Case, has_plan: bool) -> dict[str, Any]:
@@ -107,14 +136,16 @@ def replay_fields(case: Case, has_plan: bool) -> dict[str, Any]:
     return out
 
 
-def eval_loss_choice(cols: Sequence[str], counts: dict[str, int] | None, loss_key: str,
-                     given: str | None = None) -> KeyChoice:
+def eval_loss_choice(
+    cols: Sequence[str], counts: dict[str, int] | None, loss_key: str, given: str | None = None
+) -> KeyChoice:
     """The held-out loss (run.toml ``eval_loss_key``, else found as the loss key is), never the training
     loss itself (a run that logs only its eval loss analyses it as the loss and has no second one)."""
     choice = choose_key(cols, "eval_loss", given=given, counts=counts)
     if choice.key is not None and choice.key == loss_key and not choice.given:
-        return KeyChoice("eval_loss", None, f"'{loss_key}' is the only loss and is analysed as the loss",
-                         choice.candidates)
+        return KeyChoice(
+            "eval_loss", None, f"'{loss_key}' is the only loss and is analysed as the loss", choice.candidates
+        )
     return choice
 
 
@@ -135,8 +166,11 @@ def health_fields(case: Case, report: Any) -> dict[str, Any]:
     from forensics.sources.crash_logs import crash_log_files, shifted_rewinds
 
     rewinds = shifted_rewinds(report)
-    return {"rewinds": rewinds + plan_rewinds(case, rewinds), "log_files": crash_log_files(case, report),
-            "device_memory_gb": case.config.device_memory_gb}
+    return {
+        "rewinds": rewinds + plan_rewinds(case, rewinds),
+        "log_files": crash_log_files(case, report),
+        "device_memory_gb": case.config.device_memory_gb,
+    }
 
 
 def plan_rewinds(case: Case, known: Sequence[Any] = ()) -> list[Any]:
@@ -159,8 +193,14 @@ def plan_rewinds(case: Case, known: Sequence[Any] = ()) -> list[Any]:
         if resumed_at in seen:
             continue
         seen.add(resumed_at)
-        out.append(Rewind(from_step=resumed_at, rows_replaced=last - resumed_at + 1,
-                          source=f"{plan.name}/{REWINDS_FILE}", last_step=last))
+        out.append(
+            Rewind(
+                from_step=resumed_at,
+                rows_replaced=last - resumed_at + 1,
+                source=f"{plan.name}/{REWINDS_FILE}",
+                last_step=last,
+            )
+        )
     return out
 
 

@@ -9,11 +9,19 @@ from typing import Any
 #: Public names, imported lazily: reading a bucket index (every spike detector does) loads neither the builders nor
 #: the gate.
 _EXPORTS = {
-    "bucket_index": "buckets", "bucket_range": "buckets",
-    "REFERENCE_BUILDERS": "builders", "bucketed_shuffle": "builders", "random_shuffle": "builders",
-    "shuffle_then_sort": "builders", "static_sorted": "builders",
-    "GateResult": "gate", "assert_batches_vary": "gate", "check_plan": "gate",
-    "assign_steps": "step_mapping", "batch_keys": "step_mapping", "batches_to_plan": "step_mapping",
+    "bucket_index": "buckets",
+    "bucket_range": "buckets",
+    "REFERENCE_BUILDERS": "builders",
+    "bucketed_shuffle": "builders",
+    "random_shuffle": "builders",
+    "shuffle_then_sort": "builders",
+    "static_sorted": "builders",
+    "GateResult": "gate",
+    "assert_batches_vary": "gate",
+    "check_plan": "gate",
+    "assign_steps": "step_mapping",
+    "batch_keys": "step_mapping",
+    "batches_to_plan": "step_mapping",
     "step_plan": "step_mapping",
 }
 __all__ = sorted(_EXPORTS)

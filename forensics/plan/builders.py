@@ -161,8 +161,10 @@ def megabatch_size(
     n = len(lengths)
     if n == 0:
         return 1
-    sizes = np.array([len(b) for b in pack_greedy(np.argsort(lengths, kind="stable"), lengths, token_budget,
-                                                  max_batch_size)], dtype=np.int64)
+    sizes = np.array(
+        [len(b) for b in pack_greedy(np.argsort(lengths, kind="stable"), lengths, token_budget, max_batch_size)],
+        dtype=np.int64,
+    )
     b = max(1, round(float((sizes * sizes).sum()) / n))
     mult = max(1, min(int(megabatch_batches), n // (MIN_MEGABATCHES * b)))
     return mult * b
@@ -184,14 +186,15 @@ def length_grouped(
     (random) order, as in HF. With a fixed batch size (a token budget no batch reaches) this is HF's algorithm."""
     lengths = capped_lengths(samples, max_len)
     n = len(lengths)
-    size = megabatch_size(lengths, token_budget=token_budget, max_batch_size=max_batch_size,
-                          megabatch_batches=megabatch_batches)
+    size = megabatch_size(
+        lengths, token_budget=token_budget, max_batch_size=max_batch_size, megabatch_batches=megabatch_batches
+    )
     perm = _rng(seed, epoch).permutation(n)
     mega = np.arange(n) // size
     order = perm[np.lexsort((-lengths[perm], mega))]  # lexsort is stable: ties keep the permutation's order
     batches: list[np.ndarray] = []
     for start in range(0, n, size):
-        batches.extend(pack_greedy(order[start:start + size], lengths, token_budget, max_batch_size))
+        batches.extend(pack_greedy(order[start : start + size], lengths, token_budget, max_batch_size))
     return _to_ids(samples, batches)
 
 

@@ -159,8 +159,10 @@ def index_plan(plan: pd.DataFrame, samples: pd.DataFrame | None = None) -> PlanM
         sample_idx = pd.Index(samples[SAMPLE_ID].to_numpy(np.int64)).get_indexer(ids).astype(np.int64)
         if len(sample_idx) and sample_idx.min() < 0:
             unknown = np.unique(ids[sample_idx < 0])
-            raise ForensicsError(f"plan: {len(unknown)} sample_id values are not in the samples table, "
-                                 f"e.g. {', '.join(map(str, unknown[:5].tolist()))}")
+            raise ForensicsError(
+                f"plan: {len(unknown)} sample_id values are not in the samples table, "
+                f"e.g. {', '.join(map(str, unknown[:5].tolist()))}"
+            )
         n_samples = len(samples)
     else:
         sample_idx, n_samples = dense_ids(ids)
@@ -194,8 +196,8 @@ def membership_from_arrays(
     out = []
     for i, label in enumerate(labels.tolist()):
         if bounds is not None:  # epochs in order, as plans are written: each epoch is a slice, nothing is gathered
-            s = sample_idx[bounds[i]:bounds[i + 1]]
-            b = batch[bounds[i]:bounds[i + 1]]
+            s = sample_idx[bounds[i] : bounds[i + 1]]
+            b = batch[bounds[i] : bounds[i + 1]]
         else:
             rows = np.flatnonzero(epoch == label)  # one pass per epoch: no 10M-row sort or index array
             s = sample_idx[rows]
@@ -332,10 +334,15 @@ def cluster_mix(
         return None
     codes, names = labelled
     if isinstance(plan, pd.DataFrame):
-        plan = assign_steps(plan[[c for c in plan.columns if c in (STEP, EPOCH, BATCH_ID, MICRO, RANK, SAMPLE_ID)]],
-                            grad_accum, world_size, rank_split)
-    table = pd.DataFrame({SAMPLE_ID: samples[SAMPLE_ID].to_numpy(np.int64), "length": np.zeros(len(samples), np.int64),
-                          "label": codes})
+        plan = assign_steps(
+            plan[[c for c in plan.columns if c in (STEP, EPOCH, BATCH_ID, MICRO, RANK, SAMPLE_ID)]],
+            grad_accum,
+            world_size,
+            rank_split,
+        )
+    table = pd.DataFrame(
+        {SAMPLE_ID: samples[SAMPLE_ID].to_numpy(np.int64), "length": np.zeros(len(samples), np.int64), "label": codes}
+    )
     counts = engine.step_counts(plan, table, tokens=False, keep_epochs=keep_epochs)
     return mix_from_counts(counts, names)
 

@@ -273,8 +273,9 @@ def packing_efficiency(
     padded_by_bucket = np.zeros(k, dtype=np.int64)
     n_batches = 0
     for seed in seeds:
-        batches = bucketed_shuffle(frame, 0, int(seed), boundaries=b, token_budget=token_budget, max_len=max_len,
-                                   max_batch_size=max_batch_size)
+        batches = bucketed_shuffle(
+            frame, 0, int(seed), boundaries=b, token_budget=token_budget, max_len=max_len, max_batch_size=max_batch_size
+        )
         real, padded = batch_tokens(batches, capped)
         first = np.fromiter((bt[0] for bt in batches), dtype=np.int64, count=len(batches))
         bucket_of_batch = bucket_index(capped[first], b) if len(first) else np.zeros(0, np.int64)
@@ -305,8 +306,9 @@ def describe_boundaries(
     """Every figure of one set of boundaries, as the ``buckets`` JSON carries them (plain Python values)."""
     b = conform_boundaries(boundaries, max_len)
     capped = _capped(lengths, max_len)
-    packing = packing_efficiency(capped, b, token_budget=token_budget, max_len=max_len,
-                                 max_batch_size=max_batch_size, seeds=seeds)
+    packing = packing_efficiency(
+        capped, b, token_budget=token_budget, max_len=max_len, max_batch_size=max_batch_size, seeds=seeds
+    )
     counts = np.bincount(bucket_index(capped, b), minlength=len(b) - 1)
     return {
         "boundaries": b,
@@ -374,9 +376,11 @@ def buckets_report(
         raise ForensicsError(f"buckets: seeds must be >= 1; got {seeds}")
     _check_k(k, cfg.max_len)
     lengths = samples[N_TOKENS].to_numpy()
-    sets = {"optimal": optimal_boundaries(lengths, k, cfg.max_len),
-            "quantile": quantile_boundaries(lengths, k, cfg.max_len),
-            "story": conform_boundaries(DEFAULT_BOUNDARIES, cfg.max_len)}
+    sets = {
+        "optimal": optimal_boundaries(lengths, k, cfg.max_len),
+        "quantile": quantile_boundaries(lengths, k, cfg.max_len),
+        "story": conform_boundaries(DEFAULT_BOUNDARIES, cfg.max_len),
+    }
     given = compare if compare is not None else (list(cfg.boundaries) if cfg.boundaries else None)
     if given is not None:
         sets["given"] = conform_boundaries(given, cfg.max_len)
@@ -384,8 +388,20 @@ def buckets_report(
     for i, (name, b) in enumerate(sets.items()):
         if on_set:
             on_set(name, i, len(sets))
-        figures[name] = describe_boundaries(lengths, b, token_budget=cfg.token_budget, max_len=cfg.max_len,
-                                            max_batch_size=cfg.max_batch_size, seeds=range(seeds))
-    settings = {"k": int(k), "max_len": cfg.max_len, "token_budget": cfg.token_budget,
-                "max_batch_size": cfg.max_batch_size, "seeds": list(range(seeds)), "samples": int(len(lengths))}
+        figures[name] = describe_boundaries(
+            lengths,
+            b,
+            token_budget=cfg.token_budget,
+            max_len=cfg.max_len,
+            max_batch_size=cfg.max_batch_size,
+            seeds=range(seeds),
+        )
+    settings = {
+        "k": int(k),
+        "max_len": cfg.max_len,
+        "token_budget": cfg.token_budget,
+        "max_batch_size": cfg.max_batch_size,
+        "seeds": list(range(seeds)),
+        "samples": int(len(lengths)),
+    }
     return BucketsReport(figures, settings)

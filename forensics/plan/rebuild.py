@@ -87,6 +87,8 @@ def rebuild_plan(samples: pd.DataFrame, builder: Builder, epochs: int, seed: int
         except ForensicsError:
             raise
         except Exception as exc:
-            raise ForensicsError(f"the builder failed on epoch {epoch} (it must return a list of batches of "
-                                 f"sample ids): {type(exc).__name__}: {exc}") from exc
+            raise ForensicsError(
+                f"the builder failed on epoch {epoch} (it must return a list of batches of "
+                f"sample ids): {type(exc).__name__}: {exc}"
+            ) from exc
     return batches_to_plan(per_epoch)

@@ -117,8 +117,11 @@ class _PartBuffer:
         try:
             self.flush()
         except OSError as exc:
-            warnings.warn(f"plan recorder: {len(self.ids)} batches could not be written to {self.folder}: {exc}",
-                          RuntimeWarning, stacklevel=1)
+            warnings.warn(
+                f"plan recorder: {len(self.ids)} batches could not be written to {self.folder}: {exc}",
+                RuntimeWarning,
+                stacklevel=1,
+            )
 
 
 class PlanRecorder:

@@ -26,8 +26,13 @@ from forensics.plan.recorder import STEP, recorded_parts
 REWINDS_FILE = "rewinds.json"
 
 
-def rewind_plan(folder: str | Path, rank: int | None, resumed_at: int,
-                sampler: dict[str, Any] | None = None, write_record: bool = True) -> dict[str, Any] | None:
+def rewind_plan(
+    folder: str | Path,
+    rank: int | None,
+    resumed_at: int,
+    sampler: dict[str, Any] | None = None,
+    write_record: bool = True,
+) -> dict[str, Any] | None:
     """Drop the rows of ``rank`` at step >= ``resumed_at`` from the parts in ``folder`` and record the rewind.
 
     Returns the rewind record, or ``None`` when nothing was recorded at or past ``resumed_at`` (a resume from the
@@ -63,8 +68,13 @@ def rewind_plan(folder: str | Path, rank: int | None, resumed_at: int,
         os.replace(tmp, part)
     if replaced == 0:
         return None
-    record = {"rank": rank, "last_step": last_step, "resumed_at": int(resumed_at), "rows_replaced": replaced,
-              "sampler": sampler}
+    record = {
+        "rank": rank,
+        "last_step": last_step,
+        "resumed_at": int(resumed_at),
+        "rows_replaced": replaced,
+        "sampler": sampler,
+    }
     if write_record:
         records = read_rewinds(folder) + [record]
         path = folder / REWINDS_FILE

@@ -47,10 +47,12 @@ def batches_to_plan(batches_per_epoch: list[list[list[int]]], first_epoch: int =
         batch_ids.append(np.repeat(np.arange(len(batches), dtype=np.int64), sizes))
         epochs.append(np.full(len(flat), e, dtype=np.int64))
     if not ids:
-        return pd.DataFrame({EPOCH: np.array([], np.int64), BATCH_ID: np.array([], np.int64),
-                             SAMPLE_ID: np.array([], np.int64)})
-    return pd.DataFrame({EPOCH: np.concatenate(epochs), BATCH_ID: np.concatenate(batch_ids),
-                         SAMPLE_ID: np.concatenate(ids)})
+        return pd.DataFrame(
+            {EPOCH: np.array([], np.int64), BATCH_ID: np.array([], np.int64), SAMPLE_ID: np.array([], np.int64)}
+        )
+    return pd.DataFrame(
+        {EPOCH: np.concatenate(epochs), BATCH_ID: np.concatenate(batch_ids), SAMPLE_ID: np.concatenate(ids)}
+    )
 
 
 def assign_steps(
@@ -87,8 +89,9 @@ def assign_steps(
     return out
 
 
-def check_mapping(plan: pd.DataFrame, grad_accum: int = 1, world_size: int = 1,
-                  rank_split: str = "round_robin") -> None:
+def check_mapping(
+    plan: pd.DataFrame, grad_accum: int = 1, world_size: int = 1, rank_split: str = "round_robin"
+) -> None:
     """Raise the errors :func:`assign_steps` raises for a plan it cannot map, without mapping it (the gate compares
     epochs by ``batch_id`` and needs no steps, but the same plan must be bad input for it as for every command).
     A plan with ``step`` is always mappable: the explicit column wins."""
@@ -103,11 +106,15 @@ def check_mapping(plan: pd.DataFrame, grad_accum: int = 1, world_size: int = 1,
     if rank_split == "per_rank":
         if RANK not in plan.columns:
             raise ForensicsError("plan: rank_split 'per_rank' needs a 'rank' column (each rank's own batch stream)")
-    elif RANK in plan.columns and plan[RANK].nunique() > 1 and \
-            plan.groupby([EPOCH, BATCH_ID], sort=False)[RANK].nunique().max() > 1:
+    elif (
+        RANK in plan.columns
+        and plan[RANK].nunique() > 1
+        and plan.groupby([EPOCH, BATCH_ID], sort=False)[RANK].nunique().max() > 1
+    ):
         raise ForensicsError(
             "plan: the same (epoch, batch_id) appears on several ranks, so each rank has its own batch stream; "
-            "use rank_split 'per_rank' (--rank-split per_rank, or rank_split in run.toml)")
+            "use rank_split 'per_rank' (--rank-split per_rank, or rank_split in run.toml)"
+        )
 
 
 def _dense_order(plan: pd.DataFrame, group: list[str]) -> np.ndarray:

@@ -162,8 +162,14 @@ def whatif(
     ``boundaries`` are fitted to ``max_len`` (see :func:`conform_boundaries`); the optimal boundaries have the same
     number of buckets. ``on_strategy(name)`` is called before each strategy is built (for a progress bar).
     """
-    for key, value in (("token_budget", token_budget), ("max_len", max_len), ("max_batch_size", max_batch_size),
-                       ("grad_accum", grad_accum), ("world_size", world_size), ("epochs", epochs)):
+    for key, value in (
+        ("token_budget", token_budget),
+        ("max_len", max_len),
+        ("max_batch_size", max_batch_size),
+        ("grad_accum", grad_accum),
+        ("world_size", world_size),
+        ("epochs", epochs),
+    ):
         if int(value) < 1:
             raise ForensicsError(f"whatif: {key} must be >= 1; got {value}")
     if not tokens_per_s > 0:
@@ -184,35 +190,46 @@ def whatif(
             on_strategy(name)
         real_steps, padded_steps, n_batches, n_steps = [], [], [], []
         for epoch in range(epochs):
-            batches = build(frame, epoch, seed, token_budget=token_budget, max_len=max_len,
-                            max_batch_size=max_batch_size)
+            batches = build(
+                frame, epoch, seed, token_budget=token_budget, max_len=max_len, max_batch_size=max_batch_size
+            )
             real, padded = batch_tokens(batches, capped)
             real_steps.append(step_tokens(real, per_step))
             padded_steps.append(step_tokens(padded, per_step))
             n_batches.append(len(batches))
             n_steps.append(len(real_steps[-1]))
         real_all, padded_all = np.concatenate(real_steps), np.concatenate(padded_steps)
-        outcomes.append(StrategyOutcome(
-            name=name,
-            builder=builder_name,
-            boundaries=bounds,
-            batches_per_epoch=float(np.mean(n_batches)),
-            steps_per_epoch=float(np.mean(n_steps)),
-            padding_efficiency=float(real_all.sum() / padded_all.sum()),
-            real_tokens=int(real_all.sum()),
-            padded_tokens=int(padded_all.sum()),
-            real_tokens_per_step=Spread.of(real_all),
-            padded_tokens_per_step=Spread.of(padded_all),
-        ))
+        outcomes.append(
+            StrategyOutcome(
+                name=name,
+                builder=builder_name,
+                boundaries=bounds,
+                batches_per_epoch=float(np.mean(n_batches)),
+                steps_per_epoch=float(np.mean(n_steps)),
+                padding_efficiency=float(real_all.sum() / padded_all.sum()),
+                real_tokens=int(real_all.sum()),
+                padded_tokens=int(padded_all.sum()),
+                real_tokens_per_step=Spread.of(real_all),
+                padded_tokens_per_step=Spread.of(padded_all),
+            )
+        )
     sorted_eff = outcomes[0].padding_efficiency
     for o in outcomes:
         o.throughput_vs_sorted = o.padding_efficiency / sorted_eff
         o.tokens_per_s = float(tokens_per_s) * o.throughput_vs_sorted
         o.epoch_seconds = o.real_tokens / epochs / o.tokens_per_s
     return WhatIf(
-        strategies=outcomes, token_budget=int(token_budget), max_len=int(max_len), max_batch_size=int(max_batch_size),
-        grad_accum=int(grad_accum), world_size=int(world_size), epochs=int(epochs), seed=int(seed),
-        tokens_per_s_measured=float(tokens_per_s), n_samples=int(len(capped)), warnings=warnings,
+        strategies=outcomes,
+        token_budget=int(token_budget),
+        max_len=int(max_len),
+        max_batch_size=int(max_batch_size),
+        grad_accum=int(grad_accum),
+        world_size=int(world_size),
+        epochs=int(epochs),
+        seed=int(seed),
+        tokens_per_s_measured=float(tokens_per_s),
+        n_samples=int(len(capped)),
+        warnings=warnings,
     )
 
 
@@ -234,7 +251,16 @@ def whatif_case(
     samples = load_samples(case.samples_path)
     if samples.empty:
         raise ForensicsError(f"samples {case.samples_path}: the table has no rows")
-    return whatif(samples[N_TOKENS].to_numpy(), token_budget=cfg.token_budget,
-                  boundaries=list(cfg.boundaries) if cfg.boundaries else DEFAULT_BOUNDARIES, tokens_per_s=tokens_per_s,
-                  max_len=cfg.max_len, max_batch_size=cfg.max_batch_size, grad_accum=cfg.grad_accum,
-                  world_size=cfg.world_size, epochs=epochs, seed=seed, on_strategy=on_strategy)
+    return whatif(
+        samples[N_TOKENS].to_numpy(),
+        token_budget=cfg.token_budget,
+        boundaries=list(cfg.boundaries) if cfg.boundaries else DEFAULT_BOUNDARIES,
+        tokens_per_s=tokens_per_s,
+        max_len=cfg.max_len,
+        max_batch_size=cfg.max_batch_size,
+        grad_accum=cfg.grad_accum,
+        world_size=cfg.world_size,
+        epochs=epochs,
+        seed=seed,
+        on_strategy=on_strategy,
+    )

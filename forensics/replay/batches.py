@@ -33,8 +33,9 @@ class TokenStore:
         try:
             return self.tokens[int(sample_id)]
         except KeyError as exc:
-            raise ForensicsError(f"tokens {self.origin}: no tokens for sample_id {sample_id} named by the plan") \
-                from exc
+            raise ForensicsError(
+                f"tokens {self.origin}: no tokens for sample_id {sample_id} named by the plan"
+            ) from exc
 
     def document_frequency(self, max_samples: int = 20_000, seed: int = 0) -> tuple[np.ndarray, int]:
         """How many samples hold each token id (over at most ``max_samples`` samples, seeded): rare-token yardstick."""
@@ -46,8 +47,9 @@ class TokenStore:
         return np.bincount(flat.clip(min=0)), len(ids)
 
 
-def read_tokens(samples_path: Path | None, tokens_path: str | Path | None,
-                samples: pd.DataFrame | None = None) -> TokenStore:
+def read_tokens(
+    samples_path: Path | None, tokens_path: str | Path | None, samples: pd.DataFrame | None = None
+) -> TokenStore:
     """The token store from ``--tokens`` when given, else the samples table's token column."""
     if tokens_path is not None:
         path = Path(tokens_path)
@@ -70,8 +72,10 @@ def _read_parquet(path: Path) -> TokenStore:
         raise ForensicsError(f"tokens file {path} is not a readable Parquet file: {exc}") from exc
     col = next((c for c in TOKEN_COLUMNS if c in names), None)
     if col is None or SAMPLE_ID not in names:
-        raise ForensicsError(f"{path}: replay needs columns 'sample_id' and 'input_ids' (or 'token_ids') holding the "
-                             f"tokens the model saw; found {', '.join(names)}")
+        raise ForensicsError(
+            f"{path}: replay needs columns 'sample_id' and 'input_ids' (or 'token_ids') holding the "
+            f"tokens the model saw; found {', '.join(names)}"
+        )
     table = pq.read_table(path, columns=[SAMPLE_ID, col])
     lists = table.column(col).combine_chunks()
     sids = table.column(SAMPLE_ID).to_numpy()
@@ -79,7 +83,7 @@ def _read_parquet(path: Path) -> TokenStore:
         raise ForensicsError(f"{path}: column '{col}' has {lists.null_count} empty (null) rows")
     flat = lists.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
     offsets = lists.offsets.to_numpy()
-    return TokenStore({int(s): flat[offsets[i]:offsets[i + 1]] for i, s in enumerate(sids)}, str(path))
+    return TokenStore({int(s): flat[offsets[i] : offsets[i + 1]] for i, s in enumerate(sids)}, str(path))
 
 
 def _read_npy(path: Path, samples: pd.DataFrame | None) -> TokenStore:
@@ -87,16 +91,20 @@ def _read_npy(path: Path, samples: pd.DataFrame | None) -> TokenStore:
     if not off_path.exists():
         raise ForensicsError(f"tokens {path}: a flat .npy token array needs its offsets in {off_path}")
     if samples is None:
-        raise ForensicsError(f"tokens {path}: a .npy token array is matched to the samples table's order; "
-                             "the case has no samples table")
+        raise ForensicsError(
+            f"tokens {path}: a .npy token array is matched to the samples table's order; the case has no samples table"
+        )
     flat = np.load(path, mmap_mode="r")
     offsets = np.load(off_path)
     if flat.ndim != 1 or offsets.ndim != 1 or len(offsets) != len(samples) + 1:
-        raise ForensicsError(f"tokens {path}: expected a 1-D token array and {len(samples) + 1} offsets (one per "
-                             f"sample plus the end); got {flat.shape} and {offsets.shape}")
+        raise ForensicsError(
+            f"tokens {path}: expected a 1-D token array and {len(samples) + 1} offsets (one per "
+            f"sample plus the end); got {flat.shape} and {offsets.shape}"
+        )
     sids = samples[SAMPLE_ID].to_numpy()
-    return TokenStore({int(s): np.asarray(flat[offsets[i]:offsets[i + 1]], dtype=np.int64)
-                       for i, s in enumerate(sids)}, str(path))
+    return TokenStore(
+        {int(s): np.asarray(flat[offsets[i] : offsets[i + 1]], dtype=np.int64) for i, s in enumerate(sids)}, str(path)
+    )
 
 
 @dataclass
@@ -118,10 +126,15 @@ class StepIndex:
             lengths = np.array([n_tok.get(int(s), 0) for s in p[SAMPLE_ID].tolist()], dtype=np.int64)
             b = bucket_index(lengths, boundaries)
             frame = pd.DataFrame({"step": steps, "bucket": b})
-            counts = frame.value_counts().reset_index(name="n").sort_values(["step", "n", "bucket"],
-                                                                             ascending=[True, False, True])
-            bucket_of = {int(s): int(bk) for s, bk in zip(*counts.drop_duplicates("step")[["step", "bucket"]]
-                                                           .to_numpy().T, strict=False)}
+            counts = (
+                frame.value_counts()
+                .reset_index(name="n")
+                .sort_values(["step", "n", "bucket"], ascending=[True, False, True])
+            )
+            bucket_of = {
+                int(s): int(bk)
+                for s, bk in zip(*counts.drop_duplicates("step")[["step", "bucket"]].to_numpy().T, strict=False)
+            }
         return cls(samples_of, bucket_of)
 
     def has(self, step: int) -> bool:
@@ -138,7 +151,7 @@ def pad_batch(seqs: list[np.ndarray], pad_id: int, pad_side: str) -> tuple[Any, 
     mask = np.zeros((len(seqs), width), dtype=np.int64)
     for i, s in enumerate(seqs):
         if pad_side == "left":
-            ids[i, width - len(s):], mask[i, width - len(s):] = s, 1
+            ids[i, width - len(s) :], mask[i, width - len(s) :] = s, 1
         else:
             ids[i, : len(s)], mask[i, : len(s)] = s, 1
     return torch.from_numpy(ids), torch.from_numpy(mask)

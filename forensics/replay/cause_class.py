@@ -37,12 +37,12 @@ CAUSE_CLASSES = ("data", "optimizer", "numerics", "hardware", "unknown")
 ACTIONS = {
     "data": "Skip the suspect samples (forensics skip CASE --format ids) and resume from checkpoint {checkpoint}.",
     "optimizer": "Lower the learning rate, raise Adam's epsilon or clip the update around step {step}{group}, and "
-                 "resume from checkpoint {checkpoint}.",
+    "resume from checkpoint {checkpoint}.",
     "numerics": "Train in bf16 (or keep {group_or_model} in fp32) or set a loss-scale floor, and resume from "
-                "checkpoint {checkpoint}.",
+    "checkpoint {checkpoint}.",
     "hardware": "Quarantine the node that ran step {step} and resume from checkpoint {checkpoint}.",
     "unknown": "Re-run the segment from checkpoint {checkpoint} on another device to tell hardware from the run's own "
-               "nondeterminism.",
+    "nondeterminism.",
 }
 
 
@@ -71,8 +71,11 @@ def cause_class(ev: ClassEvidence) -> tuple[str | None, str]:
     if ev.spike is False:
         return None, "the step is no spike (its loss is within the run's noise): nothing to class"
     if ev.loss_scale_drop or ev.nan_iterations:
-        return "numerics", ("the logged loss scale dropped at or before the spike" if ev.loss_scale_drop else
-                            "the logs count a NaN iteration at or before the spike")
+        return "numerics", (
+            "the logged loss scale dropped at or before the spike"
+            if ev.loss_scale_drop
+            else "the logs count a NaN iteration at or before the spike"
+        )
     if ev.crash in ("ecc", "nccl"):
         return "hardware", f"a {ev.crash.upper()} crash line near the step"
     if ev.reproduced is False:
@@ -93,8 +96,12 @@ def cause_class(ev: ClassEvidence) -> tuple[str | None, str]:
 
 def action(cls: str, step: int, checkpoint: int | None, group: str | None = None) -> str:
     """The one-sentence fix for class ``cls`` at ``step`` (``group``: the first group that moved, when known)."""
-    return ACTIONS[cls].format(step=step, checkpoint=checkpoint if checkpoint is not None else "before it",
-                               group=f" (first in {group})" if group else "", group_or_model=group or "the model")
+    return ACTIONS[cls].format(
+        step=step,
+        checkpoint=checkpoint if checkpoint is not None else "before it",
+        group=f" (first in {group})" if group else "",
+        group_or_model=group or "the model",
+    )
 
 
 #: How the verdict sentence tells the main cause's class (one clause, replaced when the class is told again).
@@ -116,8 +123,11 @@ def apply_cause_classes(findings: dict[str, Any], replay: dict[str, Any] | None)
     """``findings`` (changed in place and returned) with each cause's ``cause_class`` and ``action`` taken from the
     re-run of its first re-run step (replay.json's ``rerun`` objects); causes no re-run reached are left as they are.
     The verdict sentence then names the main (first) cause's class and action when it has one."""
-    reruns = {int(d["step"]): d["rerun"] for d in (replay or {}).get("steps") or []
-              if isinstance(d, dict) and isinstance(d.get("rerun"), dict) and d.get("step") is not None}
+    reruns = {
+        int(d["step"]): d["rerun"]
+        for d in (replay or {}).get("steps") or []
+        if isinstance(d, dict) and isinstance(d.get("rerun"), dict) and d.get("step") is not None
+    }
     if not reruns:
         return findings
     for c in findings.get("causes") or []:

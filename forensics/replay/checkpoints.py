@@ -83,13 +83,16 @@ def discover_checkpoints(path: str | Path) -> list[Checkpoint]:
         elif child.is_file() and child.suffix in STATE_SUFFIXES and not child.name.startswith(("optimizer", "rng")):
             found.append(Checkpoint(_step_from_name(child, child), child, "file"))
     if not found:
-        raise ForensicsError(f"checkpoints {path}: no checkpoint-N/ folder and no {'/'.join(STATE_SUFFIXES)} state "
-                             "dict found")
+        raise ForensicsError(
+            f"checkpoints {path}: no checkpoint-N/ folder and no {'/'.join(STATE_SUFFIXES)} state dict found"
+        )
     steps = [c.step for c in found]
     dup = sorted({s for s in steps if steps.count(s) > 1})
     if dup:
-        raise ForensicsError(f"checkpoints {path}: several checkpoints claim step(s) {dup[:_FEW]}; keep one per step "
-                             "or name the steps in manifest.json")
+        raise ForensicsError(
+            f"checkpoints {path}: several checkpoints claim step(s) {dup[:_FEW]}; keep one per step "
+            "or name the steps in manifest.json"
+        )
     return sorted(found, key=lambda c: c.step)
 
 
@@ -99,12 +102,13 @@ def _from_manifest(manifest: Path) -> list[Checkpoint]:
         entries = data["checkpoints"] if isinstance(data, dict) else data
         out = [Checkpoint(int(e["step"]), manifest.parent / e["path"], "file") for e in entries]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ForensicsError(f"{manifest}: expected {{\"checkpoints\": [{{\"path\", \"step\"}}]}}; {exc}") from exc
+        raise ForensicsError(f'{manifest}: expected {{"checkpoints": [{{"path", "step"}}]}}; {exc}') from exc
     for c in out:
         if not c.path.exists():
             raise ForensicsError(f"{manifest}: checkpoint {c.path} does not exist")
-    return sorted((Checkpoint(c.step, c.path, "hf" if is_hf_folder(c.path) else "file") for c in out),
-                  key=lambda c: c.step)
+    return sorted(
+        (Checkpoint(c.step, c.path, "hf" if is_hf_folder(c.path) else "file") for c in out), key=lambda c: c.step
+    )
 
 
 def _step_from_name(path: Path, origin: Path) -> int:
@@ -135,11 +139,15 @@ def torch_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise ForensicsError(f"checkpoint {path} holds a pickled object, which torch.load(weights_only=True) refuses "
-                             "to run; save model.state_dict() (tensors only) instead") from exc
+        raise ForensicsError(
+            f"checkpoint {path} holds a pickled object, which torch.load(weights_only=True) refuses "
+            "to run; save model.state_dict() (tensors only) instead"
+        ) from exc
     except (RuntimeError, EOFError, OSError) as exc:
-        raise ForensicsError(f"checkpoint {path} could not be read as a torch state dict: "
-                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        raise ForensicsError(
+            f"checkpoint {path} could not be read as a torch state dict: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
 
 
 def _read_weights(path: Path) -> dict[str, Any]:
@@ -185,8 +193,10 @@ def _read_dcp(folder: Path) -> Any:
         try:
             dcp_to_torch_save(str(folder), str(out))
         except Exception as exc:  # DCP raises several types for a damaged or partial folder
-            raise ForensicsError(f"checkpoint {folder}: torch.distributed.checkpoint could not gather it into one "
-                                 f"process: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+            raise ForensicsError(
+                f"checkpoint {folder}: torch.distributed.checkpoint could not gather it into one "
+                f"process: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            ) from exc
         return torch_load(out)
 
 
@@ -219,7 +229,7 @@ def _strip_prefix(state: dict[str, Any], model_keys: set[str]) -> dict[str, Any]
     """DDP's ``module.`` and ``torch.compile``'s ``_orig_mod.`` prefixes, when every key carries one."""
     for prefix in ("module.", "_orig_mod."):
         if state and all(k.startswith(prefix) for k in state) and not any(k.startswith(prefix) for k in model_keys):
-            state = {k[len(prefix):]: v for k, v in state.items()}
+            state = {k[len(prefix) :]: v for k, v in state.items()}
     return state
 
 
@@ -234,8 +244,11 @@ def apply_state(model: Any, state: dict[str, Any], origin: str | Path) -> None:
     present = {t.data_ptr() for k, t in own.items() if k in state}
     missing = sorted(k for k, t in own.items() if k not in state and t.data_ptr() not in present)
     unexpected = sorted(k for k in state if k not in own)
-    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own
-              if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+        for k in own
+        if k in state and tuple(state[k].shape) != tuple(own[k].shape)
+    ]
     if missing or unexpected or shapes:
         parts = []
         if missing:

@@ -97,8 +97,10 @@ def replay_case(case_dir: str | Path | Case, options: ReplayOptions | None = Non
     every = sorted({s for g in groups for s in g.steps})
     missing = [s for s in every if not ses.index.has(s)]
     if missing:
-        raise ForensicsError(f"plan {case.plan_path}: no batch for step(s) {missing[:5]}; the plan covers steps "
-                             f"{min(ses.index.samples_of)}-{max(ses.index.samples_of)}")
+        raise ForensicsError(
+            f"plan {case.plan_path}: no batch for step(s) {missing[:5]}; the plan covers steps "
+            f"{min(ses.index.samples_of)}-{max(ses.index.samples_of)}"
+        )
     ses.check_vocabulary(every)
     exclude = known_spikes(findings) | set(every)
     results: list[dict[str, Any]] = []
@@ -109,26 +111,44 @@ def replay_case(case_dir: str | Path | Case, options: ReplayOptions | None = Non
             if not _affordable(ses, opt, g.steps, exclude, t0):
                 not_reached.append(g)
                 continue
-            results += [r | {"role": "suspect"} | ({"cause": g.cause, "cause_key": g.key} if g.cause else {})
-                        for r in _replay_group(ses, g.steps, exclude, offset, bar)]
+            results += [
+                r | {"role": "suspect"} | ({"cause": g.cause, "cause_key": g.key} if g.cause else {})
+                for r in _replay_group(ses, g.steps, exclude, offset, bar)
+            ]
             done.append(g)
         if opt.control_step and done:
             first = done[0].steps[0]
-            c = control_step(first, set(every), ses.index, lambda t: ses.checkpoint_for(t) is not None and
-                             not ses.checkpoint_for(t)[1], ses.logged, exclude)
+            c = control_step(
+                first,
+                set(every),
+                ses.index,
+                lambda t: ses.checkpoint_for(t) is not None and not ses.checkpoint_for(t)[1],
+                ses.logged,
+                exclude,
+            )
             if c is not None and _affordable(ses, opt, [c], exclude, t0):
-                results += [r | {"role": "control", "control_of": first}
-                            for r in _replay_group(ses, [c], exclude - {c}, offset, bar)]
+                results += [
+                    r | {"role": "control", "control_of": first}
+                    for r in _replay_group(ses, [c], exclude - {c}, offset, bar)
+                ]
     if opt.rerun:
         _rerun(ses, opt, results, exclude, findings, bar, t0)
     warnings = ses.warnings + notes
-    result = ReplayResult(steps=json_safe(sorted(results, key=lambda d: d["step"])), device=ses.device,
-                          dtype=ses.dtype, forwards=ses.fwd.forwards, tokens_forwarded=ses.fwd.tokens,
-                          warnings=warnings, logged_offset=offset, steps_as=opt.steps_as,
-                          forward_log=list(ses.forward_log), seconds=time.perf_counter() - t0,
-                          groups=[{"cause": g.cause, "kind": g.kind, "steps": g.steps} for g in done],
-                          not_replayed=[{"cause": g.cause, "kind": g.kind, "steps": g.steps} for g in not_reached],
-                          budget_s=opt.budget_s)
+    result = ReplayResult(
+        steps=json_safe(sorted(results, key=lambda d: d["step"])),
+        device=ses.device,
+        dtype=ses.dtype,
+        forwards=ses.fwd.forwards,
+        tokens_forwarded=ses.fwd.tokens,
+        warnings=warnings,
+        logged_offset=offset,
+        steps_as=opt.steps_as,
+        forward_log=list(ses.forward_log),
+        seconds=time.perf_counter() - t0,
+        groups=[{"cause": g.cause, "kind": g.kind, "steps": g.steps} for g in done],
+        not_replayed=[{"cause": g.cause, "kind": g.kind, "steps": g.steps} for g in not_reached],
+        budget_s=opt.budget_s,
+    )
     out = case.root / "replay" / "replay.json"
     merge_write(out, result)
     result.written.append(out)
@@ -145,8 +165,15 @@ def replay_case(case_dir: str | Path | Case, options: ReplayOptions | None = Non
 RERUN_FORWARDS_PER_STEP = 8
 
 
-def _rerun(ses: ReplaySession, opt: ReplayOptions, results: list[dict[str, Any]], exclude: set[int],
-           findings: dict | None, bar: Any, t0: float) -> None:
+def _rerun(
+    ses: ReplaySession,
+    opt: ReplayOptions,
+    results: list[dict[str, Any]],
+    exclude: set[int],
+    findings: dict | None,
+    bar: Any,
+    t0: float,
+) -> None:
     """The segment re-run of the suspect steps, added to each entry as ``rerun`` (none for a step with no
     checkpoint at or before it): each cause's first step first (in the causes' order), then the rest, while the
     budget allows one more (the seconds per re-run step so far, else :data:`RERUN_FORWARDS_PER_STEP` forwards)."""
@@ -184,21 +211,25 @@ def _rerun(ses: ReplaySession, opt: ReplayOptions, results: list[dict[str, Any]]
         bar.advance(f"re-run to step {s}")
 
 
-def _groups(opt: ReplayOptions, ses: ReplaySession, findings: dict | None, offset: int,
-            root: Path) -> tuple[list[ReplayGroup], list[str]]:
+def _groups(
+    opt: ReplayOptions, ses: ReplaySession, findings: dict | None, offset: int, root: Path
+) -> tuple[list[ReplayGroup], list[str]]:
     """The groups to replay and the notes to say about them (which numbering the steps were read in)."""
     notes: list[str] = []
     if opt.groups is not None:
         return list(opt.groups), notes
     if opt.from_findings:
         if findings is None:
-            raise ForensicsError(f"--from-findings: {root / 'findings.json'} does not exist; run forensics audit "
-                                 f"{root} first")
+            raise ForensicsError(
+                f"--from-findings: {root / 'findings.json'} does not exist; run forensics audit {root} first"
+            )
         if "causes" in findings:
             groups = cause_groups(findings, ses.index.has, opt.max_causes)
             if not groups:
-                raise ForensicsError(f"--from-findings: {root / 'findings.json'} holds no cause with a batch to "
-                                     "replay (the run-level causes have none)")
+                raise ForensicsError(
+                    f"--from-findings: {root / 'findings.json'} holds no cause with a batch to "
+                    "replay (the run-level causes have none)"
+                )
             for g in groups:
                 if g.skipped:
                     notes.append(f"cause {g.cause}: steps {g.skipped[:5]} have no batch in the plan; not replayed")
@@ -212,12 +243,16 @@ def _groups(opt: ReplayOptions, ses: ReplaySession, findings: dict | None, offse
         raise ForensicsError("replay: name the steps (--steps 254,258) or use --from-findings")
     if opt.steps_as == "logged":
         canonical = to_canonical(steps, "logged", offset)
-        notes.append(f"--steps read as logged steps (the run's own numbering): {', '.join(map(str, steps))} -> "
-                     f"canonical {', '.join(map(str, canonical))} (logged = canonical + {offset})")
+        notes.append(
+            f"--steps read as logged steps (the run's own numbering): {', '.join(map(str, steps))} -> "
+            f"canonical {', '.join(map(str, canonical))} (logged = canonical + {offset})"
+        )
         steps = canonical
     elif offset:
-        notes.append(f"--steps read as canonical 0-based steps (the run logs them as step + {offset}; "
-                     "--steps-as logged reads the run's own numbers)")
+        notes.append(
+            f"--steps read as canonical 0-based steps (the run logs them as step + {offset}; "
+            "--steps-as logged reads the run's own numbers)"
+        )
     return [ReplayGroup(steps)], notes
 
 
@@ -257,9 +292,14 @@ def _replay_group(ses: ReplaySession, steps: list[int], exclude: set[int], offse
 def _train_pass(ses: ReplaySession, plans: list[StepPlan], probes: dict[int, dict], bar: Any) -> dict[int, TrainReplay]:
     """The train-mode replay over the dropout seeds of each step whose eval-mode replay missed (with its
     calibration steps, and the first seed again as the determinism check)."""
-    needed = sorted({(c, t, k) for p in plans for c, t in [(p.ck, p.step), *p.cal, *((c, t) for t, c in
-                                                                                      p.neigh.values())]
-                     for k in ses.seeds})
+    needed = sorted(
+        {
+            (c, t, k)
+            for p in plans
+            for c, t in [(p.ck, p.step), *p.cal, *((c, t) for t, c in p.neigh.values())]
+            for k in ses.seeds
+        }
+    )
     bar.add(len(needed) + len(plans))
     for ck in sorted({c for c, _, _ in needed}):
         ses.load(ck)
@@ -272,8 +312,10 @@ def _train_pass(ses: ReplaySession, plans: list[StepPlan], probes: dict[int, dic
             ses.forward_log.append((ck, p.step, ses.seeds[0]))
             diff = max((abs(a.mean - b.mean) for a, b in zip(first, again, strict=False) if a.count), default=0.0)
             probes.setdefault(p.step, {}).setdefault("determinism", {"max_abs_diff": 0.0, "equal": True})["train"] = {
-                "seed": ses.seeds[0], "max_abs_diff": diff,
-                "equal": bool(diff <= 1e-5 * max(1.0, batch_loss(first, ses.denom)))}
+                "seed": ses.seeds[0],
+                "max_abs_diff": diff,
+                "equal": bool(diff <= 1e-5 * max(1.0, batch_loss(first, ses.denom))),
+            }
             bar.advance(f"checkpoint {ck}, step {p.step}, seed {ses.seeds[0]} again")
     out = {}
     for p in plans:
@@ -293,9 +335,10 @@ def _probes(ses: ReplaySession, p: StepPlan, state: dict) -> dict[str, Any]:
     if not opt.probes:
         return out
     g = {"suspect": grad_norm(fwd, seqs, ses.denom)}
-    g["controls"] = {kind: [grad_norm(fwd, [tokens[i] for i in index.samples_of[t]], ses.denom)
-                            for t in getattr(p, key)] for kind, key in (("same_bucket", "same"),
-                                                                         ("other_buckets", "other"))}
+    g["controls"] = {
+        kind: [grad_norm(fwd, [tokens[i] for i in index.samples_of[t]], ses.denom) for t in getattr(p, key)]
+        for kind, key in (("same_bucket", "same"), ("other_buckets", "other"))
+    }
     g["z"] = zscore(g["suspect"], g["controls"]["same_bucket"])
     out["gradient"] = g
     from forensics.replay.checkpoints import apply_state, load_optimizer_state
@@ -310,9 +353,15 @@ def _probes(ses: ReplaySession, p: StepPlan, state: dict) -> dict[str, Any]:
         if len(sets) >= 2 and col is not None:
             used = own | {i for ids in sets.values() for i in ids}
             mixed = mixed_batch(samples, col, sum(len(x) for x in seqs), used, opt.seed)
-            probe = update_probe(fwd, opt_state, lambda: apply_state(ses.model.module, state, ck.path), seqs,
-                                 [tokens[i] for i in mixed], {c: [tokens[i] for i in ids] for c, ids in sets.items()},
-                                 ses.denom)
+            probe = update_probe(
+                fwd,
+                opt_state,
+                lambda: apply_state(ses.model.module, state, ck.path),
+                seqs,
+                [tokens[i] for i in mixed],
+                {c: [tokens[i] for i in ids] for c, ids in sets.items()},
+                ses.denom,
+            )
             if probe is not None:
                 out["update_probe"] = probe
     return out
@@ -329,8 +378,15 @@ class _Progress:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+            self._bar = Progress(
+                TextColumn("replay"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self._bar.start()
             self._task = self._bar.add_task("", total=0)
         return self

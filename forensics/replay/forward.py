@@ -54,8 +54,9 @@ class Forwarder:
     a determinism check like any other.
     """
 
-    def __init__(self, model: LoadedModel, device: str, dtype: str, max_tokens: int, pad_id: int,
-                 pad_side: str) -> None:
+    def __init__(
+        self, model: LoadedModel, device: str, dtype: str, max_tokens: int, pad_id: int, pad_side: str
+    ) -> None:
         if max_tokens < 1:
             raise ForensicsError(f"--max-tokens-per-forward must be >= 1; got {max_tokens}")
         self.model, self.device, self.dtype = model, device, dtype
@@ -109,8 +110,10 @@ class Forwarder:
             return self._forward(chunk)
         except torch.OutOfMemoryError as exc:
             if len(chunk) == 1:
-                raise ForensicsError(f"one sample of {len(chunk[0])} tokens does not fit in memory on "
-                                     f"{self.device}; try --dtype bfloat16 or another device") from exc
+                raise ForensicsError(
+                    f"one sample of {len(chunk[0])} tokens does not fit in memory on "
+                    f"{self.device}; try --dtype bfloat16 or another device"
+                ) from exc
             if self.device.startswith("cuda"):
                 torch.cuda.empty_cache()
             half = len(chunk) // 2
@@ -128,8 +131,10 @@ class Forwarder:
         ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
         ce = (ce * labels_ok).cpu().numpy()
         ok = labels_ok.cpu().numpy()
-        return [SampleLoss(float(ce[i][ok[i]].sum(dtype=np.float64)), int(ok[i].sum()), ce[i][ok[i]].astype(np.float32))
-                for i in range(len(chunk))]
+        return [
+            SampleLoss(float(ce[i][ok[i]].sum(dtype=np.float64)), int(ok[i].sum()), ce[i][ok[i]].astype(np.float32))
+            for i in range(len(chunk))
+        ]
 
 
 def _predicted(seqs: list[np.ndarray], denominator: str) -> int:
@@ -149,8 +154,7 @@ def accumulate_grad(fwd: Forwarder, seqs: list[np.ndarray], denominator: str = "
         with torch.enable_grad(), fwd._autocast():
             logits = fwd.model.logits(ids, mask)
             ok = mask[:, 1:].bool()
-            ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:],
-                                                   reduction="none")
+            ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
             ((ce * ok).sum() / max(n, 1)).backward()
         fwd.forwards += 1
 

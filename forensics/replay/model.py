@@ -41,8 +41,9 @@ class LoadedModel:
         return out if _torch.torch().is_tensor(out) else out.logits
 
 
-def load_model(spec: str | None, base: Path, hf_config_dir: Path | None = None,
-               checkpoints: Path | None = None) -> tuple[LoadedModel, str | None]:
+def load_model(
+    spec: str | None, base: Path, hf_config_dir: Path | None = None, checkpoints: Path | None = None
+) -> tuple[LoadedModel, str | None]:
     """Build the model named by ``spec`` (relative paths against ``base``), else from ``hf_config_dir`` (an HF
     ``checkpoint-N/`` folder); returns it and a note when the architecture came from a checkpoint instead of a
     named folder that has no config (HF Trainer's output folder before ``trainer.save_model()``).
@@ -56,8 +57,10 @@ def load_model(spec: str | None, base: Path, hf_config_dir: Path | None = None,
         if folder.is_dir():
             if hf_config_dir is None:
                 raise ForensicsError(_no_model(base, checkpoints, f"model folder {folder} has no config.json"))
-            note = (f"model folder {folder} has no config.json (saved only by trainer.save_model()): the architecture "
-                    f"is taken from {hf_config_dir / 'config.json'}")
+            note = (
+                f"model folder {folder} has no config.json (saved only by trainer.save_model()): the architecture "
+                f"is taken from {hf_config_dir / 'config.json'}"
+            )
         elif ":" in spec:
             return _factory_model(spec, base), None
         else:
@@ -70,8 +73,10 @@ def load_model(spec: str | None, base: Path, hf_config_dir: Path | None = None,
 def _no_model(base: Path, checkpoints: Path | None, what: str) -> str:
     """One line: what is missing, the folders looked in, the flag to pass."""
     where = [str(base)] + ([f"{checkpoints}/checkpoint-N/"] if checkpoints is not None else [])
-    return (f"{what}: found no config.json in {' or '.join(where)}; pass --model (an HF model folder with "
-            "config.json, or module:factory), or set 'model' in run.toml")
+    return (
+        f"{what}: found no config.json in {' or '.join(where)}; pass --model (an HF model folder with "
+        "config.json, or module:factory), or set 'model' in run.toml"
+    )
 
 
 def dropout_rate(module: Any) -> float:
@@ -94,8 +99,10 @@ def _hf_model(folder: Path) -> LoadedModel:
         config = tf.AutoConfig.from_pretrained(str(folder), local_files_only=True)
         module = tf.AutoModelForCausalLM.from_config(config)
     except (OSError, ValueError, KeyError) as exc:
-        raise ForensicsError(f"model folder {folder}: transformers could not build a causal LM from its config.json: "
-                             f"{str(exc).splitlines()[0]}") from exc
+        raise ForensicsError(
+            f"model folder {folder}: transformers could not build a causal LM from its config.json: "
+            f"{str(exc).splitlines()[0]}"
+        ) from exc
     pad = getattr(config, "pad_token_id", None)
     if pad is None:
         pad = getattr(config, "eos_token_id", None)
@@ -146,6 +153,7 @@ def _factory_model(spec: str, base: Path) -> LoadedModel:
         raise ForensicsError(f"model {spec!r}: the factory returned {type(built).__name__}, expected a torch.nn.Module")
     params = list(inspect.signature(built.forward).parameters)
     if len(params) < 2:
-        raise ForensicsError(f"model {spec!r}: forward must take the input ids and an attention mask; "
-                             f"it takes ({', '.join(params)})")
+        raise ForensicsError(
+            f"model {spec!r}: forward must take the input ids and an attention mask; it takes ({', '.join(params)})"
+        )
     return LoadedModel(built, False, None, None, None)

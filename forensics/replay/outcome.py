@@ -22,8 +22,15 @@ from forensics.replay.verdicts import Measured, TrainReplay, decide, zscore
 SAMPLE_Z = 3.0
 
 
-def step_result(ses: ReplaySession, p: StepPlan, probed: dict[str, Any], train: TrainReplay | None,
-                doc_freq: np.ndarray, n_docs: int, offset: int) -> dict[str, Any]:
+def step_result(
+    ses: ReplaySession,
+    p: StepPlan,
+    probed: dict[str, Any],
+    train: TrainReplay | None,
+    doc_freq: np.ndarray,
+    n_docs: int,
+    offset: int,
+) -> dict[str, Any]:
     """The replay.json entry of ``p``'s step (docs/commands/replay.md)."""
     s, ck, denom = p.step, p.ck, ses.denom
     log = ses.logged.get(s)
@@ -65,18 +72,41 @@ def step_result(ses: ReplaySession, p: StepPlan, probed: dict[str, Any], train: 
     for e in p.earlier:
         er = loss(e, s)
         es = [loss(e, t) for t in p.same]
-        earlier.append({"checkpoint_step": e, "replayed": er, "z": zscore(er, es),
-                        "controls_mean": float(np.mean(es)) if es else None})
+        earlier.append(
+            {
+                "checkpoint_step": e,
+                "replayed": er,
+                "z": zscore(er, es),
+                "controls_mean": float(np.mean(es)) if es else None,
+            }
+        )
     rows, leave_out = _samples(ses, p, suspect, same, doc_freq, n_docs)
     g = probed.get("gradient")
-    m = Measured(step=s, checkpoint_step=ck, logged=log, replayed=replayed, neighbours=neighbours,
-                 neighbour_logged_match=match, neighbour_distance=dist, neighbour_own_error=own, z=z,
-                 controls_mean=float(np.mean(same)) if same else None, earlier=earlier, leave_out=leave_out,
-                 step_offset=ses.step_offset,
-                 calibration=[(abs(c["step"] - c["checkpoint_step"]),
-                               abs(c["replayed"] - c["logged"]) / abs(c["logged"])) for c in calibration],
-                 reverse_logged=reverse, after=p.after, train=train, dropout=ses.dropout,
-                 compared_in_train=ses.compare_seeds != [None], gradient_z=(g or {}).get("z"))
+    m = Measured(
+        step=s,
+        checkpoint_step=ck,
+        logged=log,
+        replayed=replayed,
+        neighbours=neighbours,
+        neighbour_logged_match=match,
+        neighbour_distance=dist,
+        neighbour_own_error=own,
+        z=z,
+        controls_mean=float(np.mean(same)) if same else None,
+        earlier=earlier,
+        leave_out=leave_out,
+        step_offset=ses.step_offset,
+        calibration=[
+            (abs(c["step"] - c["checkpoint_step"]), abs(c["replayed"] - c["logged"]) / abs(c["logged"]))
+            for c in calibration
+        ],
+        reverse_logged=reverse,
+        after=p.after,
+        train=train,
+        dropout=ses.dropout,
+        compared_in_train=ses.compare_seeds != [None],
+        gradient_z=(g or {}).get("z"),
+    )
     if "determinism" in probed:
         m.determinism = probed["determinism"]
     if "update_probe" in probed and ses.samples is not None:
@@ -87,20 +117,42 @@ def step_result(ses: ReplaySession, p: StepPlan, probed: dict[str, Any], train: 
     evidence = v.evidence
     if g and g.get("z") is not None and v.verdict != "nondeterministic":
         same_g = g["controls"]["same_bucket"]
-        evidence.insert(len(evidence) - 1, f"Its gradient norm is {g['suspect']:.3g} against {np.mean(same_g):.3g} "
-                        f"for its bucket's controls (z = {g['z']:.1f}).")
+        evidence.insert(
+            len(evidence) - 1,
+            f"Its gradient norm is {g['suspect']:.3g} against {np.mean(same_g):.3g} "
+            f"for its bucket's controls (z = {g['z']:.1f}).",
+        )
     if rows and v.verdict == "data":
-        evidence.insert(len(evidence) - 1, "Most suspect samples: " + ", ".join(
-            f"{r['sample_id']} (loss {r['loss']:.3g}, repeat run {r['signals']['repeat_run']}, rare tokens "
-            f"{r['signals']['rare_token_share']:.0%})" for r in rows[:3]) + ".")
+        evidence.insert(
+            len(evidence) - 1,
+            "Most suspect samples: "
+            + ", ".join(
+                f"{r['sample_id']} (loss {r['loss']:.3g}, repeat run {r['signals']['repeat_run']}, rare tokens "
+                f"{r['signals']['rare_token_share']:.0%})"
+                for r in rows[:3]
+            )
+            + ".",
+        )
     out: dict[str, Any] = {
-        "step": s, "logged_step": s + offset, "verdict": v.verdict, "confidence": v.confidence,
-        "mode": v.mode, "checkpoint_step": ck, "checkpoint": "after" if p.after else "before",
-        "logged": log, "replayed": train.mean if v.mode == "train" and train is not None else replayed,
+        "step": s,
+        "logged_step": s + offset,
+        "verdict": v.verdict,
+        "confidence": v.confidence,
+        "mode": v.mode,
+        "checkpoint_step": ck,
+        "checkpoint": "after" if p.after else "before",
+        "logged": log,
+        "replayed": train.mean if v.mode == "train" and train is not None else replayed,
         "neighbours": {k: neighbours.get(k) for k in ("-1", "+1")},
         "bucket": ses.index.bucket_of.get(s),
-        "controls": {"same_bucket": same, "other_buckets": other, "z": z, "same_bucket_steps": p.same,
-                     "other_bucket_steps": p.other, "mode": "train" if m.compared_in_train else "eval"},
+        "controls": {
+            "same_bucket": same,
+            "other_buckets": other,
+            "z": z,
+            "same_bucket_steps": p.same,
+            "other_bucket_steps": p.other,
+            "mode": "train" if m.compared_in_train else "eval",
+        },
         "samples": rows,
         "evidence": evidence,
     }
@@ -122,8 +174,9 @@ def step_result(ses: ReplaySession, p: StepPlan, probed: dict[str, Any], train: 
     return out
 
 
-def _samples(ses: ReplaySession, p: StepPlan, suspect: list, same: list[float], doc_freq: np.ndarray,
-             n_docs: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def _samples(
+    ses: ReplaySession, p: StepPlan, suspect: list, same: list[float], doc_freq: np.ndarray, n_docs: int
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Per-sample rows, most suspect first, and the batch without its top suspects."""
     sids = ses.index.samples_of[p.step]
     extra = 1 if ses.denom == "labels" else 0
@@ -135,9 +188,15 @@ def _samples(ses: ReplaySession, p: StepPlan, suspect: list, same: list[float], 
     for i in order:
         x = suspect[i]
         rest = count - x.count - extra
-        rows.append({"sample_id": int(sids[i]), "loss": x.mean, "n_tokens": int(len(ses.tokens[sids[i]])),
-                     "leave_one_out": (total - x.total) / rest if rest else None,
-                     "signals": signals(ses.tokens[sids[i]], x.tokens, doc_freq, n_docs)})
+        rows.append(
+            {
+                "sample_id": int(sids[i]),
+                "loss": x.mean,
+                "n_tokens": int(len(ses.tokens[sids[i]])),
+                "leave_one_out": (total - x.total) / rest if rest else None,
+                "signals": signals(ses.tokens[sids[i]], x.tokens, doc_freq, n_docs),
+            }
+        )
     top = [i for i in order if suspect[i].count and suspect[i].mean > thr]
     leave_out = None
     if top and len(top) < len(sids):

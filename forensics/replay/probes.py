@@ -27,8 +27,9 @@ TOL_OTHER_REL = 0.02
 PROBE_PER_CLUSTER = 16
 
 
-def determinism(fwd: Forwarder, seqs: list[np.ndarray], first: list, other: Forwarder | None,
-                seed: int | None = None) -> dict[str, Any]:
+def determinism(
+    fwd: Forwarder, seqs: list[np.ndarray], first: list, other: Forwarder | None, seed: int | None = None
+) -> dict[str, Any]:
     """``{max_abs_diff, equal}`` of a second forward (the same dropout ``seed`` in train mode), and ``second`` with
     the other device/dtype when given."""
     again = fwd.losses(seqs, seed)
@@ -37,8 +38,12 @@ def determinism(fwd: Forwarder, seqs: list[np.ndarray], first: list, other: Forw
     if other is not None:
         theirs = other.losses(seqs, seed)
         d2 = max((abs(a.mean - b.mean) for a, b in zip(first, theirs, strict=False) if a.count), default=0.0)
-        out["second"] = {"device": other.device, "dtype": other.dtype, "max_abs_diff": d2,
-                         "equal": bool(d2 <= TOL_OTHER_REL * max(1.0, batch_loss(first)))}
+        out["second"] = {
+            "device": other.device,
+            "dtype": other.dtype,
+            "max_abs_diff": d2,
+            "equal": bool(d2 <= TOL_OTHER_REL * max(1.0, batch_loss(first))),
+        }
     return out
 
 
@@ -54,16 +59,19 @@ def probe_sets(samples: pd.DataFrame | None, exclude: set[int], seed: int = 0) -
     for name, g in samples.groupby(col, sort=True):
         ids = [int(i) for i in g["sample_id"] if int(i) not in exclude]
         if ids:
-            out[str(name)] = sorted(int(i) for i in rng.choice(ids, size=min(PROBE_PER_CLUSTER, len(ids)),
-                                                                 replace=False))
+            out[str(name)] = sorted(
+                int(i) for i in rng.choice(ids, size=min(PROBE_PER_CLUSTER, len(ids)), replace=False)
+            )
     return out
 
 
 def mixed_batch(samples: pd.DataFrame, clusters_col: str, n_tokens: int, exclude: set[int], seed: int = 0) -> list[int]:
     """Samples drawn round-robin across clusters until they hold ``n_tokens`` tokens (the same size as the suspect)."""
     rng = np.random.default_rng(seed + 1)
-    pools = [list(rng.permutation([int(i) for i in g["sample_id"] if int(i) not in exclude]))
-             for _, g in samples.groupby(clusters_col, sort=True)]
+    pools = [
+        list(rng.permutation([int(i) for i in g["sample_id"] if int(i) not in exclude]))
+        for _, g in samples.groupby(clusters_col, sort=True)
+    ]
     lengths = dict(zip(samples["sample_id"].tolist(), samples["n_tokens"].tolist(), strict=False))
     out, total, k = [], 0, 0
     while total < n_tokens and any(pools):
@@ -121,8 +129,15 @@ def build_optimizer(module: Any, state: dict[str, Any]) -> Any | None:
     return opt
 
 
-def update_probe(fwd: Forwarder, opt_state: dict[str, Any], restore: Any, suspect: list[np.ndarray],
-                 mixed: list[np.ndarray], probes: dict[str, list[np.ndarray]], denominator: str) -> dict | None:
+def update_probe(
+    fwd: Forwarder,
+    opt_state: dict[str, Any],
+    restore: Any,
+    suspect: list[np.ndarray],
+    mixed: list[np.ndarray],
+    probes: dict[str, list[np.ndarray]],
+    denominator: str,
+) -> dict | None:
     """Per-cluster probe loss change after one update on ``suspect`` and, from the same state, on ``mixed``.
 
     ``restore()`` puts the checkpoint's weights back (called after each update).

@@ -44,8 +44,10 @@ def replay_readiness(case: Case) -> Readiness:
     if checkpoints is not None and checkpoints.is_dir():
         hf_checkpoints += sorted(checkpoints.glob("checkpoint-*"))
     if not model_ok and not any((c / "config.json").exists() for c in hf_checkpoints):
-        missing.append("a model (run.toml model = an HF model folder or module:factory, or checkpoint-N/ folders "
-                       "with their config.json)")
+        missing.append(
+            "a model (run.toml model = an HF model folder or module:factory, or checkpoint-N/ folders "
+            "with their config.json)"
+        )
     return Readiness(not missing, tuple(missing))
 
 
@@ -61,8 +63,12 @@ def list_checkpoints(case: Case) -> tuple[list[tuple[int, str]] | None, str | No
         if cfg.checkpoints:
             found = discover_checkpoints(cfg.resolve(cfg.checkpoints))
         elif case.root is not None and case.root.is_dir():
-            found = [c for child in sorted(case.root.glob("checkpoint-*")) if child.is_dir() and is_hf_folder(child)
-                     for c in discover_checkpoints(child)]
+            found = [
+                c
+                for child in sorted(case.root.glob("checkpoint-*"))
+                if child.is_dir() and is_hf_folder(child)
+                for c in discover_checkpoints(child)
+            ]
         else:
             found = []
     except ForensicsError as exc:

@@ -84,21 +84,29 @@ def build_optimizer(module: Any, state: dict[str, Any], origin: Path) -> tuple[A
         decay = _decay_names(module)
         split = [[x for x in named if x[0] in decay], [x for x in named if x[0] not in decay]]
     else:
-        raise ForensicsError(f"checkpoint {origin}: the optimizer has {len(groups)} parameter groups; the re-run "
-                             "knows one group or HF Trainer's two (weight decay, none)")
+        raise ForensicsError(
+            f"checkpoint {origin}: the optimizer has {len(groups)} parameter groups; the re-run "
+            "knows one group or HF Trainer's two (weight decay, none)"
+        )
     if [len(g["params"]) for g in groups] != [len(s) for s in split]:
-        raise ForensicsError(f"checkpoint {origin}: the optimizer's groups hold {[len(g['params']) for g in groups]} "
-                             f"parameters, the model's {[len(s) for s in split]}")
+        raise ForensicsError(
+            f"checkpoint {origin}: the optimizer's groups hold {[len(g['params']) for g in groups]} "
+            f"parameters, the model's {[len(s) for s in split]}"
+        )
     flat = [x for s in split for x in s]
     saved = state["state"]
     for i, (n, p) in enumerate(flat):
         entry = saved.get(i, saved.get(str(i)))
         if isinstance(entry, dict) and "exp_avg_sq" not in entry:
-            raise ForensicsError(f"checkpoint {origin}: the optimizer state holds no Adam moments (exp_avg_sq); the "
-                                 "re-run replays Adam/AdamW only")
+            raise ForensicsError(
+                f"checkpoint {origin}: the optimizer state holds no Adam moments (exp_avg_sq); the "
+                "re-run replays Adam/AdamW only"
+            )
         if isinstance(entry, dict) and tuple(entry["exp_avg_sq"].shape) != tuple(p.shape):
-            raise ForensicsError(f"checkpoint {origin}: optimizer state {i} has shape "
-                                 f"{tuple(entry['exp_avg_sq'].shape)}, parameter {n} {tuple(p.shape)}")
+            raise ForensicsError(
+                f"checkpoint {origin}: optimizer state {i} has shape "
+                f"{tuple(entry['exp_avg_sq'].shape)}, parameter {n} {tuple(p.shape)}"
+            )
     opt = torch.optim.AdamW([{"params": [p for _, p in s]} for s in split], lr=float(groups[0].get("lr", 1e-3)))
     opt.load_state_dict(state)
     return opt, [n for n, _ in flat]
@@ -111,21 +119,26 @@ class _AttentionLogits:
     def __init__(self, module: Any) -> None:
         self.mask: Any = None
         self.value = -math.inf
-        self.handles = [m.c_attn.register_forward_hook(self._hook(m)) for m in module.modules()
-                        if hasattr(m, "c_attn") and hasattr(m, "num_heads") and hasattr(m, "head_dim")
-                        and not getattr(m, "is_cross_attention", False)]
+        self.handles = [
+            m.c_attn.register_forward_hook(self._hook(m))
+            for m in module.modules()
+            if hasattr(m, "c_attn")
+            and hasattr(m, "num_heads")
+            and hasattr(m, "head_dim")
+            and not getattr(m, "is_cross_attention", False)
+        ]
 
     def _hook(self, attn: Any):
         torch = _torch.torch()
         h, hd = int(attn.num_heads), int(attn.head_dim)
-        scale = float(getattr(attn, "scaling", hd ** -0.5 if getattr(attn, "scale_attn_weights", True) else 1.0))
+        scale = float(getattr(attn, "scaling", hd**-0.5 if getattr(attn, "scale_attn_weights", True) else 1.0))
 
         def hook(_mod, _inp, out):
             with torch.no_grad():
                 qkv = out.detach().float()
                 b, t, _ = qkv.shape
                 q = qkv[..., : h * hd].view(b, t, h, hd).transpose(1, 2)
-                k = qkv[..., h * hd: 2 * h * hd].view(b, t, h, hd).transpose(1, 2)
+                k = qkv[..., h * hd : 2 * h * hd].view(b, t, h, hd).transpose(1, 2)
                 scores = (q @ k.transpose(-1, -2)) * scale
                 ok = torch.ones(t, t, dtype=torch.bool, device=qkv.device).tril()
                 if self.mask is not None:
@@ -134,6 +147,7 @@ class _AttentionLogits:
                 top = float(scores.masked_fill(~ok, -math.inf).amax())
                 if top > -math.inf:
                     self.value = max(self.value, top)
+
         return hook
 
     def result(self) -> float | None:
@@ -152,8 +166,9 @@ def _norm(tensors: list[Any]) -> float:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors])))
 
 
-def _train_step(ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr: float | None,
-                max_norm: float | None) -> dict[str, Any]:
+def _train_step(
+    ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr: float | None, max_norm: float | None
+) -> dict[str, Any]:
     """One optimizer step on ``seqs`` (module docstring) and its signals."""
     torch = _torch.torch()
     fwd, module = ses.fwd, ses.model.module
@@ -174,8 +189,9 @@ def _train_step(ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr
             with torch.enable_grad(), fwd._autocast():
                 logits = ses.model.logits(ids, mask)
                 ok = mask[:, 1:].bool()
-                ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:],
-                                                       reduction="none")
+                ce = torch.nn.functional.cross_entropy(
+                    logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none"
+                )
                 summed = (ce * ok).sum()
                 (summed / max(n, 1)).backward()
             total += float(summed.detach())
@@ -226,10 +242,19 @@ def _train_step(ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr
             vhat = v / max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else v
             below += int((vhat.sqrt() < hyper["eps"]).sum())
             entries += v.numel()
-        groups[g] = {"grad_norm": group_grad[g], "update_ratio": upd / weight if weight else math.inf,
-                     "eps_share": below / entries if entries else 0.0, "g2_over_v_max": g2v.get(g, 0.0)}
-    return {"loss": total / n if n else math.nan, "grad_norm": pre_clip, "groups": groups,
-            "max_attention_logit": attn.result(), "logsumexp": None if lse == -math.inf else lse}
+        groups[g] = {
+            "grad_norm": group_grad[g],
+            "update_ratio": upd / weight if weight else math.inf,
+            "eps_share": below / entries if entries else 0.0,
+            "g2_over_v_max": g2v.get(g, 0.0),
+        }
+    return {
+        "loss": total / n if n else math.nan,
+        "grad_norm": pre_clip,
+        "groups": groups,
+        "max_attention_logit": attn.result(),
+        "logsumexp": None if lse == -math.inf else lse,
+    }
 
 
 @dataclass
@@ -253,8 +278,16 @@ def _rng_state(ck: Checkpoint) -> Any:
     return obj.get("cpu") if isinstance(obj, dict) else None
 
 
-def run_segment(ses: Any, ck: Checkpoint, steps: list[int], suspect: int, lrs: dict[int, float],
-                max_norm: float | None, control: int | None = None, per_sample: bool = False) -> Segment:
+def run_segment(
+    ses: Any,
+    ck: Checkpoint,
+    steps: list[int],
+    suspect: int,
+    lrs: dict[int, float],
+    max_norm: float | None,
+    control: int | None = None,
+    per_sample: bool = False,
+) -> Segment:
     """The segment ``steps`` from checkpoint ``ck`` (module docstring); ``control``: the step whose batch replaces the
     suspect's in the counterfactual; ``per_sample``: the suspect batch's per-sample gradient norms."""
     torch = _torch.torch()
@@ -262,8 +295,10 @@ def run_segment(ses: Any, ck: Checkpoint, steps: list[int], suspect: int, lrs: d
 
     opt_state = load_optimizer_state(ck)
     if opt_state is None:
-        raise ForensicsError(f"--rerun: checkpoint {ck.path} has no optimizer state (optimizer.pt, or 'optimizer' in "
-                             "the .pt); the optimizer steps cannot be re-run without it")
+        raise ForensicsError(
+            f"--rerun: checkpoint {ck.path} has no optimizer state (optimizer.pt, or 'optimizer' in "
+            "the .pt); the optimizer steps cannot be re-run without it"
+        )
     module = ses.model.module
     apply_state(module, load_state_dict(ck), ck.path)
     ses._applied = None  # the weights change below: the next replay forward loads its checkpoint again
@@ -320,8 +355,6 @@ def segment_start(checkpoints: list[Checkpoint], step: int) -> Checkpoint | None
     return lead[-1] if lead else (before[-1] if before else None)
 
 
-
-
 def rerun_step(ses: Any, suspect: int, exclude: set[int], findings: dict[str, Any] | None) -> dict[str, Any] | None:
     """The ``rerun`` object for ``suspect`` (None when no checkpoint is at or before it: nothing to re-run from)."""
     from forensics.schema.keys import grad_norm_column, lr_column
@@ -333,8 +366,9 @@ def rerun_step(ses: Any, suspect: int, exclude: set[int], findings: dict[str, An
     steps = list(range(ck.step, suspect + 1))
     missing = [t for t in steps if not ses.index.has(t)]
     if missing:
-        raise ForensicsError(f"--rerun: the plan has no batch for step(s) {missing[:5]} of the segment "
-                             f"{ck.step}-{suspect}")
+        raise ForensicsError(
+            f"--rerun: the plan has no batch for step(s) {missing[:5]} of the segment {ck.step}-{suspect}"
+        )
     metrics = ses.metrics
     lr_key, gn_key = lr_column(metrics.columns), grad_norm_column(metrics.columns)
     lrs = _column(metrics, lr_key)
@@ -348,8 +382,18 @@ def rerun_step(ses: Any, suspect: int, exclude: set[int], findings: dict[str, An
     second = run_segment(ses, ck, steps, suspect, lrs, max_norm)
     from forensics.replay.rerun_judge import judge, logged_numerics
 
-    return judge(suspect, ck, first, second, ses.logged, _column(metrics, gn_key), control,
-                 _has_dropout(ses.model.module), findings, logged_numerics(findings, suspect))
+    return judge(
+        suspect,
+        ck,
+        first,
+        second,
+        ses.logged,
+        _column(metrics, gn_key),
+        control,
+        _has_dropout(ses.model.module),
+        findings,
+        logged_numerics(findings, suspect),
+    )
 
 
 def _has_dropout(module: Any) -> bool:

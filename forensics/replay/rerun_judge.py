@@ -50,8 +50,11 @@ def loss_noise(logged: dict[int, float], before: int) -> float:
     """One step's loss noise in the run's logged losses before step ``before``: the robust SD of the differences of
     consecutive steps' losses, over sqrt(2) (a difference holds two steps' noise). Differences, not values: the
     descent of the loss is a trend, not noise. 0.0 when fewer than :data:`NOISE_MIN_STEPS` finite pairs."""
-    diffs = [logged[s] - logged[s - 1] for s in sorted(logged) if s < before and s - 1 in logged
-             and math.isfinite(logged[s]) and math.isfinite(logged[s - 1])]
+    diffs = [
+        logged[s] - logged[s - 1]
+        for s in sorted(logged)
+        if s < before and s - 1 in logged and math.isfinite(logged[s]) and math.isfinite(logged[s - 1])
+    ]
     if len(diffs) < NOISE_MIN_STEPS:
         return 0.0
     d = np.asarray(diffs)
@@ -110,17 +113,30 @@ def logged_numerics(findings: dict[str, Any] | None, step: int) -> dict[str, Any
 
 def _crash_near(findings: dict[str, Any] | None, step: int) -> str | None:
     for f in (findings or {}).get("findings") or []:
-        if isinstance(f, dict) and f.get("kind") == "crash" and f.get("step") is not None \
-                and abs(int(f["step"]) - step) <= CRASH_WINDOW:
+        if (
+            isinstance(f, dict)
+            and f.get("kind") == "crash"
+            and f.get("step") is not None
+            and abs(int(f["step"]) - step) <= CRASH_WINDOW
+        ):
             what = (f.get("details") or {}).get("what")
             if what in ("ecc", "nccl"):
                 return str(what)
     return None
 
 
-def judge(suspect: int, ck: Checkpoint, first: Any, second: Any, logged: dict[int, float],
-          logged_gn: dict[int, float], control: int | None, dropout: bool,
-          findings: dict[str, Any] | None, logs: dict[str, Any] | None = None) -> dict[str, Any]:
+def judge(
+    suspect: int,
+    ck: Checkpoint,
+    first: Any,
+    second: Any,
+    logged: dict[int, float],
+    logged_gn: dict[int, float],
+    control: int | None,
+    dropout: bool,
+    findings: dict[str, Any] | None,
+    logs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The ``rerun`` object of replay.json for ``suspect`` from two passes over its segment; ``logs``: the numerics
     the run's logs hold around it (:func:`forensics.detect.evidence.log_numerics.log_numerics`)."""
     recs = first.records
@@ -133,47 +149,67 @@ def judge(suspect: int, ck: Checkpoint, first: Any, second: Any, logged: dict[in
     evidence: list[str] = []
     # reproduced
     log = logged.get(suspect)
-    nonfinite = any(not math.isfinite(r["grad_norm"]) or not math.isfinite(r["loss"]) for r in recs
-                    if r["step"] <= suspect)
+    nonfinite = any(
+        not math.isfinite(r["grad_norm"]) or not math.isfinite(r["loss"]) for r in recs if r["step"] <= suspect
+    )
     if not math.isfinite(at["loss"]) or not math.isfinite(at["grad_norm"]):
         gn = logged_gn.get(suspect)
         reproduced = (log is not None and not math.isfinite(log)) or (gn is not None and not math.isfinite(gn))
-        evidence.append(f"the re-run's loss or gradient at step {suspect} is not finite; the run logged "
-                        f"loss {log} and grad norm {gn}")
+        evidence.append(
+            f"the re-run's loss or gradient at step {suspect} is not finite; the run logged "
+            f"loss {log} and grad norm {gn}"
+        )
     elif log is None or not math.isfinite(log):
         reproduced = None
     else:
-        errs = [_rel(r["loss"], r["logged"]) for r in before if r["logged"] is not None and math.isfinite(r["logged"])
-                and math.isfinite(r["loss"])]
+        errs = [
+            _rel(r["loss"], r["logged"])
+            for r in before
+            if r["logged"] is not None and math.isfinite(r["logged"]) and math.isfinite(r["loss"])
+        ]
         tol = max(REPRO_REL, 3 * max(errs, default=0.0))
         reproduced = _rel(at["loss"], log) <= tol
-        evidence.append(f"re-run from checkpoint {ck.step}: loss {at['loss']:.4g} at step {suspect} against the logged "
-                        f"{log:.4g} ({'reproduced' if reproduced else 'not reproduced'}; tolerance {tol:.2%})")
+        evidence.append(
+            f"re-run from checkpoint {ck.step}: loss {at['loss']:.4g} at step {suspect} against the logged "
+            f"{log:.4g} ({'reproduced' if reproduced else 'not reproduced'}; tolerance {tol:.2%})"
+        )
     # deterministic
-    diffs = [(_rel(a["loss"], b["loss"]), _rel(a["grad_norm"], b["grad_norm"])) for a, b in
-             zip(first.records, second.records, strict=True)
-             if math.isfinite(a["loss"]) and math.isfinite(b["loss"]) and math.isfinite(a["grad_norm"])
-             and math.isfinite(b["grad_norm"])]
-    same_nan = all(math.isfinite(a["loss"]) == math.isfinite(b["loss"]) for a, b in
-                   zip(first.records, second.records, strict=True))
+    diffs = [
+        (_rel(a["loss"], b["loss"]), _rel(a["grad_norm"], b["grad_norm"]))
+        for a, b in zip(first.records, second.records, strict=True)
+        if math.isfinite(a["loss"])
+        and math.isfinite(b["loss"])
+        and math.isfinite(a["grad_norm"])
+        and math.isfinite(b["grad_norm"])
+    ]
+    same_nan = all(
+        math.isfinite(a["loss"]) == math.isfinite(b["loss"]) for a, b in zip(first.records, second.records, strict=True)
+    )
     deterministic = bool(same_nan and all(max(d) <= DETERMINISM_REL for d in diffs))
     if not deterministic:
-        evidence.append("two re-runs from the same state disagree (max relative difference "
-                        f"{max((max(d) for d in diffs), default=math.nan):.2g})")
+        evidence.append(
+            "two re-runs from the same state disagree (max relative difference "
+            f"{max((max(d) for d in diffs), default=math.nan):.2g})"
+        )
     # a spike at all: the re-run's loss against the re-run's baseline, the logged one against the logged baseline
     finite_before = [r["loss"] for r in before if math.isfinite(r["loss"])]
     baseline = float(np.median(finite_before)) if finite_before else None
     logged_before = [r["logged"] for r in before if r["logged"] is not None and math.isfinite(r["logged"])]
     logged_base = float(np.median(logged_before)) if logged_before else None
     noise = loss_noise(logged, suspect)
-    said = [v for v in (_is_spike(at["loss"], baseline, noise),
-                        None if log is None else _is_spike(log, logged_base, noise)) if v is not None]
+    said = [
+        v
+        for v in (_is_spike(at["loss"], baseline, noise), None if log is None else _is_spike(log, logged_base, noise))
+        if v is not None
+    ]
     spike = True if any(said) else (False if said else None)
     if spike is False:
-        evidence.append(f"no spike at step {suspect}: the loss (re-run {at['loss']:.4g}, logged "
-                        f"{'none' if log is None else format(log, '.4g')}) is no more than {NOISE_Z:g}x the run's "
-                        f"loss noise ({noise:.3g}) or {SPIKE_MIN_REL:.0%} above the segment's baseline "
-                        f"({'none' if baseline is None else format(baseline, '.4g')})")
+        evidence.append(
+            f"no spike at step {suspect}: the loss (re-run {at['loss']:.4g}, logged "
+            f"{'none' if log is None else format(log, '.4g')}) is no more than {NOISE_Z:g}x the run's "
+            f"loss noise ({noise:.3g}) or {SPIKE_MIN_REL:.0%} above the segment's baseline "
+            f"({'none' if baseline is None else format(baseline, '.4g')})"
+        )
     # replaced
     spike_gone = None
     if first.replaced_loss is not None and baseline is not None:
@@ -182,16 +218,21 @@ def judge(suspect: int, ck: Checkpoint, first: Any, second: Any, logged: dict[in
             spike_gone = math.isfinite(rl)
         elif at["loss"] - baseline > spike_margin(baseline, noise):
             spike_gone = bool(math.isfinite(rl) and rl - baseline <= GONE_SHARE * (at["loss"] - baseline))
-        evidence.append(f"with the batch replaced by step {control}'s (same bucket): loss {rl:.4g} against "
-                        f"{at['loss']:.4g} and the segment's baseline {baseline:.4g}"
-                        + ("" if spike_gone is None else f" (spike {'gone' if spike_gone else 'persists'})"))
+        evidence.append(
+            f"with the batch replaced by step {control}'s (same bucket): loss {rl:.4g} against "
+            f"{at['loss']:.4g} and the segment's baseline {baseline:.4g}"
+            + ("" if spike_gone is None else f" (spike {'gone' if spike_gone else 'persists'})")
+        )
     # jumps and logits
     jumps = _jumps(recs, suspect)
     before_jumps = [j for j in jumps if j[0] < suspect]
     if before_jumps:
         s, g, k, f = min(before_jumps, key=lambda x: (x[0], -x[3], x[1]))
-        evidence.append(f"{k} of {g} jumped at step {s}, before the spike ({f:.3g}x the segment's earlier steps)"
-                        if k != "eps_share" else f"eps_share of {g} rose by {f:.2f} at step {s}, before the spike")
+        evidence.append(
+            f"{k} of {g} jumped at step {s}, before the spike ({f:.3g}x the segment's earlier steps)"
+            if k != "eps_share"
+            else f"eps_share of {g} rose by {f:.2f} at step {s}, before the spike"
+        )
     fg = _first_group(jumps)
     if fg is not None:
         evidence.append(f"the first group whose update/weight ratio jumped: {fg[0]} at step {fg[1]} ({fg[2]:.3g}x)")
@@ -199,32 +240,54 @@ def judge(suspect: int, ck: Checkpoint, first: Any, second: Any, logged: dict[in
     if before:
         a_prev = [r["max_attention_logit"] for r in before if r["max_attention_logit"] is not None]
         l_prev = [r["logsumexp"] for r in before if r["logsumexp"] is not None]
-        if a_prev and at["max_attention_logit"] is not None and at["max_attention_logit"] > ATTN_GROWTH * max(
-                max(a_prev), 1e-6):
+        if (
+            a_prev
+            and at["max_attention_logit"] is not None
+            and at["max_attention_logit"] > ATTN_GROWTH * max(max(a_prev), 1e-6)
+        ):
             past = True
-            evidence.append(f"the largest attention logit reached {at['max_attention_logit']:.4g} "
-                            f"(earlier at most {max(a_prev):.4g})")
+            evidence.append(
+                f"the largest attention logit reached {at['max_attention_logit']:.4g} "
+                f"(earlier at most {max(a_prev):.4g})"
+            )
         if l_prev and at["logsumexp"] is not None and at["logsumexp"] > LSE_GROWTH * max(max(l_prev), 1e-6):
             past = True
-            evidence.append(f"the logits' log-sum-exp reached {at['logsumexp']:.4g} (earlier at most "
-                            f"{max(l_prev):.4g})")
+            evidence.append(
+                f"the logits' log-sum-exp reached {at['logsumexp']:.4g} (earlier at most {max(l_prev):.4g})"
+            )
     crash = _crash_near(findings, suspect)
     drop = bool(logs and logs.get("loss_scale_drop"))
     nan_logged = bool(logs and logs.get("nan_iterations"))
     if drop or nan_logged:
         evidence += [e for e in logs["evidence"] if "(numerics)" in e]
-    ev = ClassEvidence(nonfinite=nonfinite, spike=spike, loss_scale_drop=drop, nan_iterations=nan_logged,
-                       crash=crash, reproduced=reproduced,
-                       deterministic=deterministic, dropout=dropout, spike_gone=spike_gone,
-                       optimizer_jump=bool(before_jumps), logits_past_range=past)
+    ev = ClassEvidence(
+        nonfinite=nonfinite,
+        spike=spike,
+        loss_scale_drop=drop,
+        nan_iterations=nan_logged,
+        crash=crash,
+        reproduced=reproduced,
+        deterministic=deterministic,
+        dropout=dropout,
+        spike_gone=spike_gone,
+        optimizer_jump=bool(before_jumps),
+        logits_past_range=past,
+    )
     cls, why = cause_class(ev)
     evidence.append(f"cause class {cls}: {why}" if cls else f"no cause class: {why}")
-    return {"from_checkpoint": ck.step, "reproduced": reproduced, "deterministic": deterministic,
-            "segment": recs, "replaced": {"loss": first.replaced_loss, "spike_gone": spike_gone,
-                                          "control_step": control},
-            "per_sample": first.per_sample, "first_group": fg[0] if fg else None, "cause_class": cls,
-            "action": action(cls, suspect, ck.step, fg[0] if fg else None) if cls else None,
-            "spike": spike, "evidence": evidence}
+    return {
+        "from_checkpoint": ck.step,
+        "reproduced": reproduced,
+        "deterministic": deterministic,
+        "segment": recs,
+        "replaced": {"loss": first.replaced_loss, "spike_gone": spike_gone, "control_step": control},
+        "per_sample": first.per_sample,
+        "first_group": fg[0] if fg else None,
+        "cause_class": cls,
+        "action": action(cls, suspect, ck.step, fg[0] if fg else None) if cls else None,
+        "spike": spike,
+        "evidence": evidence,
+    }
 
 
 def _is_spike(loss: float, baseline: float | None, noise: float) -> bool | None:

@@ -39,8 +39,13 @@ class ReplayResult:
     budget_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": VERSION, "device": self.device, "dtype": self.dtype, "logged_offset": self.logged_offset,
-                "steps": self.steps}
+        return {
+            "version": VERSION,
+            "device": self.device,
+            "dtype": self.dtype,
+            "logged_offset": self.logged_offset,
+            "steps": self.steps,
+        }
 
 
 def json_safe(x: Any) -> Any:
@@ -70,8 +75,10 @@ def merge_write(path: Path, result: ReplayResult) -> dict[str, Any]:
     """Write replay.json, keeping the steps an earlier replay wrote and this one did not redo; returns it."""
     old = (read_replay(path) or {}).get("steps") or []
     new_steps = {d["step"] for d in result.steps}
-    merged = sorted([d for d in old if isinstance(d, dict) and d.get("step") not in new_steps] + result.steps,
-                    key=lambda d: d["step"])
+    merged = sorted(
+        [d for d in old if isinstance(d, dict) and d.get("step") not in new_steps] + result.steps,
+        key=lambda d: d["step"],
+    )
     doc = result.to_json() | {"steps": merged}
     path.parent.mkdir(parents=True, exist_ok=True)
     # whole or not at all: a reader (the audit, the live loop) never meets a half-written file, now bad input
@@ -105,11 +112,17 @@ def steps_table(result: ReplayResult) -> pd.DataFrame:
         if offset:
             row["logged step"] = _step(d.get("logged_step", d["step"] + offset))
         role = d.get("role", "suspect")
-        row |= {"role": f"control of {d['control_of']}" if role == "control" and d.get("control_of") is not None
-                else (f"cause {d['cause']}" if d.get("cause") else role),
-                "verdict": str(d["verdict"]), "mode": str(d.get("mode") or "-"), "checkpoint": ck,
-                "logged loss": _num(d.get("logged")), "replayed": _num(d.get("replayed")),
-                "z": _num(c.get("z"), 1),
-                "top samples": ", ".join(str(x["sample_id"]) for x in (d.get("samples") or [])[:3]) or "-"}
+        row |= {
+            "role": f"control of {d['control_of']}"
+            if role == "control" and d.get("control_of") is not None
+            else (f"cause {d['cause']}" if d.get("cause") else role),
+            "verdict": str(d["verdict"]),
+            "mode": str(d.get("mode") or "-"),
+            "checkpoint": ck,
+            "logged loss": _num(d.get("logged")),
+            "replayed": _num(d.get("replayed")),
+            "z": _num(c.get("z"), 1),
+            "top samples": ", ".join(str(x["sample_id"]) for x in (d.get("samples") or [])[:3]) or "-",
+        }
         rows.append(row)
     return pd.DataFrame(rows)

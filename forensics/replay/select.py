@@ -61,8 +61,15 @@ def cause_groups(findings: dict[str, Any], has_batch, max_causes: int | None = N
         steps = [s for s in events if has_batch(s)]
         if not steps:
             continue
-        out.append(ReplayGroup(steps[:EVENTS_PER_CAUSE], str(c.get("id")), str(c.get("kind")),
-                               c.get("key"), [s for s in events if not has_batch(s)]))
+        out.append(
+            ReplayGroup(
+                steps[:EVENTS_PER_CAUSE],
+                str(c.get("id")),
+                str(c.get("kind")),
+                c.get("key"),
+                [s for s in events if not has_batch(s)],
+            )
+        )
         if max_causes is not None and len(out) >= max_causes:
             break
     return out
@@ -105,8 +112,9 @@ def known_spikes(findings: dict[str, Any] | None) -> set[int]:
     return out
 
 
-def control_step(suspect: int, suspects: set[int], index: Any, has_checkpoint_before, logged: dict[int, float],
-                 exclude: set[int]) -> int | None:
+def control_step(
+    suspect: int, suspects: set[int], index: Any, has_checkpoint_before, logged: dict[int, float], exclude: set[int]
+) -> int | None:
     """The clean control step for ``suspect`` (module docstring), or None when the plan holds none."""
     bucket = index.bucket_of.get(suspect)
     taken = {i for s in suspects for i in index.samples_of.get(s, [])}

@@ -127,8 +127,10 @@ class ReplaySession:
 
             names = [extra] if isinstance(extra, str) else list(extra)
             sources = [SourceSpec(str(cfg.resolve(n))) for n in names]
-            self.warnings.append(f"run.toml [replay] metrics: the logged losses are those of {', '.join(names)} "
-                                 "(the run that wrote the checkpoints), not the case's own metrics")
+            self.warnings.append(
+                f"run.toml [replay] metrics: the logged losses are those of {', '.join(names)} "
+                "(the run that wrote the checkpoints), not the case's own metrics"
+            )
         metrics, report = read_metrics(sources, step_offset=cfg.step_offset, step_key=cfg.step_key)
         loss_key = find_loss_key(metrics.columns, cfg.loss_key, left_out=metrics.attrs.get(LEFT_OUT))
         self.loss_key = loss_key
@@ -141,9 +143,15 @@ class ReplaySession:
             raise ForensicsError(f"case {root}: replay needs the plan (plan.parquet or run.toml 'plan')")
         self.samples = load_samples(case.samples_path) if case.samples_path else None
         plan = assign_steps(load_plan(case.plan_path, self.samples), cfg.grad_accum, cfg.world_size, cfg.rank_split)
-        boundaries = list(cfg.boundaries) if cfg.boundaries else (
-            resolve_boundaries(None, self.samples, cfg.max_len, cfg.n_buckets) if self.samples is not None
-            else DEFAULT_BOUNDARIES)
+        boundaries = (
+            list(cfg.boundaries)
+            if cfg.boundaries
+            else (
+                resolve_boundaries(None, self.samples, cfg.max_len, cfg.n_buckets)
+                if self.samples is not None
+                else DEFAULT_BOUNDARIES
+            )
+        )
         self.index = StepIndex.build(plan, self.samples, boundaries)
         self.tokens = read_tokens(case.samples_path, self.opt.tokens, self.samples)
         self.step_offset = cfg.step_offset or 0
@@ -174,8 +182,9 @@ class ReplaySession:
             pad_id = 0
         self.denom = str(cfg.loss_denominator or ("labels" if model.hf else "predicted"))
         if self.denom not in LOSS_DENOMINATORS:
-            raise ForensicsError(f"run.toml: 'loss_denominator' must be one of {', '.join(LOSS_DENOMINATORS)}; "
-                                 f"got {self.denom!r}")
+            raise ForensicsError(
+                f"run.toml: 'loss_denominator' must be one of {', '.join(LOSS_DENOMINATORS)}; got {self.denom!r}"
+            )
         model.module.to(self.device).train(False)
         self.dropout = dropout_rate(model.module)
         self.fwd = Forwarder(model, self.device, self.dtype, opt.max_tokens_per_forward, pad_id, pad_side)
@@ -183,8 +192,9 @@ class ReplaySession:
         if opt.second_device or opt.second_dtype:
             dev2 = _device(opt.second_device or self.device)
             twin = LoadedModel(copy.deepcopy(model.module).to(dev2), model.hf, model.pad_id, model.pad_side, None)
-            self.fwd2 = Forwarder(twin, dev2, opt.second_dtype or self.dtype, opt.max_tokens_per_forward, pad_id,
-                                  pad_side)
+            self.fwd2 = Forwarder(
+                twin, dev2, opt.second_dtype or self.dtype, opt.max_tokens_per_forward, pad_id, pad_side
+            )
 
     def check_vocabulary(self, steps: list[int]) -> None:
         """Token ids beyond the model's vocabulary: the tokens or the model are not the run's (one line)."""
@@ -193,8 +203,10 @@ class ReplaySession:
         used = {i for s in steps for i in self.index.samples_of.get(s, [])}
         top = max((int(self.tokens[i].max()) for i in used if len(self.tokens[i])), default=0)
         if top >= self.vocab:
-            raise ForensicsError(f"tokens {self.tokens.origin}: id {top} is beyond the model's vocabulary of "
-                                 f"{self.vocab}; the tokens or the model are not the run's")
+            raise ForensicsError(
+                f"tokens {self.tokens.origin}: id {top} is beyond the model's vocabulary of "
+                f"{self.vocab}; the tokens or the model are not the run's"
+            )
 
     # --- planning ----------------------------------------------------------------------------------------------
     def checkpoint_for(self, step: int) -> tuple[Checkpoint, bool] | None:
@@ -228,8 +240,11 @@ class ReplaySession:
         if found is None:  # discover_checkpoints never returns an empty list
             raise ForensicsError("replay: no checkpoint to replay with")
         ck, after = found
-        earlier = [] if after or not self.opt.earlier else \
-            [c.step for c in self.checkpoints if c.step < ck.step][-self.opt.earlier:][::-1]
+        earlier = (
+            []
+            if after or not self.opt.earlier
+            else [c.step for c in self.checkpoints if c.step < ck.step][-self.opt.earlier :][::-1]
+        )
         same, other = self.pick_controls(s, exclude | {s - 1, s + 1})
         p = StepPlan(s, ck.step, after, earlier, same, other)
         for off in (-1, 1):
@@ -288,8 +303,14 @@ class ReplaySession:
         if self.compare_seeds == [None]:
             return self.cache[(ck_step, t, None)]
         runs = [self.cache[(ck_step, t, k)] for k in self.compare_seeds]
-        return [SampleLoss(float(np.mean([r[i].total for r in runs])), runs[0][i].count,
-                           np.mean([r[i].tokens for r in runs], axis=0)) for i in range(len(runs[0]))]
+        return [
+            SampleLoss(
+                float(np.mean([r[i].total for r in runs])),
+                runs[0][i].count,
+                np.mean([r[i].tokens for r in runs], axis=0),
+            )
+            for i in range(len(runs[0]))
+        ]
 
     def seconds_per_forward(self) -> float:
         return self.forward_seconds / len(self.forward_log) if self.forward_log else 0.0

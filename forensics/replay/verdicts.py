@@ -81,15 +81,23 @@ SENSITIVITY_MAX = 10.0
 SENSITIVITY_FLOOR = 0.01
 #: How sure each verdict is, by how it was reached (``after``: at a checkpoint after the step).
 CONFIDENCE = {
-    ("data", "every"): 0.95, ("data", "one"): 0.85, ("data", "after"): 0.8,
-    ("normal", "before"): 0.9, ("normal", "after"): 0.6,
-    ("state", "before"): 0.8, ("composition", "before"): 0.7, ("misaligned", None): 0.9,
-    ("not-reproduced", None): 0.8, ("nondeterministic", None): 0.95, ("inconclusive", None): 0.3,
+    ("data", "every"): 0.95,
+    ("data", "one"): 0.85,
+    ("data", "after"): 0.8,
+    ("normal", "before"): 0.9,
+    ("normal", "after"): 0.6,
+    ("state", "before"): 0.8,
+    ("composition", "before"): 0.7,
+    ("misaligned", None): 0.9,
+    ("not-reproduced", None): 0.8,
+    ("nondeterministic", None): 0.95,
+    ("inconclusive", None): 0.3,
 }
 
 
-def tolerance(logged: float, distance: int, calibration: list[tuple[int, float]] | None = None,
-              sensitivity: float = 1.0) -> float:
+def tolerance(
+    logged: float, distance: int, calibration: list[tuple[int, float]] | None = None, sensitivity: float = 1.0
+) -> float:
     """The largest |replayed - logged| still counted as reproduced, ``distance`` updates from the checkpoint;
     ``calibration`` holds (distance, relative error) of the steps between the checkpoint and the suspect, and
     ``sensitivity`` how many times faster than they the suspect's own loss moves (:func:`sensitivity`)."""
@@ -202,8 +210,7 @@ def _f(x: float | None) -> str:
 def _where(m: Measured) -> str:
     d = abs(m.step - m.checkpoint_step)
     if m.after:
-        return f"checkpoint {m.checkpoint_step}, {counted(d, 'update')} after the step (none is saved " \
-               "at or before it)"
+        return f"checkpoint {m.checkpoint_step}, {counted(d, 'update')} after the step (none is saved at or before it)"
     return f"checkpoint {m.checkpoint_step}"
 
 
@@ -214,11 +221,16 @@ def decide(m: Measured) -> Verdict:
     bad = [d for d in (det, det.get("second") or {}, det.get("train") or {}) if d and not d.get("equal", True)]
     if bad:
         d = bad[0]
-        where = f" on {d['device']} ({d['dtype']})" if "device" in d else (
-            " with the same dropout seed" if d is det.get("train") else " twice")
-        ev.append(f"The same forward{where} disagrees with itself by up to {d['max_abs_diff']:.3g} per sample: "
-                  "replays cannot be compared with the log until the forward is deterministic (an unseeded random "
-                  "source in the model, a nondeterministic kernel).")
+        where = (
+            f" on {d['device']} ({d['dtype']})"
+            if "device" in d
+            else (" with the same dropout seed" if d is det.get("train") else " twice")
+        )
+        ev.append(
+            f"The same forward{where} disagrees with itself by up to {d['max_abs_diff']:.3g} per sample: "
+            "replays cannot be compared with the log until the forward is deterministic (an unseeded random "
+            "source in the model, a nondeterministic kernel)."
+        )
         return _verdict("nondeterministic", None, "train" if m.compared_in_train else "eval", ev)
     mode, reproduced, tol = _reproduction(m, ev)
     if not reproduced:
@@ -237,25 +249,36 @@ def _reproduction(m: Measured, ev: list[str]) -> tuple[str, bool, float | None]:
         ev.append(f"No logged loss at step {m.step}: reproduction not checked.")
         return first, True, None
     if m.after:
-        ev.append(f"Step {m.step}'s batch replayed at {_where(m)} gives {_f(m.replayed)} ({_f(m.logged)} logged); "
-                  "a state after the step is not the one that logged it, so reproduction is not checked.")
+        ev.append(
+            f"Step {m.step}'s batch replayed at {_where(m)} gives {_f(m.replayed)} ({_f(m.logged)} logged); "
+            "a state after the step is not the one that logged it, so reproduction is not checked."
+        )
         return first, True, None
     dist = m.step - m.checkpoint_step
     sens = sensitivity(m.replayed, m.controls_mean, m.earlier)
     tol = tolerance(m.logged, dist, m.calibration, sens)
     label = "in train mode (the mean over dropout seeds)" if m.compared_in_train else "in eval mode"
-    ev.append(f"Step {m.step}'s batch replayed at {_where(m)} {label} gives {_f(m.replayed)} against {_f(m.logged)} "
-              f"logged (tolerance {_f(tol)}).")
+    ev.append(
+        f"Step {m.step}'s batch replayed at {_where(m)} {label} gives {_f(m.replayed)} against {_f(m.logged)} "
+        f"logged (tolerance {_f(tol)})."
+    )
     if abs(m.replayed - m.logged) <= tol:
         return first, True, tol
     t = m.train
     if t is not None and not m.compared_in_train:
         ttol = tolerance(m.logged, dist, t.calibration or m.calibration, sens)
         ok = abs(t.mean - m.logged) <= ttol + SEED_Z * t.spread
-        ev.append(f"In train mode (dropout {m.dropout:g} on, as the run trained) over {len(t.seeds)} seeds it gives "
-                  f"{_f(t.mean)} (spread {_f(t.spread)})" + (": the logged loss is reproduced in train mode; the "
-                                                                 "comparisons below are in eval mode, suspect and "
-                                                                 "controls alike." if ok else "."))
+        ev.append(
+            f"In train mode (dropout {m.dropout:g} on, as the run trained) over {len(t.seeds)} seeds it gives "
+            f"{_f(t.mean)} (spread {_f(t.spread)})"
+            + (
+                ": the logged loss is reproduced in train mode; the "
+                "comparisons below are in eval mode, suspect and "
+                "controls alike."
+                if ok
+                else "."
+            )
+        )
         if ok:
             return "train", True, ttol
     return first, False, tol
@@ -268,18 +291,26 @@ def _not_reproduced(m: Measured, mode: str, tol: float | None, ev: list[str]) ->
         off, nerr = best
         ntol = tolerance(m.logged, m.neighbour_distance.get(off, 0), m.calibration)
         back = m.reverse_logged.get(off)
-        back_ok = back is None or abs(m.replayed - back) <= tolerance(back, m.step - m.checkpoint_step,
-                                                                       m.calibration)
+        back_ok = back is None or abs(m.replayed - back) <= tolerance(back, m.step - m.checkpoint_step, m.calibration)
         if nerr <= ntol and nerr * NEIGHBOUR_MARGIN < err and back_ok and err >= MISALIGN_MISS * tol:
             o = int(off)
-            ev.append(f"The batch of step {m.step + o} reproduces the loss logged at step {m.step} "
-                      f"({_f(m.neighbours.get(off))})" + (f", and step {m.step}'s batch the loss logged at step "
-                      f"{m.step - o} ({_f(back)})" if back is not None else "") +
-                      f": metrics and plan are joined {abs(o)} step off; "
-                      f"set step_offset = {m.step_offset - o} (now {m.step_offset}).")
+            ev.append(
+                f"The batch of step {m.step + o} reproduces the loss logged at step {m.step} "
+                f"({_f(m.neighbours.get(off))})"
+                + (
+                    f", and step {m.step}'s batch the loss logged at step {m.step - o} ({_f(back)})"
+                    if back is not None
+                    else ""
+                )
+                + f": metrics and plan are joined {abs(o)} step off; "
+                f"set step_offset = {m.step_offset - o} (now {m.step_offset})."
+            )
             return _verdict("misaligned", None, mode, ev)
-    tried = "eval mode" + (f" and train mode over {len(m.train.seeds)} dropout seeds" if m.train is not None else
-                           (" (the model has no dropout, so train mode cannot differ)" if m.dropout == 0 else ""))
+    tried = "eval mode" + (
+        f" and train mode over {len(m.train.seeds)} dropout seeds"
+        if m.train is not None
+        else (" (the model has no dropout, so train mode cannot differ)" if m.dropout == 0 else "")
+    )
     ev.append(f"No mode reproduces it ({tried}), and neither neighbour's batch (s-1, s+1) gives the logged value.")
     # what the other batches replayed near it say, in the mode that came closest (train mode when it ran)
     src = m.train if m.train is not None else m
@@ -287,37 +318,52 @@ def _not_reproduced(m: Measured, mode: str, tol: float | None, ev: list[str]) ->
     rel = err / max(abs(m.logged or 0.0), 1e-6)
     rel_tol = (tol or 0.0) / max(abs(m.logged or 0.0), 1e-6)
     if others and max(others) <= max(rel_tol, RTOL_EXACT):
-        ev.append(f"The other batches replayed near it reproduce their own logged losses (within {max(others):.1%}, "
-                  f"this one misses by {rel:.0%}), so the checkpoint, the padding and the loss definition are the "
-                  f"run's: the tokens of step {m.step}'s batch differ from what the run fed at that step (or the plan "
-                  "names other samples for it).")
+        ev.append(
+            f"The other batches replayed near it reproduce their own logged losses (within {max(others):.1%}, "
+            f"this one misses by {rel:.0%}), so the checkpoint, the padding and the loss definition are the "
+            f"run's: the tokens of step {m.step}'s batch differ from what the run fed at that step (or the plan "
+            "names other samples for it)."
+        )
     elif others:
-        ev.append(f"The other batches replayed near it miss their own logged losses too (by up to {max(others):.1%}): "
-                  "the checkpoint is not the state those steps saw, or the padding or the loss definition (run.toml "
-                  "pad_id, pad_side, loss_denominator) differ from the run's.")
+        ev.append(
+            f"The other batches replayed near it miss their own logged losses too (by up to {max(others):.1%}): "
+            "the checkpoint is not the state those steps saw, or the padding or the loss definition (run.toml "
+            "pad_id, pad_side, loss_denominator) differ from the run's."
+        )
     else:
-        ev.append("No other batch near it could be checked: the checkpoint, the tokens, the padding or the loss "
-                  "definition differ from the run's.")
+        ev.append(
+            "No other batch near it could be checked: the checkpoint, the tokens, the padding or the loss "
+            "definition differ from the run's."
+        )
     return _verdict("not-reproduced", None, mode, ev)
 
 
 def _compare(m: Measured, mode: str, ev: list[str]) -> Verdict:
     zs = [m.z] + [e.get("z") for e in m.earlier]
     if m.z is not None:
-        ev.append(f"Against same-bucket controls at checkpoint {m.checkpoint_step} (mean {_f(m.controls_mean)}) the "
-                  f"batch has z = {m.z:.1f}.")
+        ev.append(
+            f"Against same-bucket controls at checkpoint {m.checkpoint_step} (mean {_f(m.controls_mean)}) the "
+            f"batch has z = {m.z:.1f}."
+        )
     if m.earlier:
-        ev.append("At earlier checkpoints: " + "; ".join(
-            f"{e['checkpoint_step']}: {_f(e['replayed'])} (z {_f(e.get('z'))})" for e in m.earlier) + ".")
+        ev.append(
+            "At earlier checkpoints: "
+            + "; ".join(f"{e['checkpoint_step']}: {_f(e['replayed'])} (z {_f(e.get('z'))})" for e in m.earlier)
+            + "."
+        )
     if m.leave_out and m.leave_out.get("sample_ids"):
         lo = m.leave_out
-        ev.append(f"Without its {len(lo['sample_ids'])} top samples the batch gives {_f(lo['replayed'])} "
-                  f"(z {_f(lo.get('z'))}).")
+        ev.append(
+            f"Without its {len(lo['sample_ids'])} top samples the batch gives {_f(lo['replayed'])} "
+            f"(z {_f(lo.get('z'))})."
+        )
     rise = m.replayed / m.controls_mean - 1 if m.controls_mean else 0.0
     if all(z is not None and z >= Z_HIGH for z in zs) and rise >= DATA_RISE:
         if m.after:
-            ev.append("The model had trained on this batch by then, which can only have lowered its loss, and it is "
-                      "still high against its own bucket: the data caused it.")
+            ev.append(
+                "The model had trained on this batch by then, which can only have lowered its loss, and it is "
+                "still high against its own bucket: the data caused it."
+            )
             return _verdict("data", "after", mode, ev)
         where = "at every checkpoint tried" if m.earlier else "at the only checkpoint before it"
         ev.append(f"The batch is high against its own bucket {where}: the data caused it.")
@@ -325,33 +371,54 @@ def _compare(m: Measured, mode: str, ev: list[str]) -> Verdict:
     if not m.after and m.z is not None and m.z < Z_HIGH and m.earlier and m.controls_mean:
         suspect_rise = [m.replayed / e["replayed"] - 1 for e in m.earlier if e.get("replayed")]
         control_rise = [m.controls_mean / e["controls_mean"] - 1 for e in m.earlier if e.get("controls_mean")]
-        if suspect_rise and control_rise and min(suspect_rise) >= STATE_RISE and min(control_rise) >= STATE_RISE \
-                and all((e.get("z") or 0.0) < Z_HIGH for e in m.earlier):
-            ev.append(f"At checkpoint {m.checkpoint_step} the suspect and its controls are high alike (+"
-                      f"{min(suspect_rise):.0%} and +{min(control_rise):.0%} over the earlier checkpoints), and the "
-                      "batch was normal before: the model state caused it, not the data.")
+        if (
+            suspect_rise
+            and control_rise
+            and min(suspect_rise) >= STATE_RISE
+            and min(control_rise) >= STATE_RISE
+            and all((e.get("z") or 0.0) < Z_HIGH for e in m.earlier)
+        ):
+            ev.append(
+                f"At checkpoint {m.checkpoint_step} the suspect and its controls are high alike (+"
+                f"{min(suspect_rise):.0%} and +{min(control_rise):.0%} over the earlier checkpoints), and the "
+                "batch was normal before: the model state caused it, not the data."
+            )
             return _verdict("state", "before", mode, ev)
-    if not m.after and m.composition is not None and (m.z is None or m.z < Z_HIGH) \
-            and not (m.leave_out or {}).get("sample_ids"):
+    if (
+        not m.after
+        and m.composition is not None
+        and (m.z is None or m.z < Z_HIGH)
+        and not (m.leave_out or {}).get("sample_ids")
+    ):
         harm, mixed, before = m.composition
         harm, mixed = harm / before, mixed / before
-        ev.append(f"One update on this batch changes the loss of the clusters it does not hold by {harm:+.1%}; one "
-                  f"update on a mixed batch of the same size by {mixed:+.1%}.")
+        ev.append(
+            f"One update on this batch changes the loss of the clusters it does not hold by {harm:+.1%}; one "
+            f"update on a mixed batch of the same size by {mixed:+.1%}."
+        )
         if harm >= COMPOSITION_MIN and harm >= COMPOSITION_RATIO * max(mixed, 0.0) and harm - mixed >= COMPOSITION_MIN:
-            ev.append("Each sample is normal, but the batch's composition pulls the model away from the other "
-                      "clusters: rebuild batches so that each mixes clusters (bucketed shuffle).")
+            ev.append(
+                "Each sample is normal, but the batch's composition pulls the model away from the other "
+                "clusters: rebuild batches so that each mixes clusters (bucketed shuffle)."
+            )
             return _verdict("composition", "before", mode, ev)
     grad_ok = m.gradient_z is None or m.gradient_z <= Z_NORMAL
     if m.z is not None and abs(m.z) <= Z_NORMAL and grad_ok:
         what = "its loss" + (" and its gradient norm lie" if m.gradient_z is not None else " lies")
         if m.after:
-            ev.append(f"At this later checkpoint {what} within its controls' spread (|z| <= {Z_NORMAL:g}); the model "
-                      "had trained on this batch by then and may have learned it, so this clears it less firmly than a "
-                      "checkpoint before the step would.")
+            ev.append(
+                f"At this later checkpoint {what} within its controls' spread (|z| <= {Z_NORMAL:g}); the model "
+                "had trained on this batch by then and may have learned it, so this clears it less firmly than a "
+                "checkpoint before the step would."
+            )
             return _verdict("normal", "after", mode, ev)
-        ev.append(f"{what[0].upper() + what[1:]} within its controls' spread (|z| <= {Z_NORMAL:g}) at the same "
-                  "checkpoint: nothing in this batch explains a spike.")
+        ev.append(
+            f"{what[0].upper() + what[1:]} within its controls' spread (|z| <= {Z_NORMAL:g}) at the same "
+            "checkpoint: nothing in this batch explains a spike."
+        )
         return _verdict("normal", "before", mode, ev)
-    ev.append("Neither the batch against its bucket nor the state across checkpoints explains a spike here, and it is "
-              "not within its controls' spread either.")
+    ev.append(
+        "Neither the batch against its bucket nor the state across checkpoints explains a spike here, and it is "
+        "not within its controls' spread either."
+    )
     return _verdict("inconclusive", None, mode, ev)

@@ -11,11 +11,19 @@ from typing import Any
 
 _WHERE = {
     "finding_cards": "cards",
-    "minmax_indices": "downsample", "plot_indices": "downsample", "stride_indices": "downsample",
-    "bucket_loss_figure": "figures", "cluster_loss_figure": "figures", "cluster_mix_figure": "figures",
-    "composition_figure": "figures", "group_loss_figure": "figures", "loss_figure": "figures",
+    "minmax_indices": "downsample",
+    "plot_indices": "downsample",
+    "stride_indices": "downsample",
+    "bucket_loss_figure": "figures",
+    "cluster_loss_figure": "figures",
+    "cluster_mix_figure": "figures",
+    "composition_figure": "figures",
+    "group_loss_figure": "figures",
+    "loss_figure": "figures",
     "report_figures": "figures",
-    "build_report": "html", "verdict": "html", "write_report": "html",
+    "build_report": "html",
+    "verdict": "html",
+    "write_report": "html",
 }
 
 __all__ = sorted(_WHERE)

@@ -32,14 +32,18 @@ def batch_epoch_counts(plan: pd.DataFrame) -> pd.DataFrame:
     mixed = _mix64(plan[SAMPLE_ID].to_numpy(np.int64)[order].astype(np.uint64))
     starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
     # wrapping uint64 sums of mixed ids: equal sets give equal sums; unequal sets collide with odds ~2^-64
-    per_batch = pd.DataFrame({
-        "h": np.add.reduceat(mixed, starts) if len(starts) else np.array([], np.uint64),
-        "n": np.diff(np.r_[starts, len(code)]),
-        EPOCH: plan[EPOCH].to_numpy(np.int64)[order][starts],
-    })
-    return (per_batch.groupby(["h", "n"], sort=False)
-            .agg(n_epochs=(EPOCH, "nunique"), first_epoch=(EPOCH, "min"), n_samples=("n", "first"))
-            .reset_index(drop=True))
+    per_batch = pd.DataFrame(
+        {
+            "h": np.add.reduceat(mixed, starts) if len(starts) else np.array([], np.uint64),
+            "n": np.diff(np.r_[starts, len(code)]),
+            EPOCH: plan[EPOCH].to_numpy(np.int64)[order][starts],
+        }
+    )
+    return (
+        per_batch.groupby(["h", "n"], sort=False)
+        .agg(n_epochs=(EPOCH, "nunique"), first_epoch=(EPOCH, "min"), n_samples=("n", "first"))
+        .reset_index(drop=True)
+    )
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -72,19 +76,45 @@ def composition_figure(findings: dict | None = None, plan: pd.DataFrame | None =
     retention = retention if any(v is not None for v in retention) else []
     identical = identical if any(v is not None for v in identical) else []
     if retention:
-        fig.add_trace(go.Bar(x=pairs[:len(retention)], y=retention, name="batch-mate pairs kept",
-                             marker_color=QUALITATIVE[0], texttemplate="%{y:.1%}", textposition="outside",
-                             hovertemplate="epochs %{x}<br>pairs kept %{y:.1%}<extra></extra>"), row=1, col=1)
+        fig.add_trace(
+            go.Bar(
+                x=pairs[: len(retention)],
+                y=retention,
+                name="batch-mate pairs kept",
+                marker_color=QUALITATIVE[0],
+                texttemplate="%{y:.1%}",
+                textposition="outside",
+                hovertemplate="epochs %{x}<br>pairs kept %{y:.1%}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
     if identical:
-        fig.add_trace(go.Bar(x=pairs[:len(identical)], y=identical, name="identical batches",
-                             marker_color=QUALITATIVE[1], texttemplate="%{y:.1%}", textposition="outside",
-                             hovertemplate="epochs %{x}<br>identical batches %{y:.1%}<extra></extra>"), row=1, col=1)
+        fig.add_trace(
+            go.Bar(
+                x=pairs[: len(identical)],
+                y=identical,
+                name="identical batches",
+                marker_color=QUALITATIVE[1],
+                texttemplate="%{y:.1%}",
+                textposition="outside",
+                hovertemplate="epochs %{x}<br>identical batches %{y:.1%}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
     threshold = pf.get("threshold") if isinstance(pf.get("threshold"), dict) else {}
     limit = as_float(threshold.get("pair_retention"))
     if limit is not None and n_pairs:
-        fig.add_hline(y=limit, line=dict(color=SPIKE, dash="dash", width=1.5), row=1, col=1,
-                      annotation_text=f"gate limit {fmt_share(limit)}", annotation_position="top right",
-                      annotation_font=dict(color=SPIKE, size=11))
+        fig.add_hline(
+            y=limit,
+            line=dict(color=SPIKE, dash="dash", width=1.5),
+            row=1,
+            col=1,
+            annotation_text=f"gate limit {fmt_share(limit)}",
+            annotation_position="top right",
+            annotation_font=dict(color=SPIKE, size=11),
+        )
     fig.update_yaxes(range=[0, 1.15], tickformat=".0%", title_text="kept from the previous epoch", row=1, col=1)
     fig.update_xaxes(title_text="epoch pair", type="category", row=1, col=1)
     headline = ""
@@ -92,22 +122,44 @@ def composition_figure(findings: dict | None = None, plan: pd.DataFrame | None =
         rec = batch_epoch_counts(plan)
         n_epochs = int(plan[EPOCH].nunique())
         counts = rec["n_epochs"].value_counts().reindex(range(1, n_epochs + 1), fill_value=0)
-        fig.add_trace(go.Bar(x=list(counts.index), y=counts.to_numpy(), name="distinct batches",
-                             marker_color=QUALITATIVE[2], showlegend=False,
-                             hovertemplate="in %{x} epoch(s): %{y} distinct batches<extra></extra>"), row=1, col=2)
+        fig.add_trace(
+            go.Bar(
+                x=list(counts.index),
+                y=counts.to_numpy(),
+                name="distinct batches",
+                marker_color=QUALITATIVE[2],
+                showlegend=False,
+                hovertemplate="in %{x} epoch(s): %{y} distinct batches<extra></extra>",
+            ),
+            row=1,
+            col=2,
+        )
         fig.update_xaxes(title_text=f"epochs (of {n_epochs})", dtick=1, row=1, col=2)
         fig.update_yaxes(title_text="distinct batches (by content)", row=1, col=2)
         multi = rec.loc[rec["n_samples"] > 1]
         if len(multi) and n_epochs > 1:
             share_all = float((multi["n_epochs"] == n_epochs).mean())
-            headline = (f"{share_all:.0%} of multi-sample batches recur unchanged in all {n_epochs} epochs"
-                        if share_all > 0 else "no multi-sample batch recurs unchanged in every epoch")
+            headline = (
+                f"{share_all:.0%} of multi-sample batches recur unchanged in all {n_epochs} epochs"
+                if share_all > 0
+                else "no multi-sample batch recurs unchanged in every epoch"
+            )
     if pf.get("static") is not None:
-        verdict = "static: batch composition does not vary across epochs" if pf.get("static") else \
-            "batch composition varies across epochs"
+        verdict = (
+            "static: batch composition does not vary across epochs"
+            if pf.get("static")
+            else "batch composition varies across epochs"
+        )
         headline = verdict + (f"; {headline}" if headline else "")
-    fig.update_layout(template=HOUSE_TEMPLATE, height=400, barmode="group",
-                      title=dict(text="Batch composition across epochs",
-                                 subtitle=dict(text=esc(headline) or "no plan composition figures in the findings",
-                                               font=dict(color=MUTED, size=11))))
+    fig.update_layout(
+        template=HOUSE_TEMPLATE,
+        height=400,
+        barmode="group",
+        title=dict(
+            text="Batch composition across epochs",
+            subtitle=dict(
+                text=esc(headline) or "no plan composition figures in the findings", font=dict(color=MUTED, size=11)
+            ),
+        ),
+    )
     return fit_legend(fig)

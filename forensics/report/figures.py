@@ -44,17 +44,30 @@ def report_figures(
             figs["cluster_loss"] = cluster_loss_figure(metrics, tags, findings, loss_key)
     pf = (findings or {}).get("plan")
     if (isinstance(pf, dict) and (pf.get("pair_retention") or pf.get("identical_batches"))) or (
-            plan is not None and EPOCH in plan.columns and len(plan)):
+        plan is not None and EPOCH in plan.columns and len(plan)
+    ):
         figs["composition"] = composition_figure(findings, plan)
-    has_sample_clusters = (plan is not None and samples is not None and CLUSTER in samples.columns
-                           and STEP in plan.columns)
+    has_sample_clusters = (
+        plan is not None and samples is not None and CLUSTER in samples.columns and STEP in plan.columns
+    )
     if has_sample_clusters or (tags is not None and CLUSTER in tags.columns and tags[CLUSTER].notna().any()):
         figs["cluster_mix"] = cluster_mix_figure(tags, plan, samples)
     return figs
 
 
 __all__ = [
-    "HOUSE_TEMPLATE", "batch_epoch_counts", "binned_median", "bucket_loss_figure", "cluster_loss_figure",
-    "cluster_mix_figure", "composition_figure", "curve_metrics", "finding_spans", "fit_legend",
-    "group_loss_figure", "loss_figure", "report_figures", "sample_lookup",
+    "HOUSE_TEMPLATE",
+    "batch_epoch_counts",
+    "binned_median",
+    "bucket_loss_figure",
+    "cluster_loss_figure",
+    "cluster_mix_figure",
+    "composition_figure",
+    "curve_metrics",
+    "finding_spans",
+    "fit_legend",
+    "group_loss_figure",
+    "loss_figure",
+    "report_figures",
+    "sample_lookup",
 ]

@@ -62,18 +62,44 @@ def group_loss_figure(
         m = ok & (pooled == g)
         median = all_medians[i]
         medians.append(median)
-        fig.add_trace(go.Scatter(x=centres, y=median.astype(np.float32), mode="lines+markers", name=name,
-                                 legendgroup=name, line=dict(color=color, width=1.4), marker=dict(size=3),
-                                 connectgaps=False,
-                                 hovertemplate=f"{name}<br>steps near %{{x}}<br>median %{{y:.4g}}<extra></extra>"),
-                      row=1, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=centres,
+                y=median.astype(np.float32),
+                mode="lines+markers",
+                name=name,
+                legendgroup=name,
+                line=dict(color=color, width=1.4),
+                marker=dict(size=3),
+                connectgaps=False,
+                hovertemplate=f"{name}<br>steps near %{{x}}<br>median %{{y:.4g}}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
         d = detr[m & np.isfinite(detr)]
         if len(d):
             q = np.percentile(d, [5, 25, 50, 75, 95])
-            fig.add_trace(go.Box(x=[name], q1=[q[1]], median=[q[2]], q3=[q[3]], lowerfence=[q[0]], upperfence=[q[4]],
-                                 mean=[float(d.mean())], name=name, legendgroup=name, showlegend=False,
-                                 marker=dict(color=color), line=dict(color=color), fillcolor=with_alpha(color, 0.35),
-                                 boxpoints=False), row=1, col=2)
+            fig.add_trace(
+                go.Box(
+                    x=[name],
+                    q1=[q[1]],
+                    median=[q[2]],
+                    q3=[q[3]],
+                    lowerfence=[q[0]],
+                    upperfence=[q[4]],
+                    mean=[float(d.mean())],
+                    name=name,
+                    legendgroup=name,
+                    showlegend=False,
+                    marker=dict(color=color),
+                    line=dict(color=color),
+                    fillcolor=with_alpha(color, 0.35),
+                    boxpoints=False,
+                ),
+                row=1,
+                col=2,
+            )
     share_key = f"{by}_variance_share"
     share = ((findings or {}).get("oscillation") or {}).get(share_key)
     source = "as in findings.json"
@@ -82,26 +108,50 @@ def group_loss_figure(
         share = None if share != share else share
         source = "computed as the audit does"
     title = f"Loss by {'length bucket' if by == 'bucket' else 'content cluster'}"
-    sub = (f"{by} explains {fmt_share(share)} of the detrended loss variance ({source})" if share is not None
-           else f"not enough tagged steps to say how much the {by} explains")
-    fig.update_layout(template=HOUSE_TEMPLATE, height=440,
-                      title=dict(text=title, subtitle=dict(text=sub, font=dict(color=MUTED, size=11))))
+    sub = (
+        f"{by} explains {fmt_share(share)} of the detrended loss variance ({source})"
+        if share is not None
+        else f"not enough tagged steps to say how much the {by} explains"
+    )
+    fig.update_layout(
+        template=HOUSE_TEMPLATE,
+        height=440,
+        title=dict(text=title, subtitle=dict(text=sub, font=dict(color=MUTED, size=11))),
+    )
     fig.update_xaxes(title_text="step", row=1, col=1)
     fig.update_xaxes(title_text=by, type="category", row=1, col=2)
-    fig.update_yaxes(title_text=f"median {esc(loss_key)} per step bin", title_font=dict(size=12), row=1, col=1,
-                     range=_robust_range(medians))
+    fig.update_yaxes(
+        title_text=f"median {esc(loss_key)} per step bin",
+        title_font=dict(size=12),
+        row=1,
+        col=1,
+        range=_robust_range(medians),
+    )
     fig.update_yaxes(title_text="loss − rolling median", title_font=dict(size=12), row=1, col=2)
     return fit_legend(fig)
 
-def bucket_loss_figure(metrics: pd.DataFrame, tags: pd.DataFrame, findings: dict | None = None,
-                       loss_key: str | None = None, n_bins: int = 300) -> go.Figure:
+
+def bucket_loss_figure(
+    metrics: pd.DataFrame,
+    tags: pd.DataFrame,
+    findings: dict | None = None,
+    loss_key: str | None = None,
+    n_bins: int = 300,
+) -> go.Figure:
     """Loss per length bucket over time and the share of variance the bucket explains (see group_loss_figure)."""
     return group_loss_figure(metrics, tags, "bucket", findings, loss_key, n_bins)
 
-def cluster_loss_figure(metrics: pd.DataFrame, tags: pd.DataFrame, findings: dict | None = None,
-                        loss_key: str | None = None, n_bins: int = 300) -> go.Figure:
+
+def cluster_loss_figure(
+    metrics: pd.DataFrame,
+    tags: pd.DataFrame,
+    findings: dict | None = None,
+    loss_key: str | None = None,
+    n_bins: int = 300,
+) -> go.Figure:
     """Loss per content cluster over time and the share of variance the cluster explains."""
     return group_loss_figure(metrics, tags, CLUSTER, findings, loss_key, n_bins)
+
 
 def binned_median(bins: np.ndarray, values: np.ndarray, n_bins: int) -> np.ndarray:
     """The median of ``values`` in each of ``n_bins`` bins (NaN for empty bins), by one sort instead of a loop.
@@ -122,6 +172,7 @@ def binned_median(bins: np.ndarray, values: np.ndarray, n_bins: int) -> np.ndarr
     out[b[starts]] = (v[lo] + v[hi]) / 2
     return out
 
+
 def _robust_range(series: list[np.ndarray]) -> list[float] | None:
     """A y range that shows the levels after warm-up: the 1st-99th percentile of the points, padded, when the full
     range is more than three times wider (a steep warm-up would otherwise flatten the bucket levels into one line)."""
@@ -135,6 +186,7 @@ def _robust_range(series: list[np.ndarray]) -> list[float] | None:
         return None
     pad = 0.15 * (hi - lo)
     return [float(lo - pad), float(hi + pad)]
+
 
 def cluster_mix_figure(
     tags: pd.DataFrame | None = None,
@@ -172,15 +224,25 @@ def cluster_mix_figure(
         for i, c in enumerate(order):
             share = np.bincount(which[pooled == c], minlength=len(centres)) / np.maximum(totals, 1)
             name = names.get(int(c), f"cluster {int(c)}") if c != -1 else "other"
-            fig.add_trace(go.Scatter(x=centres[has], y=share[has].astype(np.float32), mode="lines", name=name,
-                                     stackgroup="mix", line=dict(width=0.6, color=QUALITATIVE[i % len(QUALITATIVE)]
-                                                                 if c != -1 else "#9aa5b1"),
-                                     hovertemplate=f"{name}<br>steps near %{{x}}: %{{y:.0%}}<extra></extra>"))
+            fig.add_trace(
+                go.Scatter(
+                    x=centres[has],
+                    y=share[has].astype(np.float32),
+                    mode="lines",
+                    name=name,
+                    stackgroup="mix",
+                    line=dict(width=0.6, color=QUALITATIVE[i % len(QUALITATIVE)] if c != -1 else "#9aa5b1"),
+                    hovertemplate=f"{name}<br>steps near %{{x}}: %{{y:.0%}}<extra></extra>",
+                )
+            )
     binned = len(steps) and (int(steps.max()) - int(steps.min()) + 1) > n_bins
     sub = f"share of {unit} per cluster, " + (f"in {n_bins} step bins" if binned else "per step")
-    fig.update_layout(template=HOUSE_TEMPLATE, height=360, legend=dict(traceorder="normal"),
-                      title=dict(text="Content-cluster mix over steps",
-                                 subtitle=dict(text=sub, font=dict(color=MUTED, size=11))))
+    fig.update_layout(
+        template=HOUSE_TEMPLATE,
+        height=360,
+        legend=dict(traceorder="normal"),
+        title=dict(text="Content-cluster mix over steps", subtitle=dict(text=sub, font=dict(color=MUTED, size=11))),
+    )
     fig.update_yaxes(range=[0, 1], tickformat=".0%", title_text=f"share of {unit}")
     fig.update_xaxes(title_text="step")
     return fit_legend(fig)

@@ -33,8 +33,7 @@ _SECTIONS = (
     ("composition", "Batch composition", ("composition",)),
 )
 _PLOT_CONFIG = {"responsive": True, "displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
-_JSON_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
-                            "\u2029": "\\u2029"})
+_JSON_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 def script_safe_json(text: str) -> str:
@@ -55,8 +54,14 @@ def _severity(findings: dict) -> str:
     return "alert" if "critical" in severities else "warn" if "warning" in severities else "ok"
 
 
-def _run_line(metrics: pd.DataFrame, loss_key: str, tags: pd.DataFrame | None, plan: pd.DataFrame | None,
-              samples: pd.DataFrame | None, plan_on_engine: bool = False) -> str:
+def _run_line(
+    metrics: pd.DataFrame,
+    loss_key: str,
+    tags: pd.DataFrame | None,
+    plan: pd.DataFrame | None,
+    samples: pd.DataFrame | None,
+    plan_on_engine: bool = False,
+) -> str:
     steps = metrics[STEP].to_numpy(np.int64)
     bits = [f"{len(steps):,} steps" + (f" ({steps.min()}–{steps.max()})" if len(steps) else "")]
     for table in (tags, plan):
@@ -78,9 +83,10 @@ def _tiles(findings: dict) -> str:
     spikes = findings.get("spikes") or []
     osc = findings.get("oscillation") or {}
     pf = findings.get("plan")
-    tiles = [("spikes", str(len(spikes)), "alert" if spikes else "ok"),
-             ("NaN/inf values", str(len(findings.get("nonfinite") or [])),
-              "alert" if findings.get("nonfinite") else "ok")]
+    tiles = [
+        ("spikes", str(len(spikes)), "alert" if spikes else "ok"),
+        ("NaN/inf values", str(len(findings.get("nonfinite") or [])), "alert" if findings.get("nonfinite") else "ok"),
+    ]
     if isinstance(osc, dict) and osc.get("bucket_variance_share") is not None:
         tiles.append(("jumpiness explained by bucket", fmt_share(osc["bucket_variance_share"]), "info"))
     if isinstance(osc, dict) and "detected" in osc:
@@ -93,8 +99,10 @@ def _tiles(findings: dict) -> str:
             tiles.append(("max pair retention", fmt_share(max(retention)), "info"))
     else:
         tiles.append(("batch plan", "not given", "info"))
-    cells = "".join(f'<div class="tile {cls}"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>'
-                    for k, v, cls in tiles)
+    cells = "".join(
+        f'<div class="tile {cls}"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>'
+        for k, v, cls in tiles
+    )
     return f'<div class="tiles">{cells}</div>'
 
 
@@ -104,8 +112,10 @@ def _warnings(findings: dict) -> str:
         return ""
     lis = "".join(f"<li>{esc(w if isinstance(w, str) else json.dumps(w, default=str))}</li>" for w in items[:200])
     more = f"<li>… and {len(items) - 200} more</li>" if len(items) > 200 else ""
-    return (f'<section id="warnings"><h2>Data warnings</h2><p class="muted">Kept as data, not fatal: what the inputs '
-            f"contained that you may want to know.</p><ul class=\"warnings\">{lis}{more}</ul></section>")
+    return (
+        f'<section id="warnings"><h2>Data warnings</h2><p class="muted">Kept as data, not fatal: what the inputs '
+        f'contained that you may want to know.</p><ul class="warnings">{lis}{more}</ul></section>'
+    )
 
 
 def _strip(findings: dict, metrics: pd.DataFrame) -> str:
@@ -129,8 +139,10 @@ def _overview(findings: dict) -> str:
         parts.append(table_html(rows, columns, "causes-table"))
     if harmful:
         rows = [dict(r, effect=f"{r['effect']:+.0%}") for r in sample_groups(harmful)]
-        parts.append('<h3 style="margin-top:14px">Harmful samples <small>(samples always consumed together share '
-                     "a row: the run cannot tell them apart)</small></h3>")
+        parts.append(
+            '<h3 style="margin-top:14px">Harmful samples <small>(samples always consumed together share '
+            "a row: the run cannot tell them apart)</small></h3>"
+        )
         parts.append(table_html(rows, SAMPLE_COLUMNS, "samples-table"))
     parts.append("</section>")
     return "".join(parts)
@@ -139,8 +151,10 @@ def _overview(findings: dict) -> str:
 def _plot_div(name: str, fig: go.Figure) -> str:
     """The element a figure is drawn into, sized to the figure's height so the page does not reflow or overlap."""
     height = int(fig.layout.height or 450)
-    return (f'<div class="plot-frame"><div class="plot" id="fig-{esc(name)}" data-figure="{esc(name)}" '
-            f'style="height:{height}px"></div></div>')
+    return (
+        f'<div class="plot-frame"><div class="plot" id="fig-{esc(name)}" data-figure="{esc(name)}" '
+        f'style="height:{height}px"></div></div>'
+    )
 
 
 def build_report(
@@ -176,8 +190,9 @@ def build_report(
             if overview:
                 sections.append(("causes", overview))
             body = "\n".join(cards) if cards else '<p class="muted">Nothing to report: no finding.</p>'
-            sections.append(("findings", f'<section id="findings"><h2>Findings</h2><div class="cards">{body}'
-                                         "</div></section>"))
+            sections.append(
+                ("findings", f'<section id="findings"><h2>Findings</h2><div class="cards">{body}</div></section>')
+            )
     placed = {n for _, _, names in _SECTIONS for n in names}
     rest = [n for n in figs if n not in placed]
     if rest:
@@ -185,27 +200,31 @@ def build_report(
         sections.append(("more", f'<section id="more"><h2>More</h2>{plots}</section>'))
     nav = "".join(f'<a href="#{k}">{esc(k.capitalize())}</a>' for k, _ in sections)
     severity = _severity(findings)
-    head = (f'<header class="top"><div class="brand">{esc(title)}</div><nav>{nav}</nav></header>'
-            f'<div class="verdict {severity}"><div class="label">Verdict</div>'
-            f'<p>{esc(verdict(findings, loss_key))}</p></div>'
-            f'{_strip(findings, metrics)}'
-            f'<p class="run">{_run_line(metrics, loss_key, tags, plan, samples, batch_rows is not None)}</p>'
-            f'{_tiles(findings)}')
-    return "".join([
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f'<meta name="forensics-figures" content="{len(figs)}">',
-        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body><main>",
-        head,
-        "".join(html for _, html in sections),
-        _warnings(findings),
-        '<footer>Made by loss-spike-forensics. This file is self-contained and works offline.</footer>',
-        "</main>",
-        f'<script type="text/javascript">{get_plotlyjs()}</script>',
-        f'<script type="application/json" id="forensics-figures">{figures_json(figs)}</script>',
-        f"<script>{_LOADER % json.dumps(_PLOT_CONFIG)}</script>",
-        "</body></html>\n",
-    ])
+    head = (
+        f'<header class="top"><div class="brand">{esc(title)}</div><nav>{nav}</nav></header>'
+        f'<div class="verdict {severity}"><div class="label">Verdict</div>'
+        f"<p>{esc(verdict(findings, loss_key))}</p></div>"
+        f"{_strip(findings, metrics)}"
+        f'<p class="run">{_run_line(metrics, loss_key, tags, plan, samples, batch_rows is not None)}</p>'
+        f"{_tiles(findings)}"
+    )
+    return "".join(
+        [
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f'<meta name="forensics-figures" content="{len(figs)}">',
+            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body><main>",
+            head,
+            "".join(html for _, html in sections),
+            _warnings(findings),
+            "<footer>Made by loss-spike-forensics. This file is self-contained and works offline.</footer>",
+            "</main>",
+            f'<script type="text/javascript">{get_plotlyjs()}</script>',
+            f'<script type="application/json" id="forensics-figures">{figures_json(figs)}</script>',
+            f"<script>{_LOADER % json.dumps(_PLOT_CONFIG)}</script>",
+            "</body></html>\n",
+        ]
+    )
 
 
 def write_report(path: str | Path, findings: dict, metrics: pd.DataFrame, **kwargs: Any) -> Path:

@@ -25,8 +25,10 @@ MAX_DETAILED_FINDINGS = 100
 def spikes_of(findings: dict | None) -> list[dict]:
     return [s for s in (findings or {}).get("spikes") or [] if isinstance(s, dict) and s.get("step") is not None]
 
+
 def nonfinite_of(findings: dict | None) -> list[dict]:
     return [n for n in (findings or {}).get("nonfinite") or [] if isinstance(n, dict) and n.get("step") is not None]
+
 
 def by_severity(spikes: list[dict]) -> list[dict]:
     def score(s: dict) -> float:
@@ -39,13 +41,17 @@ def by_severity(spikes: list[dict]) -> list[dict]:
 
     return sorted(spikes, key=lambda s: (-score(s), int(s["step"])))
 
+
 def finding_spans(findings: dict | None, limit: int = MAX_DETAILED_FINDINGS) -> list[tuple[int, int]]:
     """``(start, end)`` step spans of the findings a plot draws at full resolution (most severe spikes first)."""
-    spans = [(int(s["step"]), int(s.get("end_step") if s.get("end_step") is not None else s["step"]))
-             for s in by_severity(spikes_of(findings))[:limit]]
+    spans = [
+        (int(s["step"]), int(s.get("end_step") if s.get("end_step") is not None else s["step"]))
+        for s in by_severity(spikes_of(findings))[:limit]
+    ]
     room = max(0, limit - len(spans))
     spans += [(int(n["step"]), int(n["step"])) for n in nonfinite_of(findings)[: min(room, 20)]]
     return spans
+
 
 def curve_metrics(metrics: pd.DataFrame, loss_key: str, findings: dict | None = None, max_rows: int = 5) -> list[str]:
     """The metrics drawn as curves: the loss, the grad norm and the lr when logged, then any metric with a spike."""
@@ -62,12 +68,14 @@ def curve_metrics(metrics: pd.DataFrame, loss_key: str, findings: dict | None = 
             rows.append(m)
     return rows[:max_rows]
 
+
 def per_step(tags: pd.DataFrame | None, steps: np.ndarray, column: str) -> np.ndarray | None:
     """A tags column aligned to ``steps`` (missing steps become NaN/None), or None when tags lack it."""
     if tags is None or column not in tags.columns or STEP not in tags.columns:
         return None
     col = tags[[STEP, column]].drop_duplicates(STEP, keep="last").set_index(STEP)[column]
     return col.reindex(steps).to_numpy()
+
 
 def group_labels(tags: pd.DataFrame, by: str) -> dict[int, str]:
     """Readable (escaped) label per bucket or cluster id, using ``bucket_range`` / ``cluster_name`` when tagged."""
@@ -82,8 +90,10 @@ def group_labels(tags: pd.DataFrame, by: str) -> dict[int, str]:
         labels.setdefault(int(i), f"{by} {int(i)}")
     return labels
 
+
 def present(value: Any) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value)) and str(value) != ""
+
 
 def top_groups(groups: np.ndarray, limit: int = MAX_GROUPS) -> list[int]:
     """Group ids sorted by id, keeping the ``limit`` most frequent (the others are pooled by the caller)."""
@@ -94,11 +104,13 @@ def top_groups(groups: np.ndarray, limit: int = MAX_GROUPS) -> list[int]:
     keep = ids[np.argsort(-counts, kind="stable")[:limit]]
     return sorted(int(i) for i in keep)
 
+
 def sample_lookup(samples: pd.DataFrame | None) -> pd.DataFrame | None:
     """The samples table indexed by ``sample_id`` (for repeated look-ups), or None without samples."""
     if samples is None or SAMPLE_ID not in samples.columns:
         return None
     return samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
+
 
 def sample_row(lookup: pd.DataFrame | None, sample_id: Any) -> dict | None:
     try:
@@ -106,12 +118,14 @@ def sample_row(lookup: pd.DataFrame | None, sample_id: Any) -> dict | None:
     except (KeyError, TypeError, ValueError):
         return None
 
+
 def as_float(v: Any) -> float | None:
     try:
         f = float(v)
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
+
 
 def bin_edges(steps: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
     """Bin number of each step and each bin's centre step: equal-width bins over the step range."""

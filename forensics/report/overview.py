@@ -31,8 +31,18 @@ SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 #: Cause kinds that stay true of the run once found (a dead job, a loss that does not come back).
 LASTING_KINDS = ("crash", "divergence")
 #: Throughput columns, matched by name (case-insensitive, first match wins).
-THROUGHPUT_NAMES = ("tokens_per_s", "tokens_per_second", "tok_per_s", "tok/s", "throughput", "train_samples_per_second",
-                    "samples_per_second", "samples_per_s", "it/s", "iter_per_s")
+THROUGHPUT_NAMES = (
+    "tokens_per_s",
+    "tokens_per_second",
+    "tok_per_s",
+    "tok/s",
+    "throughput",
+    "train_samples_per_second",
+    "samples_per_second",
+    "samples_per_s",
+    "it/s",
+    "iter_per_s",
+)
 #: Rows whose median is the throughput "now" (a median, so one slow step does not move it).
 THROUGHPUT_ROWS = 20
 
@@ -76,8 +86,7 @@ def run_state(causes: list[dict[str, Any]], last_step: int | None, n_steps: int,
         if SEVERITY_RANK.get(sev, 2) > 1:
             continue
         steps = [int(s) for s in c.get("steps") or []]
-        now = c.get("kind") in LASTING_KINDS or not steps or (
-            last_step is not None and max(steps) > last_step - window)
+        now = c.get("kind") in LASTING_KINDS or not steps or (last_step is not None and max(steps) > last_step - window)
         if now and (worst is None or SEVERITY_RANK[sev] < worst[0]):
             where = f"steps {steps_list(steps)}" if steps else "the whole run"
             worst = (SEVERITY_RANK[sev], f"{c.get('kind')} cause {c.get('id', '')} at {where}".replace("  ", " "))
@@ -105,8 +114,11 @@ def throughput_key(metrics: pd.DataFrame) -> str | None:
     lowered = {c.lower(): c for c in cols}
     for name in THROUGHPUT_NAMES:
         for low, col in lowered.items():
-            if ("eval" not in low and not low.startswith("val")
-                    and (low == name or low.endswith("/" + name) or low.endswith("_" + name))):
+            if (
+                "eval" not in low
+                and not low.startswith("val")
+                and (low == name or low.endswith("/" + name) or low.endswith("_" + name))
+            ):
                 return col
     return None
 
@@ -134,13 +146,19 @@ def cause_rows(causes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for c in causes:
         steps = c.get("logged_steps") or c.get("steps") or []
         replay = c.get("replay") if isinstance(c.get("replay"), dict) else {}
-        rows.append({
-            "id": str(c.get("id", "")), "severity": severity_label(c.get("severity")), "kind": str(c.get("kind", "")),
-            "steps": steps_list(sorted({int(s) for s in steps})) if steps else "whole run",
-            "summary": one_line(c.get("summary")),
-            "class": str(c.get("cause_class") or ""), "replay": str(replay.get("verdict") or ""),
-            "_rank": SEVERITY_RANK.get(str(c.get("severity")), 2), "_first": min((int(s) for s in steps), default=-1),
-        })
+        rows.append(
+            {
+                "id": str(c.get("id", "")),
+                "severity": severity_label(c.get("severity")),
+                "kind": str(c.get("kind", "")),
+                "steps": steps_list(sorted({int(s) for s in steps})) if steps else "whole run",
+                "summary": one_line(c.get("summary")),
+                "class": str(c.get("cause_class") or ""),
+                "replay": str(replay.get("verdict") or ""),
+                "_rank": SEVERITY_RANK.get(str(c.get("severity")), 2),
+                "_first": min((int(s) for s in steps), default=-1),
+            }
+        )
     rows.sort(key=lambda r: (r["_rank"], r["_first"]))
     return rows
 
@@ -164,14 +182,25 @@ def sample_groups(harmful: list[dict[str, Any]]) -> list[dict[str, Any]]:
         effect = max((float(h["effect"]) for h in members if h.get("effect") is not None), default=float("nan"))
         q = max((float(h["q"]) for h in members if h.get("q") is not None), default=float("nan"))
         content = list(dict.fromkeys(str(x) for h in members for x in (h.get("content") or [])))
-        reason = f"loss {effect:+.0%} vs expected when present" if math.isfinite(effect) else one_line(
-            members[0].get("reason"))
+        reason = (
+            f"loss {effect:+.0%} vs expected when present"
+            if math.isfinite(effect)
+            else one_line(members[0].get("reason"))
+        )
         if len(ids) > 1:
             reason += f"; always together ({len(ids)} samples)"
         if content:
             reason += "; " + "; ".join(content[:2])
-        rows.append({"ids": ids, "samples": ", ".join(map(str, ids)), "appearances": int(members[0].get(
-            "appearances") or len(members[0].get("steps") or [])), "effect": effect, "q": q, "reason": reason})
+        rows.append(
+            {
+                "ids": ids,
+                "samples": ", ".join(map(str, ids)),
+                "appearances": int(members[0].get("appearances") or len(members[0].get("steps") or [])),
+                "effect": effect,
+                "q": q,
+                "reason": reason,
+            }
+        )
     return rows
 
 
@@ -197,8 +226,15 @@ def strip_of(causes: list[dict[str, Any]], metrics: pd.DataFrame, stale: bool = 
     last = int(metrics[STEP].iloc[-1]) if n else None
     key = throughput_key(metrics)
     tp = throughput_now(metrics, key)
-    return Strip(run_state(causes, last, n, stale), last, n, cause_counts(causes),
-                 (key, tp) if key is not None and tp is not None else None, stale=stale, **live)
+    return Strip(
+        run_state(causes, last, n, stale),
+        last,
+        n,
+        cause_counts(causes),
+        (key, tp) if key is not None and tp is not None else None,
+        stale=stale,
+        **live,
+    )
 
 
 def strip_text(strip: Strip, age_text: str | None = None) -> list[str]:
@@ -224,18 +260,22 @@ def strip_html(strip: Strip, age_text: str | None = None) -> str:
     """The strip as one HTML block with inline styles (the dashboard's Markdown and the report both take it): the
     state as a coloured pill holding its shape and word, then the other cells. Every text is escaped."""
     cells = strip_text(strip, age_text)
-    pill = (f'<span style="background:{strip.state.color};color:#fff;border-radius:6px;padding:3px 10px;'
-            f'font-weight:700;white-space:nowrap">{esc(strip.state.shape)} {esc(strip.state.level.upper())}</span>'
-            f' <span>{esc(strip.state.reason)}</span>')
+    pill = (
+        f'<span style="background:{strip.state.color};color:#fff;border-radius:6px;padding:3px 10px;'
+        f'font-weight:700;white-space:nowrap">{esc(strip.state.shape)} {esc(strip.state.level.upper())}</span>'
+        f" <span>{esc(strip.state.reason)}</span>"
+    )
     rest = []
     for cell in cells[1:]:
         color = SEVERITY_STYLE["warning"][1] if "STALE" in cell else "inherit"
         rest.append(f'<span style="white-space:nowrap;color:{color}">{esc(cell)}</span>')
     sep = '<span style="color:#9aa5b1"> │ </span>'
     border = strip.state.color
-    return (f'<div class="status-strip" style="border:1px solid #e5e7eb;border-left:6px solid {border};'
-            f'border-radius:8px;padding:8px 12px;background:#fff;line-height:1.9;font-size:14px">'
-            f'{pill}{sep}{sep.join(rest)}</div>')
+    return (
+        f'<div class="status-strip" style="border:1px solid #e5e7eb;border-left:6px solid {border};'
+        f'border-radius:8px;padding:8px 12px;background:#fff;line-height:1.9;font-size:14px">'
+        f"{pill}{sep}{sep.join(rest)}</div>"
+    )
 
 
 def table_html(rows: list[dict[str, Any]], columns: dict[str, str], table_id: str) -> str:
@@ -251,12 +291,20 @@ def table_html(rows: list[dict[str, Any]], columns: dict[str, str], table_id: st
             style = f' style="color:{SEVERITY_STYLE[sev][1]};font-weight:600"' if sev in SEVERITY_STYLE else ""
             cells.append(f"<td{style}>{esc(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<div class="scroll"><table class="sortable overview" id="{esc(table_id)}"><thead><tr>{head}</tr>'
-            f'</thead><tbody>{"".join(body)}</tbody></table></div>')
+    return (
+        f'<div class="scroll"><table class="sortable overview" id="{esc(table_id)}"><thead><tr>{head}</tr>'
+        f"</thead><tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 #: The columns of the causes table and the harmful samples table, key -> label.
-CAUSE_COLUMNS = {"id": "id", "severity": "severity", "kind": "kind", "steps": "steps", "summary": "summary",
-                 "class": "cause class", "replay": "replay verdict"}
-SAMPLE_COLUMNS = {"samples": "samples", "appearances": "appearances", "effect": "effect", "q": "q",
-                  "reason": "reason"}
+CAUSE_COLUMNS = {
+    "id": "id",
+    "severity": "severity",
+    "kind": "kind",
+    "steps": "steps",
+    "summary": "summary",
+    "class": "cause class",
+    "replay": "replay verdict",
+}
+SAMPLE_COLUMNS = {"samples": "samples", "appearances": "appearances", "effect": "effect", "q": "q", "reason": "reason"}

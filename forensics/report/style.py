@@ -21,8 +21,20 @@ NONFINITE = "#7f1d1d"
 RECUR = "#ff7f0e"
 LINE = "#9aa5b1"
 #: Colour-blind-safe qualitative palette (Okabe-Ito, then Tol's muted) for clusters.
-QUALITATIVE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#332288",
-               "#88CCEE", "#44AA99", "#999933", "#AA4499"]
+QUALITATIVE = [
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#CC79A7",
+    "#56B4E9",
+    "#D55E00",
+    "#F0E442",
+    "#332288",
+    "#88CCEE",
+    "#44AA99",
+    "#999933",
+    "#AA4499",
+]
 
 HOUSE_TEMPLATE = go.layout.Template(
     layout=dict(
@@ -47,13 +59,15 @@ def bucket_colors(n: int) -> list[str]:
         return [sample_colorscale("Turbo", [0.15])[0]]
     return sample_colorscale("Turbo", list(np.linspace(0.08, 0.92, n)))
 
+
 def with_alpha(color: str, a: float) -> str:
     if color.startswith("#") and len(color) == 7:
-        r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+        r, g, b = (int(color[i : i + 2], 16) for i in (1, 3, 5))
         return f"rgba({r},{g},{b},{a})"
     if color.startswith("rgb("):
         return color.replace("rgb(", "rgba(").replace(")", f",{a})")
     return color
+
 
 def fit_legend(fig: go.Figure, width: int = 1150) -> go.Figure:
     """Make room above the plot for a horizontal legend that wraps: plotly grows it upwards over the title.

@@ -26,10 +26,16 @@ MAX_EVIDENCE = 4
 MAX_CAUSES = 5
 MAX_WARNINGS = 4
 #: A cause kind in the folded line's words: (one, many).
-CAUSE_WORDS = {"grad_norm": ("set of grad-norm spikes the loss did not follow",
-                             "sets of grad-norm spikes the loss did not follow"),
-               "batch": ("batch cause", "batch causes"), "event": ("spike without a batch", "spikes without a batch"),
-               "level_shift": ("level shift", "level shifts"), "nonfinite": ("NaN/inf cause", "NaN/inf causes")}
+CAUSE_WORDS = {
+    "grad_norm": (
+        "set of grad-norm spikes the loss did not follow",
+        "sets of grad-norm spikes the loss did not follow",
+    ),
+    "batch": ("batch cause", "batch causes"),
+    "event": ("spike without a batch", "spikes without a batch"),
+    "level_shift": ("level shift", "level shifts"),
+    "nonfinite": ("NaN/inf cause", "NaN/inf causes"),
+}
 
 
 def run_line(findings: dict[str, Any]) -> str:
@@ -61,8 +67,10 @@ def render_summary(out: Console, findings: dict[str, Any], written: list[str] | 
             out.print(f"  {escape(line)}")
     for g in (findings.get("replay") or {}).get("not_replayed") or []:
         steps = ", ".join(map(str, g.get("steps") or []))
-        out.print(f"  [dim]not replayed: {escape(str(g.get('cause')))} (steps {escape(steps)}): "
-                  f"{escape(str(g.get('why')))}[/]")
+        out.print(
+            f"  [dim]not replayed: {escape(str(g.get('cause')))} (steps {escape(steps)}): "
+            f"{escape(str(g.get('why')))}[/]"
+        )
     others = _other_findings(findings)
     if others:
         out.print("\n[bold]other findings[/]")
@@ -102,8 +110,9 @@ def fold_causes(causes: list[dict[str, Any]]) -> list[str]:
         worst = max((str(c.get("severity")) for c in items), key=("info", "warning", "critical").index)
         ids = ", ".join(str(c.get("id")) for c in items[:8]) + (" ..." if len(items) > 8 else "")
         one, many = CAUSE_WORDS.get(kind, (f"{kind.replace('_', ' ')} cause", None))
-        out.append(f"and {counted(len(items), one, many)} (at most {worst}): findings.json "
-                   f"{plural('cause', len(items))} {ids}")
+        out.append(
+            f"and {counted(len(items), one, many)} (at most {worst}): findings.json {plural('cause', len(items))} {ids}"
+        )
     return out
 
 
@@ -112,8 +121,10 @@ def _cause(out: Console, c: dict[str, Any], findings: dict[str, Any]) -> None:
     steps = c.get("steps") or []
     offset = int((findings.get("run") or {}).get("logged_offset") or 0)
     where = f"steps {steps_list(c.get('events') or steps, offset)}" if steps else "the whole run"
-    out.print(f"  [{colour}]{escape(str(c.get('id')))} {escape(str(c.get('kind')))}[/] ({escape(where)}; "
-              f"{escape(str(c.get('severity')))}, confidence {float(c.get('confidence') or 0):.2f})")
+    out.print(
+        f"  [{colour}]{escape(str(c.get('id')))} {escape(str(c.get('kind')))}[/] ({escape(where)}; "
+        f"{escape(str(c.get('severity')))}, confidence {float(c.get('confidence') or 0):.2f})"
+    )
     out.print(f"    {escape(str(c.get('summary', '')))}")
     replay = c.get("replay") if isinstance(c.get("replay"), dict) else None
     if replay and replay.get("verdict"):
@@ -123,8 +134,11 @@ def _cause(out: Console, c: dict[str, Any], findings: dict[str, Any]) -> None:
         if replay.get("checkpoint_step") is not None:
             after = " (after the step)" if replay.get("checkpoint") == "after" else ""
             where = f"checkpoint {replay['checkpoint_step']}{after}"
-        out.print(f"    {said}: {escape(verdict)}" + (f" at {escape(where)}" if where else "") + (
-            f" ({escape(str((replay.get('evidence') or [''])[-1]))})" if replay.get("evidence") else ""))
+        out.print(
+            f"    {said}: {escape(verdict)}"
+            + (f" at {escape(where)}" if where else "")
+            + (f" ({escape(str((replay.get('evidence') or [''])[-1]))})" if replay.get("evidence") else "")
+        )
 
 
 def _other_findings(findings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -165,8 +179,9 @@ def _ratio(s: dict[str, Any]) -> str:
     return ""
 
 
-def _spike(out: Console, s: dict[str, Any], also: list[dict[str, Any]] = (), evidence: int = MAX_EVIDENCE,
-           indent: str = "  ") -> None:
+def _spike(
+    out: Console, s: dict[str, Any], also: list[dict[str, Any]] = (), evidence: int = MAX_EVIDENCE, indent: str = "  "
+) -> None:
     span = step_span(s["step"], s.get("end_step"), _offset(s))
     ratio = _ratio(s)
     where = ""
@@ -174,8 +189,10 @@ def _spike(out: Console, s: dict[str, Any], also: list[dict[str, Any]] = (), evi
         where = f"; bucket {s['bucket']} {s.get('bucket_range', '')}"
         if s.get("cluster_name"):
             where += f" / '{s['cluster_name']}'"
-    out.print(f"{indent}[red]{escape(span)}[/] {escape(str(s.get('metric')))} {fmt_num(s.get('value'))} vs baseline "
-              f"{fmt_num(s.get('baseline'))}{ratio}, score {fmt_num(s.get('score'), 3)}{escape(where)}")
+    out.print(
+        f"{indent}[red]{escape(span)}[/] {escape(str(s.get('metric')))} {fmt_num(s.get('value'))} vs baseline "
+        f"{fmt_num(s.get('baseline'))}{ratio}, score {fmt_num(s.get('score'), 3)}{escape(where)}"
+    )
     if also:
         riders = "; ".join(f"{a.get('metric')} {fmt_num(a.get('value'))}{_ratio(a)}" for a in also)
         out.print(f"{indent}  at the same step: {escape(riders)}")

@@ -17,10 +17,14 @@ def oscillation_lines(osc: dict[str, Any]) -> tuple[str, list[str]]:
     if not osc:
         return "oscillation", []
     share = osc.get("bucket_variance_share")
-    text = ("detected" + (f" (period {osc['period']} steps)" if osc.get("period") else "")) if osc.get("detected") \
+    text = (
+        ("detected" + (f" (period {osc['period']} steps)" if osc.get("period") else ""))
+        if osc.get("detected")
         else "not detected"
-    extra = f"; {fmt_share(share)} of the detrended loss variance is explained by the bucket" if share is not None \
-        else ""
+    )
+    extra = (
+        f"; {fmt_share(share)} of the detrended loss variance is explained by the bucket" if share is not None else ""
+    )
     return "oscillation", [text + extra]
 
 

@@ -64,4 +64,3 @@ def fmt_share(value: Any) -> str:
     if 0 < abs(f) < 0.001:
         return f"{100 * f:.3f}%"
     return f"{100 * f:.1f}%"
-

@@ -34,8 +34,16 @@ from forensics.schema.tables import (
 )
 
 #: Metrics files a folder may hold, in merge order (later wins), looked for when run.toml names none.
-KNOWN_METRICS = ("metrics.parquet", "metrics.jsonl", "metrics.csv", "trainer_state.json", "runs", "lightning_logs",
-                 "logs", "wandb")
+KNOWN_METRICS = (
+    "metrics.parquet",
+    "metrics.jsonl",
+    "metrics.csv",
+    "trainer_state.json",
+    "runs",
+    "lightning_logs",
+    "logs",
+    "wandb",
+)
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,12 @@ class Case:
     @property
     def metrics_sources(self) -> list[SourceSpec]:
         """The metrics sources, paths resolved against the case folder."""
-        return [SourceSpec(str(self.config.resolve(s.path)) if not _is_remote(s.path) else s.path,
-                           s.step_key, s.step_offset) for s in self.config.metrics]
+        return [
+            SourceSpec(
+                str(self.config.resolve(s.path)) if not _is_remote(s.path) else s.path, s.step_key, s.step_offset
+            )
+            for s in self.config.metrics
+        ]
 
     @property
     def plan_path(self) -> Path | None:
@@ -143,14 +155,14 @@ def load_samples(path: str | Path, columns: Sequence[str] | None = None) -> pd.D
     return validate_samples(read_table(path, "samples", columns=columns), str(path))
 
 
-def load_plan(path: str | Path, samples: pd.DataFrame | None = None,
-              columns: Sequence[str] | None = None) -> pd.DataFrame:
+def load_plan(
+    path: str | Path, samples: pd.DataFrame | None = None, columns: Sequence[str] | None = None
+) -> pd.DataFrame:
     """Read and validate a plan table (a file, or a folder of Parquet parts written by the recorder).
 
     ``columns``: the columns the caller uses; a Parquet file then reads only those (a recorded plan may carry more),
     as long as it has what a plan needs (else all of it is read, so that the error names every column it has)."""
-    return validate_plan(read_table(path, "plan", columns=columns, required=_plan_has_its_columns), str(path),
-                         samples)
+    return validate_plan(read_table(path, "plan", columns=columns, required=_plan_has_its_columns), str(path), samples)
 
 
 def _plan_has_its_columns(names: Sequence[str]) -> bool:
@@ -169,14 +181,18 @@ def check_tables(plan: str | Path | None = None, samples: str | Path | None = No
         for file, names in _parquet_names(Path(samples), "samples"):
             if not {SAMPLE_ID, N_TOKENS} <= set(names):
                 missing = [c for c in (SAMPLE_ID, N_TOKENS) if c not in names]
-                raise ForensicsError(f"samples {file}: missing column {', '.join(map(repr, missing))} (expected "
-                                     f"columns 'sample_id', 'n_tokens'); it has {_names(names)}")
+                raise ForensicsError(
+                    f"samples {file}: missing column {', '.join(map(repr, missing))} (expected "
+                    f"columns 'sample_id', 'n_tokens'); it has {_names(names)}"
+                )
     if plan is not None:
         for file, names in _parquet_names(Path(plan), "plan"):
             if not _plan_has_its_columns(names):
                 problem = "missing column 'sample_id'" if SAMPLE_ID not in names else "no 'step' column"
-                raise ForensicsError(f"plan {file}: {problem} (expected a 'sample_id' column and either 'step' or "
-                                     f"both 'epoch' and 'batch_id'); it has {_names(names)}")
+                raise ForensicsError(
+                    f"plan {file}: {problem} (expected a 'sample_id' column and either 'step' or "
+                    f"both 'epoch' and 'batch_id'); it has {_names(names)}"
+                )
 
 
 def _parquet_names(path: Path, what: str) -> list[tuple[Path, list[str]]]:
@@ -189,8 +205,7 @@ def _parquet_names(path: Path, what: str) -> list[tuple[Path, list[str]]]:
     flat = sorted(path.glob("*.parquet"))
     if flat:
         return [(f, list(parquet_schema(f, what).names)) for f in flat]
-    return [(f, list(parquet_schema(f, what).names) + list(hive_partition_values(f, path)))
-            for f in hive_parts(path)]
+    return [(f, list(parquet_schema(f, what).names) + list(hive_partition_values(f, path))) for f in hive_parts(path)]
 
 
 def _names(names: Sequence[str]) -> str:

@@ -135,9 +135,16 @@ class RunConfig:
             if f.name == "replay":
                 v = dict(v)
             if f.name == "metrics":
-                v = [s.path if s.step_key is None and s.step_offset is None else
-                     {k: x for k, x in (("path", s.path), ("step_key", s.step_key), ("step_offset", s.step_offset))
-                      if x is not None} for s in v]
+                v = [
+                    s.path
+                    if s.step_key is None and s.step_offset is None
+                    else {
+                        k: x
+                        for k, x in (("path", s.path), ("step_key", s.step_key), ("step_offset", s.step_offset))
+                        if x is not None
+                    }
+                    for s in v
+                ]
             elif isinstance(v, tuple):
                 v = list(v)
             out[f.name] = v
@@ -149,14 +156,34 @@ class RunConfig:
 _FIELDS = {f.name for f in fields(RunConfig)} - {"root", "given"}
 _POSITIVE = ("grad_accum", "world_size", "token_budget", "max_len", "max_batch_size", "n_buckets")
 _OPTIONAL_POSITIVE = ("logging_steps", "clusters")
-_STRINGS = ("plan", "samples", "step_key", "step_convention", "loss_key", "cluster_by", "model", "checkpoints",
-            "eval_loss_key", "scheduler")
-_CHOICES = {"pad_side": ("left", "right"), "loss_denominator": ("labels", "predicted"),
-            "engine": ("auto", "pandas", "duckdb", "dask")}
+_STRINGS = (
+    "plan",
+    "samples",
+    "step_key",
+    "step_convention",
+    "loss_key",
+    "cluster_by",
+    "model",
+    "checkpoints",
+    "eval_loss_key",
+    "scheduler",
+)
+_CHOICES = {
+    "pad_side": ("left", "right"),
+    "loss_denominator": ("labels", "predicted"),
+    "engine": ("auto", "pandas", "duckdb", "dask"),
+}
 _POSITIVE_REALS = ("max_grad_norm", "device_memory_gb")
 #: The ``[replay]`` table's keys and their types.
-REPLAY_KEYS = {"auto": bool, "budget": (int, float), "max_causes": int, "device": str, "mode": str, "seeds": int,
-               "metrics": (str, list)}
+REPLAY_KEYS = {
+    "auto": bool,
+    "budget": (int, float),
+    "max_causes": int,
+    "device": str,
+    "mode": str,
+    "seeds": int,
+    "metrics": (str, list),
+}
 
 
 # --- checks --------------------------------------------------------------------------------------------------------
@@ -169,8 +196,7 @@ def check_boundaries(values: Sequence, origin: str = "boundaries") -> list[int]:
     if any(float(v) != x for v, x in zip(values, b)):
         raise ForensicsError(f"{origin}: boundaries must be whole numbers; got {list(values)!r}")
     if len(b) < 2 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
-        raise ForensicsError(f"{origin}: boundaries must start at 0 and strictly increase, at least 2 values; "
-                             f"got {b}")
+        raise ForensicsError(f"{origin}: boundaries must start at 0 and strictly increase, at least 2 values; got {b}")
     return b
 
 
@@ -181,8 +207,9 @@ def parse_boundaries(text: str) -> list[int] | str:
     try:
         values = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError as exc:
-        raise ForensicsError(f"--boundaries: expected comma-separated whole numbers like 0,770,8192 or 'optimal'; "
-                             f"got {text!r}") from exc
+        raise ForensicsError(
+            f"--boundaries: expected comma-separated whole numbers like 0,770,8192 or 'optimal'; got {text!r}"
+        ) from exc
     return check_boundaries(values, "--boundaries")
 
 
@@ -204,7 +231,7 @@ def _check(key: str, value: Any, origin: str) -> Any:
         return None if value is None else float(value)
     if key == "memory_limit":
         if value is not None and not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(key, f"must be a size such as \"4GB\" or a number of bytes; got {value!r}", origin)
+            raise ConfigError(key, f'must be a size such as "4GB" or a number of bytes; got {value!r}', origin)
         return None if value is None else str(value)
     if key == "logs":
         items = [value] if isinstance(value, str) else value
@@ -216,8 +243,7 @@ def _check(key: str, value: Any, origin: str) -> Any:
             raise ConfigError(key, "must be a table, e.g. [replay] auto = true", origin)
         for k, v in value.items():
             if k not in REPLAY_KEYS:
-                raise ConfigError(f"replay.{k}", f"is not a key of [replay] (known: {', '.join(REPLAY_KEYS)})",
-                                  origin)
+                raise ConfigError(f"replay.{k}", f"is not a key of [replay] (known: {', '.join(REPLAY_KEYS)})", origin)
             kinds = REPLAY_KEYS[k]
             if isinstance(v, bool) and kinds is not bool or not isinstance(v, kinds):
                 raise ConfigError(f"replay.{k}", f"has the wrong type; got {v!r}", origin)
@@ -290,14 +316,16 @@ def read_run_toml(path: str | Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
         if not text.strip():
-            raise ForensicsError(f"run.toml {path} is empty; expected the run's settings in TOML (or no run.toml "
-                                 "at all)")
+            raise ForensicsError(
+                f"run.toml {path} is empty; expected the run's settings in TOML (or no run.toml at all)"
+            )
         return tomllib.loads(text)
     except FileNotFoundError as exc:
         raise ForensicsError(f"run.toml {path} does not exist") from exc
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ForensicsError(f"run.toml {path} could not be read: {_first_line(exc)}; expected a UTF-8 TOML file "
-                             "of the run's settings") from exc
+        raise ForensicsError(
+            f"run.toml {path} could not be read: {_first_line(exc)}; expected a UTF-8 TOML file of the run's settings"
+        ) from exc
 
 
 def parse_set(items: Sequence[str]) -> dict[str, Any]:
@@ -344,8 +372,11 @@ def resolve_config(
     if toml is None and root_path is not None and (root_path / "run.toml").is_file():
         toml_origin = str(root_path / "run.toml")
         toml = read_run_toml(root_path / "run.toml")
-    for layer, origin in ((toml or {}, toml_origin), (parse_set(sets), "--set"),
-                          ({k: v for k, v in (overrides or {}).items() if v is not None}, "option")):
+    for layer, origin in (
+        (toml or {}, toml_origin),
+        (parse_set(sets), "--set"),
+        ({k: v for k, v in (overrides or {}).items() if v is not None}, "option"),
+    ):
         for key, value in layer.items():
             if key not in _FIELDS:
                 if origin == "option":
@@ -360,8 +391,11 @@ def resolve_config(
                     merged.setdefault(rule, {}).update(params if isinstance(params, Mapping) else {})
                 value = merged
             values[key] = (_check(key, value, origin), origin)
-    cfg = RunConfig(root=root_path, given=MappingProxyType({k: o for k, (_, o) in values.items()}),
-                    **{k: v for k, (v, _) in values.items()})
+    cfg = RunConfig(
+        root=root_path,
+        given=MappingProxyType({k: o for k, (_, o) in values.items()}),
+        **{k: v for k, (v, _) in values.items()},
+    )
     return cfg, warnings
 
 
@@ -371,8 +405,9 @@ def with_overrides(cfg: RunConfig, **changes: Any) -> RunConfig:
     return replace(cfg, given=MappingProxyType({**cfg.given, **dict.fromkeys(checked, "option")}), **checked)
 
 
-def write_run_toml(cfg: RunConfig | Mapping[str, Any], path: str | Path, extra: Mapping[str, Any] | None = None,
-                   header: str = "") -> Path:
+def write_run_toml(
+    cfg: RunConfig | Mapping[str, Any], path: str | Path, extra: Mapping[str, Any] | None = None, header: str = ""
+) -> Path:
     """Write ``run.toml`` (plain TOML by hand: flat scalars and lists, tables such as ``[replay]``, and the
     ``[detect.<rule>]`` tables), only the
     keys given (None left out: the defaults apply), atomically (a crash never leaves half a file)."""

@@ -40,7 +40,9 @@ def flatten_keys(
 
 
 def _flatten_into(
-    out: dict[str, Any], obj: Mapping[str, Any], prefix: str | None,
+    out: dict[str, Any],
+    obj: Mapping[str, Any],
+    prefix: str | None,
     is_leaf: Callable[[Mapping[str, Any]], bool] | None,
 ) -> None:
     for k, v in obj.items():

@@ -50,11 +50,33 @@ AGGREGATE_WORDS = frozenset({"min", "max", "std", "stddev", "var", "variance", "
 #: Words that mark a per-epoch series.
 EPOCH_WORDS = frozenset({"epoch", "epochs"})
 #: Words that qualify a quantity without making it another one: they cost nothing in the ranking.
-NEUTRAL_WORDS = frozenset({
-    "train", "training", "trn", "step", "steps", "iter", "iteration", "batch", "total", "global", "overall",
-    "reduced", "lm", "mean", "avg", "average", "value", "scalar", "scalars", "metric", "metrics", "optim",
-    "optimizer",
-})
+NEUTRAL_WORDS = frozenset(
+    {
+        "train",
+        "training",
+        "trn",
+        "step",
+        "steps",
+        "iter",
+        "iteration",
+        "batch",
+        "total",
+        "global",
+        "overall",
+        "reduced",
+        "lm",
+        "mean",
+        "avg",
+        "average",
+        "value",
+        "scalar",
+        "scalars",
+        "metric",
+        "metrics",
+        "optim",
+        "optimizer",
+    }
+)
 #: A word: an upper-case run not followed by lower case (``TRAIN``, ``L2``), else an optional capital and lower case
 #: or digits (``Loss``, ``layer0``); everything else separates (``/ _ - .``, space, ``(``...) and so do humps.
 _WORD = re.compile(r"[A-Z]+[0-9]*(?![a-z])|[A-Z]?[a-z0-9]+")
@@ -104,47 +126,114 @@ class Role:
         return frozenset(["".join(p) for p in self.phrases + self.weaker] + list(self.loose))
 
 
-LOSS = Role("loss", (("loss",),), loose=("loss",), exclude=frozenset({"scale", "scaler", "scaling"}),
-            flag="--loss-key or run.toml loss_key", note=" (a loss scale is not a loss)")
-GRAD_NORM = Role("grad_norm", (("grad", "norm"), ("gradient", "norm"), ("gradnorm",), ("grads", "norm")),
-                 loose=("gradnorm", "gradientnorm"), flag="--spike-metric", label="grad norm")
-LR = Role("lr", (("lr",), ("learning", "rate"), ("learningrate",)), loose=("learningrate",),
-          neutral=frozenset({"group", "pg", "adam", "adamw", "sgd", "lion"}), label="learning rate")
+LOSS = Role(
+    "loss",
+    (("loss",),),
+    loose=("loss",),
+    exclude=frozenset({"scale", "scaler", "scaling"}),
+    flag="--loss-key or run.toml loss_key",
+    note=" (a loss scale is not a loss)",
+)
+GRAD_NORM = Role(
+    "grad_norm",
+    (("grad", "norm"), ("gradient", "norm"), ("gradnorm",), ("grads", "norm")),
+    loose=("gradnorm", "gradientnorm"),
+    flag="--spike-metric",
+    label="grad norm",
+)
+LR = Role(
+    "lr",
+    (("lr",), ("learning", "rate"), ("learningrate",)),
+    loose=("learningrate",),
+    neutral=frozenset({"group", "pg", "adam", "adamw", "sgd", "lion"}),
+    label="learning rate",
+)
 THROUGHPUT = Role(
     "throughput",
-    (("tokens", "per", "s"), ("tokens", "per", "sec"), ("tokens", "per", "second"), ("tok", "per", "s"),
-     ("tok", "per", "sec"), ("tokens", "s"), ("tokens", "sec"), ("tok", "s"), ("tps",), ("throughput",)),
+    (
+        ("tokens", "per", "s"),
+        ("tokens", "per", "sec"),
+        ("tokens", "per", "second"),
+        ("tok", "per", "s"),
+        ("tok", "per", "sec"),
+        ("tokens", "s"),
+        ("tokens", "sec"),
+        ("tok", "s"),
+        ("tps",),
+        ("throughput",),
+    ),
     weaker=(("samples", "per", "s"), ("samples", "per", "sec"), ("samples", "per", "second"), ("samples", "s")),
     loose=("tokenspers", "throughput"),
     label="throughput",
 )
 #: The held-out loss, found as the loss is but among the val/eval/test names (val and eval before test); a
 #: perplexity is not a loss.
-EVAL_LOSS = Role("eval_loss", (("loss",),), loose=("loss",),
-                 exclude=frozenset({"scale", "scaler", "scaling", "ppl", "perplexity"}), require=EVAL_WORDS,
-                 also=(("lm", "loss", "value"),), last=frozenset({"test", "testing"}),
-                 flag="run.toml eval_loss_key", label="eval loss")
+EVAL_LOSS = Role(
+    "eval_loss",
+    (("loss",),),
+    loose=("loss",),
+    exclude=frozenset({"scale", "scaler", "scaling", "ppl", "perplexity"}),
+    require=EVAL_WORDS,
+    also=(("lm", "loss", "value"),),
+    last=frozenset({"test", "testing"}),
+    flag="run.toml eval_loss_key",
+    label="eval loss",
+)
 #: Numerics and optimizer signals logged beside the loss (read as evidence before it, never analysed as the loss):
 #: Megatron's ``loss scale`` (the fp16 scaler: it halves when a step overflows), ``number of skipped iterations``
 #: and ``number of nan iterations`` (counts over each logging interval); OLMo-core's ``optim/step skipped``;
 #: torchtitan's ``global_max_loss`` beside ``global_avg_loss`` (the worst rank's loss against the mean); an update
 #: norm (OLMo-core ``optim/*``, a ``*update norm*`` series).
 _COUNT_WORDS = frozenset({"number", "of", "num", "count", "n"})
-LOSS_SCALE = Role("loss_scale", (("loss", "scale"), ("loss", "scaler"), ("lossscale",), ("grad", "scale")),
-                  loose=("lossscale",), neutral=frozenset({"current"}), label="loss scale")
+LOSS_SCALE = Role(
+    "loss_scale",
+    (("loss", "scale"), ("loss", "scaler"), ("lossscale",), ("grad", "scale")),
+    loose=("lossscale",),
+    neutral=frozenset({"current"}),
+    label="loss scale",
+)
 SKIPPED_ITERATIONS = Role(
     "skipped_iterations",
-    (("skipped", "iterations"), ("skipped", "iteration"), ("skipped", "iters"), ("skipped", "steps"),
-     ("step", "skipped"), ("steps", "skipped")),
-    neutral=_COUNT_WORDS, label="skipped iterations")
-NAN_ITERATIONS = Role("nan_iterations", (("nan", "iterations"), ("nan", "iteration"), ("nan", "iters"),
-                                         ("nan", "steps")), neutral=_COUNT_WORDS, label="nan iterations")
+    (
+        ("skipped", "iterations"),
+        ("skipped", "iteration"),
+        ("skipped", "iters"),
+        ("skipped", "steps"),
+        ("step", "skipped"),
+        ("steps", "skipped"),
+    ),
+    neutral=_COUNT_WORDS,
+    label="skipped iterations",
+)
+NAN_ITERATIONS = Role(
+    "nan_iterations",
+    (("nan", "iterations"), ("nan", "iteration"), ("nan", "iters"), ("nan", "steps")),
+    neutral=_COUNT_WORDS,
+    label="nan iterations",
+)
 MAX_LOSS = Role("max_loss", (("max", "loss"),), neutral=frozenset({"global", "rank", "ranks"}), label="max loss")
-UPDATE_NORM = Role("update_norm", (("update", "norm"), ("updates", "norm"), ("param", "update", "norm")),
-                   loose=("updatenorm",), label="update norm")
+UPDATE_NORM = Role(
+    "update_norm",
+    (("update", "norm"), ("updates", "norm"), ("param", "update", "norm")),
+    loose=("updatenorm",),
+    label="update norm",
+)
 #: The roles by name.
-ROLES = {r.name: r for r in (LOSS, GRAD_NORM, LR, THROUGHPUT, EVAL_LOSS, LOSS_SCALE, SKIPPED_ITERATIONS,
-                             NAN_ITERATIONS, MAX_LOSS, UPDATE_NORM)}
+ROLES = {
+    r.name: r
+    for r in (
+        LOSS,
+        GRAD_NORM,
+        LR,
+        THROUGHPUT,
+        EVAL_LOSS,
+        LOSS_SCALE,
+        SKIPPED_ITERATIONS,
+        NAN_ITERATIONS,
+        MAX_LOSS,
+        UPDATE_NORM,
+    )
+}
 # Kept for callers that list the spellings (the CLI help); the lookup itself reads names as words.
 LOSS_KEYS = ("train/loss", "loss", "train_loss", "train_loss_step", "lm loss", "reduced_train_loss", "TRAIN_LOSS")
 GRAD_NORM_KEYS = ("grad_norm", "train/grad_norm", "grad-norm", "total_grad_norm", "gradient_norm", "grad norm")
@@ -223,12 +312,12 @@ def _match(role: Role, name: str) -> tuple[int, tuple[str, ...]] | None:
         for phrase in phrases:
             n = len(phrase)
             for start in range(len(words) - n + 1):
-                if words[start:start + n] == phrase:
-                    return weak, words[:start] + words[start + n:]
+                if words[start : start + n] == phrase:
+                    return weak, words[:start] + words[start + n :]
     for part in role.loose:
         for j, word in enumerate(words):
             if part in word:
-                return 2, words[:j] + words[j + 1:]
+                return 2, words[:j] + words[j + 1 :]
     return None
 
 
@@ -243,17 +332,27 @@ def _candidates(role: Role, names: Sequence[str], counts: Mapping[str, int] | No
         weak, rest = m
         if role.require and not role.require.intersection(rest) and tokens(name) not in role.also:
             continue
-        others = tuple(w for w in rest if w not in free and w not in EVAL_WORDS and w not in AGGREGATE_WORDS
-                       and w not in EPOCH_WORDS)
+        others = tuple(
+            w
+            for w in rest
+            if w not in free and w not in EVAL_WORDS and w not in AGGREGATE_WORDS and w not in EPOCH_WORDS
+        )
         # the first criterion: a held-out split for a training quantity; for a held-out role, its least wanted words
         split = role.last.intersection(rest) if role.require else EVAL_WORDS.intersection(rest)
-        found.append(_Match(
-            name=name, order=order, eval_split=bool(split),
-            aggregate=bool(AGGREGATE_WORDS.intersection(rest)), per_epoch=bool(EPOCH_WORDS.intersection(rest)),
-            sparse=False, weak=weak, others=others,
-            count=None if counts is None else int(counts.get(name, 0)),
-            split_words=f"a {'/'.join(sorted(role.last))} split" if role.require else "a val/eval/test split",
-        ))
+        found.append(
+            _Match(
+                name=name,
+                order=order,
+                eval_split=bool(split),
+                aggregate=bool(AGGREGATE_WORDS.intersection(rest)),
+                per_epoch=bool(EPOCH_WORDS.intersection(rest)),
+                sparse=False,
+                weak=weak,
+                others=others,
+                count=None if counts is None else int(counts.get(name, 0)),
+                split_words=f"a {'/'.join(sorted(role.last))} split" if role.require else "a val/eval/test split",
+            )
+        )
     if counts is not None and found:
         densest = max(m.count or 0 for m in found)
         found = [m if 2 * (m.count or 0) >= densest else replace(m, sparse=True) for m in found]
@@ -278,8 +377,13 @@ class KeyChoice:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (findings.json ``run.key_choice[role]``)."""
-        return {"key": self.key, "reason": self.reason, "candidates": list(self.candidates),
-                "tied": list(self.tied), "given": self.given}
+        return {
+            "key": self.key,
+            "reason": self.reason,
+            "candidates": list(self.candidates),
+            "tied": list(self.tied),
+            "given": self.given,
+        }
 
 
 def choose_key(
@@ -306,24 +410,30 @@ def choose_key(
     left_out = dict(left_out or {})
     if given:
         if given not in names and given in left_out:
-            raise ForensicsError(f"{r.what} key '{given}' holds no number: {left_out[given]}; expected a column "
-                                 f"of numbers")
+            raise ForensicsError(
+                f"{r.what} key '{given}' holds no number: {left_out[given]}; expected a column of numbers"
+            )
         if given not in names:
             close = [n for n in names if n.lower() == given.lower()] or [m.name for m in matches[:3]]
             hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-            raise ForensicsError(f"{r.what} key '{given}' is not among the metrics{hint}; "
-                                 f"the metrics are {_listing(names)}")
+            raise ForensicsError(
+                f"{r.what} key '{given}' is not among the metrics{hint}; the metrics are {_listing(names)}"
+            )
         return KeyChoice(r.name, given, f"given ({r.flag or 'by the caller'})", cands, given=True)
     if not matches:
         unusable = [m.name for m in _candidates(r, list(left_out), None)]
         if required and unusable:
-            raise ForensicsError(f"no {r.what} column found: {left_out[unusable[0]]}; expected a column of numbers "
-                                 f"(or give {r.flag or 'the key'})")
+            raise ForensicsError(
+                f"no {r.what} column found: {left_out[unusable[0]]}; expected a column of numbers "
+                f"(or give {r.flag or 'the key'})"
+            )
         if required:
-            raise ForensicsError(f"no {r.what} column found: no metric name holds "
-                                 f"{' or '.join(repr(' '.join(p)) for p in r.phrases[:3])}{r.note}; "
-                                 f"give {r.flag or 'it'}; "
-                                 f"the metrics are {_listing(names) or 'none'}")
+            raise ForensicsError(
+                f"no {r.what} column found: no metric name holds "
+                f"{' or '.join(repr(' '.join(p)) for p in r.phrases[:3])}{r.note}; "
+                f"give {r.flag or 'it'}; "
+                f"the metrics are {_listing(names) or 'none'}"
+            )
         article = "an" if r.what[:1] in "aeiou" else "a"
         return KeyChoice(r.name, None, f"no metric name holds {article} {r.what}", ())
     best = matches[0]
@@ -332,12 +442,16 @@ def choose_key(
     warning = None
     if len(tied) > 1:
         others = ", ".join(f"'{m.name}'" for m in tied[1:4]) + (f" (+{len(tied) - 4})" if len(tied) > 4 else "")
-        warning = (f"{r.what} key: '{best.name}' and {others} are equally good names; analysed '{best.name}' "
-                   f"(the first); give {r.flag or 'the key explicitly'} to choose")
+        warning = (
+            f"{r.what} key: '{best.name}' and {others} are equally good names; analysed '{best.name}' "
+            f"(the first); give {r.flag or 'the key explicitly'} to choose"
+        )
         reason += "; tied with " + others
     elif best.eval_split and r is LOSS:
-        warning = (f"loss key: only val/eval/test losses are logged; analysed '{best.name}'; "
-                   f"give {r.flag} to choose another metric")
+        warning = (
+            f"loss key: only val/eval/test losses are logged; analysed '{best.name}'; "
+            f"give {r.flag} to choose another metric"
+        )
     return KeyChoice(r.name, best.name, reason, cands, tuple(m.name for m in tied), warning=warning)
 
 
@@ -374,12 +488,16 @@ def find_column(columns: Iterable[str], keys: Sequence[str], contains: Sequence[
     return choose_key(columns, role).key
 
 
-def find_loss_key(columns: Iterable[str], given: str | None = None,
-                  left_out: Mapping[str, str] | None = None) -> str:
+def find_loss_key(columns: Iterable[str], given: str | None = None, left_out: Mapping[str, str] | None = None) -> str:
     """The loss column: ``given`` when set (it must exist), else the best-named loss (ForensicsError when none);
     ``left_out`` as in :func:`choose_key`."""
-    return choose_key(columns, LOSS, given=given, required=True,  # type: ignore[return-value]
-                      left_out=left_out).key
+    return choose_key(
+        columns,
+        LOSS,
+        given=given,
+        required=True,  # type: ignore[return-value]
+        left_out=left_out,
+    ).key
 
 
 def grad_norm_column(columns: Iterable[str]) -> str | None:

@@ -63,8 +63,12 @@ _FEW = 5  # offending values quoted in an error message
 
 
 # --- reading files ------------------------------------------------------------------------------------------------
-def read_table(path: str | Path, what: str, columns: Sequence[str] | None = None,
-               required: Callable[[Sequence[str]], bool] | None = None) -> pd.DataFrame:
+def read_table(
+    path: str | Path,
+    what: str,
+    columns: Sequence[str] | None = None,
+    required: Callable[[Sequence[str]], bool] | None = None,
+) -> pd.DataFrame:
     """Read a Parquet, CSV or JSONL table; a missing or unreadable file is bad input.
 
     ``columns``: of a Parquet file read only those that it has, provided ``required(its column names)`` holds (else
@@ -90,13 +94,23 @@ def read_table(path: str | Path, what: str, columns: Sequence[str] | None = None
         if suffix in (".jsonl", ".json", ".jsonl.gz", ".ndjson"):
             return pd.read_json(path, lines=suffix != ".json")
     except Exception as exc:  # OSError, ValueError, and pyarrow's own types for corrupt files
-        raise ForensicsError(f"{what} file {path} could not be read: {_first_line(exc)}; expected a "
-                             f"{_FORMATS.get(suffix, 'table')} table") from exc
+        raise ForensicsError(
+            f"{what} file {path} could not be read: {_first_line(exc)}; expected a "
+            f"{_FORMATS.get(suffix, 'table')} table"
+        ) from exc
     raise ForensicsError(f"{what} file {path} has an unknown format {suffix!r}; expected .parquet, .csv or .jsonl")
 
 
-_FORMATS = {".parquet": "Parquet", ".pq": "Parquet", ".csv": "CSV", ".csv.gz": "CSV", ".jsonl": "JSONL",
-            ".jsonl.gz": "JSONL", ".ndjson": "JSONL", ".json": "JSON"}
+_FORMATS = {
+    ".parquet": "Parquet",
+    ".pq": "Parquet",
+    ".csv": "CSV",
+    ".csv.gz": "CSV",
+    ".jsonl": "JSONL",
+    ".jsonl.gz": "JSONL",
+    ".ndjson": "JSONL",
+    ".json": "JSON",
+}
 
 
 def parquet_schema(path: str | Path, what: str) -> pa.Schema:
@@ -115,8 +129,10 @@ def parquet_schema(path: str | Path, what: str) -> pa.Schema:
     try:
         return pq.read_schema(path)
     except Exception as exc:  # pyarrow's ArrowInvalid / OSError for a missing or damaged footer
-        raise ForensicsError(f"{what} file {path} could not be read as Parquet ({_first_line(exc)}); expected a "
-                             "Parquet file with its footer (was it truncated or overwritten?)") from exc
+        raise ForensicsError(
+            f"{what} file {path} could not be read as Parquet ({_first_line(exc)}); expected a "
+            "Parquet file with its footer (was it truncated or overwritten?)"
+        ) from exc
 
 
 def parquet_metadata(path: str | Path, what: str):  # -> pyarrow.parquet.FileMetaData
@@ -127,8 +143,9 @@ def parquet_metadata(path: str | Path, what: str):  # -> pyarrow.parquet.FileMet
     return pq.ParquetFile(path).metadata
 
 
-def _read_hive(path: Path, what: str, columns: Sequence[str] | None,
-               required: Callable[[Sequence[str]], bool] | None) -> pd.DataFrame:
+def _read_hive(
+    path: Path, what: str, columns: Sequence[str] | None, required: Callable[[Sequence[str]], bool] | None
+) -> pd.DataFrame:
     """A hive-partitioned folder (``epoch=E/part.parquet``): each part with its folders' ``key=value`` as columns
     (integers when they read as integers), parts in the order of those values, then of their names."""
     parts = hive_parts(path)
@@ -153,12 +170,12 @@ def hive_parts(root: Path) -> list[Path]:
     """The Parquet parts of a hive-partitioned folder in the order every reader takes them: by their folders'
     values (``epoch=2`` before ``epoch=10``), then by name; an engine that keeps the plan's row order follows it."""
     parts = [f for f in root.rglob("*.parquet") if all("=" in q for q in f.relative_to(root).parts[:-1])]
-    return sorted(parts, key=lambda f: (tuple((k, str(type(v)), v) for k, v in hive_partition_values(f, root).items()),
-                                        f.name))
+    return sorted(
+        parts, key=lambda f: (tuple((k, str(type(v)), v) for k, v in hive_partition_values(f, root).items()), f.name)
+    )
 
 
-def _read_parquet(path: Path, columns: Sequence[str],
-                  required: Callable[[Sequence[str]], bool] | None) -> pd.DataFrame:
+def _read_parquet(path: Path, columns: Sequence[str], required: Callable[[Sequence[str]], bool] | None) -> pd.DataFrame:
     """The wanted columns of a Parquet file (all of them when it lacks what is required), through pyarrow with one
     block per column: pandas' own reader consolidates the columns into one block, a copy of the whole table."""
     import pyarrow.parquet as pq
@@ -208,8 +225,17 @@ def cast_int(df: pd.DataFrame, column: str, dtype: str, what: str, origin: str) 
     df[column] = num.astype(dtype)
 
 
-_SPECIAL = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
-            "+infinity": math.inf, "-infinity": -math.inf, "none": math.nan, "null": math.nan}
+_SPECIAL = {
+    "nan": math.nan,
+    "inf": math.inf,
+    "+inf": math.inf,
+    "-inf": -math.inf,
+    "infinity": math.inf,
+    "+infinity": math.inf,
+    "-infinity": -math.inf,
+    "none": math.nan,
+    "null": math.nan,
+}
 
 
 def parse_float_cells(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -241,16 +267,23 @@ def cast_float(df: pd.DataFrame, column: str, what: str, origin: str) -> None:
     if lost.any():
         # pandas does not parse every spelling of non-finite values; accept the common ones explicitly.
         text = s[lost].astype(str).str.strip().str.lower()
-        special = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
-                   "+infinity": math.inf, "-infinity": -math.inf, "none": math.nan, "null": math.nan}
+        special = {
+            "nan": math.nan,
+            "inf": math.inf,
+            "+inf": math.inf,
+            "-inf": -math.inf,
+            "infinity": math.inf,
+            "+infinity": math.inf,
+            "-infinity": -math.inf,
+            "none": math.nan,
+            "null": math.nan,
+        }
         mapped = text.map(special)
         num = num.astype("float64")
         num[lost] = mapped
         still = mapped.isna() & ~text.isin(["nan", "none", "null"])
         if still.any():
-            raise ForensicsError(
-                f"{what} {origin}: column '{column}' must be numeric; got {_few(s[lost][still])}"
-            )
+            raise ForensicsError(f"{what} {origin}: column '{column}' must be numeric; got {_few(s[lost][still])}")
     df[column] = num.astype("float64")
 
 
@@ -309,8 +342,11 @@ def metrics_table(steps: np.ndarray, columns: dict[str, tuple[np.ndarray, np.nda
 
 def written(metrics: pd.DataFrame, column: str) -> np.ndarray:
     """Rows where ``column`` was written: a value, inf or a logged NaN (null cells were never written)."""
-    return ~metrics[column].isna().to_numpy(dtype=bool) if isinstance(metrics[column].dtype, pd.ArrowDtype) \
+    return (
+        ~metrics[column].isna().to_numpy(dtype=bool)
+        if isinstance(metrics[column].dtype, pd.ArrowDtype)
         else np.ones(len(metrics), dtype=bool)
+    )
 
 
 def metric_values(metrics: pd.DataFrame, column: str) -> np.ndarray:
@@ -354,11 +390,11 @@ def _canonical(df: pd.DataFrame) -> bool:
     if df.columns.duplicated().any():
         return False
     steps = df[STEP]
-    if steps.dtype != np.int64 or not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 \
-            or df.index.step != 1:
+    if steps.dtype != np.int64 or not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 or df.index.step != 1:
         return False
-    if not all(c == STEP or (isinstance(df[c].dtype, pd.ArrowDtype) and df[c].dtype == METRIC_DTYPE)
-               for c in df.columns):
+    if not all(
+        c == STEP or (isinstance(df[c].dtype, pd.ArrowDtype) and df[c].dtype == METRIC_DTYPE) for c in df.columns
+    ):
         return False
     values = steps.to_numpy()
     return len(values) < 2 or bool((values[1:] > values[:-1]).all())
@@ -448,14 +484,18 @@ def alignment_warnings(metric_steps: np.ndarray, plan_steps: np.ndarray) -> list
             ahead = no_metrics[no_metrics > m.max()]
             gaps = len(no_metrics) - len(ahead)
             if len(ahead):
-                out.append(f"the plan runs {len(ahead)} steps ahead of the metrics (steps {ahead[0]}-{ahead[-1]} "
-                           "have no metrics row yet)")
+                out.append(
+                    f"the plan runs {len(ahead)} steps ahead of the metrics (steps {ahead[0]}-{ahead[-1]} "
+                    "have no metrics row yet)"
+                )
             if gaps:
                 out.append(f"{gaps} plan steps inside the logged range have no metrics row")
         past = m[m > p.max()]
         if len(past):
-            out.append(f"{len(past)} metrics rows are past the plan's last step {p.max()} "
-                       f"(steps {past[0]}-{past[-1]} have no batch)")
+            out.append(
+                f"{len(past)} metrics rows are past the plan's last step {p.max()} "
+                f"(steps {past[0]}-{past[-1]} have no batch)"
+            )
     return out
 
 
@@ -466,5 +506,6 @@ def check_output(path: str | Path | None, suffixes: Sequence[str], what: str) ->
         return
     suffix = Path(path).suffix.lower()
     if suffix not in suffixes:
-        raise ForensicsError(f"{what} {path}: this command writes {' or '.join(suffixes)} there; got "
-                             f"{suffix or 'no suffix'}")
+        raise ForensicsError(
+            f"{what} {path}: this command writes {' or '.join(suffixes)} there; got {suffix or 'no suffix'}"
+        )

@@ -27,6 +27,18 @@ from forensics.sources.reader.records import STEP_KEYS, ReaderReport, Records
 from forensics.sources.registry import FORMATS, detect_format, open_reader
 
 __all__ = [
-    "FORMATS", "STEP_KEYS", "IngestReport", "LiveMetrics", "MetricsReader", "ReaderReport", "Records",
-    "SourceAlignment", "detect_format", "merge_readers", "open_reader", "open_readers", "read_metrics", "summarize",
+    "FORMATS",
+    "STEP_KEYS",
+    "IngestReport",
+    "LiveMetrics",
+    "MetricsReader",
+    "ReaderReport",
+    "Records",
+    "SourceAlignment",
+    "detect_format",
+    "merge_readers",
+    "open_reader",
+    "open_readers",
+    "read_metrics",
+    "summarize",
 ]

@@ -20,15 +20,39 @@ from forensics.errors import ForensicsError
 TAIL_BYTES = 64 * 1024
 #: Crash kinds, most specific first: a traceback is only the wrapper of the others.
 CRASH_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation"
-                       r"|HIP out of memory", re.I)),
-    ("nccl", re.compile(r"NCCL[^\n]*(timeout|timed out|watchdog|error)|Watchdog caught collective operation timeout"
-                        r"|nccl(Internal|System|Unhandled(Cuda)?|Remote)Error", re.I)),
+    (
+        "oom",
+        re.compile(
+            r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation"
+            r"|HIP out of memory",
+            re.I,
+        ),
+    ),
+    (
+        "nccl",
+        re.compile(
+            r"NCCL[^\n]*(timeout|timed out|watchdog|error)|Watchdog caught collective operation timeout"
+            r"|nccl(Internal|System|Unhandled(Cuda)?|Remote)Error",
+            re.I,
+        ),
+    ),
     ("ecc", re.compile(r"cudaErrorECCUncorrectable|uncorrectable ECC|ECC error", re.I)),
-    ("nonfinite", re.compile(r"(AssertionError|RuntimeError|ValueError|FloatingPointError)[^\n]*\b(nan|inf|non-?finite)"
-                             r"\b|\bloss (is|became|was) (nan|inf)\b|returned nan values", re.I)),
-    ("killed", re.compile(r"oom[-_ ]kill|Out of memory: Killed process|\bSIGKILL\b|signal 9\b|exitcode\s*:\s*-9\b"
-                          r"|^\s*Killed\s*$", re.I)),
+    (
+        "nonfinite",
+        re.compile(
+            r"(AssertionError|RuntimeError|ValueError|FloatingPointError)[^\n]*\b(nan|inf|non-?finite)"
+            r"\b|\bloss (is|became|was) (nan|inf)\b|returned nan values",
+            re.I,
+        ),
+    ),
+    (
+        "killed",
+        re.compile(
+            r"oom[-_ ]kill|Out of memory: Killed process|\bSIGKILL\b|signal 9\b|exitcode\s*:\s*-9\b"
+            r"|^\s*Killed\s*$",
+            re.I,
+        ),
+    ),
     ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
 )
 #: A step number as training logs print it (``step:120/5000``, ``iteration   31214/``, ``global_step=7``).
@@ -76,8 +100,14 @@ def shifted_rewinds(report: Any) -> list[Any]:
     for r in report.rewinds:
         n = offsets.get(r.source, 0)
         overlap = {k: [(s - n, a, b) for s, a, b in v] for k, v in r.overlap.items()}
-        out.append(dataclasses.replace(r, from_step=r.from_step - n,
-                                       last_step=None if r.last_step is None else r.last_step - n, overlap=overlap))
+        out.append(
+            dataclasses.replace(
+                r,
+                from_step=r.from_step - n,
+                last_step=None if r.last_step is None else r.last_step - n,
+                overlap=overlap,
+            )
+        )
     return out
 
 
@@ -115,7 +145,7 @@ def crash_lines(path: str) -> list[CrashLine]:
                 continue
             if what == "traceback":
                 in_traceback = True
-                line = next((t for t in lines[i + 1:] if t and not t[0].isspace()), text)
+                line = next((t for t in lines[i + 1 :] if t and not t[0].isspace()), text)
             else:
                 line = text
             found[what] = CrashLine(what, line.strip()[:500], path, no, step)

@@ -117,23 +117,31 @@ class CsvReader(MetricsReader):
                 read_options=pa_csv.ReadOptions(column_names=self._names, use_threads=False),
                 parse_options=pa_csv.ParseOptions(delimiter=self.delimiter, invalid_row_handler=on_bad_row),
                 convert_options=pa_csv.ConvertOptions(
-                    null_values=[""], strings_can_be_null=True, include_columns=self._keep,
+                    null_values=[""],
+                    strings_can_be_null=True,
+                    include_columns=self._keep,
                 ),
             )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ForensicsError(f"{self.source}: could not be parsed as CSV ({str(exc).splitlines()[0]}); expected "
-                                 "comma-separated metrics under one header row") from exc
+            raise ForensicsError(
+                f"{self.source}: could not be parsed as CSV ({str(exc).splitlines()[0]}); expected "
+                "comma-separated metrics under one header row"
+            ) from exc
         for where, reason in bad:
             self._malformed(where, reason)
         if bad:
             bad_lines = {w for w, _ in bad}
-            kept_lines = [first_line + i for i, line in enumerate(block.split(b"\n")[:-1])
-                          if line.strip() and first_line + i not in bad_lines]
+            kept_lines = [
+                first_line + i
+                for i, line in enumerate(block.split(b"\n")[:-1])
+                if line.strip() and first_line + i not in bad_lines
+            ]
             where = np.asarray(kept_lines, dtype=np.int64)
         else:
             n = block.count(b"\n")
             where = np.arange(first_line, first_line + n, dtype=np.int64)
             if len(where) != table.num_rows:
-                where = np.asarray([first_line + i for i, line in enumerate(block.split(b"\n")[:-1])
-                                    if line.strip()], dtype=np.int64)
+                where = np.asarray(
+                    [first_line + i for i, line in enumerate(block.split(b"\n")[:-1]) if line.strip()], dtype=np.int64
+                )
         return Records(table, where)

@@ -48,10 +48,16 @@ class SourceAlignment:
     evidence: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "format": self.format, "step_key": self.step_key,
-                "step_offset": self.step_offset, "convention": self.convention, "logging_steps": self.logging_steps,
-                "evidence": self.evidence,
-                "damaged": [self._shifted(d) for d in self.damaged]}
+        return {
+            "source": self.source,
+            "format": self.format,
+            "step_key": self.step_key,
+            "step_offset": self.step_offset,
+            "convention": self.convention,
+            "logging_steps": self.logging_steps,
+            "evidence": self.evidence,
+            "damaged": [self._shifted(d) for d in self.damaged],
+        }
 
     def _shifted(self, damage: Any) -> dict[str, Any]:
         """A damaged region with its steps as metrics steps (the reader saw logged steps)."""
@@ -88,8 +94,10 @@ class IngestReport:
     def summary_lines(self) -> list[str]:
         """The summary ``forensics ingest`` prints: rows, step range, metrics with NaN/inf, rewinds, skipped lines."""
         span = f"steps {self.step_range[0]}-{self.step_range[1]}" if self.step_range else "no steps"
-        lines = [f"{counted(self.rows, 'row')}, {span}, {counted(len(self.metrics), 'metric')} from "
-                 f"{counted(len(self.sources), 'source')}"]
+        lines = [
+            f"{counted(self.rows, 'row')}, {span}, {counted(len(self.metrics), 'metric')} from "
+            f"{counted(len(self.sources), 'source')}"
+        ]
         for name, c in self.metrics.items():
             extra = [f"{c[k]} {label}" for k, label in (("nan", "NaN"), ("inf", "inf"), ("missing", "missing")) if c[k]]
             lines.append(f"  {name}: {counted(c['values'], 'value')}" + (f" ({', '.join(extra)})" if extra else ""))
@@ -112,19 +120,28 @@ def summarize(table: pd.DataFrame) -> dict[str, dict[str, int]]:
             continue
         v = table[col].to_numpy(dtype=np.float64, na_value=np.nan)
         w = written(table, col)
-        out[col] = {"values": int(np.isfinite(v).sum()), "nan": int((np.isnan(v) & w).sum()),
-                    "inf": int(np.isinf(v).sum()), "missing": int((~w).sum())}
+        out[col] = {
+            "values": int(np.isfinite(v).sum()),
+            "nan": int((np.isnan(v) & w).sum()),
+            "inf": int(np.isinf(v).sum()),
+            "missing": int((~w).sum()),
+        }
     return out
 
 
 def _arrow_counts(arr: pa.ChunkedArray | pa.Array) -> dict[str, int]:
     """:func:`summarize`'s counts of one Arrow float64 column, by Arrow's kernels (null = never written; a null
     is neither finite, NaN nor inf)."""
+
     def count(mask: pa.ChunkedArray | pa.Array) -> int:
         return int(pc.sum(mask).as_py() or 0)
 
-    return {"values": count(pc.is_finite(arr)), "nan": count(pc.is_nan(arr)), "inf": count(pc.is_inf(arr)),
-            "missing": int(arr.null_count)}
+    return {
+        "values": count(pc.is_finite(arr)),
+        "nan": count(pc.is_nan(arr)),
+        "inf": count(pc.is_inf(arr)),
+        "missing": int(arr.null_count),
+    }
 
 
 def open_readers(
@@ -143,8 +160,9 @@ def open_readers(
     readers = []
     for s in sources:
         spec = s if isinstance(s, SourceSpec) else SourceSpec(str(s))
-        reader = open_reader(spec.path, keys=keys, step_key=spec.step_key or step_key, pattern=pattern,
-                             strict=strict, run_id=run_id)
+        reader = open_reader(
+            spec.path, keys=keys, step_key=spec.step_key or step_key, pattern=pattern, strict=strict, run_id=run_id
+        )
         reader.given_offset = spec.step_offset
         reader.given_step_key = spec.step_key or step_key
         readers.append(reader)
@@ -162,13 +180,22 @@ def alignment_of(reader: MetricsReader, step_offset: int | None) -> SourceAlignm
     step_offset = own if own is not None else step_offset
     if step_offset is not None or getattr(reader, "given_step_key", None):
         how = "given"
-        return SourceAlignment(reader.source, reader.format_name, reader.step_key_used, int(step_offset or 0), how,
-                               damaged)
+        return SourceAlignment(
+            reader.source, reader.format_name, reader.step_key_used, int(step_offset or 0), how, damaged
+        )
     conv = recognise(reader)
     if conv is None:
         return SourceAlignment(reader.source, reader.format_name, reader.step_key_used, 0, "as logged", damaged)
-    return SourceAlignment(reader.source, reader.format_name, conv.step_key, conv.step_offset, conv.convention,
-                           damaged, conv.logging_steps, conv.evidence)
+    return SourceAlignment(
+        reader.source,
+        reader.format_name,
+        conv.step_key,
+        conv.step_offset,
+        conv.convention,
+        damaged,
+        conv.logging_steps,
+        conv.evidence,
+    )
 
 
 def _realign(reader: MetricsReader, alignment: SourceAlignment) -> MetricsReader:
@@ -230,8 +257,9 @@ def _overlap_warnings(overlaps: dict[tuple[str, str], list[tuple[str, int, int]]
     return out
 
 
-def merge_readers(readers: list[MetricsReader], step_offset: int | None = None,
-                  keys: Sequence[str] | None = None) -> tuple[pd.DataFrame, IngestReport]:
+def merge_readers(
+    readers: list[MetricsReader], step_offset: int | None = None, keys: Sequence[str] | None = None
+) -> tuple[pd.DataFrame, IngestReport]:
     """Align what each reader has read so far and merge them (in order, later wins) into the table and its report.
 
     A reader whose source names another step key is replaced in ``readers`` by one reading that key (once: a live
@@ -247,8 +275,12 @@ def merge_readers(readers: list[MetricsReader], step_offset: int | None = None,
         report.step_range = (int(merged[STEP].iloc[0]), int(merged[STEP].iloc[-1]))
     report.metrics = summarize(merged)
     # the columns no source could give a number, for the key lookup to name when it looks for one of them
-    merged.attrs[LEFT_OUT] = {name: f"column '{name}' of {r.source} {why}" for r in reversed(readers)
-                              for name, why in r.report.left_out.items() if name not in merged.columns}
+    merged.attrs[LEFT_OUT] = {
+        name: f"column '{name}' of {r.source} {why}"
+        for r in reversed(readers)
+        for name, why in r.report.left_out.items()
+        if name not in merged.columns
+    }
     for r in readers:
         if r.report.rows == 0:
             report.warnings.append(f"{r.source}: no metrics rows found")
@@ -291,8 +323,10 @@ def read_metrics(
             reader.read_all()
             advance(reader.source)
             if reader.report.rows == 0:
-                raise ForensicsError(f"metrics source {reader.source} yields no rows: {empty_reason(reader)}; "
-                                     f"expected {reader.format_name} records of a step and its metrics")
+                raise ForensicsError(
+                    f"metrics source {reader.source} yields no rows: {empty_reason(reader)}; "
+                    f"expected {reader.format_name} records of a step and its metrics"
+                )
     return merge_readers(readers, step_offset, keys)
 
 
@@ -332,8 +366,15 @@ class _progress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._bar = Progress(TextColumn("reading metrics"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                             TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+        self._bar = Progress(
+            TextColumn("reading metrics"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self._bar.start()
         task = self._bar.add_task("", total=self.total)
         return lambda name: self._bar.advance(task) if self._bar else None

@@ -27,8 +27,10 @@ def document_records(data: object, source: str) -> list[dict]:
                 data = data[key]
                 break
     if not isinstance(data, list):
-        raise ForensicsError(f"metrics file {source}: a JSON document must be a list of records or hold one "
-                             f"under {', '.join(RECORD_KEYS)}")
+        raise ForensicsError(
+            f"metrics file {source}: a JSON document must be a list of records or hold one "
+            f"under {', '.join(RECORD_KEYS)}"
+        )
     return [r for r in data if isinstance(r, dict)]
 
 
@@ -56,15 +58,14 @@ class JsonDocumentReader(MetricsReader):
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             if self.finished:
-                raise ForensicsError(f"metrics file {path} is not valid JSON ({exc.msg} at line {exc.lineno})") \
-                    from exc
+                raise ForensicsError(f"metrics file {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
             return None  # a writer is replacing the file: read it once it is whole
         self._stamp = stamp
         if isinstance(data, dict):  # the document's own scalar fields (trainer_state.json: global_step, logging_steps)
             self.report.metadata["document"] = {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
             self.report.metadata["records_key"] = next((k for k in RECORD_KEYS if isinstance(data.get(k), list)), None)
         records = document_records(data, str(path))
-        new = records[self._seen:]
+        new = records[self._seen :]
         self._seen = len(records)
         if not new:
             return None

@@ -109,7 +109,7 @@ class JsonlReader(MetricsReader):
         lines = block.split(b"\n")[:-1]
         out: list[Records] = []
         for start in range(0, len(lines), _RETRY_LINES):
-            piece = lines[start:start + _RETRY_LINES]
+            piece = lines[start : start + _RETRY_LINES]
             data = b"\n".join(piece) + b"\n"
             first = first_line + start
             if len(lines) > _RETRY_LINES:
@@ -162,14 +162,19 @@ def records_from_objects(objs: list[dict], where: list[int], reader: MetricsRead
             columns[k] = pa.array(raw)
             if pa.types.is_string(columns[k].type) or pa.types.is_integer(columns[k].type):
                 continue
-            if not (pa.types.is_floating(columns[k].type) or pa.types.is_boolean(columns[k].type)
-                    or pa.types.is_null(columns[k].type)):
+            if not (
+                pa.types.is_floating(columns[k].type)
+                or pa.types.is_boolean(columns[k].type)
+                or pa.types.is_null(columns[k].type)
+            ):
                 raise pa.ArrowInvalid("not a scalar")
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             # text and numbers mixed: as text, which the row accumulator (reader/rows.py) parses cell by cell (a
             # cell that is not a number is missing, counted with its line)
-            columns[k] = pa.array([None if v is None else (repr(float(v)) if isinstance(v, (bool, int, float))
-                                                          else str(v)) for v in raw], pa.string())
+            columns[k] = pa.array(
+                [None if v is None else (repr(float(v)) if isinstance(v, (bool, int, float)) else str(v)) for v in raw],
+                pa.string(),
+            )
     return Records(pa.table(columns), np.asarray(where, dtype=np.int64))
 
 

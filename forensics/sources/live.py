@@ -36,8 +36,9 @@ class LiveMetrics:
     ) -> None:
         if isinstance(sources, (str, Path)):
             sources = [sources]
-        self.readers = open_readers(sources, keys=keys, step_key=step_key, pattern=pattern, strict=strict,
-                                    run_id=run_id)
+        self.readers = open_readers(
+            sources, keys=keys, step_key=step_key, pattern=pattern, strict=strict, run_id=run_id
+        )
         self.keys = keys
         self.step_offset = step_offset
         self._table = metrics_table(np.array([], dtype=np.int64), {})

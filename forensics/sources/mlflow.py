@@ -49,8 +49,13 @@ def _store_runs(root: Path) -> list[Path]:
     """The run folders of a file store (``EXPERIMENT/RUN_ID``, the trash left out)."""
     if not root.is_dir():
         return []
-    return sorted(r for e in root.iterdir() if e.is_dir() and e.name != ".trash" and (e / "meta.yaml").is_file()
-                  for r in e.iterdir() if r.is_dir() and _is_run_folder(r))
+    return sorted(
+        r
+        for e in root.iterdir()
+        if e.is_dir() and e.name != ".trash" and (e / "meta.yaml").is_file()
+        for r in e.iterdir()
+        if r.is_dir() and _is_run_folder(r)
+    )
 
 
 def resolve(source: str, tracking_uri: str | None) -> tuple[str, str]:
@@ -58,13 +63,15 @@ def resolve(source: str, tracking_uri: str | None) -> tuple[str, str]:
     s = str(source)
     for prefix in PREFIXES:
         if s.startswith(prefix):
-            run_id = s[len(prefix):].strip("/")
+            run_id = s[len(prefix) :].strip("/")
             uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
             if not run_id:
                 raise ForensicsError(f"MLflow source {s!r} names no run; expected mlflow:RUN_ID")
             if not uri:
-                raise ForensicsError(f"MLflow source {s!r}: no tracking URI; set MLFLOW_TRACKING_URI or give "
-                                     "--mlflow-uri (a server, sqlite:///mlflow.db or a mlruns/ folder)")
+                raise ForensicsError(
+                    f"MLflow source {s!r}: no tracking URI; set MLFLOW_TRACKING_URI or give "
+                    "--mlflow-uri (a server, sqlite:///mlflow.db or a mlruns/ folder)"
+                )
             if "://" not in uri and ":" not in uri.split("/")[0]:
                 uri = Path(uri).resolve().as_uri()  # a plain folder is a file store
             return uri, run_id
@@ -77,8 +84,10 @@ def resolve(source: str, tracking_uri: str | None) -> tuple[str, str]:
     if not runs:
         raise ForensicsError(f"MLflow folder {s} holds no run (expected mlruns/EXPERIMENT/RUN_ID/meta.yaml)")
     names = ", ".join(f"{r.parent.name}/{r.name}" for r in runs[:6]) + (" ..." if len(runs) > 6 else "")
-    raise ForensicsError(f"MLflow folder {s} holds {len(runs)} runs ({names}); give one run's folder "
-                         f"({s}/EXPERIMENT/RUN_ID) or mlflow:RUN_ID with --mlflow-uri {s}")
+    raise ForensicsError(
+        f"MLflow folder {s} holds {len(runs)} runs ({names}); give one run's folder "
+        f"({s}/EXPERIMENT/RUN_ID) or mlflow:RUN_ID with --mlflow-uri {s}"
+    )
 
 
 class MlflowReader(MetricsReader):
@@ -91,8 +100,15 @@ class MlflowReader(MetricsReader):
     format_name = "mlflow"
     _where_word = "value"
 
-    def __init__(self, source: str | Path, *, keys: Sequence[str] | None = None, step_key: str | None = None,
-                 strict: bool = False, tracking_uri: str | None = None) -> None:
+    def __init__(
+        self,
+        source: str | Path,
+        *,
+        keys: Sequence[str] | None = None,
+        step_key: str | None = None,
+        strict: bool = False,
+        tracking_uri: str | None = None,
+    ) -> None:
         self.tracking_uri, self.run_id = resolve(str(source), tracking_uri)
         self._client: Any = None
         super().__init__(str(source), keys=keys, step_key=step_key or MLFLOW_STEP, strict=strict)
@@ -119,14 +135,18 @@ class MlflowReader(MetricsReader):
             entries = []
             for k, key in enumerate(sorted(run.data.metrics)):
                 history = client.get_metric_history(self.run_id, key)
-                new = history[self._seen.get(key, 0):]
+                new = history[self._seen.get(key, 0) :]
                 self._seen[key] = len(history)
                 entries += [(int(m.timestamp), k, i, int(m.step), key, float(m.value)) for i, m in enumerate(new)]
         except MlflowException as exc:
             raise ForensicsError(f"MLflow run {self.run_id} at {self.tracking_uri}: {exc.message}") from exc
-        self.report.metadata = {"run_id": self.run_id, "experiment_id": run.info.experiment_id,
-                                "name": run.info.run_name, "status": run.info.status,
-                                "tracking_uri": self.tracking_uri}
+        self.report.metadata = {
+            "run_id": self.run_id,
+            "experiment_id": run.info.experiment_id,
+            "name": run.info.run_name,
+            "status": run.info.status,
+            "tracking_uri": self.tracking_uri,
+        }
         if not entries:
             return None
         # write order: a value joins the row before it when it is the same step and a key that row lacks

@@ -43,14 +43,18 @@ class ParquetReader(MetricsReader):
         try:
             table = pq.read_table(path)
         except (OSError, pa.ArrowException) as exc:
-            raise ForensicsError(f"metrics file {path} could not be read as Parquet ({str(exc).splitlines()[0]}); "
-                                 "expected a Parquet table of metrics") from exc
+            raise ForensicsError(
+                f"metrics file {path} could not be read as Parquet ({str(exc).splitlines()[0]}); "
+                "expected a Parquet table of metrics"
+            ) from exc
         self._stamp = stamp
         step_name = self.step_key or next((k for k in STEP_KEYS if k in table.column_names), STEP)
         if step_name not in table.column_names:
-            raise ForensicsError(f"metrics file {path}: missing column '{step_name}' (expected a step column beside "
-                                 "the metric columns); "
-                                 f"it has {', '.join(table.column_names[:12])}")
+            raise ForensicsError(
+                f"metrics file {path}: missing column '{step_name}' (expected a step column beside "
+                "the metric columns); "
+                f"it has {', '.join(table.column_names[:12])}"
+            )
         if self._max_step is not None:
             table = table.filter(pc.greater(table[step_name], self._max_step))
         if table.num_rows:

@@ -28,17 +28,20 @@ class Format:
     options: tuple[str, ...] = ()
 
 
-FORMATS: dict[str, Format] = {f.name: f for f in (
-    Format("jsonl", "forensics.sources.jsonl:JsonlReader", (".jsonl", ".ndjson")),
-    Format("json", "forensics.sources.json_document:JsonDocumentReader", (".json",)),
-    Format("csv", "forensics.sources.csv_table:CsvReader", (".csv", ".tsv"), ("include_minmax",)),
-    Format("tensorboard", "forensics.sources.tensorboard.event_reader:TensorBoardReader"),
-    Format("text", "forensics.sources.text_log:TextLogReader", (".log", ".txt", ".out", ".err"), ("pattern",)),
-    Format("parquet", "forensics.sources.parquet:ParquetReader", (".parquet", ".pq")),
-    Format("wandb", "forensics.sources.wandb.run_reader:WandbRunReader", (".wandb",), ("run_id",)),
-    Format("wandb-api", "forensics.sources.wandb.api_reader:WandbApiReader"),
-    Format("mlflow", "forensics.sources.mlflow:MlflowReader", (), ("tracking_uri",)),
-)}
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("jsonl", "forensics.sources.jsonl:JsonlReader", (".jsonl", ".ndjson")),
+        Format("json", "forensics.sources.json_document:JsonDocumentReader", (".json",)),
+        Format("csv", "forensics.sources.csv_table:CsvReader", (".csv", ".tsv"), ("include_minmax",)),
+        Format("tensorboard", "forensics.sources.tensorboard.event_reader:TensorBoardReader"),
+        Format("text", "forensics.sources.text_log:TextLogReader", (".log", ".txt", ".out", ".err"), ("pattern",)),
+        Format("parquet", "forensics.sources.parquet:ParquetReader", (".parquet", ".pq")),
+        Format("wandb", "forensics.sources.wandb.run_reader:WandbRunReader", (".wandb",), ("run_id",)),
+        Format("wandb-api", "forensics.sources.wandb.api_reader:WandbApiReader"),
+        Format("mlflow", "forensics.sources.mlflow:MlflowReader", (), ("tracking_uri",)),
+    )
+}
 
 
 def is_wandb_api_source(source: str) -> bool:
@@ -48,8 +51,13 @@ def is_wandb_api_source(source: str) -> bool:
     if s.startswith("wandb://") or s.startswith(("https://wandb.ai/", "http://wandb.ai/", "wandb.ai/")):
         return True
     parts = s.split("/")
-    return (len(parts) == 3 and all(parts) and not s.startswith((".", "~")) and not Path(parts[0]).exists()
-            and "." not in parts[-1])
+    return (
+        len(parts) == 3
+        and all(parts)
+        and not s.startswith((".", "~"))
+        and not Path(parts[0]).exists()
+        and "." not in parts[-1]
+    )
 
 
 def _json_or_jsonl(path: Path) -> str:

@@ -73,8 +73,13 @@ def recognise_trainer_state(document: dict[str, Any], records_key: str | None) -
     """HF's trainer_state.json: records under ``log_history`` and a top-level ``global_step``."""
     if records_key != "log_history" or "global_step" not in document:
         return None
-    return StepConvention("step", 1, HF_TRAINER, _positive_int(document.get("logging_steps")),
-                          "trainer_state.json: log_history with global_step (HF counts updates from 1)")
+    return StepConvention(
+        "step",
+        1,
+        HF_TRAINER,
+        _positive_int(document.get("logging_steps")),
+        "trainer_state.json: log_history with global_step (HF counts updates from 1)",
+    )
 
 
 def recognise_tensorboard(table: pd.DataFrame) -> StepConvention | None:
@@ -84,9 +89,13 @@ def recognise_tensorboard(table: pd.DataFrame) -> StepConvention | None:
     if HF_TB_EPOCH not in cols or not cols.intersection(HF_TB_TRAINING):
         return None
     steps = _logged_steps(table, STEP, "train/loss")
-    return StepConvention(STEP, 1, HF_TRAINER, logging_interval(steps),
-                          "TensorBoard tags train/epoch and train/loss of HF's TensorBoardCallback (global_step "
-                          "counts updates from 1)")
+    return StepConvention(
+        STEP,
+        1,
+        HF_TRAINER,
+        logging_interval(steps),
+        "TensorBoard tags train/epoch and train/loss of HF's TensorBoardCallback (global_step counts updates from 1)",
+    )
 
 
 def recognise_wandb(table: pd.DataFrame, config: dict[str, Any] | None, step_key: str | None) -> StepConvention:
@@ -101,14 +110,20 @@ def recognise_wandb(table: pd.DataFrame, config: dict[str, Any] | None, step_key
             key = STEP if step_key == HF_WANDB_STEP else HF_WANDB_STEP
             loss = "train/loss" if "train/loss" in cols else None
             logging_steps = logging_interval(_logged_steps(table, key, loss))
-        return StepConvention(HF_WANDB_STEP, 1, HF_TRAINER, logging_steps,
-                              "W&B history rows carry train/global_step (HF's WandbCallback; counts updates from 1)")
+        return StepConvention(
+            HF_WANDB_STEP,
+            1,
+            HF_TRAINER,
+            logging_steps,
+            "W&B history rows carry train/global_step (HF's WandbCallback; counts updates from 1)",
+        )
     # The reader's table holds the step it used as ``step``; a logged key named ``step`` is ``logged_step`` there.
     logged = (cols - {STEP}) | ({"step"} if "logged_step" in cols else set())
     for key in OWN_STEP_KEYS:
         if key in logged or step_key == key:
-            return StepConvention(key, 0, WANDB_OWN_STEP, None,
-                                  f"W&B history logs its own step key '{key}'; _step (log calls) not used")
+            return StepConvention(
+                key, 0, WANDB_OWN_STEP, None, f"W&B history logs its own step key '{key}'; _step (log calls) not used"
+            )
     return StepConvention("_step", 0, WANDB_STEP, None, "W&B run logs no step of its own: _step (one per log call)")
 
 
@@ -116,9 +131,13 @@ def recognise_megatron(table: pd.DataFrame) -> StepConvention | None:
     """Megatron-LM's ``iteration N/ M | consumed samples: ... | lm loss: ...`` lines (module docstring)."""
     if not set(MEGATRON_COLUMNS) <= set(table.columns):
         return None
-    return StepConvention(STEP, 1, MEGATRON, None,
-                          "Megatron-LM iteration lines (consumed samples, lm loss): iteration N is printed after the "
-                          "N-th update")
+    return StepConvention(
+        STEP,
+        1,
+        MEGATRON,
+        None,
+        "Megatron-LM iteration lines (consumed samples, lm loss): iteration N is printed after the N-th update",
+    )
 
 
 def recognise(reader: Any) -> StepConvention | None:
@@ -141,8 +160,9 @@ def recognise(reader: Any) -> StepConvention | None:
     return None
 
 
-def aligned_table(source: str | Path, *, finished: bool = True, **reader_options: Any
-                  ) -> tuple[pd.DataFrame, StepConvention | None]:
+def aligned_table(
+    source: str | Path, *, finished: bool = True, **reader_options: Any
+) -> tuple[pd.DataFrame, StepConvention | None]:
     """Read one source, recognise its convention and return its table aligned to 0-based update steps.
 
     When the convention names another step key than the reader used (HF's W&B ``train/global_step``), the source

@@ -44,14 +44,17 @@ def _step_regex(words: tuple[str, ...]) -> re.Pattern:
         rf"(?<![\w.])(?P<word>{alternatives})(?![\w])\s*[:=]?\s*(?P<step>[^\s|,;/:]+)(?:\s*/\s*(?P<total>\d+))?",
         re.IGNORECASE,
     )
+
+
 #: A field of a ``|``-separated line: a key (spaces and parentheses allowed) then the value.
 _FIELD = re.compile(r"^\s*(?P<key>[A-Za-z_][\w .()/\-\[\]]*?)\s*(?:[:=]\s*|\s+)(?P<val>\S+)\s*$")
 #: ``key=value`` or ``key: value`` anywhere in a line (keys without spaces). The value is maximal and not followed
 #: by ``=``/``:`` (written without a possessive quantifier, which Python 3.10 lacks).
 _PAIR = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w./\-\[\]]*)\s*(?:=|:(?!//))\s*(?P<val>[^\s,;|=:]+)(?![^\s,;|])")
 #: ``key value`` pairs, for lines with neither ``|`` nor ``:``/``=`` fields (``step 5 loss 4.2``).
-_SPACED = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w./\-]*)\s+(?P<val>[-+.\d][^\s,;|]*|nan|inf)(?=[\s,;|]|$)",
-                     re.IGNORECASE)
+_SPACED = re.compile(
+    r"(?<![\w.])(?P<key>[A-Za-z_][\w./\-]*)\s+(?P<val>[-+.\d][^\s,;|]*|nan|inf)(?=[\s,;|]|$)", re.IGNORECASE
+)
 
 
 #: Clock times and dates (``0:01:02``, ``12:00:00.5``, ``2024-05-01``) are fields, not malformed numbers.
@@ -113,7 +116,7 @@ class LineParser:
                 if f:
                     out.append((f.group("key").strip(), f.group("val")))
             return out
-        rest = line[:m.start()] + " " + line[m.end():]
+        rest = line[: m.start()] + " " + line[m.end() :]
         if "," in rest and not _PAIR.search(rest):
             # comma-separated ``key value`` fields whose keys may hold spaces (nanoGPT: ``iter 10: loss 4.2,
             # time 120.1ms`` and ``step 0: train loss 10.98, val loss 10.99``)
@@ -182,8 +185,10 @@ class TextLogReader(MetricsReader):
             return "the file holds no text lines"
         line, text = self.first_unmatched
         hint = "the --pattern given" if isinstance(self.parser, PatternParser) else "the known log forms"
-        return (f"no line matches {hint}; the first line, {line}, reads {text!r}: give --pattern REGEX with a group "
-                "'step' and one named group per metric (e.g. --pattern 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)')")
+        return (
+            f"no line matches {hint}; the first line, {line}, reads {text!r}: give --pattern REGEX with a group "
+            "'step' and one named group per metric (e.g. --pattern 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)')"
+        )
 
     def _read_records(self) -> Records | None:
         if self._file.check_restarted():
@@ -204,8 +209,9 @@ class TextLogReader(MetricsReader):
         table = {"step": pa.array(steps, pa.int64()), **sparse_columns(n, cols)}
         return Records(pa.table(table), np.asarray(where, dtype=np.int64))
 
-    def _parse_lines(self, lines: list[str], first: int, steps: list[int], where: list[int],
-                     cols: dict[str, dict[int, float]]) -> None:
+    def _parse_lines(
+        self, lines: list[str], first: int, steps: list[int], where: list[int], cols: dict[str, dict[int, float]]
+    ) -> None:
         parse = self.parser.parse
         for i, line in enumerate(lines):
             got = parse(line)

@@ -177,8 +177,15 @@ def hypergeom_sf(k: np.ndarray, total: int, successes: np.ndarray, draws: int) -
             ok = (j <= s) & (draws - j <= total - s) & (j >= k)
             if not ok.any():
                 continue
-            logp = (log_s - gammaln(j + 1.0) - gammaln(s - j + 1.0) + log_rest - gammaln(draws - j + 1.0)
-                    - gammaln(total - s - draws + j + 1.0) - base)
+            logp = (
+                log_s
+                - gammaln(j + 1.0)
+                - gammaln(s - j + 1.0)
+                + log_rest
+                - gammaln(draws - j + 1.0)
+                - gammaln(total - s - draws + j + 1.0)
+                - base
+            )
             out += np.where(ok, np.exp(np.where(ok, logp, -np.inf)), 0.0)
     return np.minimum(1.0, out)
 

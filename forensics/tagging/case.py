@@ -68,12 +68,18 @@ class TagResult:
         """The figures a summary shows: steps, epochs, overall padding ratio, boundaries, clusters."""
         tags = self.tags
         padded = int(tags["padded_tokens"].sum()) if len(tags) else 0
-        return {"steps": int(len(tags)), "epochs": int(tags["epoch"].nunique()) if len(tags) else 0,
-                "padding_ratio": 1 - int(tags["real_tokens"].sum()) / padded if padded else 0.0,
-                "boundaries": list(self.boundaries), "clusters": self.clusters.as_dict(), "warnings": self.warnings}
+        return {
+            "steps": int(len(tags)),
+            "epochs": int(tags["epoch"].nunique()) if len(tags) else 0,
+            "padding_ratio": 1 - int(tags["real_tokens"].sum()) / padded if padded else 0.0,
+            "boundaries": list(self.boundaries),
+            "clusters": self.clusters.as_dict(),
+            "warnings": self.warnings,
+        }
 
-    def write(self, out: str | Path, samples_out: str | Path | None = None,
-              inputs: Sequence[str | Path | None] = ()) -> list[Path]:
+    def write(
+        self, out: str | Path, samples_out: str | Path | None = None, inputs: Sequence[str | Path | None] = ()
+    ) -> list[Path]:
         """Write the step tags (and the sample tags) as Parquet with :meth:`metadata`; never over an input."""
         targets = [(Path(out), self.tags)] + ([(Path(samples_out), self.samples)] if samples_out else [])
         given = {Path(p).resolve() for p in inputs if p is not None}
@@ -125,17 +131,25 @@ def tag_run(
     if in_memory and STEP not in step_plan.columns:
         raise ForensicsError("tagging needs the step-mapped plan (forensics.plan.step_plan): it has no 'step' column")
     warnings: list[str] = batch_gap_warnings(step_plan) if in_memory else []
-    bounds = resolve_boundaries(list(cfg.boundaries) if cfg.boundaries else None, samples, cfg.max_len,
-                                cfg.n_buckets)
+    bounds = resolve_boundaries(list(cfg.boundaries) if cfg.boundaries else None, samples, cfg.max_len, cfg.n_buckets)
     if cfg.boundaries is None:
-        warnings.append(f"no bucket boundaries named (run.toml 'boundaries' or --boundaries): fitted to the samples "
-                        f"({len(bounds) - 1} buckets, the least padding): {bounds}")
+        warnings.append(
+            f"no bucket boundaries named (run.toml 'boundaries' or --boundaries): fitted to the samples "
+            f"({len(bounds) - 1} buckets, the least padding): {bounds}"
+        )
     cluster_by, k = cfg.cluster_by, cfg.clusters
     if k is not None and cluster_by is None and not has_text:
-        raise ForensicsError(f"clusters = {k}: the samples have no 'text' column to cluster; "
-                             "use cluster_by (--cluster-by COLUMN) for labels")
-    if cluster_by is None and k is None and not has_text and CLUSTER not in samples.columns \
-            and SOURCE in samples.columns:
+        raise ForensicsError(
+            f"clusters = {k}: the samples have no 'text' column to cluster; "
+            "use cluster_by (--cluster-by COLUMN) for labels"
+        )
+    if (
+        cluster_by is None
+        and k is None
+        and not has_text
+        and CLUSTER not in samples.columns
+        and SOURCE in samples.columns
+    ):
         cluster_by = SOURCE
         warnings.append("samples have no 'text' column: clusters are their 'source' labels")
     clustered = None
@@ -145,8 +159,9 @@ def tag_run(
             if cluster_by is None and TEXT not in samples.columns and texts is not None:
                 clustered, info = cluster_samples_at_scale(samples, texts, k, max_fit, seed, progress)
             else:
-                clustered, info = cluster_samples(samples, k=k, cluster_by=cluster_by, max_fit=max_fit, seed=seed,
-                                                  progress=progress)
+                clustered, info = cluster_samples(
+                    samples, k=k, cluster_by=cluster_by, max_fit=max_fit, seed=seed, progress=progress
+                )
         except ForensicsError as exc:  # texts with no words at all: tag without content clusters, and say so
             if cluster_by is not None or "hold no words" not in str(exc):
                 raise
@@ -158,21 +173,31 @@ def tag_run(
         ids = np.unique(clustered[CLUSTER].to_numpy(np.int64))
         if CLUSTER_NAME not in clustered.columns:
             clustered[CLUSTER_NAME] = pd.array([f"cluster {c}" for c in clustered[CLUSTER]], dtype="string")
-        info = ClusterInfo(method="given", k=len(ids), names={
-            int(c): str(n) for c, n in clustered.drop_duplicates(CLUSTER)[[CLUSTER, CLUSTER_NAME]].to_numpy()})
+        info = ClusterInfo(
+            method="given",
+            k=len(ids),
+            names={int(c): str(n) for c, n in clustered.drop_duplicates(CLUSTER)[[CLUSTER, CLUSTER_NAME]].to_numpy()},
+        )
     else:
         clustered = samples.copy()
         clustered[CLUSTER] = np.full(len(samples), NO_CLUSTER, dtype=np.int64)
         clustered[CLUSTER_NAME] = pd.array(["(no text)"] * len(samples), dtype="string")
         info = ClusterInfo(method="none", k=0, names={})
         hint = " (or --cluster-by source)" if SOURCE in samples.columns else ""
-        warnings.append(f"{no_text_reason}: every step's cluster is {NO_CLUSTER}; pass --cluster-by "
-                        f"COLUMN{hint} for content clusters")
+        warnings.append(
+            f"{no_text_reason}: every step's cluster is {NO_CLUSTER}; pass --cluster-by "
+            f"COLUMN{hint} for content clusters"
+        )
     clustered[BUCKET] = bucket_index(capped_lengths(clustered, cfg.max_len), bounds)
     tags = tag_steps(step_plan, clustered, bounds, cfg.max_len, packed=cfg.packed, engine=engine)
-    return TagResult(tags=tags, samples=clustered, plan=step_plan if in_memory else None, boundaries=bounds,
-                     clusters=info,
-                     warnings=warnings)
+    return TagResult(
+        tags=tags,
+        samples=clustered,
+        plan=step_plan if in_memory else None,
+        boundaries=bounds,
+        clusters=info,
+        warnings=warnings,
+    )
 
 
 def tag_case(
@@ -235,8 +260,9 @@ def tag_case_folder(
             names = parquet_columns(case.samples_path) or []
             texts = TextColumn(case.samples_path, engine) if TEXT in names else None
             samples = load_samples(case.samples_path, [c for c in names if c not in (TEXT, TOKEN_IDS)] or None)
-            result = tag_run(case.plan_path, samples, cfg, max_fit=max_fit, seed=seed, progress=progress,
-                             engine=engine, texts=texts)
+            result = tag_run(
+                case.plan_path, samples, cfg, max_fit=max_fit, seed=seed, progress=progress, engine=engine, texts=texts
+            )
         finally:
             engine.close()
     else:
@@ -244,8 +270,9 @@ def tag_case_folder(
             plan = load_plan(case.plan_path, samples)
         has_step = STEP in plan.columns
         result = tag_run(step_plan(plan, cfg), samples, cfg, max_fit=max_fit, seed=seed, progress=progress)
-    explicit = [f"the plan has a 'step' column, which wins: {', '.join(unused)} not used"] \
-        if unused and has_step else []
+    explicit = (
+        [f"the plan has a 'step' column, which wins: {', '.join(unused)} not used"] if unused and has_step else []
+    )
     result.warnings = list(case.warnings) + explicit + result.warnings
     return result
 

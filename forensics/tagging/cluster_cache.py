@@ -34,8 +34,9 @@ def cache_versions() -> str:
     except metadata.PackageNotFoundError:
         sklearn = "none"
     here = Path(__file__).parent
-    recipe = hashlib.blake2b(b"".join((here / f).read_bytes() for f in ("clusters.py", "text_at_scale.py")),
-                             digest_size=12).hexdigest()
+    recipe = hashlib.blake2b(
+        b"".join((here / f).read_bytes() for f in ("clusters.py", "text_at_scale.py")), digest_size=12
+    ).hexdigest()
     return f"recipe {recipe}, scikit-learn {sklearn}, cache v{VERSION}"
 
 

@@ -51,12 +51,20 @@ class ClusterInfo:
     @classmethod
     def from_dict(cls, d: dict) -> ClusterInfo:
         """The inverse of :meth:`as_dict` (JSON keys back to ints)."""
-        return cls(method=str(d["method"]), k=int(d["k"]), names={int(c): str(n) for c, n in d["names"].items()},
-                   silhouettes={int(k): float(s) for k, s in d.get("silhouettes", {}).items()})
+        return cls(
+            method=str(d["method"]),
+            k=int(d["k"]),
+            names={int(c): str(n) for c, n in d["names"].items()},
+            silhouettes={int(k): float(s) for k, s in d.get("silhouettes", {}).items()},
+        )
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "k": self.k, "names": {str(c): n for c, n in self.names.items()},
-                "silhouettes": {str(k): s for k, s in self.silhouettes.items()}}
+        return {
+            "method": self.method,
+            "k": self.k,
+            "names": {str(c): n for c, n in self.names.items()},
+            "silhouettes": {str(k): s for k, s in self.silhouettes.items()},
+        }
 
 
 #: k-means restarts for each k tried while choosing k (the final fit keeps ``n_init``): the silhouette ranks the k
@@ -130,8 +138,11 @@ class TextClusterer:
         idx = np.sort(rng.choice(len(texts), n_fit, replace=False)) if n_fit < len(texts) else np.arange(n_fit)
         fit_texts = texts[idx]
         self.vectorizer_ = TfidfVectorizer(
-            max_features=self.max_features, sublinear_tf=True, stop_words="english",
-            min_df=2 if n_fit >= 1000 else 1, dtype=np.float32,
+            max_features=self.max_features,
+            sublinear_tf=True,
+            stop_words="english",
+            min_df=2 if n_fit >= 1000 else 1,
+            dtype=np.float32,
         )
         try:
             x = self.vectorizer_.fit_transform(fit_texts)
@@ -225,9 +236,9 @@ class TextClusterer:
         texts = np.asarray(texts, dtype=object)
         out = np.empty(len(texts), dtype=np.int64)
         for start in range(0, len(texts), self.chunk):
-            part = texts[start:start + self.chunk]
+            part = texts[start : start + self.chunk]
             feats = self._reduce(self._tfidf(part))
-            out[start:start + len(part)] = self.relabel_[self.kmeans_.predict(feats)]
+            out[start : start + len(part)] = self.relabel_[self.kmeans_.predict(feats)]
             if progress is not None:
                 progress(start + len(part))
         return out
@@ -262,9 +273,12 @@ def term_counts(texts: Sequence[str] | np.ndarray, vocabulary: pa.Array, vectori
     if len(other):
         arr = pc.if_else(pa.array(ascii_rows), arr, pa.scalar("", pa.large_string()))  # counted by the analyser
     arr = (arr.fill_null("") if arr.null_count else arr).cast(pa.large_string())  # 64-bit offsets, read below
-    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset:arr.offset + n + 1]
-    data = np.frombuffer(arr.buffers()[2], np.uint8)[offsets[0]:offsets[-1]] if arr.buffers()[2] is not None \
+    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + n + 1]
+    data = (
+        np.frombuffer(arr.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
+        if arr.buffers()[2] is not None
         else np.empty(0, np.uint8)
+    )
     offsets = offsets - offsets[0]
     word = _word_bytes(data)
     # a run starts at a word byte whose predecessor is not one (or at a text's first byte), and ends likewise
@@ -292,20 +306,24 @@ def term_counts(texts: Sequence[str] | np.ndarray, vocabulary: pa.Array, vectori
     np.cumsum(known, out=known_before[1:])
     index_dtype = np.int32 if known_before[-1] < np.iinfo(np.int32).max else np.int64
     indptr = known_before[np.searchsorted(starts, offsets)].astype(index_dtype)
-    x = sp.csr_matrix((np.ones(int(known_before[-1]), dtype=np.float32), cols[known].astype(index_dtype), indptr),
-                      shape=(n, len(vocabulary)))
+    x = sp.csr_matrix(
+        (np.ones(int(known_before[-1]), dtype=np.float32), cols[known].astype(index_dtype), indptr),
+        shape=(n, len(vocabulary)),
+    )
     # duplicates (a term several times in a text) are summed, indices sorted: the canonical CSR scikit-learn builds
     x.sum_duplicates()
     if len(other):
         analyze, index = vectorizer.build_analyzer(), vectorizer.vocabulary_
-        pairs = np.array([(r, index[t]) for r in other.tolist() for t in analyze(texts[r]) if t in index],
-                         dtype=np.int64).reshape(-1, 2)
+        pairs = np.array(
+            [(r, index[t]) for r in other.tolist() for t in analyze(texts[r]) if t in index], dtype=np.int64
+        ).reshape(-1, 2)
         x = x + sp.csr_matrix((np.ones(len(pairs), dtype=np.float32), (pairs[:, 0], pairs[:, 1])), shape=x.shape)
     return x
 
 
 #: Words a cluster is never named by, beyond scikit-learn's English stop words: function words, fillers, yes/no.
-EXTRA_STOP_WORDS = frozenset("""
+EXTRA_STOP_WORDS = frozenset(
+    """
 a about above after again against ain all am an and any are aren as at be because been before being below between
 both but by can could couldn did didn do does doesn doing don down during each few for from further had hadn has
 hasn have haven having he her here hers herself him himself his how i if in into is isn it its itself just ll me
@@ -314,7 +332,8 @@ over own re same shan she should shouldn so some such than that the their theirs
 they this those through to too under until up ve very was wasn we were weren what when where which while who whom
 why will with won would wouldn you your yours yourself yourselves yes yeah ok okay also get got gets let lets like
 make made many much one two three four five six seven eight nine ten zero
-""".split())
+""".split()
+)
 _NAME_WORD = re.compile(r"[a-z][a-z'-]*[a-z]")
 
 
@@ -323,12 +342,18 @@ def is_name_word(term: str) -> bool:
     or more, with a vowel, and no stop word."""
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-    return (len(term) >= 3 and bool(_NAME_WORD.fullmatch(term)) and any(v in term for v in "aeiouy")
-            and term not in ENGLISH_STOP_WORDS and term not in EXTRA_STOP_WORDS)
+    return (
+        len(term) >= 3
+        and bool(_NAME_WORD.fullmatch(term))
+        and any(v in term for v in "aeiouy")
+        and term not in ENGLISH_STOP_WORDS
+        and term not in EXTRA_STOP_WORDS
+    )
 
 
-def cluster_names(texts: np.ndarray, codes: np.ndarray, names: dict[int, str | None],
-                  labels: np.ndarray | None = None) -> dict[int, str]:
+def cluster_names(
+    texts: np.ndarray, codes: np.ndarray, names: dict[int, str | None], labels: np.ndarray | None = None
+) -> dict[int, str]:
     """Names a person can read: the distinctive words (or, where there are too few, the first words of the
     cluster's most typical text: its most common opening), plus the dominant label (``source``) when one holds
     most of the cluster."""
@@ -345,8 +370,9 @@ def opening_counts(texts: np.ndarray, codes: np.ndarray, clusters: set[int]) -> 
     return counts
 
 
-def named_clusters(names: dict[int, str | None], openings: Counter, codes: np.ndarray,
-                   labels: np.ndarray | None = None) -> dict[int, str]:
+def named_clusters(
+    names: dict[int, str | None], openings: Counter, codes: np.ndarray, labels: np.ndarray | None = None
+) -> dict[int, str]:
     """:func:`cluster_names` from the counts of :func:`opening_counts`: a cluster without distinctive words is named
     by its most common opening (the first in sorted order among equals)."""
     best: dict[int, tuple[int, str]] = {}
@@ -383,14 +409,19 @@ def cluster_samples(
     out = samples.copy()
     if cluster_by is not None:
         if cluster_by not in out.columns:
-            raise ForensicsError(f"samples: --cluster-by column '{cluster_by}' is not there; it has "
-                                 f"{', '.join(map(str, out.columns[:12]))}")
+            raise ForensicsError(
+                f"samples: --cluster-by column '{cluster_by}' is not there; it has "
+                f"{', '.join(map(str, out.columns[:12]))}"
+            )
         labels = out[cluster_by].astype("string").fillna("").astype(object).to_numpy()
         uniques, codes = np.unique(labels, return_inverse=True)
         out[CLUSTER] = codes.astype(np.int64)
         names = {i: (str(u) if u != "" else "(none)") for i, u in enumerate(uniques)}
-        out[CLUSTER_NAME] = pd.array([names[c] for c in range(len(uniques))], dtype="string")[codes] \
-            if len(uniques) else pd.array([], dtype="string")
+        out[CLUSTER_NAME] = (
+            pd.array([names[c] for c in range(len(uniques))], dtype="string")[codes]
+            if len(uniques)
+            else pd.array([], dtype="string")
+        )
         return out, ClusterInfo(method=f"label:{cluster_by}", k=len(uniques), names=names)
     if TEXT not in out.columns:
         raise ForensicsError("samples: no 'text' column to cluster; pass --cluster-by COLUMN (e.g. source) or add text")
@@ -405,8 +436,12 @@ def cluster_samples(
     else:
         model = TextClusterer(k, max_fit=max_fit, seed=seed).fit(texts)
         codes = model.predict(texts, progress=progress)
-        info = ClusterInfo(method="text", k=model.k_, names=cluster_names(texts, codes, model.names_, labels),
-                           silhouettes=dict(model.silhouettes_))
+        info = ClusterInfo(
+            method="text",
+            k=model.k_,
+            names=cluster_names(texts, codes, model.names_, labels),
+            silhouettes=dict(model.silhouettes_),
+        )
         store_clusters(key, codes, info.as_dict())
     return with_clusters(out, codes, info), info
 

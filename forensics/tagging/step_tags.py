@@ -36,9 +36,26 @@ from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER
 
 #: The tag columns every tags table has, in order (``bucket_share_<k>`` follow, one per bucket).
 TAG_COLUMNS = (
-    STEP, EPOCH, "position_in_epoch", "n_batches", "n_samples", "real_tokens", "padded_tokens", "padding_ratio",
-    "bucket", "bucket_range", "bucket_share", "bucket_entropy", CLUSTER, CLUSTER_NAME, "cluster_share",
-    "cluster_entropy", "run_length", "run_position", "steps_since_cluster_seen", "steps_since_bucket_seen",
+    STEP,
+    EPOCH,
+    "position_in_epoch",
+    "n_batches",
+    "n_samples",
+    "real_tokens",
+    "padded_tokens",
+    "padding_ratio",
+    "bucket",
+    "bucket_range",
+    "bucket_share",
+    "bucket_entropy",
+    CLUSTER,
+    CLUSTER_NAME,
+    "cluster_share",
+    "cluster_entropy",
+    "run_length",
+    "run_position",
+    "steps_since_cluster_seen",
+    "steps_since_bucket_seen",
 )
 
 
@@ -62,8 +79,11 @@ class _Pairs:
         return np.bincount(self.step, weights=-p * np.log2(p), minlength=len(n_samples)) + 0.0
 
 
-def sample_codes(samples: pd.DataFrame, boundaries: Sequence[int], max_len: int = MAX_LEN,
-                 ) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
+def sample_codes(
+    samples: pd.DataFrame,
+    boundaries: Sequence[int],
+    max_len: int = MAX_LEN,
+) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
     """The samples as the engines count them: ``sample_id``, ``length`` (capped at ``max_len``), ``bucket`` and
     ``cluster`` (a dense code into the returned cluster values, sorted; every sample -1 without clusters), with the
     cluster values and their names."""
@@ -73,9 +93,14 @@ def sample_codes(samples: pd.DataFrame, boundaries: Sequence[int], max_len: int 
         cluster_values, sample_cluster = np.unique(samples[CLUSTER].to_numpy(np.int64), return_inverse=True)
     else:
         cluster_values, sample_cluster = np.array([NO_CLUSTER], np.int64), np.zeros(len(samples), np.int64)
-    codes = pd.DataFrame({SAMPLE_ID: samples[SAMPLE_ID].to_numpy(np.int64), "length": np.asarray(capped),
-                          "bucket": np.asarray(sample_bucket, np.int64),
-                          CLUSTER: np.asarray(sample_cluster, np.int64).reshape(-1)})
+    codes = pd.DataFrame(
+        {
+            SAMPLE_ID: samples[SAMPLE_ID].to_numpy(np.int64),
+            "length": np.asarray(capped),
+            "bucket": np.asarray(sample_bucket, np.int64),
+            CLUSTER: np.asarray(sample_cluster, np.int64).reshape(-1),
+        }
+    )
     return codes, cluster_values, _cluster_names(samples, cluster_values)
 
 
@@ -103,8 +128,9 @@ def tag_steps(
     return tags_from_counts(counts, cluster_values, names, boundaries)
 
 
-def tags_from_counts(counts: StepCounts, cluster_values: np.ndarray, names: Sequence[str],
-                     boundaries: Sequence[int]) -> pd.DataFrame:
+def tags_from_counts(
+    counts: StepCounts, cluster_values: np.ndarray, names: Sequence[str], boundaries: Sequence[int]
+) -> pd.DataFrame:
     """The tags table from an engine's integer counts: every ratio, entropy and run is computed here, once, so
     that every engine gives the same floats."""
     boundaries = [int(b) for b in boundaries]
@@ -122,28 +148,30 @@ def tags_from_counts(counts: StepCounts, cluster_values: np.ndarray, names: Sequ
     ranges = np.array([bucket_range(k, boundaries) for k in range(n_buckets)], dtype=object)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(padded > 0, (padded - real) / np.maximum(padded, 1), 0.0)
-    tags = pd.DataFrame({
-        STEP: step_values,
-        EPOCH: epoch,
-        "position_in_epoch": step_values - first_of_epoch,
-        "n_batches": counts.n_batches.astype(np.int64),
-        "n_samples": n_samples.astype(np.int64),
-        "real_tokens": real,
-        "padded_tokens": padded,
-        "padding_ratio": ratio.astype(np.float64),
-        "bucket": bucket.astype(np.int64),
-        "bucket_range": pd.array(ranges[bucket], dtype="string"),
-        "bucket_share": bpairs.count[bdom] / n_samples,
-        "bucket_entropy": bpairs.entropy_bits(n_samples),
-        CLUSTER: cluster.astype(np.int64),
-        CLUSTER_NAME: pd.array(np.asarray(names, dtype=object)[cluster_code], dtype="string"),
-        "cluster_share": cpairs.count[cdom] / n_samples,
-        "cluster_entropy": cpairs.entropy_bits(n_samples),
-        "run_length": run_len,
-        "run_position": run_pos,
-        "steps_since_cluster_seen": steps_since_seen(cpairs.step, cpairs.label, step_values)[cdom],
-        "steps_since_bucket_seen": steps_since_seen(bpairs.step, bpairs.label, step_values)[bdom],
-    })
+    tags = pd.DataFrame(
+        {
+            STEP: step_values,
+            EPOCH: epoch,
+            "position_in_epoch": step_values - first_of_epoch,
+            "n_batches": counts.n_batches.astype(np.int64),
+            "n_samples": n_samples.astype(np.int64),
+            "real_tokens": real,
+            "padded_tokens": padded,
+            "padding_ratio": ratio.astype(np.float64),
+            "bucket": bucket.astype(np.int64),
+            "bucket_range": pd.array(ranges[bucket], dtype="string"),
+            "bucket_share": bpairs.count[bdom] / n_samples,
+            "bucket_entropy": bpairs.entropy_bits(n_samples),
+            CLUSTER: cluster.astype(np.int64),
+            CLUSTER_NAME: pd.array(np.asarray(names, dtype=object)[cluster_code], dtype="string"),
+            "cluster_share": cpairs.count[cdom] / n_samples,
+            "cluster_entropy": cpairs.entropy_bits(n_samples),
+            "run_length": run_len,
+            "run_position": run_pos,
+            "steps_since_cluster_seen": steps_since_seen(cpairs.step, cpairs.label, step_values)[cdom],
+            "steps_since_bucket_seen": steps_since_seen(bpairs.step, bpairs.label, step_values)[bdom],
+        }
+    )
     shares = np.zeros((n_steps, n_buckets))
     shares[bpairs.step, bpairs.label] = bpairs.count
     shares /= np.maximum(n_samples, 1)[:, None]
@@ -157,8 +185,13 @@ def _cluster_names(samples: pd.DataFrame, cluster_values: np.ndarray) -> list[st
     fallback = ["(no text)" if c == NO_CLUSTER else f"cluster {c}" for c in cluster_values]
     if CLUSTER not in samples.columns or CLUSTER_NAME not in samples.columns:
         return fallback
-    given = (samples[[CLUSTER, CLUSTER_NAME]].drop_duplicates(CLUSTER).set_index(CLUSTER)[CLUSTER_NAME]
-             .astype("string").fillna(""))
+    given = (
+        samples[[CLUSTER, CLUSTER_NAME]]
+        .drop_duplicates(CLUSTER)
+        .set_index(CLUSTER)[CLUSTER_NAME]
+        .astype("string")
+        .fillna("")
+    )
     return [str(given.get(c, "")) or fb for c, fb in zip(cluster_values.tolist(), fallback)]
 
 
@@ -174,5 +207,11 @@ def composition(plan: pd.DataFrame, samples: pd.DataFrame, by: str = CLUSTER) ->
     step_values, step_idx = dense_steps(plan[STEP].to_numpy(np.int64))
     pairs = _Pairs(*count_pairs(step_idx, code[pos], len(step_values), len(values)))
     n = np.bincount(step_idx, minlength=len(step_values))
-    return pd.DataFrame({STEP: step_values[pairs.step], by: values[pairs.label], "n_samples": pairs.count,
-                         "share": pairs.count / n[pairs.step]})
+    return pd.DataFrame(
+        {
+            STEP: step_values[pairs.step],
+            by: values[pairs.label],
+            "n_samples": pairs.count,
+            "share": pairs.count / n[pairs.step],
+        }
+    )

@@ -57,19 +57,29 @@ def _digest(texts: np.ndarray, start: int) -> tuple[int, int]:
     """Two lanes of sum(hash_k(text) xor hash(position)) mod 2**64 (two text keys k; integers hash the same under
     either): order-sensitive, the same for any chunking."""
     pos = np.arange(start, start + len(texts), dtype=np.uint64)
-    return tuple(int((pd.util.hash_array(texts, hash_key=key, categorize=False)
-                      ^ pd.util.hash_array(pos, hash_key=key)).sum(dtype=np.uint64)) for key in _LANES)
+    return tuple(
+        int(
+            (pd.util.hash_array(texts, hash_key=key, categorize=False) ^ pd.util.hash_array(pos, hash_key=key)).sum(
+                dtype=np.uint64
+            )
+        )
+        for key in _LANES
+    )
 
 
-def text_key(digests: list[tuple[int, int]], n: int, k: int | None, max_fit: int, seed: int,
-             labels: np.ndarray | None) -> str:
+def text_key(
+    digests: list[tuple[int, int]], n: int, k: int | None, max_fit: int, seed: int, labels: np.ndarray | None
+) -> str:
     """The cache key of a table's texts (chunk digests, summed), their labels and the settings."""
     import hashlib
 
     lanes = [sum(d[i] for d in digests) % 2**64 for i in range(2)]
     h = hashlib.blake2b(digest_size=20)
-    h.update(json.dumps(["scale", cache_versions(), None if k is None else int(k), int(max_fit), int(seed), n,
-                         lanes]).encode())
+    h.update(
+        json.dumps(
+            ["scale", cache_versions(), None if k is None else int(k), int(max_fit), int(seed), n, lanes]
+        ).encode()
+    )
     if labels is not None:
         h.update("\x1f".join(map(str, labels)).encode())
     return h.hexdigest()
@@ -77,6 +87,7 @@ def text_key(digests: list[tuple[int, int]], n: int, k: int | None, max_fit: int
 
 def _first_pass(positions: np.ndarray) -> Callable[[pd.DataFrame, int], tuple]:
     """Per chunk: its digest and its texts at the fit draw's positions."""
+
     def run(rows: pd.DataFrame, start: int) -> tuple:
         texts = _texts(rows)
         here = positions[(positions >= start) & (positions < start + len(texts))] - start
@@ -87,6 +98,7 @@ def _first_pass(positions: np.ndarray) -> Callable[[pd.DataFrame, int], tuple]:
 
 def _assign(model: TextClusterer, unnamed: set[int]) -> Callable[[pd.DataFrame, int], tuple]:
     """Per chunk: each text's cluster, and the openings of the texts of the clusters without a name."""
+
     def run(rows: pd.DataFrame, start: int) -> tuple:
         texts = _texts(rows)
         codes = model.predict(texts) if len(texts) else np.zeros(0, np.int64)
@@ -95,9 +107,16 @@ def _assign(model: TextClusterer, unnamed: set[int]) -> Callable[[pd.DataFrame, 
     return run
 
 
-def cluster_text_column(column: TextColumn, n: int, k: int | None = None, max_fit: int = 20_000, seed: int = 0,
-                        labels: np.ndarray | None = None, progress: Callable[[int], None] | None = None,
-                        chunk: int = CHUNK_ROWS) -> tuple[np.ndarray, ClusterInfo]:
+def cluster_text_column(
+    column: TextColumn,
+    n: int,
+    k: int | None = None,
+    max_fit: int = 20_000,
+    seed: int = 0,
+    labels: np.ndarray | None = None,
+    progress: Callable[[int], None] | None = None,
+    chunk: int = CHUNK_ROWS,
+) -> tuple[np.ndarray, ClusterInfo]:
     """Each of the ``n`` texts' cluster and how the clusters were made (module docstring); ``labels``: the samples'
     ``source`` (a cluster's name carries its dominant one); ``chunk``: texts per chunk where the engine cuts them."""
     rng = np.random.default_rng(seed)  # the draw TextClusterer makes over the same number of texts
@@ -120,17 +139,27 @@ def cluster_text_column(column: TextColumn, n: int, k: int | None = None, max_fi
     openings: Counter = sum((o for _, o in parts), Counter())
     if progress is not None:
         progress(n)
-    info = ClusterInfo(method="text", k=model.k_, names=named_clusters(model.names_, openings, codes, labels),
-                       silhouettes=dict(model.silhouettes_))
+    info = ClusterInfo(
+        method="text",
+        k=model.k_,
+        names=named_clusters(model.names_, openings, codes, labels),
+        silhouettes=dict(model.silhouettes_),
+    )
     store_clusters(key, codes, info.as_dict())
     return codes, info
 
 
-def cluster_samples_at_scale(samples: pd.DataFrame, column: TextColumn, k: int | None = None, max_fit: int = 20_000,
-                             seed: int = 0, progress: Callable[[int], None] | None = None
-                             ) -> tuple[pd.DataFrame, ClusterInfo]:
+def cluster_samples_at_scale(
+    samples: pd.DataFrame,
+    column: TextColumn,
+    k: int | None = None,
+    max_fit: int = 20_000,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[pd.DataFrame, ClusterInfo]:
     """:func:`forensics.tagging.clusters.cluster_samples` for samples loaded without their texts: a copy with
     ``cluster`` and ``cluster_name`` from the texts at ``column``, and how they were made."""
-    codes, info = cluster_text_column(column, len(samples), k, max_fit=max_fit, seed=seed,
-                                      labels=source_labels(samples), progress=progress)
+    codes, info = cluster_text_column(
+        column, len(samples), k, max_fit=max_fit, seed=seed, labels=source_labels(samples), progress=progress
+    )
     return with_clusters(samples.copy(), codes, info), info

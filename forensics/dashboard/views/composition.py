@@ -19,8 +19,11 @@ def gate_line(pf: dict | None) -> str:
     if pf.get("static") is None:
         return f"Batch composition not checked: {pf.get('note') or 'the plan has a single epoch'}."
     pr = [fmt_share(x) for x in pf.get("pair_retention") or []]
-    verdict = "FAILED: batch composition is static across epochs" if pf.get("static") else \
-        "passed: batch composition varies across epochs"
+    verdict = (
+        "FAILED: batch composition is static across epochs"
+        if pf.get("static")
+        else "passed: batch composition varies across epochs"
+    )
     return f"Composition gate {verdict} (pair retention per epoch pair: {', '.join(pr) or '–'})."
 
 
@@ -29,19 +32,26 @@ def whatif_table(whatif: dict | None) -> pd.DataFrame | None:
     rows = (whatif or {}).get("strategies") or []
     if not rows:
         return None
-    return pd.DataFrame([{
-        "strategy": r.get("name"), "builder": r.get("builder"),
-        "tokens/s": fmt_num(r.get("tokens_per_s"), 3), "vs sorted": fmt_share(r.get("throughput_vs_sorted")),
-        "padding efficiency": fmt_share(r.get("padding_efficiency")), "steps/epoch": fmt_num(r.get("steps_per_epoch")),
-    } for r in rows])
+    return pd.DataFrame(
+        [
+            {
+                "strategy": r.get("name"),
+                "builder": r.get("builder"),
+                "tokens/s": fmt_num(r.get("tokens_per_s"), 3),
+                "vs sorted": fmt_share(r.get("throughput_vs_sorted")),
+                "padding efficiency": fmt_share(r.get("padding_efficiency")),
+                "steps/epoch": fmt_num(r.get("steps_per_epoch")),
+            }
+            for r in rows
+        ]
+    )
 
 
 def render(run: LiveRun) -> None:
     pf = run.findings.get("plan")
     st.markdown(md(gate_line(pf)))
     if (isinstance(pf, dict) and pf.get("pair_retention")) or run.plan is not None:
-        st.plotly_chart(composition_figure(run.findings, run.plan), width="stretch",
-                        key="fig_composition")
+        st.plotly_chart(composition_figure(run.findings, run.plan), width="stretch", key="fig_composition")
     table = whatif_table(run.findings.get("whatif"))
     if table is not None:
         st.markdown("**What-if throughput of the fixes** (same samples, each batching strategy):")

@@ -19,12 +19,15 @@ from forensics.report.overview import Strip, severity_label, strip_html, strip_o
 from forensics.report.text import fmt_num
 
 #: Streamlit's default top padding (6 rem) pushes the curve below a laptop's fold; the strip replaces the title.
-_COMPACT_CSS = ("<style>[data-testid='stMainBlockContainer']{padding-top:2.6rem;padding-bottom:2rem}"
-                "[data-testid='stMarkdownContainer'] ul{margin-bottom:0}</style>")
+_COMPACT_CSS = (
+    "<style>[data-testid='stMainBlockContainer']{padding-top:2.6rem;padding-bottom:2rem}"
+    "[data-testid='stMarkdownContainer'] ul{margin-bottom:0}</style>"
+)
 
 
-def cause_lines(causes: list[dict[str, Any]], findings: dict[str, Any],
-                new_at: dict[str, float] | None = None) -> list[str]:
+def cause_lines(
+    causes: list[dict[str, Any]], findings: dict[str, Any], new_at: dict[str, float] | None = None
+) -> list[str]:
     """One short line per cause (``C1: batch · ■ critical · steps 254 and 754``, ``· new at HH:MM:SS`` when found
     while watching); without causes, one line per spike event of ``findings`` and per non-finite value."""
     new_at = new_at or {}
@@ -54,9 +57,11 @@ def new_finding_line(run: LiveRun) -> str | None:
     train/loss ■ critical, ...`` (oldest first)."""
     if not run.new_findings:
         return None
-    items = [f"step {n.finding.get('logged_step', n.finding.get('step'))} {n.finding.get('kind')} "
-             f"{n.finding.get('metric') or ''} {severity_label(n.finding.get('severity'))}".replace("  ", " ")
-             for n in run.new_findings]
+    items = [
+        f"step {n.finding.get('logged_step', n.finding.get('step'))} {n.finding.get('kind')} "
+        f"{n.finding.get('metric') or ''} {severity_label(n.finding.get('severity'))}".replace("  ", " ")
+        for n in run.new_findings
+    ]
     return f"New findings ({len(items)}, found while watching): " + ", ".join(items)
 
 
@@ -76,11 +81,20 @@ def status_line(run: LiveRun, interval_s: float, paused: bool) -> str:
 def strip(run: LiveRun, interval_s: float, paused: bool = False) -> Strip:
     """The strip's content for this run now: the state counts a run that stopped writing as a warning."""
     last = run.new_causes[-1] if run.new_causes else None
-    last_new = None if last is None else (clock(last.found_at), f"{last.cause.get('id')} {last.cause.get('kind')} "
-                                                                f"· {last.cause.get('severity')}")
-    return strip_of(run.causes, run.metrics, stale=run.stale(interval_s), age_s=run.lag_seconds(),
-                    stale_after=stale_after(interval_s), last_new=last_new,
-                    note=status_line(run, interval_s, paused))
+    last_new = (
+        None
+        if last is None
+        else (clock(last.found_at), f"{last.cause.get('id')} {last.cause.get('kind')} · {last.cause.get('severity')}")
+    )
+    return strip_of(
+        run.causes,
+        run.metrics,
+        stale=run.stale(interval_s),
+        age_s=run.lag_seconds(),
+        stale_after=stale_after(interval_s),
+        last_new=last_new,
+        note=status_line(run, interval_s, paused),
+    )
 
 
 def strip_words(run: LiveRun, interval_s: float, paused: bool = False) -> str:

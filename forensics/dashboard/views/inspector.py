@@ -18,7 +18,7 @@ def neighbours(run: LiveRun, step: int, k: int = NEIGHBOURS) -> pd.DataFrame:
     """Metrics (and bucket / cluster) of the ``k`` steps each side of ``step``."""
     steps = run.metrics[STEP].to_numpy(np.int64)
     i = int(np.searchsorted(steps, step))
-    rows = run.metrics.iloc[max(0, i - k): i + k + 1]
+    rows = run.metrics.iloc[max(0, i - k) : i + k + 1]
     if run.tags is not None:
         cols = [c for c in (STEP, "bucket", "cluster", "epoch") if c in run.tags.columns]
         rows = rows.merge(run.tags[cols], on=STEP, how="left")
@@ -31,8 +31,9 @@ def render(run: LiveRun) -> None:
         return
     if "inspect_step" not in st.session_state:
         spikes = run.current_findings().get("spikes") or []
-        st.session_state["inspect_step"] = int(spikes[0].get("peak_step", spikes[0]["step"])) if spikes else \
-            int(run.metrics[STEP].iloc[-1])
+        st.session_state["inspect_step"] = (
+            int(spikes[0].get("peak_step", spikes[0]["step"])) if spikes else int(run.metrics[STEP].iloc[-1])
+        )
     step = int(st.number_input("Step", step=1, key="inspect_step"))
     if run.tags is not None:
         row = run.tags[run.tags[STEP] == step]
@@ -41,8 +42,11 @@ def render(run: LiveRun) -> None:
             st.table(row.T.rename(columns={row.index[0]: "value"}).astype(str))
         else:
             st.caption(f"step {step} has no tags (not in the plan)")
-    spikes = [s for s in run.current_findings().get("spikes") or [] if int(s["step"]) <= step <= int(
-        s.get("end_step") if s.get("end_step") is not None else s["step"])]
+    spikes = [
+        s
+        for s in run.current_findings().get("spikes") or []
+        if int(s["step"]) <= step <= int(s.get("end_step") if s.get("end_step") is not None else s["step"])
+    ]
     suspects = [int(x) for s in spikes for x in (s.get("suspect_samples") or [])]
     table = batch_table(run, step, suspects)
     if table is not None:

@@ -78,8 +78,9 @@ def figure(run: LiveRun, start: int | None = None, end: int | None = None):
     fig = loss_figure(metrics, findings, run.tags, run.samples, run.loss_key, n_out=n_out)
     top = 40 + (fig.layout.margin.t or 105) - 105
     # the report's y-range buttons would sit on the legend here; the range control above replaces them
-    fig.update_layout(height=HEIGHT + max(0, top - 40), margin=dict(t=max(40, top), b=35), title=None,
-                      uirevision=str(start is None))
+    fig.update_layout(
+        height=HEIGHT + max(0, top - 40), margin=dict(t=max(40, top), b=35), title=None, uirevision=str(start is None)
+    )
     fig.layout.updatemenus = ()
     return fig
 
@@ -91,8 +92,15 @@ def render(run: LiveRun) -> None:
         return
     chosen = step_range(run)
     # a rerun with nothing new (a widget elsewhere, an idle refresh) reuses the figure instead of rebuilding it
-    key = (id(run), len(run.metrics), run.last_step, len(run.new_findings), len(run.causes), chosen,
-           None if run.tags is None else len(run.tags))
+    key = (
+        id(run),
+        len(run.metrics),
+        run.last_step,
+        len(run.new_findings),
+        len(run.causes),
+        chosen,
+        None if run.tags is None else len(run.tags),
+    )
     cached = st.session_state.get("fig_curves_cache")
     if cached is not None and cached[0] == key:
         fig = cached[1]

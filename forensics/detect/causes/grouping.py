@@ -38,11 +38,21 @@ from forensics.stats import DisjointSets
 
 #: Run-level finding kinds that are causes of their own, and the cause kind each becomes.
 CAUSE_KINDS = {
-    "grad_norm_spikes": "grad_norm", "oscillation": "oscillation", "static_plan": "plan",
-    "harmful_samples": "samples", "divergence": "divergence", "overfitting": "overfitting", "plateau": "plateau",
-    "lr_schedule": "lr_schedule", "restart": "restart", "throughput": "throughput", "memory": "memory",
-    "crash": "crash", "epoch_boundary": "epoch_boundary",
-    "resume_data": "resume_data", "rank_drift": "rank_drift",
+    "grad_norm_spikes": "grad_norm",
+    "oscillation": "oscillation",
+    "static_plan": "plan",
+    "harmful_samples": "samples",
+    "divergence": "divergence",
+    "overfitting": "overfitting",
+    "plateau": "plateau",
+    "lr_schedule": "lr_schedule",
+    "restart": "restart",
+    "throughput": "throughput",
+    "memory": "memory",
+    "crash": "crash",
+    "epoch_boundary": "epoch_boundary",
+    "resume_data": "resume_data",
+    "rank_drift": "rank_drift",
 }
 #: Suspect samples of an event read for its core (the attribution keeps at most this many).
 SUSPECTS_READ = 20
@@ -73,9 +83,11 @@ def _narrowed(f: Finding, keep: list[int], run: RunTables) -> Finding:
     steps = sorted({int(s) for r in rows for s in r.get("steps") or []})
     out.details = {**f.details, "steps": steps, "count": len(keep)}
     n = len(keep)
-    out.evidence = [f"{counted(n, 'more sample')} ({', '.join(map(str, keep[:8]))}) raised the loss each "
-                    f"time {'they were' if n != 1 else 'it was'} consumed, beside the ones the returning batches "
-                    f"hold (steps {', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''})."]
+    out.evidence = [
+        f"{counted(n, 'more sample')} ({', '.join(map(str, keep[:8]))}) raised the loss each "
+        f"time {'they were' if n != 1 else 'it was'} consumed, beside the ones the returning batches "
+        f"hold (steps {', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''})."
+    ]
     out.evidence += [e for e in f.evidence[1:] if any(e.startswith(f"sample {i}:") for i in keep)]
     return out
 
@@ -137,8 +149,9 @@ class CauseRule(Rule):
                 continue
             members = [g for g in found if id(g) in quiet] if kind == "grad_norm" else []
             causes.append(self._finding_cause(kind, f, run, members=members, gate=gate))
-        causes.sort(key=lambda c: (-SEVERITIES.index(c["severity"]), -round(c["confidence"], 3), not c["steps"],
-                                   c["steps"][:1]))
+        causes.sort(
+            key=lambda c: (-SEVERITIES.index(c["severity"]), -round(c["confidence"], 3), not c["steps"], c["steps"][:1])
+        )
         for i, c in enumerate(causes, 1):
             c["id"] = f"C{i}"
             c["key"] = cause_key(c["kind"], c["steps"], c.pop("_key_samples", []))
@@ -190,8 +203,17 @@ class CauseRule(Rule):
                 end = hi
         for g in answering:
             lo, hi = _span(g)
-            host = next((e for e in events if any(f.details.get("joint") in ("led", "accompanied")
-                                                  and lo <= _span(f)[0] <= hi + JOINT_LEAD for f in e)), None)
+            host = next(
+                (
+                    e
+                    for e in events
+                    if any(
+                        f.details.get("joint") in ("led", "accompanied") and lo <= _span(f)[0] <= hi + JOINT_LEAD
+                        for f in e
+                    )
+                ),
+                None,
+            )
             if host is not None and not _same_cause(g, host):
                 # the loss answered in another batch (the plan says so): the loss did not follow this one
                 support_of(g).pop("grad_norm", None)
@@ -260,19 +282,36 @@ class CauseRule(Rule):
         recurs = len(group) > 1
         lead = next((f for f in members if f.metric == run.loss_key), members[0])
         kind = "batch" if suspects else "event"
-        numerics = next(((f.details.get("attribution") or {}).get("numerics") for f in members
-                         if ((f.details.get("attribution") or {}).get("numerics") or {}).get("numerics")), None)
-        return {"kind": kind, "steps": steps, "metrics": metrics, "suspect_samples": suspects,
-                "_key_samples": list(group[0][0].suspect_samples), "_members": members,
-                "severity": most_severe(f.severity for f in members), "confidence": 1.0 - no_doubt,
-                "summary": wording.event_summary(kind, lead, members, firsts, suspects, counts, run, gate, static),
-                "next_step": wording.event_next_step(kind, firsts, suspects, run, gate, static),
-                "events": firsts,
-                "details": {"recurs": recurs, "static_plan": static, "bucket": lead.tags.get("bucket"),
-                            "cluster_name": lead.tags.get("cluster_name"),
-                            "plan": wording.plan_link(gate) if static and recurs else None,
-                            "spiked_in": {str(i): counts[i] for i in suspects if counts.get(i, 0) >= 2}}
-                | ({"numerics": numerics} if numerics else {})}
+        numerics = next(
+            (
+                (f.details.get("attribution") or {}).get("numerics")
+                for f in members
+                if ((f.details.get("attribution") or {}).get("numerics") or {}).get("numerics")
+            ),
+            None,
+        )
+        return {
+            "kind": kind,
+            "steps": steps,
+            "metrics": metrics,
+            "suspect_samples": suspects,
+            "_key_samples": list(group[0][0].suspect_samples),
+            "_members": members,
+            "severity": most_severe(f.severity for f in members),
+            "confidence": 1.0 - no_doubt,
+            "summary": wording.event_summary(kind, lead, members, firsts, suspects, counts, run, gate, static),
+            "next_step": wording.event_next_step(kind, firsts, suspects, run, gate, static),
+            "events": firsts,
+            "details": {
+                "recurs": recurs,
+                "static_plan": static,
+                "bucket": lead.tags.get("bucket"),
+                "cluster_name": lead.tags.get("cluster_name"),
+                "plan": wording.plan_link(gate) if static and recurs else None,
+                "spiked_in": {str(i): counts[i] for i in suspects if counts.get(i, 0) >= 2},
+            }
+            | ({"numerics": numerics} if numerics else {}),
+        }
 
     def _samples_cause(self, f: Finding, causes: list[dict[str, Any]], run: RunTables) -> list[dict[str, Any]]:
         """The run-level harmful samples as one story: batch causes led by them join one ``samples`` cause, "these
@@ -314,23 +353,45 @@ class CauseRule(Rule):
         out = []
         for metric, items in by_metric.items():
             steps = sorted({int(f.step) for f in items})
-            out.append({"kind": "nonfinite", "steps": steps, "metrics": [metric], "suspect_samples": [],
-                        "_members": items, "severity": CRITICAL, "confidence": 1.0, "events": steps[:1],
-                        "summary": wording.nonfinite_summary(metric, steps, run.logged_offset),
-                        "next_step": wording.nonfinite_next_step(steps, run), "details": {}})
+            out.append(
+                {
+                    "kind": "nonfinite",
+                    "steps": steps,
+                    "metrics": [metric],
+                    "suspect_samples": [],
+                    "_members": items,
+                    "severity": CRITICAL,
+                    "confidence": 1.0,
+                    "events": steps[:1],
+                    "summary": wording.nonfinite_summary(metric, steps, run.logged_offset),
+                    "next_step": wording.nonfinite_next_step(steps, run),
+                    "details": {},
+                }
+            )
         return out
 
     @staticmethod
-    def _finding_cause(kind: str, f: Finding, run: RunTables, members: list[Finding] | None = None,
-                       gate: dict | None = None) -> dict[str, Any]:
+    def _finding_cause(
+        kind: str, f: Finding, run: RunTables, members: list[Finding] | None = None, gate: dict | None = None
+    ) -> dict[str, Any]:
         """A cause of one run-level finding (and the findings it covers: the grad-norm spikes of ``grad_norm``)."""
         members = [f, *(members or [])]
-        steps = sorted({int(s) for s in (f.details.get("steps") or [])}) if kind in ("grad_norm", "samples") else (
-            [] if kind in ("oscillation", "plan") else [int(f.step)])
+        steps = (
+            sorted({int(s) for s in (f.details.get("steps") or [])})
+            if kind in ("grad_norm", "samples")
+            else ([] if kind in ("oscillation", "plan") else [int(f.step)])
+        )
         severity = most_severe(m.severity for m in members[:1])
-        return {"kind": kind, "steps": steps, "metrics": [str(f.metric)] if f.metric else [],
-                "suspect_samples": list(f.suspect_samples), "_members": members, "severity": severity,
-                "confidence": f.confidence_value(), "events": steps[:1],
-                "summary": wording.finding_summary(kind, f, run, gate),
-                "next_step": wording.finding_next_step(kind, f, gate, run), "details": {}}
-
+        return {
+            "kind": kind,
+            "steps": steps,
+            "metrics": [str(f.metric)] if f.metric else [],
+            "suspect_samples": list(f.suspect_samples),
+            "_members": members,
+            "severity": severity,
+            "confidence": f.confidence_value(),
+            "events": steps[:1],
+            "summary": wording.finding_summary(kind, f, run, gate),
+            "next_step": wording.finding_next_step(kind, f, gate, run),
+            "details": {},
+        }

@@ -54,19 +54,29 @@ def cause_verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
         pick = min(entries, key=lambda e: float(e.get("confidence") or 0))
     else:
         rank = {v: i for i, v in enumerate(PRIORITY)}
-        pick = min((e for e in entries if e.get("verdict") != "normal"),
-                   key=lambda e: rank.get(str(e.get("verdict")), len(PRIORITY)))
-    top = ((pick.get("leave_out") or {}).get("sample_ids")
-           or [x.get("sample_id") for x in (pick.get("samples") or [])[:3]])
-    return {"verdict": str(pick["verdict"]), "step": int(pick["step"]), "checkpoint_step": pick.get("checkpoint_step"),
-            "samples": [int(i) for i in top if i is not None],
-            "checkpoint": pick.get("checkpoint", "before"), "confidence": pick.get("confidence"),
-            "mode": pick.get("mode"), "steps": {str(e["step"]): str(e["verdict"]) for e in entries},
-            "evidence": [str(x) for x in (pick.get("evidence") or [])][-EVIDENCE:]}
+        pick = min(
+            (e for e in entries if e.get("verdict") != "normal"),
+            key=lambda e: rank.get(str(e.get("verdict")), len(PRIORITY)),
+        )
+    top = (pick.get("leave_out") or {}).get("sample_ids") or [
+        x.get("sample_id") for x in (pick.get("samples") or [])[:3]
+    ]
+    return {
+        "verdict": str(pick["verdict"]),
+        "step": int(pick["step"]),
+        "checkpoint_step": pick.get("checkpoint_step"),
+        "samples": [int(i) for i in top if i is not None],
+        "checkpoint": pick.get("checkpoint", "before"),
+        "confidence": pick.get("confidence"),
+        "mode": pick.get("mode"),
+        "steps": {str(e["step"]): str(e["verdict"]) for e in entries},
+        "evidence": [str(x) for x in (pick.get("evidence") or [])][-EVIDENCE:],
+    }
 
 
-def apply_replay(findings: dict[str, Any], replay: dict[str, Any] | None,
-                 not_replayed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def apply_replay(
+    findings: dict[str, Any], replay: dict[str, Any] | None, not_replayed: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """``findings`` (findings.json, changed in place and returned) with the replay's verdicts as evidence."""
     verdicts = replay_verdicts(replay)
     causes = [c for c in findings.get("causes") or [] if isinstance(c, dict)]
@@ -129,15 +139,27 @@ def _rank(findings: dict[str, Any], causes: list[dict[str, Any]], not_replayed: 
     section["causes"] = {c["id"]: c["replay"]["verdict"] for c in order if isinstance(c.get("replay"), dict)}
     if not_replayed is not None:
         keys = {str(c.get("key")): c["id"] for c in order}
-        section["not_replayed"] = [{"cause": keys.get(str(g.get("key")), g.get("cause")), "steps": g.get("steps"),
-                                    "why": g.get("why", "the replay budget was spent")} for g in not_replayed]
+        section["not_replayed"] = [
+            {
+                "cause": keys.get(str(g.get("key")), g.get("cause")),
+                "steps": g.get("steps"),
+                "why": g.get("why", "the replay budget was spent"),
+            }
+            for g in not_replayed
+        ]
 
 
 def renumber(findings: dict[str, Any], causes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rank the causes as the cause rule does and renumber them; every ``cause`` reference follows."""
-    order = sorted(causes, key=lambda c: (-SEVERITIES.index(str(c.get("severity"))), -round(float(c.get("confidence")
-                                                                                                 or 0), 3),
-                                          not c.get("steps"), (c.get("steps") or [])[:1]))
+    order = sorted(
+        causes,
+        key=lambda c: (
+            -SEVERITIES.index(str(c.get("severity"))),
+            -round(float(c.get("confidence") or 0), 3),
+            not c.get("steps"),
+            (c.get("steps") or [])[:1],
+        ),
+    )
     new_id = {str(c.get("id")): f"C{i}" for i, c in enumerate(order, 1)}
     for c in order:
         c["id"] = new_id[str(c["id"])]
@@ -159,8 +181,9 @@ def _data_words(rv: dict[str, Any], offset: int) -> str:
     return f"the batch of {step_span(rv['step'], offset=offset)} is high against its own bucket at {where}"
 
 
-def replayed_next_step(cause: dict[str, Any], rv: dict[str, Any], case: str | None, offset: int,
-                       gate: dict | None = None) -> str:
+def replayed_next_step(
+    cause: dict[str, Any], rv: dict[str, Any], case: str | None, offset: int, gate: dict | None = None
+) -> str:
     """What the replay verdict of a cause means for the user, as the cause's next step."""
     from forensics.detect.causes.wording import skip_command
 
@@ -182,29 +205,44 @@ def replayed_next_step(cause: dict[str, Any], rv: dict[str, Any], case: str | No
         return text + "."
     if v == "normal":
         replayed = sorted(int(x) for x in rv.get("steps") or {})
-        weak = " (at a checkpoint after the step: the model may have learned the batch since)" \
-            if rv.get("checkpoint") == "after" else ""
-        return (f"Replay clears {plural('step', len(replayed))} {steps_list(replayed, offset)}: the batch's loss lies "
-                f"within its same-bucket controls' spread{weak}; nothing in these samples to fix.")
+        weak = (
+            " (at a checkpoint after the step: the model may have learned the batch since)"
+            if rv.get("checkpoint") == "after"
+            else ""
+        )
+        return (
+            f"Replay clears {plural('step', len(replayed))} {steps_list(replayed, offset)}: the batch's loss lies "
+            f"within its same-bucket controls' spread{weak}; nothing in these samples to fix."
+        )
     if v == "misaligned":
         fix = next((e for e in rv.get("evidence") or [] if "step_offset" in e), "")
-        hint = fix[fix.index("set step_offset"):].rstrip(".") if "set step_offset" in fix else "fix the step offset"
+        hint = fix[fix.index("set step_offset") :].rstrip(".") if "set step_offset" in fix else "fix the step offset"
         again = f"forensics audit {path}" if path else "the audit"
         return f"Replay says metrics and plan are joined one step off at {at}: {hint} in run.toml, then run {again}."
     if v == "nondeterministic":
-        return (f"Replay of {at} is not deterministic (the same forward disagrees with itself): make the model's "
-                "forward deterministic (no unseeded randomness, deterministic kernels), then replay again.")
+        return (
+            f"Replay of {at} is not deterministic (the same forward disagrees with itself): make the model's "
+            "forward deterministic (no unseeded randomness, deterministic kernels), then replay again."
+        )
     if v == "not-reproduced":
         why = next((e for e in rv.get("evidence") or [] if e.startswith("The other batches")), "")
-        return (f"Replay of {at} does not give back the logged loss in eval or train mode: check that the tokens, "
-                f"checkpoints and model are the run's{(' (' + why.rstrip('.') + ')') if why else ''}.")
+        return (
+            f"Replay of {at} does not give back the logged loss in eval or train mode: check that the tokens, "
+            f"checkpoints and model are the run's{(' (' + why.rstrip('.') + ')') if why else ''}."
+        )
     if v == "state":
-        return (f"Replay says the model state, not the data, at {at}: its controls are high alike at that checkpoint; "
-                "look at the learning rate, the optimizer state (Adam moments, loss scale) and the updates before it.")
+        return (
+            f"Replay says the model state, not the data, at {at}: its controls are high alike at that checkpoint; "
+            "look at the learning rate, the optimizer state (Adam moments, loss scale) and the updates before it."
+        )
     if v == "composition":
         from forensics.detect.rules.composition import plan_fix_words
 
-        return (f"Replay says the batch's composition at {at} pulls the model away from the other clusters: "
-                f"{plan_fix_words(gate)}.")
-    return (f"Replay of {at} was inconclusive (neither high against its bucket nor within its controls' spread): "
-            f"inspect samples {shown}.")
+        return (
+            f"Replay says the batch's composition at {at} pulls the model away from the other clusters: "
+            f"{plan_fix_words(gate)}."
+        )
+    return (
+        f"Replay of {at} was inconclusive (neither high against its bucket nor within its controls' spread): "
+        f"inspect samples {shown}."
+    )

@@ -42,11 +42,23 @@ SECOND_LINES = ("grad_norm", "recurs", "content")
 #: Run-level kinds: their severity without further evidence (raised to ``critical`` by ``critical``, lowered to
 #: ``info`` by ``explained`` in their support).
 KIND_DEFAULTS = {
-    "static_plan": WARNING, "oscillation": WARNING, "misaligned_steps": WARNING, "grad_norm_spikes": INFO,
-    "expected_for_bucket": INFO, "divergence": CRITICAL, "crash": CRITICAL, "overfitting": WARNING,
-    "plateau": WARNING, "throughput": WARNING, "memory": WARNING, "lr_schedule": INFO, "restart": INFO,
-    "harmful_samples": WARNING, "epoch_boundary": WARNING,
-    "resume_data": WARNING, "rank_drift": WARNING,
+    "static_plan": WARNING,
+    "oscillation": WARNING,
+    "misaligned_steps": WARNING,
+    "grad_norm_spikes": INFO,
+    "expected_for_bucket": INFO,
+    "divergence": CRITICAL,
+    "crash": CRITICAL,
+    "overfitting": WARNING,
+    "plateau": WARNING,
+    "throughput": WARNING,
+    "memory": WARNING,
+    "lr_schedule": INFO,
+    "restart": INFO,
+    "harmful_samples": WARNING,
+    "epoch_boundary": WARNING,
+    "resume_data": WARNING,
+    "rank_drift": WARNING,
 }
 #: Kinds judged by their lines of evidence.
 EVENT_KINDS = ("spike", "level_shift", "nonfinite")

@@ -40,8 +40,10 @@ def verdict(findings: dict, loss_key: str | None = None) -> str:
         who = "near-duplicate samples" if all(x.get("near_duplicates") for x in d) else "the same samples"
         words = plan_words(findings.get("plan"))
         how = f" by a plan {words}" if words and all(x.get("static_plan") for x in d) else ""
-        text = (f"{counted(len(batch), 'batch')} of {who}, packed together{how}, caused the {loss} spikes at steps "
-                f"{_list(firsts)} and spiked again when they came back at steps {_list(returns)}")
+        text = (
+            f"{counted(len(batch), 'batch')} of {who}, packed together{how}, caused the {loss} spikes at steps "
+            f"{_list(firsts)} and spiked again when they came back at steps {_list(returns)}"
+        )
         rest = len(causes) - len(batch)
         return text + (f"; {counted(rest, 'other cause')} below." if rest else ".")
     text = str(main.get("summary") or "").rstrip(".")
@@ -54,12 +56,15 @@ def facts(findings: dict) -> list[str]:
     out = [str(c.get("summary")) for c in findings.get("causes") or [] if isinstance(c, dict) and c.get("summary")]
     osc = findings.get("oscillation") or {}
     if isinstance(osc, dict) and osc.get("bucket_variance_share") is not None:
-        out.append(f"{_share(osc['bucket_variance_share'])} of the detrended loss variance is explained by the "
-                   "batch's length bucket (expected jumpiness of bucketed batches, not spikes).")
+        out.append(
+            f"{_share(osc['bucket_variance_share'])} of the detrended loss variance is explained by the "
+            "batch's length bucket (expected jumpiness of bucketed batches, not spikes)."
+        )
     pf = findings.get("plan")
     if isinstance(pf, dict) and pf.get("static") is not None:
-        out.append(f"The batch plan is {plan_words(pf)}." if pf["static"] else
-                   "The batch composition varies across epochs.")
+        out.append(
+            f"The batch plan is {plan_words(pf)}." if pf["static"] else "The batch composition varies across epochs."
+        )
     return out
 
 
@@ -73,8 +78,10 @@ def _all_clear(findings: dict, loss: str) -> str:
         return f"No spike found, but not every metric could be judged ({names}: too few values); nothing is cleared."
     spikes = findings.get("spikes") or []
     if spikes:
-        text = (f"No fault found in {', '.join(map(str, analysed))} over {run.get('steps', 0):,} steps: "
-                f"{counted(len(spikes), 'spike')} explained or not followed by the loss")
+        text = (
+            f"No fault found in {', '.join(map(str, analysed))} over {run.get('steps', 0):,} steps: "
+            f"{counted(len(spikes), 'spike')} explained or not followed by the loss"
+        )
     else:
         text = f"No spike and no NaN/inf in {', '.join(map(str, analysed))} over {run.get('steps', 0):,} steps"
     if info:
@@ -119,8 +126,9 @@ def _listing(findings: dict, loss_key: str | None = None) -> str:
         parts.append(counted(len(nonfinite), "non-finite value"))
     pf = findings.get("plan")
     if isinstance(pf, dict) and pf.get("static") is not None:
-        parts.append("batch composition is static across epochs" if pf["static"] else
-                     "batch composition varies across epochs")
+        parts.append(
+            "batch composition is static across epochs" if pf["static"] else "batch composition varies across epochs"
+        )
     osc = findings.get("oscillation") or {}
     if isinstance(osc, dict):
         if osc.get("detected"):

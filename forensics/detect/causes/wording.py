@@ -52,8 +52,17 @@ def plan_link(gate: dict | None) -> str | None:
     return f"the plan is {words}" if words else None
 
 
-def event_summary(kind: str, lead: Finding, members: list[Finding], firsts: list[int], suspects: list[int],
-                  counts: dict[int, int], run: RunTables, gate: dict | None, static: bool) -> str:
+def event_summary(
+    kind: str,
+    lead: Finding,
+    members: list[Finding],
+    firsts: list[int],
+    suspects: list[int],
+    counts: dict[int, int],
+    run: RunTables,
+    gate: dict | None,
+    static: bool,
+) -> str:
     offset = run.logged_offset
     ratio = lead.details.get("ratio")
     size = f" ({ratio:.1f}x its baseline)" if isinstance(ratio, float) and ratio == ratio else ""
@@ -72,29 +81,41 @@ def event_summary(kind: str, lead: Finding, members: list[Finding], firsts: list
     elif len(firsts) > 1:
         core = [i for i in suspects if counts.get(i, 0) >= 2] or suspects
         times = max(counts.get(i, 0) for i in core) if core else len(firsts)
-        text = (f"{lead.metric} spiked at steps {steps_list(firsts, offset)}{size}{also}: samples {_ids(core)} were "
-                f"in {times} of these batches{where}")
+        text = (
+            f"{lead.metric} spiked at steps {steps_list(firsts, offset)}{size}{also}: samples {_ids(core)} were "
+            f"in {times} of these batches{where}"
+        )
         link = plan_link(gate) if static else None
         text += f"; they come back because {link}." if link else "."
     else:
-        text = (f"{lead.metric} spiked at {step_span(firsts[0], offset=offset)}{size}{also}{small}; its batch held "
-                f"samples {_ids(suspects)}{where}.")
-    numerics = next((n for f in members for n in [(f.details.get("attribution") or {}).get("numerics") or {}]
-                     if n.get("numerics")), None)
+        text = (
+            f"{lead.metric} spiked at {step_span(firsts[0], offset=offset)}{size}{also}{small}; its batch held "
+            f"samples {_ids(suspects)}{where}."
+        )
+    numerics = next(
+        (n for f in members for n in [(f.details.get("attribution") or {}).get("numerics") or {}] if n.get("numerics")),
+        None,
+    )
     lead_words = [e for e in lead.evidence if " steps before the loss" in e]
     if numerics:  # the logs saw an overflow at or before it: numerics before the optimizer (the cause-class order)
         text = text.rstrip(".") + f"; {numerics['evidence'][0].split(':')[0]} (a numerics event)."
     elif lead.details.get("joint") == "led" or lead_words:
-        text = text.rstrip(".") + (f"; {lead_words[0].split(':')[0]}" if lead_words else
-                                   "; the grad norm rose before it") + " (an optimizer-led event)."
+        text = (
+            text.rstrip(".")
+            + (f"; {lead_words[0].split(':')[0]}" if lead_words else "; the grad norm rose before it")
+            + " (an optimizer-led event)."
+        )
     return text
 
 
-def event_next_step(kind: str, firsts: list[int], suspects: list[int], run: RunTables, gate: dict | None,
-                    static: bool) -> str:
+def event_next_step(
+    kind: str, firsts: list[int], suspects: list[int], run: RunTables, gate: dict | None, static: bool
+) -> str:
     if kind == "event":
-        return (f"Record or rebuild the batch plan (--plan, --samples) to name the batch and samples of "
-                f"{step_span(firsts[0], offset=run.logged_offset)}.")
+        return (
+            f"Record or rebuild the batch plan (--plan, --samples) to name the batch and samples of "
+            f"{step_span(firsts[0], offset=run.logged_offset)}."
+        )
     parts = [f"Inspect samples {_ids(suspects)}"]
     command = replay_command(run, firsts)
     if command:
@@ -112,8 +133,10 @@ def nonfinite_summary(metric: str, steps: list[int], offset: int) -> str:
 
 
 def nonfinite_next_step(steps: list[int], run: RunTables) -> str:
-    text = (f"Check the batch of {step_span(steps[0], offset=run.logged_offset)} and the optimizer state before it "
-            "(overflow, a too-high learning rate, a bad sample)")
+    text = (
+        f"Check the batch of {step_span(steps[0], offset=run.logged_offset)} and the optimizer state before it "
+        "(overflow, a too-high learning rate, a bad sample)"
+    )
     command = replay_command(run, steps[:1])
     return text + (f"; replay it (`{command}`)." if command else ".")
 
@@ -122,8 +145,11 @@ def finding_summary(kind: str, f: Finding, run: RunTables, gate: dict | None) ->
     if kind == "level_shift":
         return f"{f.metric} moved to a new level from {step_span(f.step, offset=run.logged_offset)} and stayed there."
     if kind == "plan":
-        return f"The batch plan is {plan_words(gate)}: " + (
-            f.evidence[0] if f.evidence else "the same samples meet in every epoch") + "."
+        return (
+            f"The batch plan is {plan_words(gate)}: "
+            + (f.evidence[0] if f.evidence else "the same samples meet in every epoch")
+            + "."
+        )
     return str((f.evidence or [f.kind.replace("_", " ")])[0])
 
 
@@ -142,8 +168,9 @@ def finding_next_step(kind: str, f: Finding, gate: dict | None, run: RunTables) 
             parts.append(f"a replay would confirm it but needs {run.replay_missing}")
         command = skip_command(shlex.quote(run.case_path) if run.case_path else None)
         if command:
-            parts.append(f"to train without them, `{command}` writes their ids for "
-                         "forensics.integrations.exclude_samples")
+            parts.append(
+                f"to train without them, `{command}` writes their ids for forensics.integrations.exclude_samples"
+            )
         else:
             parts.append("to train without them, drop the sample ids that findings.json harmful_samples lists")
         return "; ".join(parts) + "."

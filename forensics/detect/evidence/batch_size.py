@@ -53,18 +53,31 @@ def judge_batch_size(findings: list[Finding], tags: pd.DataFrame | None) -> None
         ratio = f.details.get("ratio")
         ratio_adj = 1.0 + (float(ratio) - 1.0) / factor if isinstance(ratio, (int, float)) and ratio == ratio else None
         score_adj = float(f.score) / factor if f.score is not None else None
-        explained = ((ratio_adj is not None and ratio_adj < float(th.get("ratio", 1.5)))
-                     or (score_adj is not None and score_adj < float(th.get("z", 6.0))))
+        explained = (ratio_adj is not None and ratio_adj < float(th.get("ratio", 1.5))) or (
+            score_adj is not None and score_adj < float(th.get("z", 6.0))
+        )
         epoch = f.tags.get(EPOCH)
         last = peak in last_of_epoch
-        where = f"the last batch of epoch {epoch}" if last and epoch is not None else (
-            "an epoch's last batch" if last else "a small batch")
+        where = (
+            f"the last batch of epoch {epoch}"
+            if last and epoch is not None
+            else ("an epoch's last batch" if last else "a small batch")
+        )
         words = f"{int(n)} samples against a median of {median:g}: {where}"
-        f.details["batch_size"] = {"n_samples": int(n), "median": median, "last_of_epoch": last, "factor": factor,
-                                   "ratio_for_its_size": ratio_adj, "score_for_its_size": score_adj,
-                                   "explained": explained, "words": words}
-        f.evidence.append(f"The batch held {words}; judged against batches of its size (jump and score divided by "
-                          f"{factor:.2f}) it is " + ("within the thresholds: its size explains it." if explained else
-                                                     "still beyond the thresholds."))
+        f.details["batch_size"] = {
+            "n_samples": int(n),
+            "median": median,
+            "last_of_epoch": last,
+            "factor": factor,
+            "ratio_for_its_size": ratio_adj,
+            "score_for_its_size": score_adj,
+            "explained": explained,
+            "words": words,
+        }
+        f.evidence.append(
+            f"The batch held {words}; judged against batches of its size (jump and score divided by "
+            f"{factor:.2f}) it is "
+            + ("within the thresholds: its size explains it." if explained else "still beyond the thresholds.")
+        )
         if explained:
             support_of(f)["explained"] = "batch_size"

@@ -55,8 +55,9 @@ FOREIGN_FLAG = 0.4
 N_HASHES, BAND_ROWS = 32, 2
 #: The MinHash family (multiply-add coefficients, odd): one for every call, so near-duplicate counts are one per
 #: dataset whatever seed a rule draws its references with.
-_HASH_FAMILY = (np.random.default_rng(0).integers(1, 1 << 62, size=(N_HASHES, 2), dtype=np.int64).astype(np.uint64)
-                | np.uint64(1))
+_HASH_FAMILY = np.random.default_rng(0).integers(1, 1 << 62, size=(N_HASHES, 2), dtype=np.int64).astype(
+    np.uint64
+) | np.uint64(1)
 _WORD = re.compile(r"\S+")
 #: Bump when what a cached near-duplicate count stands for changes (:func:`_minhash`, :func:`_near_duplicates`).
 CACHE_VERSION = 1
@@ -87,8 +88,7 @@ class _Tokens:
     @classmethod
     def of(cls, arrays: Sequence) -> _Tokens:
         lengths = np.fromiter((len(a) for a in arrays), np.int64, count=len(arrays))
-        return cls(np.concatenate([np.asarray(a) for a in arrays] or [np.empty(0, np.int64)]).astype(np.int64),
-                   lengths)
+        return cls(np.concatenate([np.asarray(a) for a in arrays] or [np.empty(0, np.int64)]).astype(np.int64), lengths)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -234,8 +234,7 @@ def _minhash(tokens: np.ndarray, coeffs: np.ndarray) -> np.ndarray | None:
         return None
     t = tokens.astype(np.uint64)
     with np.errstate(over="ignore"):
-        shingles = np.unique((t[:-2] * np.uint64(0x9E3779B97F4A7C15) ^ t[1:-1]) * np.uint64(0xBF58476D1CE4E5B9)
-                             ^ t[2:])
+        shingles = np.unique((t[:-2] * np.uint64(0x9E3779B97F4A7C15) ^ t[1:-1]) * np.uint64(0xBF58476D1CE4E5B9) ^ t[2:])
         hashed = shingles[None, :] * coeffs[:, :1] + coeffs[:, 1:]  # wraps modulo 2**64: a multiply-add hash
         hashed ^= hashed >> np.uint64(29)
     return hashed.min(axis=1)
@@ -252,13 +251,13 @@ def _near_duplicates(signatures: list[np.ndarray | None]) -> np.ndarray:
     sigs = np.stack([signatures[i] for i in at])
     found = []
     for band in range(N_HASHES // BAND_ROWS):
-        cols = sigs[:, band * BAND_ROWS:(band + 1) * BAND_ROWS]
+        cols = sigs[:, band * BAND_ROWS : (band + 1) * BAND_ROWS]
         order = np.lexsort(cols.T[::-1])  # rows with an equal band side by side, in sample order within each
         ordered = cols[order]
         starts = np.flatnonzero(np.r_[True, (ordered[1:] != ordered[:-1]).any(axis=1)])
         sizes = np.diff(np.r_[starts, len(order)])
         for k in np.flatnonzero((sizes > 1) & (sizes <= 200)):
-            members = order[starts[k]:starts[k] + sizes[k]]
+            members = order[starts[k] : starts[k] + sizes[k]]
             a, b = np.triu_indices(len(members), 1)
             found.append(members[a] * len(at) + members[b])
     if not found:
@@ -323,8 +322,9 @@ def _robust_z(values: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(values), (values - med) / sd, 0.0)
 
 
-def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
-                     dataset_limit: int = 200_000) -> ContentEvidence:
+def content_evidence(
+    samples: pd.DataFrame, ids: Iterable[int], seed: int = 0, dataset_limit: int = 200_000
+) -> ContentEvidence:
     """The content evidence of the samples ``ids`` (module docstring), judged against the dataset ``samples``.
 
     Near-duplicates are counted over the whole dataset up to ``dataset_limit`` samples (a random subset of that
@@ -369,15 +369,17 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
         vocab, doc_freq = _document_frequency(ref_tokens)
         floor = FOREIGN_SHARE * max(len(ref_tokens), 1)
 
-        ref = np.column_stack([data.repeat_and_entropy(ref_idx, ref_tokens),
-                               _foreign_shares(ref_tokens, vocab, doc_freq, floor)])
+        ref = np.column_stack(
+            [data.repeat_and_entropy(ref_idx, ref_tokens), _foreign_shares(ref_tokens, vocab, doc_freq, floor)]
+        )
         ref_dups = dup_of.reindex(sample_ids[ref_idx]).fillna(0).to_numpy(np.float64)
         dup_med = float(np.median(ref_dups))
         dup_sd = robust_sd(ref_dups, floor=1.0)
         mine = wanted[groups[wanted] == g]
         mine_tokens = data.tokens_of(mine)
-        vals = np.column_stack([data.repeat_and_entropy(mine, mine_tokens),
-                                _foreign_shares(mine_tokens, vocab, doc_freq, floor)])
+        vals = np.column_stack(
+            [data.repeat_and_entropy(mine, mine_tokens), _foreign_shares(mine_tokens, vocab, doc_freq, floor)]
+        )
         z = np.column_stack([_robust_z(vals[:, k], ref[:, k]) for k in range(3)]) if len(vals) else vals.reshape(-1, 3)
         sids = sample_ids[mine]
         n_dup = dup_of.reindex(sids).fillna(0).to_numpy(np.int64)
@@ -396,8 +398,10 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
             if by_dup[r]:
                 why.append(f"near-duplicate of {n_dup[r]} other samples of the dataset")
             if by_repeat[r]:
-                why.append(f"repetitive: {100 * vals[r, 0]:.0f}% of its 3-grams repeat an earlier one ({zc[r]:.0f} "
-                           f"robust SDs above its {against})")
+                why.append(
+                    f"repetitive: {100 * vals[r, 0]:.0f}% of its 3-grams repeat an earlier one ({zc[r]:.0f} "
+                    f"robust SDs above its {against})"
+                )
             if ze[r] <= -FLAG_Z:
                 why.append(f"few distinct tokens (entropy {abs(ze[r]):.0f} robust SDs below its {against})")
             elif ze[r] >= FLAG_Z:
@@ -405,8 +409,20 @@ def content_evidence(samples: pd.DataFrame, ids: Iterable[int], seed: int = 0,
             if by_foreign[r]:
                 why.append(f"{100 * vals[r, 2]:.0f}% of its tokens are foreign to its {against}")
             reasons[int(sids[r])] = why
-        parts.append(pd.DataFrame({SAMPLE_ID: sids, "near_duplicates": n_dup, "repeat_share": vals[:, 0],
-                                   "entropy": vals[:, 1], "foreign_share": vals[:, 2], "z_repeat": zc,
-                                   "z_entropy": ze, "z_foreign": zf, "content_score": score}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    SAMPLE_ID: sids,
+                    "near_duplicates": n_dup,
+                    "repeat_share": vals[:, 0],
+                    "entropy": vals[:, 1],
+                    "foreign_share": vals[:, 2],
+                    "z_repeat": zc,
+                    "z_entropy": ze,
+                    "z_foreign": zf,
+                    "content_score": score,
+                }
+            )
+        )
     table = pd.concat(parts, ignore_index=True).set_index(SAMPLE_ID) if parts else pd.DataFrame()
     return ContentEvidence(table, reasons)

@@ -53,8 +53,9 @@ def composition_features(tags: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     cols: dict[str, np.ndarray] = {}
     owner: list[str] = []
     steps = tags[STEP].to_numpy(np.int64)
-    shares = sorted((c for c in tags.columns if str(c).startswith("bucket_share_")),
-                    key=lambda c: int(str(c).rsplit("_", 1)[1]))
+    shares = sorted(
+        (c for c in tags.columns if str(c).startswith("bucket_share_")), key=lambda c: int(str(c).rsplit("_", 1)[1])
+    )
     for c in shares:
         cols[str(c)] = tags[c].to_numpy(np.float64, na_value=np.nan)
         owner.append("bucket")
@@ -101,8 +102,16 @@ class CompositionFit:
         return np.where(np.isfinite(out), out, 0.0)
 
 
-def fit_composition(x: np.ndarray, y: np.ndarray, owner: list[str], min_share: float = 0.05, ridge: float = 16.0,
-                    huber: float = 1.345, trim: float = 4.0, iterations: int = 8) -> CompositionFit | None:
+def fit_composition(
+    x: np.ndarray,
+    y: np.ndarray,
+    owner: list[str],
+    min_share: float = 0.05,
+    ridge: float = 16.0,
+    huber: float = 1.345,
+    trim: float = 4.0,
+    iterations: int = 8,
+) -> CompositionFit | None:
     """A robust fit of ``y`` (log value over trend) on the features ``x`` (rows with a finite ``y`` and features);
     None when too few rows or no column qualifies."""
     ok = np.isfinite(y) & np.isfinite(x).all(axis=1)
@@ -166,8 +175,15 @@ class CompositionExpectation:
         A bucket's or cluster's mean share of the fitted steps before it predicts anything (default 0.05).
     """
 
-    def __init__(self, tags: pd.DataFrame, block: int = 32, min_rows: int = 48, fit_rows: int = 2048,
-                 trend_window: int = 32, min_share: float = 0.05) -> None:
+    def __init__(
+        self,
+        tags: pd.DataFrame,
+        block: int = 32,
+        min_rows: int = 48,
+        fit_rows: int = 2048,
+        trend_window: int = 32,
+        min_share: float = 0.05,
+    ) -> None:
         self.block = block
         self.min_rows = min_rows
         self.fit_rows = fit_rows
@@ -206,7 +222,7 @@ class CompositionExpectation:
         n0 = len(self.logs_)
         prev = self.logs_[-w:]
         padded = np.concatenate([np.full(w, np.nan), prev, logs[ok]])
-        windows = np.lib.stride_tricks.sliding_window_view(padded, w)[len(prev):len(prev) + len(ok)]
+        windows = np.lib.stride_tricks.sliding_window_view(padded, w)[len(prev) : len(prev) + len(ok)]
         enough = np.isfinite(windows).sum(axis=1) >= 8
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the all-NaN windows of the first rows
@@ -237,8 +253,9 @@ class CompositionExpectation:
         return fit_composition(self.x_[lo:upto], self.y_[lo:upto], self.owner_, self.min_share)
 
 
-def variance_shares(values: np.ndarray, steps: np.ndarray, tags: pd.DataFrame,
-                    window: int = 101) -> tuple[float, dict[str, float]]:
+def variance_shares(
+    values: np.ndarray, steps: np.ndarray, tags: pd.DataFrame, window: int = 101
+) -> tuple[float, dict[str, float]]:
     """``(composition_variance_share, {tag: share})`` of a whole run: the share of the detrended log value variance
     that a robust fit on all its tags (and on each tag alone) explains, 0-1 (NaN without a fit)."""
     values = np.asarray(values, np.float64)

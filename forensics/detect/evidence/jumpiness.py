@@ -40,22 +40,31 @@ def group_offsets(values: np.ndarray, groups: np.ndarray, window: int = 101) -> 
     ok = np.isfinite(r) & (groups >= 0)
     df = pd.DataFrame({"group": groups[ok], "r": r[ok], "v": values[ok]})
     if df.empty:
-        return pd.DataFrame({"group": pd.Series([], dtype=np.int64), "n_steps": pd.Series([], dtype=np.int64),
-                             "offset": pd.Series([], dtype=float), "spread": pd.Series([], dtype=float),
-                             "median_value": pd.Series([], dtype=float)})
+        return pd.DataFrame(
+            {
+                "group": pd.Series([], dtype=np.int64),
+                "n_steps": pd.Series([], dtype=np.int64),
+                "offset": pd.Series([], dtype=float),
+                "spread": pd.Series([], dtype=float),
+                "median_value": pd.Series([], dtype=float),
+            }
+        )
     g = df.groupby("group", sort=True)
-    out = pd.DataFrame({
-        "n_steps": g.size(),
-        "offset": g["r"].median(),
-        "spread": g["r"].apply(lambda s: float((s - s.median()).abs().median() * MAD_TO_SD)),
-        "median_value": g["v"].median(),
-    }).reset_index()
+    out = pd.DataFrame(
+        {
+            "n_steps": g.size(),
+            "offset": g["r"].median(),
+            "spread": g["r"].apply(lambda s: float((s - s.median()).abs().median() * MAD_TO_SD)),
+            "median_value": g["v"].median(),
+        }
+    ).reset_index()
     out["n_steps"] = out["n_steps"].astype(np.int64)
     return out
 
 
-def bucket_variance_share(metrics: pd.DataFrame, tags: pd.DataFrame, metric: str | None = None,
-                          group: str = BUCKET, window: int = 101) -> float:
+def bucket_variance_share(
+    metrics: pd.DataFrame, tags: pd.DataFrame, metric: str | None = None, group: str = BUCKET, window: int = 101
+) -> float:
     """``bucket_variance_share`` of a run: the share of the detrended ``metric`` (default: the loss) variance
     explained by the tags column ``group`` of each step (0-1; NaN without two groups)."""
     metric = metric or find_loss_key(metrics.columns)
@@ -88,8 +97,15 @@ class JumpinessDetector(MetricDetector):
     ``update`` only collects rows (returns nothing); the summary covers every row so far and comes from ``finish``.
     """
 
-    def __init__(self, metric: str | None = None, window: int = 101, threshold: float = 0.2, group: str = BUCKET,
-                 also_by: tuple[str, ...] = (CLUSTER,), outlier_mads: float = 8.0):
+    def __init__(
+        self,
+        metric: str | None = None,
+        window: int = 101,
+        threshold: float = 0.2,
+        group: str = BUCKET,
+        also_by: tuple[str, ...] = (CLUSTER,),
+        outlier_mads: float = 8.0,
+    ):
         self.metric = metric
         self.window = window
         self.threshold = threshold
@@ -136,8 +152,9 @@ class JumpinessDetector(MetricDetector):
         shares = {f"{self.group}_variance_share": variance_share(values, groups, self.window, self.outlier_mads)}
         for col in self.also_by:
             if col in self.tags_.columns:
-                shares[f"{col}_variance_share"] = variance_share(values, lookup.groups(steps, col), self.window,
-                                                                 self.outlier_mads)
+                shares[f"{col}_variance_share"] = variance_share(
+                    values, lookup.groups(steps, col), self.window, self.outlier_mads
+                )
         offsets = group_offsets(values, groups, self.window)
         share = shares[f"{self.group}_variance_share"]
         return [self._finding(steps, share, shares, offsets)]
@@ -146,23 +163,50 @@ class JumpinessDetector(MetricDetector):
         metric, g = self.metric_, self.group
         driven = bool(np.isfinite(share) and share >= self.threshold)
         words = [f"{_pct(v)} by {k.removesuffix('_variance_share')}" for k, v in shares.items()]
-        evidence = [f"Of the {metric} variance around its rolling median ({self.window} steps), "
-                    f"{' and '.join(words)} (eta squared over {len(steps)} steps)."]
+        evidence = [
+            f"Of the {metric} variance around its rolling median ({self.window} steps), "
+            f"{' and '.join(words)} (eta squared over {len(steps)} steps)."
+        ]
         if len(offsets):
             top = offsets.reindex(offsets["offset"].abs().sort_values(ascending=False).index).head(3)
-            evidence.append("Per-" + g + " offsets from the trend: " + ", ".join(
-                f"{g} {int(r.group)} {r.offset:+.3g} ({int(r.n_steps)} steps)" for r in top.itertuples()) + ".")
+            evidence.append(
+                "Per-"
+                + g
+                + " offsets from the trend: "
+                + ", ".join(f"{g} {int(r.group)} {r.offset:+.3g} ({int(r.n_steps)} steps)" for r in top.itertuples())
+                + "."
+            )
         evidence.append(
             f"The jumpiness is {'largely' if driven else 'not mainly'} explained by the {g} (threshold "
-            f"{_pct(self.threshold)}): " + ("steps high only for their " + g + " are expected, not spikes."
-                                            if driven else "look elsewhere for its cause."))
+            f"{_pct(self.threshold)}): "
+            + (
+                "steps high only for their " + g + " are expected, not spikes."
+                if driven
+                else "look elsewhere for its cause."
+            )
+        )
         return Finding(
-            kind="jumpiness", step=int(steps.min()), end_step=int(steps.max()), metric=metric, value=share,
-            severity=INFO, evidence=evidence,
-            next_step=(f"Nothing to fix if the {g}s are by design; mixing {g}s inside a batch removes the "
-                       f"jumpiness at a padding cost." if driven else None),
-            details={**shares, "bucket_driven": driven, "threshold": self.threshold, "group": g,
-                     "offsets": offsets.to_dict(orient="records"), "window": self.window},
+            kind="jumpiness",
+            step=int(steps.min()),
+            end_step=int(steps.max()),
+            metric=metric,
+            value=share,
+            severity=INFO,
+            evidence=evidence,
+            next_step=(
+                f"Nothing to fix if the {g}s are by design; mixing {g}s inside a batch removes the "
+                f"jumpiness at a padding cost."
+                if driven
+                else None
+            ),
+            details={
+                **shares,
+                "bucket_driven": driven,
+                "threshold": self.threshold,
+                "group": g,
+                "offsets": offsets.to_dict(orient="records"),
+                "window": self.window,
+            },
         )
 
 

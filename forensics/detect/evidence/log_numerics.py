@@ -50,8 +50,9 @@ def _window_end(steps: np.ndarray, start: int) -> int:
     return int(steps[i]) if i < len(steps) else start
 
 
-def loss_scale_drop(metrics: pd.DataFrame, start: int, lead_window: int = LEAD_WINDOW,
-                    column: str | None = None) -> dict[str, Any] | None:
+def loss_scale_drop(
+    metrics: pd.DataFrame, start: int, lead_window: int = LEAD_WINDOW, column: str | None = None
+) -> dict[str, Any] | None:
     """The first drop of the logged loss scale in the spike's window (module docstring): ``{step, before, after}``,
     or None (no drop, or no loss scale logged)."""
     steps, values = _rows(metrics, column or loss_scale_column(metrics.columns))
@@ -64,8 +65,9 @@ def loss_scale_drop(metrics: pd.DataFrame, start: int, lead_window: int = LEAD_W
     return None
 
 
-def first_count(metrics: pd.DataFrame, column: str | None, start: int,
-                lead_window: int = LEAD_WINDOW) -> dict[str, Any] | None:
+def first_count(
+    metrics: pd.DataFrame, column: str | None, start: int, lead_window: int = LEAD_WINDOW
+) -> dict[str, Any] | None:
     """The first logged row of a count (nan or skipped iterations) above 0 in the spike's window: ``{step, count}``."""
     steps, values = _rows(metrics, column)
     if not len(steps):
@@ -75,14 +77,19 @@ def first_count(metrics: pd.DataFrame, column: str | None, start: int,
     return {"step": int(steps[hit[0]]), "count": float(values[hit[0]])} if len(hit) else None
 
 
-def log_numerics(metrics: pd.DataFrame, start: int, loss_key: str | None = None,
-                 lead_window: int = LEAD_WINDOW) -> dict[str, Any] | None:
+def log_numerics(
+    metrics: pd.DataFrame, start: int, loss_key: str | None = None, lead_window: int = LEAD_WINDOW
+) -> dict[str, Any] | None:
     """The numerics evidence the logs hold for a spike starting at ``start`` (module docstring): ``{numerics,
     loss_scale_drop, nan_iterations, skipped_iterations, max_over_avg, columns, evidence}``; None when the run logs
     none of these series."""
     cols = [c for c in metrics.columns if c != STEP]
-    columns = {"loss_scale": loss_scale_column(cols), "nan_iterations": nan_iterations_column(cols),
-               "skipped_iterations": skipped_iterations_column(cols), "max_loss": max_loss_column(cols)}
+    columns = {
+        "loss_scale": loss_scale_column(cols),
+        "nan_iterations": nan_iterations_column(cols),
+        "skipped_iterations": skipped_iterations_column(cols),
+        "max_loss": max_loss_column(cols),
+    }
     if not any(columns.values()):
         return None
     drop = loss_scale_drop(metrics, start, lead_window, columns["loss_scale"])
@@ -95,19 +102,33 @@ def log_numerics(metrics: pd.DataFrame, start: int, loss_key: str | None = None,
             ratio = float(at[columns["max_loss"]].iloc[0]) / float(at[loss_key].iloc[0])
     evidence = []
     if drop:
-        evidence.append(f"{columns['loss_scale']} dropped from {drop['before']:g} to {drop['after']:g} at step "
-                        f"{drop['step']}, {_when(drop['step'], start)}: the fp16 scaler met an overflow (numerics).")
+        evidence.append(
+            f"{columns['loss_scale']} dropped from {drop['before']:g} to {drop['after']:g} at step "
+            f"{drop['step']}, {_when(drop['step'], start)}: the fp16 scaler met an overflow (numerics)."
+        )
     if nan:
-        evidence.append(f"{columns['nan_iterations']} was {nan['count']:g} at step {nan['step']}, "
-                        f"{_when(nan['step'], start)}: a step went NaN (numerics).")
+        evidence.append(
+            f"{columns['nan_iterations']} was {nan['count']:g} at step {nan['step']}, "
+            f"{_when(nan['step'], start)}: a step went NaN (numerics)."
+        )
     if skipped:
-        evidence.append(f"{columns['skipped_iterations']} was {skipped['count']:g} at step {skipped['step']}, "
-                        f"{_when(skipped['step'], start)}: an update was skipped.")
+        evidence.append(
+            f"{columns['skipped_iterations']} was {skipped['count']:g} at step {skipped['step']}, "
+            f"{_when(skipped['step'], start)}: an update was skipped."
+        )
     if ratio is not None:
-        evidence.append(f"{columns['max_loss']} was {ratio:.3g}x {loss_key} at step {start} (the worst rank against "
-                        "the mean).")
-    return {"numerics": bool(drop or nan), "loss_scale_drop": drop, "nan_iterations": nan,
-            "skipped_iterations": skipped, "max_over_avg": ratio, "columns": columns, "evidence": evidence}
+        evidence.append(
+            f"{columns['max_loss']} was {ratio:.3g}x {loss_key} at step {start} (the worst rank against the mean)."
+        )
+    return {
+        "numerics": bool(drop or nan),
+        "loss_scale_drop": drop,
+        "nan_iterations": nan,
+        "skipped_iterations": skipped,
+        "max_over_avg": ratio,
+        "columns": columns,
+        "evidence": evidence,
+    }
 
 
 def _when(step: int, start: int) -> str:

@@ -55,7 +55,7 @@ class _Series:
     def before(self, step: int, n: int) -> np.ndarray:
         """The last ``n`` values logged strictly before ``step``."""
         hi = np.searchsorted(self.steps, step, side="left")
-        return self.values[max(0, hi - n):hi]
+        return self.values[max(0, hi - n) : hi]
 
     def between(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         a = np.searchsorted(self.steps, lo, side="left")
@@ -119,8 +119,10 @@ def precedence(
     out = []
     for spike in spikes:
         start, end, peak = spike_span(spike)
-        item: dict[str, Any] = {"step": start, "columns": {"grad_norm": grad_col, "lr": lr_col,
-                                                          "tokens_per_s": tps_col}}
+        item: dict[str, Any] = {
+            "step": start,
+            "columns": {"grad_norm": grad_col, "lr": lr_col, "tokens_per_s": tps_col},
+        }
         item.update(_grad(grad, start, end, lead_window, lag_window, baseline_rows, factor, z))
         item.update(_lr(lr, start, lr_window, lr_jump, lr_drift))
         item["tokens_per_s"] = _tps(tps, start, end, baseline_rows, lead_window, tps_change, z)
@@ -129,10 +131,18 @@ def precedence(
     return out
 
 
-def _grad(grad: _Series | None, start: int, end: int, lead: int, lag: int, n_base: int, factor: float,
-          z: float) -> dict[str, Any]:
-    none = {"grad_norm": "none", "lead_steps": None, "grad_norm_first_step": None, "grad_norm_baseline": None,
-            "grad_norm_baseline_rows": 0, "grad_norm_peak": None, "grad_norm_peak_ratio": None}
+def _grad(
+    grad: _Series | None, start: int, end: int, lead: int, lag: int, n_base: int, factor: float, z: float
+) -> dict[str, Any]:
+    none = {
+        "grad_norm": "none",
+        "lead_steps": None,
+        "grad_norm_first_step": None,
+        "grad_norm_baseline": None,
+        "grad_norm_baseline_rows": 0,
+        "grad_norm_peak": None,
+        "grad_norm_peak_ratio": None,
+    }
     if grad is None:
         return none
     lo, hi = start - lead, max(start, end) + lag
@@ -141,9 +151,12 @@ def _grad(grad: _Series | None, start: int, end: int, lead: int, lag: int, n_bas
     if not np.isfinite(med) or len(values) == 0:
         return none
     peak_i = int(np.argmax(values))
-    info = {"grad_norm_baseline": med, "grad_norm_baseline_rows": int(len(grad.before(lo, n_base))),
-            "grad_norm_peak": float(values[peak_i]),
-            "grad_norm_peak_ratio": float(values[peak_i] / med) if med > 0 else None}
+    info = {
+        "grad_norm_baseline": med,
+        "grad_norm_baseline_rows": int(len(grad.before(lo, n_base))),
+        "grad_norm_peak": float(values[peak_i]),
+        "grad_norm_peak_ratio": float(values[peak_i] / med) if med > 0 else None,
+    }
     up = _elevated(values, med, sd, factor, z)
     if not up.any():
         return {**none, **info}
@@ -192,8 +205,9 @@ def _lr(lr: _Series | None, start: int, window: int, jump: float, drift: float) 
     return out
 
 
-def _tps(tps: _Series | None, start: int, end: int, n_base: int, lead: int, change: float,
-         z: float) -> dict[str, Any] | None:
+def _tps(
+    tps: _Series | None, start: int, end: int, n_base: int, lead: int, change: float, z: float
+) -> dict[str, Any] | None:
     if tps is None:
         return None
     med, sd = _baseline(tps.before(start - lead, n_base))
@@ -219,32 +233,52 @@ def _evidence(item: dict[str, Any]) -> list[str]:
     if name is None:
         ev.append("No grad norm logged: cannot tell a data-led spike from an optimizer-led one.")
     elif kind == "none":
-        ev.append(f"{name} stayed near its baseline {base:.3g} around step {start} (peak {peak:.3g})."
-                  if base is not None and peak is not None else f"{name} has no values around step {start}.")
+        ev.append(
+            f"{name} stayed near its baseline {base:.3g} around step {start} (peak {peak:.3g})."
+            if base is not None and peak is not None
+            else f"{name} has no values around step {start}."
+        )
     else:
         first = item["grad_norm_first_step"]
-        when = {"leads": f"{item['lead_steps']} steps before the loss (from step {first})",
-                "with": f"at the same step as the loss ({first})",
-                "lags": f"{-item['lead_steps']} steps after the loss (step {first})"}[kind]
+        when = {
+            "leads": f"{item['lead_steps']} steps before the loss (from step {first})",
+            "with": f"at the same step as the loss ({first})",
+            "lags": f"{-item['lead_steps']} steps after the loss (step {first})",
+        }[kind]
         few = item["grad_norm_baseline_rows"]
         basis = f" (from {counted(few, 'logged value')})" if few < 5 else ""
-        ev.append(f"{name} rose {when}: from its baseline {base:.3g}{basis} to {peak:.3g} "
-                  f"({item['grad_norm_peak_ratio']:.3g}x)" + (
-                      "; an optimizer-led event (updates grew before the loss followed)." if kind == "leads" else
-                      "; consistent with a data-led spike (the batch raised loss and gradient together)."
-                      if kind == "with" else "; the loss moved first."))
+        ev.append(
+            f"{name} rose {when}: from its baseline {base:.3g}{basis} to {peak:.3g} "
+            f"({item['grad_norm_peak_ratio']:.3g}x)"
+            + (
+                "; an optimizer-led event (updates grew before the loss followed)."
+                if kind == "leads"
+                else "; consistent with a data-led spike (the batch raised loss and gradient together)."
+                if kind == "with"
+                else "; the loss moved first."
+            )
+        )
     if item["lr"] is not None:
         ch = item["lr_change"]
-        text = {"none": "unchanged over the steps before", "warmup_end": f"warm-up ended at step {ch['step']}",
-                "restart": f"restarted (jumped up) at step {ch['step']}",
-                "increase": "rising", "decrease": "falling"}[ch["kind"]]
-        rel = f" ({100 * ch['relative']:+.0f}% over the window)" if ch["relative"] is not None and \
-            ch["kind"] in ("increase", "decrease") else ""
+        text = {
+            "none": "unchanged over the steps before",
+            "warmup_end": f"warm-up ended at step {ch['step']}",
+            "restart": f"restarted (jumped up) at step {ch['step']}",
+            "increase": "rising",
+            "decrease": "falling",
+        }[ch["kind"]]
+        rel = (
+            f" ({100 * ch['relative']:+.0f}% over the window)"
+            if ch["relative"] is not None and ch["kind"] in ("increase", "decrease")
+            else ""
+        )
         ev.append(f"lr {item['lr']:.3g} at step {start}, {text}{rel}.")
     tps = item["tokens_per_s"]
     if tps is not None:
         name = item["columns"]["tokens_per_s"]
-        ev.append(f"{name} {_num(tps['value'])} at step {tps['step']}, {tps['ratio']:.2f}x its baseline "
-                  f"{_num(tps['baseline'])}" + (": an anomaly (stall, straggler or unusual batch)." if tps["anomaly"]
-                                              else ": normal."))
+        ev.append(
+            f"{name} {_num(tps['value'])} at step {tps['step']}, {tps['ratio']:.2f}x its baseline "
+            f"{_num(tps['baseline'])}"
+            + (": an anomaly (stall, straggler or unusual batch)." if tps["anomaly"] else ": normal.")
+        )
     return ev

@@ -54,8 +54,9 @@ def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
     return out
 
 
-def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_pursuit: int = 200,
-             seed: int = 1) -> pd.DataFrame | None:
+def estimate(
+    run: RunTables, window: int = 101, permutations: int = 20, max_pursuit: int = 200, seed: int = 1
+) -> pd.DataFrame | None:
     """Per sample of the plan: ``appearances``, ``steps``, ``effect``, ``excess``, ``z``, ``p``, ``q``, ``block``,
     ``content`` (module docstring; ``excess``: how far the sample's own loss ran above what its steps expect of it,
     its step effect over its token share, 0 for a sample the pursuit gave no effect); None when the run is too short
@@ -87,7 +88,7 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
     judged = ids
     tags_only = e - x @ _huber(x, e)  # the residuals of the tags' fit alone
     if len(ids) > CONTENT_ALL:  # past this many samples, the content of those whose steps ran high is read
-        marginal = ((w > 0).astype(np.float64).T @ tags_only)
+        marginal = (w > 0).astype(np.float64).T @ tags_only
         judged = ids[np.argsort(-marginal)[:CONTENT_ALL]]
     content = content_evidence(run.samples, judged, seed=seed)
     flagged = np.isin(ids, np.fromiter(content.reasons, dtype=np.int64, count=len(content.reasons)))
@@ -125,11 +126,11 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
     excess = np.zeros(len(ids))
     for b in np.unique(block[beta > 0]):  # back in log-loss units: what its block adds to its steps' loss
         members = np.flatnonzero(block == b) if np.count_nonzero(block == b) > 1 else np.array([b])
-        rows = csc.indices[csc.indptr[b]:csc.indptr[b + 1]]
+        rows = csc.indices[csc.indptr[b] : csc.indptr[b + 1]]
         col = np.zeros(len(rows))
         share = np.zeros(len(rows))
         for j in members:  # a block's samples have the same steps, so their columns line up row by row
-            token_share = csc.data[csc.indptr[j]:csc.indptr[j + 1]] * scale[rows]
+            token_share = csc.data[csc.indptr[j] : csc.indptr[j + 1]] * scale[rows]
             col += token_share * beta[j]
             share += token_share
         effect[members] = float(np.mean(np.expm1(col))) if len(col) else 0.0
@@ -139,11 +140,22 @@ def estimate(run: RunTables, window: int = 101, permutations: int = 20, max_purs
         excess[members] = float(np.mean(np.expm1(col) / own)) if len(col) else 0.0
     step_lists: list[list[int] | None] = [None] * len(ids)
     for j in np.flatnonzero(near):
-        step_lists[j] = steps[csc.indices[csc.indptr[j]:csc.indptr[j + 1]]].tolist()
-    out = pd.DataFrame({SAMPLE_ID: ids, "appearances": counts, "steps": step_lists, "effect": effect,
-                        "excess": excess, "z": z,
-                        "p": p, "q": q, "block": np.bincount(block, minlength=len(ids))[block], "content": flagged,
-                        "batch_level": shared})
+        step_lists[j] = steps[csc.indices[csc.indptr[j] : csc.indptr[j + 1]]].tolist()
+    out = pd.DataFrame(
+        {
+            SAMPLE_ID: ids,
+            "appearances": counts,
+            "steps": step_lists,
+            "effect": effect,
+            "excess": excess,
+            "z": z,
+            "p": p,
+            "q": q,
+            "block": np.bincount(block, minlength=len(ids))[block],
+            "content": flagged,
+            "batch_level": shared,
+        }
+    )
     out.attrs["stride"], out.attrs["max_entries"] = stride, MAX_ENTRIES
     return out
 
@@ -190,8 +202,9 @@ def _null_p(null: np.ndarray, z: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(z), p, 1.0)
 
 
-def _one_appearance_carries(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndarray,
-                            floor: float = ONCE_FLOOR) -> np.ndarray:
+def _one_appearance_carries(
+    w: sp.csr_matrix, r: np.ndarray, candidates: np.ndarray, floor: float = ONCE_FLOOR
+) -> np.ndarray:
     """Samples whose evidence one appearance carries: with its largest contribution left out, its score is below
     ``floor`` (or it appeared once). A harmful sample raises the loss each time it comes back; a clean one that sat
     in one step of an excursion with no data cause (a grad-norm-led event decaying over many steps) does not.
@@ -220,8 +233,9 @@ def _one_appearance_carries(w: sp.csr_matrix, r: np.ndarray, candidates: np.ndar
 MATES_AT_ONCE = 4_000_000
 
 
-def _shared_by_batch(w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, candidates: np.ndarray,
-                     share: float = 0.5) -> np.ndarray:
+def _shared_by_batch(
+    w: sp.csr_matrix, r: np.ndarray, z: np.ndarray, candidates: np.ndarray, share: float = 0.5
+) -> np.ndarray:
     """Samples whose excess their batch-mates share: the median score of the other samples of its steps (each on
     the run's residuals alone) reaches half its own. Such an excess is the batch's, a tag effect (long QA batches
     that are harder), not the sample's; a corrupted sample's random batch-mates score near 0.
@@ -324,8 +338,9 @@ def composition_log_factor(run: RunTables, steps: np.ndarray, loss: np.ndarray) 
     return np.log(exp.factors(steps, loss))
 
 
-def _covariates(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray,
-                composition: np.ndarray | None = None) -> np.ndarray:
+def _covariates(
+    run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray, composition: np.ndarray | None = None
+) -> np.ndarray:
     """Intercept, mean log sample length, log samples per step, shares of the large clusters, and the log of what the
     step's composition predicts (:func:`composition_log_factor`) when there is one: a sample is judged against what
     its steps' batches predict, not only their trend and tags."""
@@ -351,8 +366,9 @@ def _covariates(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.nda
     return x[:, keep]
 
 
-def _noise_scale(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray, r: np.ndarray,
-                 bins: int = 10) -> np.ndarray:
+def _noise_scale(
+    run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.ndarray, r: np.ndarray, bins: int = 10
+) -> np.ndarray:
     """Each step's noise scale relative to the run's, as a smooth function of its tokens: the robust SDs of the
     residuals per token decile, fitted by a line in log-log (Theil-Sen, slope clipped to [-1, 0]: more tokens never
     make a mean noisier), so that a decile made partly of corrupted steps cannot inflate its own scale."""
@@ -372,8 +388,7 @@ def _noise_scale(run: RunTables, steps: np.ndarray, w: sp.csr_matrix, ids: np.nd
     if len(xs) < 3:
         return np.ones(len(steps))
     xa, ya = np.asarray(xs), np.asarray(ys)
-    pairs = [(ya[j] - ya[i]) / (xa[j] - xa[i]) for i in range(len(xa)) for j in range(i + 1, len(xa))
-             if xa[j] != xa[i]]
+    pairs = [(ya[j] - ya[i]) / (xa[j] - xa[i]) for i in range(len(xa)) for j in range(i + 1, len(xa)) if xa[j] != xa[i]]
     slope = float(np.clip(np.median(pairs), -1.0, 0.0)) if pairs else 0.0  # Theil-Sen: the median pairwise slope
     intercept = float(np.median(ya - slope * xa))
     logs = intercept + slope * np.log(per_step)
@@ -485,9 +500,11 @@ def _blocks(w: sp.csr_matrix, near: np.ndarray) -> np.ndarray:
     nonempty = np.diff(csc.indptr) > 0
     first[nonempty] = csc.indices[csc.indptr[:-1][nonempty]]
     for j in np.flatnonzero(near & nonempty):
-        mine = csc.indices[csc.indptr[j]:csc.indptr[j + 1]]
-        same = [k for k in np.flatnonzero(first == first[j])
-                if np.array_equal(csc.indices[csc.indptr[k]:csc.indptr[k + 1]], mine)]
+        mine = csc.indices[csc.indptr[j] : csc.indptr[j + 1]]
+        same = [
+            k
+            for k in np.flatnonzero(first == first[j])
+            if np.array_equal(csc.indices[csc.indptr[k] : csc.indptr[k + 1]], mine)
+        ]
         out[same] = same[0]
     return out
-

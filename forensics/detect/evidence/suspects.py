@@ -67,8 +67,10 @@ def _event_steps(event: int | tuple[int, int] | Finding) -> tuple[int, int]:
 
 def _check(plan: pd.DataFrame, samples: pd.DataFrame) -> None:
     if STEP not in plan.columns:
-        raise ForensicsError("plan: suspects need a 'step' column; map (epoch, batch_id) plans to steps first "
-                             "(forensics.plan.step_mapping.assign_steps)")
+        raise ForensicsError(
+            "plan: suspects need a 'step' column; map (epoch, batch_id) plans to steps first "
+            "(forensics.plan.step_mapping.assign_steps)"
+        )
     if SAMPLE_ID not in plan.columns:
         raise ForensicsError("plan: missing column 'sample_id'")
     for col in (SAMPLE_ID, N_TOKENS):
@@ -82,8 +84,13 @@ def _batch_ids(plan_steps: np.ndarray, plan_ids: np.ndarray, start: int, end: in
     return plan_ids[lo:hi]
 
 
-def rank_all(events: Sequence[int | tuple[int, int] | Finding], plan: pd.DataFrame, samples: pd.DataFrame,
-             top: int | None = 20, content: ContentEvidence | None = None) -> list[list[Suspect]]:
+def rank_all(
+    events: Sequence[int | tuple[int, int] | Finding],
+    plan: pd.DataFrame,
+    samples: pd.DataFrame,
+    top: int | None = 20,
+    content: ContentEvidence | None = None,
+) -> list[list[Suspect]]:
     """Suspects for every event (a step, a ``(start, end)`` pair or a spike finding), recurrence counted across
     all of them; one list per event, most suspect first, at most ``top`` each (``None``: all)."""
     _check(plan, samples)
@@ -106,8 +113,13 @@ def rank_all(events: Sequence[int | tuple[int, int] | Finding], plan: pd.DataFra
     return [ctx.rank(ids, where, top) for ids in batches]
 
 
-def rank_suspects(event: int | tuple[int, int] | Finding, plan: pd.DataFrame, samples: pd.DataFrame,
-                  spike_events: Iterable[int | tuple[int, int] | Finding] = (), top: int | None = 20) -> list[Suspect]:
+def rank_suspects(
+    event: int | tuple[int, int] | Finding,
+    plan: pd.DataFrame,
+    samples: pd.DataFrame,
+    spike_events: Iterable[int | tuple[int, int] | Finding] = (),
+    top: int | None = 20,
+) -> list[Suspect]:
     """The samples of one spike's batch, most suspect first (rules in the module docstring).
 
     ``event``: the spike's step, ``(start, end)`` or its finding; ``spike_events``: every spike of the run (the
@@ -117,8 +129,7 @@ def rank_suspects(event: int | tuple[int, int] | Finding, plan: pd.DataFrame, sa
     return rank_all([event, *others], plan, samples, top)[0]
 
 
-def attach_suspects(findings: Iterable[Finding], plan: pd.DataFrame, samples: pd.DataFrame,
-                    top: int = 20) -> None:
+def attach_suspects(findings: Iterable[Finding], plan: pd.DataFrame, samples: pd.DataFrame, top: int = 20) -> None:
     """Fill ``suspect_samples`` (ids, most suspect first) and ``details["suspects"]`` (with reasons) of every
     ``spike`` finding, in place; recurrence is counted across all of them."""
     spikes = [f for f in findings if f.kind == "spike"]
@@ -140,7 +151,7 @@ class _RunContext:
         self.log_med = float(np.median(logn)) if len(logn) else 0.0
         self.log_sd = robust_sd(logn, floor=1e-6) if len(logn) else 1e-6
         self.label = CLUSTER if CLUSTER in samples.columns else (SOURCE if SOURCE in samples.columns else None)
-        self.run_share = (samples[self.label].value_counts(normalize=True).to_dict() if self.label else {})
+        self.run_share = samples[self.label].value_counts(normalize=True).to_dict() if self.label else {}
 
     def rank(self, ids: np.ndarray, where: dict[int, list[int]], top: int | None) -> list[Suspect]:
         if len(ids) == 0:
@@ -164,8 +175,9 @@ class _RunContext:
             rec_steps = where.get(sid, [])
             rec = len(rec_steps)
             if rec >= 2:
-                reasons.append(f"in {rec} spike batches (steps {', '.join(map(str, rec_steps[:8]))}"
-                               f"{', ...' if rec > 8 else ''})")
+                reasons.append(
+                    f"in {rec} spike batches (steps {', '.join(map(str, rec_steps[:8]))}{', ...' if rec > 8 else ''})"
+                )
             if int(counts.get(sid, 1)) > 1:
                 reasons.append(f"appears {int(counts[sid])} times in the batch")
             tokens = int(n[j])
@@ -173,8 +185,9 @@ class _RunContext:
                 reasons.append(f"{tokens} tokens: {z_batch[j]:.1f} robust SDs from its batch's median {med:.0f}")
             if z_run[j] >= LENGTH_REASON_Z:
                 side = "longer" if np.log(max(tokens, 1)) > self.log_med else "shorter"
-                reasons.append(f"{tokens} tokens: {side} than most of the run ({z_run[j]:.1f} robust SDs in "
-                               "log length)")
+                reasons.append(
+                    f"{tokens} tokens: {side} than most of the run ({z_run[j]:.1f} robust SDs in log length)"
+                )
             o_label = 0.0
             if self.label:
                 lab = labels[j]
@@ -188,17 +201,28 @@ class _RunContext:
                 if share_run < RARE_SHARE:
                     reasons.append(f"{self.label} {name} is rare in the run ({100 * share_run:.1f}% of samples)")
             if dup_sim[j] >= DUPLICATE_JACCARD:
-                reasons.append(f"near-duplicate of sample {dup_of[j]} in the same batch "
-                               f"({100 * dup_sim[j]:.0f}% word overlap)")
-            score = (min(max(z_batch[j], z_run[j]) / 3.0, 2.0) + o_label
-                     + (dup_sim[j] if dup_sim[j] >= DUPLICATE_JACCARD else 0.0)
-                     + 0.5 * (int(counts.get(sid, 1)) - 1))
+                reasons.append(
+                    f"near-duplicate of sample {dup_of[j]} in the same batch ({100 * dup_sim[j]:.0f}% word overlap)"
+                )
+            score = (
+                min(max(z_batch[j], z_run[j]) / 3.0, 2.0)
+                + o_label
+                + (dup_sim[j] if dup_sim[j] >= DUPLICATE_JACCARD else 0.0)
+                + 0.5 * (int(counts.get(sid, 1)) - 1)
+            )
             harm = float(np.log2(rec)) if rec >= 2 else 0.0
             if self.content is not None and self.content.flagged(sid):
                 harm += 1.0 + self.content.score(sid)
                 reasons = list(self.content.reasons[sid]) + reasons
-            out.append(Suspect(sample_id=sid, n_spike_batches=max(rec, 1), score=round(float(score), 6),
-                               reasons=reasons, harm=round(harm, 6)))
+            out.append(
+                Suspect(
+                    sample_id=sid,
+                    n_spike_batches=max(rec, 1),
+                    score=round(float(score), 6),
+                    reasons=reasons,
+                    harm=round(harm, 6),
+                )
+            )
         out.sort(key=lambda s: (-s.harm, -s.score, s.sample_id))
         return out if top is None else out[:top]
 

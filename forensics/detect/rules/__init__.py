@@ -91,8 +91,10 @@ def build_rules(params: Mapping[str, Mapping[str, Any]] | None = None, *, has_pl
         known = parameters(cls)
         bad = sorted(set(given) - set(known))
         if bad:
-            raise ForensicsError(f"detect.{cls.name}: unknown parameter '{bad[0]}'; its parameters are "
-                                 f"{', '.join(sorted(known)) or 'none'}")
+            raise ForensicsError(
+                f"detect.{cls.name}: unknown parameter '{bad[0]}'; its parameters are "
+                f"{', '.join(sorted(known)) or 'none'}"
+            )
         if cls.needs_plan and not has_plan:
             continue
         rule = cls(**given)
@@ -110,9 +112,14 @@ class Judged:
     warnings: list[str] = field(default_factory=list)
 
 
-def run_rules(rules: Sequence[Rule], run: RunTables, *, found: Sequence[Finding] = (),
-              given: Mapping[str, list[Finding]] | None = None,
-              stage: Callable[[str], Any] | None = None) -> Judged:
+def run_rules(
+    rules: Sequence[Rule],
+    run: RunTables,
+    *,
+    found: Sequence[Finding] = (),
+    given: Mapping[str, list[Finding]] | None = None,
+    stage: Callable[[str], Any] | None = None,
+) -> Judged:
     """Each rule in order on ``run``, each seeing the findings of the ones before it: the audit's loop, and the live
     loop's (which passes ``given``: a rule's findings already computed online, used instead of running it, and
     ``found``: findings of earlier rules it keeps from the audit).
@@ -121,7 +128,7 @@ def run_rules(rules: Sequence[Rule], run: RunTables, *, found: Sequence[Finding]
     out = Judged(found=list(found))
     given = dict(given or {})
     for rule in rules:
-        with (stage(f"rule {rule.name}") if stage is not None else nullcontext()):
+        with stage(f"rule {rule.name}") if stage is not None else nullcontext():
             if rule.name in given:
                 new, rule.section_, rule.warnings_ = list(given[rule.name]), None, []
             else:

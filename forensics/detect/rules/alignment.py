@@ -57,15 +57,29 @@ class AlignmentRule(Rule):
         used = shares[0]
         if best == 0 or shares[best] < self.min_share or shares[best] < self.min_gain * max(used, 1e-12):
             return []
-        self.warnings_.append(f"the metrics look {best:+d} step(s) off the plan: the batch's bucket explains "
-                              f"{shares[best]:.0%} of the loss variance at step_offset {best} against {used:.0%} as "
-                              f"logged; set step_offset = {best} (run.toml) or --step-offset {best}")
-        return [Finding(
-            kind="misaligned_steps", step=int(steps[0]), end_step=int(steps[-1]), metric=run.loss_key,
-            value=float(best), severity=WARNING,
-            evidence=[f"The batch's length bucket explains {shares[best]:.0%} of the detrended {run.loss_key} "
-                      f"variance when metrics step s is paired with plan step s - {best}, against {used:.0%} as "
-                      f"logged: the metrics look {best:+d} step(s) off the plan."],
-            next_step=f"Set step_offset = {best} (run.toml) or pass --step-offset {best}, then audit again.",
-            details={"shares": {str(k): v for k, v in shares.items()}, "step_offset": best,
-                     "confidence": min(1.0, shares[best] / max(used, 1e-12) / (2 * self.min_gain))})]
+        self.warnings_.append(
+            f"the metrics look {best:+d} step(s) off the plan: the batch's bucket explains "
+            f"{shares[best]:.0%} of the loss variance at step_offset {best} against {used:.0%} as "
+            f"logged; set step_offset = {best} (run.toml) or --step-offset {best}"
+        )
+        return [
+            Finding(
+                kind="misaligned_steps",
+                step=int(steps[0]),
+                end_step=int(steps[-1]),
+                metric=run.loss_key,
+                value=float(best),
+                severity=WARNING,
+                evidence=[
+                    f"The batch's length bucket explains {shares[best]:.0%} of the detrended {run.loss_key} "
+                    f"variance when metrics step s is paired with plan step s - {best}, against {used:.0%} as "
+                    f"logged: the metrics look {best:+d} step(s) off the plan."
+                ],
+                next_step=f"Set step_offset = {best} (run.toml) or pass --step-offset {best}, then audit again.",
+                details={
+                    "shares": {str(k): v for k, v in shares.items()},
+                    "step_offset": best,
+                    "confidence": min(1.0, shares[best] / max(used, 1e-12) / (2 * self.min_gain)),
+                },
+            )
+        ]

@@ -93,16 +93,27 @@ def attribute(
     out = [copy.deepcopy(f) for f in spikes]
     attach_tags([f for f in out if BUCKET not in f.tags], tags, boundaries)
     # the samples table itself when its ids are distinct: the content evidence reads a table once per audit
-    smp = (samples if samples is None or samples[SAMPLE_ID].is_unique
-           else samples.drop_duplicates(SAMPLE_ID))
+    smp = samples if samples is None or samples[SAMPLE_ID].is_unique else samples.drop_duplicates(SAMPLE_ID)
     loss_key = _loss_key(metrics)
     if isinstance(plan, pd.DataFrame):
         plan = FramePlan(plan) if STEP in plan.columns and SAMPLE_ID in plan.columns else None
     for metric in dict.fromkeys(f.metric for f in out):
         group = [f for f in out if f.metric == metric]
-        _attribute_group(group, metric if metric in metrics.columns else loss_key, metrics, tags, plan, smp,
-                         gate, whatif, checkpoint_every, checkpoints, min_jaccard, top,
-                         {"factor": precedence_factor, "z": precedence_z})
+        _attribute_group(
+            group,
+            metric if metric in metrics.columns else loss_key,
+            metrics,
+            tags,
+            plan,
+            smp,
+            gate,
+            whatif,
+            checkpoint_every,
+            checkpoints,
+            min_jaccard,
+            top,
+            {"factor": precedence_factor, "z": precedence_z},
+        )
     return out
 
 
@@ -113,12 +124,21 @@ def _loss_key(metrics: pd.DataFrame) -> str | None:
         return None
 
 
-
-
-def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataFrame, tags: pd.DataFrame | None,
-                     plan: PlanView | None, smp: pd.DataFrame | None, gate: Any, whatif: Any,
-                     every: int | None, saved: Sequence[int] | None, min_jaccard: float, top: int,
-                     prec_params: dict[str, float]) -> None:
+def _attribute_group(
+    group: list[Finding],
+    metric: str | None,
+    metrics: pd.DataFrame,
+    tags: pd.DataFrame | None,
+    plan: PlanView | None,
+    smp: pd.DataFrame | None,
+    gate: Any,
+    whatif: Any,
+    every: int | None,
+    saved: Sequence[int] | None,
+    min_jaccard: float,
+    top: int,
+    prec_params: dict[str, float],
+) -> None:
     # precedence asks whether the grad norm moved before the loss: it means nothing for a grad-norm spike itself
     is_loss = metric is not None and metric == _loss_key(metrics)
     prec = precedence(group, metrics, **prec_params) if is_loss else [None] * len(group)
@@ -127,18 +147,30 @@ def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataF
     if has_plan:  # the rows of the spikes' spans (their batches, the suspects' steps)
         spans = [spike_span(f) for f in group]
         span_rows = plan.rows_at(np.unique(np.concatenate([np.arange(a, b + 1) for a, b, _ in spans])))
-    rec = batch_recurrence(group, plan, metrics if metric else None, tags,
-                           metric=metric, min_jaccard=min_jaccard) if has_plan else [None] * len(group)
-    enr = (sample_enrichment(group, plan, steps=metrics[STEP].to_numpy(np.int64)).set_index(SAMPLE_ID)
-           if has_plan else None)
-    ranked = (rank_all(group, span_rows, smp, top=None) if has_plan and smp is not None and N_TOKENS in smp.columns
-              else [[] for _ in group])
+    rec = (
+        batch_recurrence(group, plan, metrics if metric else None, tags, metric=metric, min_jaccard=min_jaccard)
+        if has_plan
+        else [None] * len(group)
+    )
+    enr = (
+        sample_enrichment(group, plan, steps=metrics[STEP].to_numpy(np.int64)).set_index(SAMPLE_ID)
+        if has_plan
+        else None
+    )
+    ranked = (
+        rank_all(group, span_rows, smp, top=None)
+        if has_plan and smp is not None and N_TOKENS in smp.columns
+        else [[] for _ in group]
+    )
     conc = {col: _concentration(peaks, tags, col) for col in (BUCKET, CLUSTER)} if tags is not None else {}
     ids_only = pd.DataFrame({SAMPLE_ID: span_rows[SAMPLE_ID].unique()}) if has_plan and smp is None else None
     batches = _batches(span_rows, smp if smp is not None else ids_only, peaks) if has_plan else {}
     for f, p, r, suspects in zip(group, prec, rec, ranked):
-        if any(getattr(x, "harm", 0.0) > 1.0 and any("robust SDs" in w or "near-duplicate of" in w or "foreign" in w
-                                                      for w in x.reasons) for x in suspects[:top]):
+        if any(
+            getattr(x, "harm", 0.0) > 1.0
+            and any("robust SDs" in w or "near-duplicate of" in w or "foreign" in w for w in x.reasons)
+            for x in suspects[:top]
+        ):
             f.details.setdefault("support", {})["content"] = True
         batch = batches.get(spike_span(f)[2]) if batches else None
         attribution: dict[str, Any] = {"precedence": p}
@@ -154,8 +186,10 @@ def _attribute_group(group: list[Finding], metric: str | None, metrics: pd.DataF
         if sample_rows:
             evidence.append(_samples_sentence(sample_rows))
         if r is not None:
-            f.tags["recurrence"] = [{k: row[k] for k in ("epoch", "step", "value", "baseline", "ratio", "overlap",
-                                                          "jaccard", "is_spike")} for row in r["recurrences"]]
+            f.tags["recurrence"] = [
+                {k: row[k] for k in ("epoch", "step", "value", "baseline", "ratio", "overlap", "jaccard", "is_spike")}
+                for row in r["recurrences"]
+            ]
             attribution["recurrence"] = {k: v for k, v in r.items() if k not in ("evidence", "recurrences")}
             evidence.append(r["evidence"])
         if p is not None:
@@ -184,8 +218,7 @@ def _concentration(peaks: list[int], tags: pd.DataFrame, col: str) -> pd.DataFra
     k = at_peaks.value_counts().reindex(share.index, fill_value=0)
     n = len(at_peaks)
     p = binom_sf(k.to_numpy(), n, share.to_numpy()) if n else np.ones(len(share))
-    return pd.DataFrame({"share_of_steps": share, "n_spikes": k, "p_value": np.where(k > 0, p, 1.0),
-                         "n_events": n})
+    return pd.DataFrame({"share_of_steps": share, "n_spikes": k, "p_value": np.where(k > 0, p, 1.0), "n_events": n})
 
 
 def _batches(plan: pd.DataFrame, smp: pd.DataFrame, steps: list[int]) -> dict[int, pd.DataFrame]:
@@ -195,13 +228,17 @@ def _batches(plan: pd.DataFrame, smp: pd.DataFrame, steps: list[int]) -> dict[in
     return {int(s): g.drop(columns=[STEP]) for s, g in joined.groupby(STEP, sort=True)}
 
 
-def _candidates(col: str, batch: pd.DataFrame | None, conc: pd.DataFrame | None, f: Finding,
-                n_events: int) -> list[dict[str, Any]]:
+def _candidates(
+    col: str, batch: pd.DataFrame | None, conc: pd.DataFrame | None, f: Finding, n_events: int
+) -> list[dict[str, Any]]:
     """The groups of ``col`` in the spike's batch (or the step's tag alone), most likely first."""
     if batch is not None and col in batch.columns and len(batch):
         counts = batch[col].astype(np.int64).value_counts()
-        names = (batch.drop_duplicates(col).set_index(col)[CLUSTER_NAME].to_dict()
-                 if col == CLUSTER and CLUSTER_NAME in batch.columns else {})
+        names = (
+            batch.drop_duplicates(col).set_index(col)[CLUSTER_NAME].to_dict()
+            if col == CLUSTER and CLUSTER_NAME in batch.columns
+            else {}
+        )
         size = len(batch)
     elif col in f.tags and f.tags[col] is not None:
         counts = pd.Series({int(f.tags[col]): 0})
@@ -213,16 +250,23 @@ def _candidates(col: str, batch: pd.DataFrame | None, conc: pd.DataFrame | None,
     for g, c in counts.items():
         g = int(g)
         has = conc is not None and g in conc.index
-        row = {col: g, "in_batch": int(c), "batch_size": int(size),
-               "share_of_steps": float(conc.loc[g, "share_of_steps"]) if has else None,
-               "n_spikes": int(conc.loc[g, "n_spikes"]) if has else None,
-               "n_events": int(conc["n_events"].iloc[0]) if conc is not None and len(conc) else n_events,
-               "p_value": float(conc.loc[g, "p_value"]) if has else None}
+        row = {
+            col: g,
+            "in_batch": int(c),
+            "batch_size": int(size),
+            "share_of_steps": float(conc.loc[g, "share_of_steps"]) if has else None,
+            "n_spikes": int(conc.loc[g, "n_spikes"]) if has else None,
+            "n_events": int(conc["n_events"].iloc[0]) if conc is not None and len(conc) else n_events,
+            "p_value": float(conc.loc[g, "p_value"]) if has else None,
+        }
         if col == BUCKET and f.tags.get(BUCKET) == g and f.tags.get(BUCKET_RANGE):
             row[BUCKET_RANGE] = f.tags[BUCKET_RANGE]
         if col == CLUSTER:
-            name = names.get(g) if names.get(g) is not None else (
-                f.tags.get(CLUSTER_NAME) if f.tags.get(CLUSTER) == g else None)
+            name = (
+                names.get(g)
+                if names.get(g) is not None
+                else (f.tags.get(CLUSTER_NAME) if f.tags.get(CLUSTER) == g else None)
+            )
             row[CLUSTER_NAME] = None if name is None else str(name)
         rows.append(row)
     rows.sort(key=lambda r: (r["p_value"] if r["p_value"] is not None else 1.0, -r["in_batch"], r[col]))
@@ -238,18 +282,24 @@ def _candidate_sentence(col: str, c: dict[str, Any], f: Finding) -> str:
     facts = []
     if c["share_of_steps"] is not None:
         n = c["n_events"]
-        facts.append(f"{100 * c['share_of_steps']:.0f}% of steps but {c['n_spikes']} of "
-                     f"{counted(n, (f.metric or '') + ' spike')}".replace("  ", " ")
-                     + (f" (binomial p = {c['p_value']:.2g})" if c["n_spikes"] else ""))
+        facts.append(
+            f"{100 * c['share_of_steps']:.0f}% of steps but {c['n_spikes']} of "
+            f"{counted(n, (f.metric or '') + ' spike')}".replace("  ", " ")
+            + (f" (binomial p = {c['p_value']:.2g})" if c["n_spikes"] else "")
+        )
     if c["batch_size"]:
-        facts.append(f"all {c['batch_size']} samples of this batch" if c["in_batch"] == c["batch_size"]
-                     else f"{c['in_batch']} of {c['batch_size']} samples of this batch")
+        facts.append(
+            f"all {c['batch_size']} samples of this batch"
+            if c["in_batch"] == c["batch_size"]
+            else f"{c['in_batch']} of {c['batch_size']} samples of this batch"
+        )
     return f"{label}: {'; '.join(facts)}." if facts else f"{label}."
 
 
 # --- samples ---------------------------------------------------------------------------------------------------------
-def _order_samples(suspects: list, enr: pd.DataFrame | None,
-                   batch: pd.DataFrame | None) -> tuple[list[int], list[dict[str, Any]]]:
+def _order_samples(
+    suspects: list, enr: pd.DataFrame | None, batch: pd.DataFrame | None
+) -> tuple[list[int], list[dict[str, Any]]]:
     """Sample ids most suspect first, and a row per sample with the numbers behind its place."""
     if suspects:
         base = [(s.sample_id, s.score, s.reasons, s.harm) for s in suspects]
@@ -261,17 +311,27 @@ def _order_samples(suspects: list, enr: pd.DataFrame | None,
     for rank, (sid, score, reasons, harm) in enumerate(base):
         e = enr.loc[sid] if enr is not None and sid in enr.index else None
         k = int(e["n_spike_batches"]) if e is not None else 1
-        rows.append({
-            "sample_id": int(sid), "n_spike_batches": k,
-            "spike_steps": list(e["spike_steps"]) if e is not None else [],
-            "p_value": float(e["p_value"]) if e is not None else None,
-            "p_bonferroni": float(e["p_bonferroni"]) if e is not None else None,
-            "outlyingness": float(score), "harm": float(harm), "reasons": list(reasons), "_rank": rank,
-        })
+        rows.append(
+            {
+                "sample_id": int(sid),
+                "n_spike_batches": k,
+                "spike_steps": list(e["spike_steps"]) if e is not None else [],
+                "p_value": float(e["p_value"]) if e is not None else None,
+                "p_bonferroni": float(e["p_bonferroni"]) if e is not None else None,
+                "outlyingness": float(score),
+                "harm": float(harm),
+                "reasons": list(reasons),
+                "_rank": rank,
+            }
+        )
     # evidence of harm first (recurrence and content, as suspects ranked it); then the enrichment's p-value
-    rows.sort(key=lambda r: (-round(r["harm"], 6),
-                             r["p_value"] if r["n_spike_batches"] >= 2 and r["p_value"] is not None else 1.0,
-                             r["_rank"]))
+    rows.sort(
+        key=lambda r: (
+            -round(r["harm"], 6),
+            r["p_value"] if r["n_spike_batches"] >= 2 and r["p_value"] is not None else 1.0,
+            r["_rank"],
+        )
+    )
     for r in rows:
         del r["_rank"]
     return [r["sample_id"] for r in rows], rows
@@ -285,8 +345,10 @@ def _samples_sentence(rows: list[dict[str, Any]]) -> str:
         ids = ", ".join(str(r["sample_id"]) for r in same[:6]) + (" ..." if len(same) > 6 else "")
         steps = first["spike_steps"]
         verb = "is" if len(same) == 1 else "are"
-        text = (f"Samples {ids} {verb} in {len(steps)} spike batches (steps {', '.join(map(str, steps[:8]))}; "
-                f"p = {first['p_value']:.2g}, {first['p_bonferroni']:.2g} after Bonferroni over the plan's samples)")
+        text = (
+            f"Samples {ids} {verb} in {len(steps)} spike batches (steps {', '.join(map(str, steps[:8]))}; "
+            f"p = {first['p_value']:.2g}, {first['p_bonferroni']:.2g} after Bonferroni over the plan's samples)"
+        )
     else:
         text = "No sample of this batch is in another spike batch"
     top = rows[0]
@@ -329,8 +391,10 @@ def _tok(x: float) -> str:
 def plan_fix(whatif: Any = None) -> str:
     """The plan fix in words, with the what-if throughput of the bucketed shuffle and of a random shuffle."""
     fix, rnd = _strategy(whatif, FIX_STRATEGY), _strategy(whatif, RANDOM_STRATEGY)
-    text = ("rebuild batches every epoch with bucketed_shuffle (shuffle inside length buckets, then pack) so that "
-            "the same samples stop meeting in every epoch")
+    text = (
+        "rebuild batches every epoch with bucketed_shuffle (shuffle inside length buckets, then pack) so that "
+        "the same samples stop meeting in every epoch"
+    )
     if fix is not None and np.isfinite(fix["share"]):
         text += f": ~{100 * fix['share']:.0f}% of the sorted throughput ({_tok(fix['tps'])})"
         if rnd is not None and np.isfinite(rnd["share"]):
@@ -340,25 +404,40 @@ def plan_fix(whatif: Any = None) -> str:
     return text
 
 
-def _next_step(f: Finding, p: dict[str, Any], r: dict[str, Any] | None, sample_rows: list[dict[str, Any]],
-               gate: Any, whatif: Any, every: int | None, saved: Sequence[int] | None, has_plan: bool) -> str:
+def _next_step(
+    f: Finding,
+    p: dict[str, Any],
+    r: dict[str, Any] | None,
+    sample_rows: list[dict[str, Any]],
+    gate: Any,
+    whatif: Any,
+    every: int | None,
+    saved: Sequence[int] | None,
+    has_plan: bool,
+) -> str:
     start, _, peak = spike_span(f)
     parts = []
     if p is not None and p["grad_norm"] == "leads":
         first = p["grad_norm_first_step"]
-        parts.append(f"The grad norm grew {p['lead_steps']} steps before the loss: replay steps {first}-{peak} from "
-                     f"{checkpoint_before(first, every, saved)} and look at the optimizer state (Adam moments, loss "
-                     "scale) and lr as well as the batches")
+        parts.append(
+            f"The grad norm grew {p['lead_steps']} steps before the loss: replay steps {first}-{peak} from "
+            f"{checkpoint_before(first, every, saved)} and look at the optimizer state (Adam moments, loss "
+            "scale) and lr as well as the batches"
+        )
     else:
-        parts.append(f"Replay step {peak} from {checkpoint_before(peak, every, saved)} and compare its loss with "
-                     "control batches of the same bucket")
+        parts.append(
+            f"Replay step {peak} from {checkpoint_before(peak, every, saved)} and compare its loss with "
+            "control batches of the same bucket"
+        )
     if not has_plan:
         parts.append("record or rebuild the batch plan (--plan) to name the batch and its samples")
     shared = [s for s in sample_rows if s["n_spike_batches"] >= 2]
     if shared:
         ids = ", ".join(str(s["sample_id"]) for s in shared[:6])
-        parts.append(f"inspect samples {ids} (in {shared[0]['n_spike_batches']} spike batches) and drop or fix "
-                     "them if they are corrupt")
+        parts.append(
+            f"inspect samples {ids} (in {shared[0]['n_spike_batches']} spike batches) and drop or fix "
+            "them if they are corrupt"
+        )
     elif sample_rows:
         parts.append(f"inspect sample {sample_rows[0]['sample_id']} first")
     recurring = r is not None and len(r["epochs"]) >= 2
@@ -369,7 +448,9 @@ def _next_step(f: Finding, p: dict[str, Any], r: dict[str, Any] | None, sample_r
         why = (f"the batch recurs in {len(r['epochs'])} other epochs" if recurring else f"the plan is {words}") + (
             f" and {f.metric or 'the loss'} jumped there too (step {again[0]['step']}: {again[0]['ratio']:.2g}x its "
             "baseline)"
-            if again else "")
+            if again
+            else ""
+        )
         kinds = (gate or {}).get("failure_kinds") or []
         fix = plan_fix_words(gate) if any(k in ("reseeded", "shuffle_then_sort") for k in kinds) else plan_fix(whatif)
         parts.append(f"{why}: {fix}")
@@ -389,13 +470,23 @@ class AttributionRule(Rule):
 
     name = "attribution"
     explains = True
-    parameter_constraints = {"top": positive("int"), "min_jaccard": fraction(),
-                             "checkpoint_every": positive("int", none=True), "precedence_factor": positive(),
-                             "precedence_z": positive()}
+    parameter_constraints = {
+        "top": positive("int"),
+        "min_jaccard": fraction(),
+        "checkpoint_every": positive("int", none=True),
+        "precedence_factor": positive(),
+        "precedence_z": positive(),
+    }
     replaces = "spike"
 
-    def __init__(self, top: int = 20, min_jaccard: float = MIN_JACCARD, checkpoint_every: int | None = None,
-                 precedence_factor: float = PRECEDENCE_FACTOR, precedence_z: float = PRECEDENCE_Z) -> None:
+    def __init__(
+        self,
+        top: int = 20,
+        min_jaccard: float = MIN_JACCARD,
+        checkpoint_every: int | None = None,
+        precedence_factor: float = PRECEDENCE_FACTOR,
+        precedence_z: float = PRECEDENCE_Z,
+    ) -> None:
         self.top = top
         self.min_jaccard = min_jaccard
         self.checkpoint_every = checkpoint_every
@@ -407,7 +498,19 @@ class AttributionRule(Rule):
         spikes = [f for f in found or [] if f.kind == "spike"]
         if not spikes:
             return []
-        return attribute(spikes, run.metrics, run.tags, run.plan_view, run.samples, gate=run.sections.get("plan"),
-                         whatif=run.sections.get("whatif"), boundaries=run.boundaries, max_len=run.max_len,
-                         checkpoint_every=self.checkpoint_every, min_jaccard=self.min_jaccard, top=self.top,
-                         precedence_factor=self.precedence_factor, precedence_z=self.precedence_z)
+        return attribute(
+            spikes,
+            run.metrics,
+            run.tags,
+            run.plan_view,
+            run.samples,
+            gate=run.sections.get("plan"),
+            whatif=run.sections.get("whatif"),
+            boundaries=run.boundaries,
+            max_len=run.max_len,
+            checkpoint_every=self.checkpoint_every,
+            min_jaccard=self.min_jaccard,
+            top=self.top,
+            precedence_factor=self.precedence_factor,
+            precedence_z=self.precedence_z,
+        )

@@ -22,9 +22,9 @@ KIND_WORDS = {
 #: The fix for each kind.
 KIND_FIX = {
     "reseeded": "seed the sampler per epoch (call set_epoch(epoch), or seed its generator with the epoch) so each "
-                "epoch draws a fresh permutation",
+    "epoch draws a fresh permutation",
     "shuffle_then_sort": "sort within mega-batches (HF group_by_length) or shuffle inside length buckets "
-                         "(bucketed_shuffle) instead of sorting the whole dataset",
+    "(bucketed_shuffle) instead of sorting the whole dataset",
 }
 
 
@@ -62,8 +62,14 @@ class CompositionRule(Rule):
         retention = [x for x in gate.get("pair_retention") or [] if x is not None]
         # the tags hold every step of the plan, also of one too large to load (whose ``plan`` stops at the metrics)
         steps = run.tags["step"] if run.tags is not None else run.plan["step"] if run.plan is not None else None
-        return [Finding(kind="static_plan", step=int(steps.min()) if steps is not None else 0,
-                        end_step=int(steps.max()) if steps is not None else None, severity=CRITICAL,
-                        value=max(retention) if retention else None,
-                        evidence=[str(f) for f in gate.get("failures") or []],
-                        details={"pair_retention": retention, "confidence": 1.0})]
+        return [
+            Finding(
+                kind="static_plan",
+                step=int(steps.min()) if steps is not None else 0,
+                end_step=int(steps.max()) if steps is not None else None,
+                severity=CRITICAL,
+                value=max(retention) if retention else None,
+                evidence=[str(f) for f in gate.get("failures") or []],
+                details={"pair_retention": retention, "confidence": 1.0},
+            )
+        ]

@@ -38,10 +38,14 @@ class CrashRule(Rule):
         for path in run.log_files:
             for c in crash_lines(path):
                 step = last if c.logged_step is None else c.logged_step - run.logged_offset
-                out.append(Finding(
-                    kind="crash", step=step, confidence=0.9,
-                    details={"line": c.line, "what": c.what, "path": c.path, "line_no": c.line_no, "support": {}},
-                    evidence=[f"{c.path}: '{c.line}' ({c.what}) after step {step}"], next_step=_NEXT[c.what]))
+                out.append(
+                    Finding(
+                        kind="crash",
+                        step=step,
+                        confidence=0.9,
+                        details={"line": c.line, "what": c.what, "path": c.path, "line_no": c.line_no, "support": {}},
+                        evidence=[f"{c.path}: '{c.line}' ({c.what}) after step {step}"],
+                        next_step=_NEXT[c.what],
+                    )
+                )
         return out
-
-

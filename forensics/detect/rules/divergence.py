@@ -40,8 +40,14 @@ MIN_VALUES = 20
 def _within_diverged_level(f: Finding, loss_key: str | None, onset: int, level: float, rise: float) -> bool:
     """A loss spike after the onset whose peak is no more than ``rise`` above the diverged level: the divergence."""
     value = f.value if isinstance(f.value, (int, float)) else None
-    return (f.kind == "spike" and f.metric == loss_key and f.step > onset and value is not None
-            and math.isfinite(value) and value <= level * (1 + rise))
+    return (
+        f.kind == "spike"
+        and f.metric == loss_key
+        and f.step > onset
+        and value is not None
+        and math.isfinite(value)
+        and value <= level * (1 + rise)
+    )
 
 
 def smoothed(values: np.ndarray, share: float) -> np.ndarray:
@@ -50,8 +56,9 @@ def smoothed(values: np.ndarray, share: float) -> np.ndarray:
     return rolling_median(values, w)
 
 
-def find_divergence(steps: np.ndarray, values: np.ndarray, *, rise: float, z: float, hold: int,
-                    window_share: float) -> dict[str, Any] | None:
+def find_divergence(
+    steps: np.ndarray, values: np.ndarray, *, rise: float, z: float, hold: int, window_share: float
+) -> dict[str, Any] | None:
     """The lasting rise of ``values`` (module docstring) as ``{onset_index, cross_index, best, level, noise}``, or
     None. ``hold``: the steps the rise must last (or the run must go on for, elevated)."""
     m = smoothed(values, window_share)
@@ -74,8 +81,13 @@ def find_divergence(steps: np.ndarray, values: np.ndarray, *, rise: float, z: fl
             k = i
             while k > 0 and m[k - 1] > low:
                 k -= 1
-            return {"onset_index": k, "cross_index": i, "best": float(best[i]), "level": float(np.median(m[i:j])),
-                    "noise": noise}
+            return {
+                "onset_index": k,
+                "cross_index": i,
+                "best": float(best[i]),
+                "level": float(np.median(m[i:j])),
+                "noise": noise,
+            }
         i = j
     return None
 
@@ -90,11 +102,22 @@ class DivergenceRule(Rule):
 
     name = "divergence"
     section_name = HEALTH
-    parameter_constraints = {"rise": positive(), "z": positive(), "hold_share": fraction(),
-                             "min_hold": positive("int"), "window_share": fraction()}
+    parameter_constraints = {
+        "rise": positive(),
+        "z": positive(),
+        "hold_share": fraction(),
+        "min_hold": positive("int"),
+        "window_share": fraction(),
+    }
 
-    def __init__(self, rise: float = 0.2, z: float = 6.0, hold_share: float = 0.05, min_hold: int = 50,
-                 window_share: float = 0.01) -> None:
+    def __init__(
+        self,
+        rise: float = 0.2,
+        z: float = 6.0,
+        hold_share: float = 0.05,
+        min_hold: int = 50,
+        window_share: float = 0.01,
+    ) -> None:
         self.rise = rise
         self.z = z
         self.hold_share = hold_share
@@ -109,8 +132,9 @@ class DivergenceRule(Rule):
             return []
         span = int(loss.steps[-1] - loss.steps[0] + 1)
         hold = max(self.min_hold, int(math.ceil(self.hold_share * span)))
-        hit = find_divergence(loss.steps, loss.values, rise=self.rise, z=self.z, hold=hold,
-                              window_share=self.window_share)
+        hit = find_divergence(
+            loss.steps, loss.values, rise=self.rise, z=self.z, hold=hold, window_share=self.window_share
+        )
         self.section_ = judged_section(run, self.name, True, hold_steps=hold)
         if hit is None:
             return []
@@ -122,34 +146,63 @@ class DivergenceRule(Rule):
         lr_peak = float(lr.values[lr.steps <= onset].max()) if lr is not None and (lr.steps <= onset).any() else None
         grad = series(run, run.grad_norm_key)
         grad_at = grad.at_or_before(onset) if grad is not None else None
-        grad_before = float(np.median(grad.values[grad.steps < onset])) if grad is not None and (
-            grad.steps < onset).any() else None
+        grad_before = (
+            float(np.median(grad.values[grad.steps < onset]))
+            if grad is not None and (grad.steps < onset).any()
+            else None
+        )
         if found is not None:  # the same rise, told once: the divergence takes the place of the loss's level shift
             trained = {run.loss_key, run.grad_norm_key, *run.analysed}
-            found[:] = [f for f in found if not (f.kind == "level_shift" and f.metric in trained
-                                                 and f.step >= onset - hold)
-                        and not _within_diverged_level(f, run.loss_key, onset, hit["level"], self.rise)]
+            found[:] = [
+                f
+                for f in found
+                if not (f.kind == "level_shift" and f.metric in trained and f.step >= onset - hold)
+                and not _within_diverged_level(f, run.loss_key, onset, hit["level"], self.rise)
+            ]
         offset = run.logged_offset
         where = step_span(onset, offset=offset)
         lr_text = lr_words(lr_at, lr_peak)
-        summary = (f"{run.loss_key} diverged from {where}: from {hit['best']:.4g} to about {hit['level']:.4g}, and did "
-                   f"not come back" + (f" ({lr_text})" if lr_text else "") + ".")
+        summary = (
+            f"{run.loss_key} diverged from {where}: from {hit['best']:.4g} to about {hit['level']:.4g}, and did "
+            f"not come back" + (f" ({lr_text})" if lr_text else "") + "."
+        )
         evidence = [summary]
         if grad_at is not None and grad_before:
             evidence.append(f"grad norm {grad_at:.4g} at the onset against a median {grad_before:.4g} before it.")
         details: dict[str, Any] = {
-            "onset_step": onset, "resume_step": resume["resume_step"],
-            "resume_checkpoint": resume["resume_checkpoint"], "lr": lr_at, "lr_peak": lr_peak, "grad_norm": grad_at,
-            "grad_norm_before": grad_before, "best_level": round(hit["best"], 6), "level": round(hit["level"], 6),
-            "noise": round(hit["noise"], 6), "hold_steps": hold, "checkpoint_margin": resume["checkpoint_margin"],
+            "onset_step": onset,
+            "resume_step": resume["resume_step"],
+            "resume_checkpoint": resume["resume_checkpoint"],
+            "lr": lr_at,
+            "lr_peak": lr_peak,
+            "grad_norm": grad_at,
+            "grad_norm_before": grad_before,
+            "best_level": round(hit["best"], 6),
+            "level": round(hit["level"], 6),
+            "noise": round(hit["noise"], 6),
+            "hold_steps": hold,
+            "checkpoint_margin": resume["checkpoint_margin"],
             "checkpoints_known": resume["checkpoints_known"],
-            "support": {"moved": True, "grad_norm": bool(grad_at is not None and grad_before
-                                                          and grad_at > 2 * grad_before)},
+            "support": {
+                "moved": True,
+                "grad_norm": bool(grad_at is not None and grad_before and grad_at > 2 * grad_before),
+            },
             "confidence": 0.9,
         }
-        return [Finding(kind="divergence", step=onset, metric=run.loss_key, end_step=int(loss.steps[-1]),
-                        value=round(hit["level"], 6), baseline=round(hit["best"], 6), evidence=evidence,
-                        next_step=self._next_step(run, onset, hold, resume), details=details, confidence=0.9)]
+        return [
+            Finding(
+                kind="divergence",
+                step=onset,
+                metric=run.loss_key,
+                end_step=int(loss.steps[-1]),
+                value=round(hit["level"], 6),
+                baseline=round(hit["best"], 6),
+                evidence=evidence,
+                next_step=self._next_step(run, onset, hold, resume),
+                details=details,
+                confidence=0.9,
+            )
+        ]
 
     @staticmethod
     def _next_step(run: RunTables, onset: int, hold: int, resume: dict[str, Any]) -> str:
@@ -159,5 +212,7 @@ class DivergenceRule(Rule):
         else:
             none = "none known before it" if resume["checkpoints_known"] else "no checkpoint known in this case"
             where = f"the last healthy {step_span(resume['resume_step'], offset=offset)} ({none})"
-        return (f"Resume from {where} with the learning rate lowered (e.g. halved), or skip the data window "
-                f"{step_span(onset, onset + hold, offset=offset)} when the rise follows one batch.")
+        return (
+            f"Resume from {where} with the learning rate lowered (e.g. halved), or skip the data window "
+            f"{step_span(onset, onset + hold, offset=offset)} when the rise follows one batch."
+        )

@@ -32,9 +32,10 @@ from forensics.schema.steps import step_span
 from forensics.stats import binom_sf, rolling_median
 
 #: The gate's failure kinds that mean the data order repeats from one epoch to the next.
-REPEATING_ORDER = {"reseeded": "the plan shows each epoch in the same order (re-seeded alike, or set_epoch never "
-                               "called)",
-                   "built_once": "the plan shows the same batches every epoch, only reordered"}
+REPEATING_ORDER = {
+    "reseeded": "the plan shows each epoch in the same order (re-seeded alike, or set_epoch never called)",
+    "built_once": "the plan shows the same batches every epoch, only reordered",
+}
 
 
 def epoch_starts(run: RunTables) -> dict[int, int]:
@@ -85,11 +86,24 @@ class EpochBoundaryRule(Rule):
     """
 
     name = "epoch_boundary"
-    parameter_constraints = {"window": at_least(1, "int"), "baseline": at_least(4, "int"), "z": positive(),
-                             "min_epochs": at_least(1, "int"), "share": fraction(), "alpha": fraction()}
+    parameter_constraints = {
+        "window": at_least(1, "int"),
+        "baseline": at_least(4, "int"),
+        "z": positive(),
+        "min_epochs": at_least(1, "int"),
+        "share": fraction(),
+        "alpha": fraction(),
+    }
 
-    def __init__(self, window: int = 5, baseline: int = 20, z: float = 4.0, min_epochs: int = 2, share: float = 0.5,
-                 alpha: float = 0.01) -> None:
+    def __init__(
+        self,
+        window: int = 5,
+        baseline: int = 20,
+        z: float = 4.0,
+        min_epochs: int = 2,
+        share: float = 0.5,
+        alpha: float = 0.01,
+    ) -> None:
         self.window = window
         self.baseline = baseline
         self.z = z
@@ -121,29 +135,55 @@ class EpochBoundaryRule(Rule):
         chance = float(binom_sf(np.asarray(len(jumped)), len(judged), np.asarray(q)))
         if chance >= self.alpha:
             return []
-        offsets = [int(np.argmax(values[i:i + self.window])) for _, _, i, _ in jumped]
+        offsets = [int(np.argmax(values[i : i + self.window])) for _, _, i, _ in jumped]
         peak_steps = [int(steps[i + o]) for (_, _, i, _), o in zip(jumped, offsets, strict=True)]
         offset = int(np.median([steps[i + o] - s for (_, s, i, _), o in zip(jumped, offsets, strict=True)]))
         epochs = [e for e, _, _, _ in jumped]
         first, last = jumped[0][1], jumped[-1][1]
-        summary = (f"{run.loss_key} jumps within {self.window} logged steps of the start of epoch"
-                   f"{'s' if len(epochs) > 1 else ''} {', '.join(map(str, epochs))} ({len(jumped)} of {len(judged)} "
-                   f"epochs judged, up to {max(j[3] for j in jumped):.1f}x its noise above the steps before; "
-                   + ("peaking at each start, " if offset == 0 else
-                      f"peaking {offset} step{'s' if offset != 1 else ''} after each start, ") +
-                   f"{step_span(first, last, offset=run.logged_offset)}): the data order restarts with each epoch.")
-        evidence = [summary, "Likely causes: the sampler's order restarts every epoch (DistributedSampler.set_epoch "
-                             "never called, one fixed seed), so the same first batches open each epoch; or the "
-                             "loader is rebuilt each epoch (an iterator, a shuffle buffer or shards starting over)."]
+        summary = (
+            f"{run.loss_key} jumps within {self.window} logged steps of the start of epoch"
+            f"{'s' if len(epochs) > 1 else ''} {', '.join(map(str, epochs))} ({len(jumped)} of {len(judged)} "
+            f"epochs judged, up to {max(j[3] for j in jumped):.1f}x its noise above the steps before; "
+            + (
+                "peaking at each start, "
+                if offset == 0
+                else f"peaking {offset} step{'s' if offset != 1 else ''} after each start, "
+            )
+            + f"{step_span(first, last, offset=run.logged_offset)}): the data order restarts with each epoch."
+        )
+        evidence = [
+            summary,
+            "Likely causes: the sampler's order restarts every epoch (DistributedSampler.set_epoch "
+            "never called, one fixed seed), so the same first batches open each epoch; or the "
+            "loader is rebuilt each epoch (an iterator, a shuffle buffer or shards starting over).",
+        ]
         plan = run.sections.get("plan") if isinstance(run.sections.get("plan"), dict) else None
         repeating = [REPEATING_ORDER[k] for k in (plan or {}).get("failure_kinds", []) if k in REPEATING_ORDER]
         if repeating:
             evidence.append("The plan agrees: " + "; ".join(repeating) + ".")
-        return [Finding(
-            kind="epoch_boundary", step=first, metric=run.loss_key, end_step=last,
-            value=float(values[jumped[0][2] + offsets[0]]), confidence=round(1.0 - chance, 4), evidence=evidence,
-            next_step=("Call sampler.set_epoch(epoch) before each epoch (or seed the shuffle with the epoch), and "
-                       "check that the first batches of each epoch differ: forensics check-plan CASE."),
-            details={"epochs": epochs, "steps": [s for _, s, _, _ in jumped], "offset": offset,
-                     "peak_steps": peak_steps, "judged": len(judged), "z": [round(j[3], 2) for j in jumped],
-                     "chance": chance, "noise": noise, "support": {}})]
+        return [
+            Finding(
+                kind="epoch_boundary",
+                step=first,
+                metric=run.loss_key,
+                end_step=last,
+                value=float(values[jumped[0][2] + offsets[0]]),
+                confidence=round(1.0 - chance, 4),
+                evidence=evidence,
+                next_step=(
+                    "Call sampler.set_epoch(epoch) before each epoch (or seed the shuffle with the epoch), and "
+                    "check that the first batches of each epoch differ: forensics check-plan CASE."
+                ),
+                details={
+                    "epochs": epochs,
+                    "steps": [s for _, s, _, _ in jumped],
+                    "offset": offset,
+                    "peak_steps": peak_steps,
+                    "judged": len(judged),
+                    "z": [round(j[3], 2) for j in jumped],
+                    "chance": chance,
+                    "noise": noise,
+                    "support": {},
+                },
+            )
+        ]

@@ -65,8 +65,14 @@ def _spans(spikes: Iterable[Finding | Mapping[str, Any]]) -> list[tuple[int, int
 class _Design:
     """Per-step token shares of clusters and buckets, and each cluster's gap, as sparse columns over the steps."""
 
-    def __init__(self, plan: pd.DataFrame | PlanView, samples: pd.DataFrame, cluster_column: str,
-                 boundaries: Sequence[int], max_len: int):
+    def __init__(
+        self,
+        plan: pd.DataFrame | PlanView,
+        samples: pd.DataFrame,
+        cluster_column: str,
+        boundaries: Sequence[int],
+        max_len: int,
+    ):
         if isinstance(plan, pd.DataFrame):
             for col in (STEP, SAMPLE_ID):
                 if col not in plan.columns:
@@ -89,8 +95,9 @@ class _Design:
             pos = smp.index.get_indexer(chunk[SAMPLE_ID].to_numpy(np.int64))
             if (pos < 0).any():
                 few = ", ".join(map(str, np.unique(chunk[SAMPLE_ID].to_numpy()[pos < 0])[:5]))
-                raise ForensicsError(f"plan: {int((pos < 0).sum())} rows name samples not in the samples table, "
-                                     f"e.g. {few}")
+                raise ForensicsError(
+                    f"plan: {int((pos < 0).sum())} rows name samples not in the samples table, e.g. {few}"
+                )
             step = chunk[STEP].to_numpy(np.int64)
             c_parts.append(_pair_sums(step, cluster_code[pos], tokens[pos], len(cluster_values)))
             b_parts.append(_pair_sums(step, bucket_code[pos], tokens[pos], len(bucket_values)))
@@ -120,13 +127,15 @@ class _Design:
         """The design for the steps at positions ``rows`` (into ``step_values``): composition columns, then the
         forgetting column(s); names say what each column is."""
         from scipy import sparse  # lazily: only an audit with a plan needs scipy
+
         n = len(self.step_values)
         k, kb = len(self.labels), len(self.buckets)
         x = np.log1p(np.where(np.isfinite(self.gap), self.gap, 0.0) / tau)
         cols_s = sparse.csr_matrix((self.c_share, (self.c_step, self.c_lab)), shape=(n, k))
         keep_b = self.b_lab > 0  # bucket 0 (the lowest present) is the reference level
-        cols_b = sparse.csr_matrix((self.b_share[keep_b], (self.b_step[keep_b], self.b_lab[keep_b] - 1)),
-                                   shape=(n, max(kb - 1, 0)))
+        cols_b = sparse.csr_matrix(
+            (self.b_share[keep_b], (self.b_step[keep_b], self.b_lab[keep_b] - 1)), shape=(n, max(kb - 1, 0))
+        )
         fx = self.c_share * x
         if per_cluster:
             cols_f = sparse.csr_matrix((fx, (self.c_step, self.c_lab)), shape=(n, k))
@@ -138,8 +147,9 @@ class _Design:
         return sparse.hstack([cols_s, cols_b, cols_f], format="csr")[rows], names
 
 
-def _pair_sums(step: np.ndarray, code: np.ndarray, weights: np.ndarray,
-               n_codes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pair_sums(
+    step: np.ndarray, code: np.ndarray, weights: np.ndarray, n_codes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct (step, code) pairs, sorted by step then code, with the summed weights."""
     key = step.astype(np.int64) * max(n_codes, 1) + code
     uniq, inv = np.unique(key, return_inverse=True)
@@ -147,8 +157,9 @@ def _pair_sums(step: np.ndarray, code: np.ndarray, weights: np.ndarray,
     return uniq // max(n_codes, 1), uniq % max(n_codes, 1), sums
 
 
-def _combined(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-              n_codes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _combined(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_codes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The chunks' (step, code) sums as one set of pairs (a step may span chunks)."""
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
@@ -166,6 +177,7 @@ def _names(smp: pd.DataFrame, column: str, labels: np.ndarray) -> list[str]:
 def _ols(X: sparse.csr_matrix, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """Least squares with HC1 (heteroscedasticity-robust) covariance; min-norm where columns are collinear."""
     from scipy import sparse  # lazily: only an audit with a plan needs scipy
+
     xtx = (X.T @ X).toarray()
     inv = np.linalg.pinv(xtx)
     beta = inv @ (X.T @ y)
@@ -228,14 +240,29 @@ def forgetting_signature(
     for a, b in _spans(spikes):
         base &= ~((steps >= a) & (steps <= b + exclude_after))
     x_desc = f"log1p(steps since the cluster was last trained / {tau:g})"
-    out: dict[str, Any] = {"detected": False, "slope": None, "se": None, "ci95": None, "p_value": None,
-                           "n_steps": 0, "tau": float(tau), "x": x_desc, "clusters": [], "effect_at_max_gap": None,
-                           "metric": metric, "window": int(window), "cluster_column": cluster_column,
-                           "evidence": [], "next_step": None}
+    out: dict[str, Any] = {
+        "detected": False,
+        "slope": None,
+        "se": None,
+        "ci95": None,
+        "p_value": None,
+        "n_steps": 0,
+        "tau": float(tau),
+        "x": x_desc,
+        "clusters": [],
+        "effect_at_max_gap": None,
+        "metric": metric,
+        "window": int(window),
+        "cluster_column": cluster_column,
+        "evidence": [],
+        "next_step": None,
+    }
     labelled = design.labels.astype(str) != "-1"
     if base.sum() < max(min_steps, 3 * len(design.labels) + len(design.buckets)) or labelled.sum() < 1:
-        out["evidence"].append(f"too few steps with a known gap to fit the forgetting signature "
-                               f"({int(base.sum())} steps, {len(design.labels)} clusters).")
+        out["evidence"].append(
+            f"too few steps with a known gap to fit the forgetting signature "
+            f"({int(base.sum())} steps, {len(design.labels)} clusters)."
+        )
         return out
     all_rows = np.arange(len(steps))
     X_all, names = design.matrices(all_rows, tau, per_cluster=True)
@@ -259,64 +286,86 @@ def forgetting_signature(
     slope, se = float(b_c[-1]), float(np.sqrt(max(cov_c[-1, -1], 0.0)))
     p = float(2 * t_sf(abs(slope / se), dof_c)) if se > 0 else float("nan")
     max_gap = float(np.nanmax(design.gap)) if np.isfinite(design.gap).any() else 1.0
-    out.update({
-        "slope": slope, "se": se, "ci95": [slope - t_crit * se, slope + t_crit * se], "p_value": p,
-        "n_steps": int(len(rows)), "detected": bool(se > 0 and slope - t_crit * se > 0),
-        "effect_at_max_gap": slope * (np.log1p(max_gap / tau) - np.log1p(1.0 / tau)),
-    })
+    out.update(
+        {
+            "slope": slope,
+            "se": se,
+            "ci95": [slope - t_crit * se, slope + t_crit * se],
+            "p_value": p,
+            "n_steps": int(len(rows)),
+            "detected": bool(se > 0 and slope - t_crit * se > 0),
+            "effect_at_max_gap": slope * (np.log1p(max_gap / tau) - np.log1p(1.0 / tau)),
+        }
+    )
     out["clusters"] = _cluster_rows(design, used, beta, cov, dof, names)
     out["evidence"] = _evidence(out, max_gap)
     if out["detected"]:
-        out["next_step"] = (f"Clusters come back after gaps of up to {max_gap:.0f} steps and cost more then: mix "
-                            "clusters inside batches or interleave them (a bucketed shuffle keeps each cluster within "
-                            "a few steps); the effect is small next to a spike but adds jumpiness.")
+        out["next_step"] = (
+            f"Clusters come back after gaps of up to {max_gap:.0f} steps and cost more then: mix "
+            "clusters inside batches or interleave them (a bucketed shuffle keeps each cluster within "
+            "a few steps); the effect is small next to a spike but adds jumpiness."
+        )
     return out
 
 
-def _cluster_rows(design: _Design, used: np.ndarray, beta: np.ndarray, cov: np.ndarray, dof: int,
-                  names: list[str]) -> list[dict[str, Any]]:
+def _cluster_rows(
+    design: _Design, used: np.ndarray, beta: np.ndarray, cov: np.ndarray, dof: int, names: list[str]
+) -> list[dict[str, Any]]:
     t_crit = float(t_ppf(0.975, dof))
     present = used[design.c_step] & np.isfinite(design.gap)
     df = pd.DataFrame({"c": design.c_lab[present], "share": design.c_share[present], "gap": design.gap[present]})
     g = df.groupby("c")
-    agg = pd.DataFrame({"n": g.size(), "share": g["share"].mean(), "median_gap": g["gap"].median(),
-                        "max_gap": g["gap"].max()})
+    agg = pd.DataFrame(
+        {"n": g.size(), "share": g["share"].mean(), "median_gap": g["gap"].median(), "max_gap": g["gap"].max()}
+    )
     out = []
     for c, label in enumerate(design.labels):
         j = names.index(f"forget:{c}")
         b, se = float(beta[j]), float(np.sqrt(max(cov[j, j], 0.0)))
         n = int(agg["n"].get(c, 0))
         ok = n > 0 and se > 0
-        out.append({
-            "cluster": label.item() if isinstance(label, np.generic) else label,
-            "cluster_name": design.names[c],
-            "n_steps": n,
-            "mean_share": float(agg["share"].get(c, np.nan)),
-            "median_gap": float(agg["median_gap"].get(c, np.nan)),
-            "max_gap": float(agg["max_gap"].get(c, np.nan)),
-            "slope": b if ok else None,
-            "se": se if ok else None,
-            "ci95": [b - t_crit * se, b + t_crit * se] if ok else None,
-            "p_value": float(2 * t_sf(abs(b / se), dof)) if ok else None,
-            "detected": bool(ok and b - t_crit * se > 0),
-        })
+        out.append(
+            {
+                "cluster": label.item() if isinstance(label, np.generic) else label,
+                "cluster_name": design.names[c],
+                "n_steps": n,
+                "mean_share": float(agg["share"].get(c, np.nan)),
+                "median_gap": float(agg["median_gap"].get(c, np.nan)),
+                "max_gap": float(agg["max_gap"].get(c, np.nan)),
+                "slope": b if ok else None,
+                "se": se if ok else None,
+                "ci95": [b - t_crit * se, b + t_crit * se] if ok else None,
+                "p_value": float(2 * t_sf(abs(b / se), dof)) if ok else None,
+                "detected": bool(ok and b - t_crit * se > 0),
+            }
+        )
     return out
 
 
 def _evidence(out: dict[str, Any], max_gap: float) -> list[str]:
     lo, hi = out["ci95"]
-    ev = [f"Measured: how much higher {out['metric']} is when a cluster comes back after a longer gap since it was "
-          f"last trained, on a log scale of the gap in units of tau = {out['tau']:g} steps (x = {out['x']}): "
-          f"{out['slope']:+.3g} per unit of x (95% CI {lo:+.3g} to {hi:+.3g}, p = {out['p_value']:.2g}, "
-          f"{out['n_steps']} steps; the trend, cluster and bucket levels fitted jointly)."]
-    ev.append(f"At the longest gap ({max_gap:.0f} steps) that is {out['effect_at_max_gap']:+.3g} over a gap of "
-              "1 step." if out["detected"] else
-              "No forgetting signature: the interval does not lie above 0.")
+    ev = [
+        f"Measured: how much higher {out['metric']} is when a cluster comes back after a longer gap since it was "
+        f"last trained, on a log scale of the gap in units of tau = {out['tau']:g} steps (x = {out['x']}): "
+        f"{out['slope']:+.3g} per unit of x (95% CI {lo:+.3g} to {hi:+.3g}, p = {out['p_value']:.2g}, "
+        f"{out['n_steps']} steps; the trend, cluster and bucket levels fitted jointly)."
+    ]
+    ev.append(
+        f"At the longest gap ({max_gap:.0f} steps) that is {out['effect_at_max_gap']:+.3g} over a gap of 1 step."
+        if out["detected"]
+        else "No forgetting signature: the interval does not lie above 0."
+    )
     rows = sorted((c for c in out["clusters"] if c["slope"] is not None), key=lambda c: -c["n_steps"])
     if rows:
-        ev.append("Per cluster: " + "; ".join(
-            f"{c['cluster']} '{c['cluster_name']}' {c['slope']:+.3g} ({c['ci95'][0]:+.3g} to {c['ci95'][1]:+.3g}, "
-            f"{c['n_steps']} steps, gaps up to {c['max_gap']:.0f})" for c in rows[:6]) + ".")
+        ev.append(
+            "Per cluster: "
+            + "; ".join(
+                f"{c['cluster']} '{c['cluster_name']}' {c['slope']:+.3g} ({c['ci95'][0]:+.3g} to {c['ci95'][1]:+.3g}, "
+                f"{c['n_steps']} steps, gaps up to {c['max_gap']:.0f})"
+                for c in rows[:6]
+            )
+            + "."
+        )
     return ev
 
 
@@ -329,13 +378,19 @@ class ForgettingRule(Rule):
     """
 
     name = "forgetting"
-    parameter_constraints = {"tau": positive(), "window": positive("int"), "exclude_after": at_least(0, "int"),
-                             "outlier_sd": positive(), "min_steps": positive("int")}
+    parameter_constraints = {
+        "tau": positive(),
+        "window": positive("int"),
+        "exclude_after": at_least(0, "int"),
+        "outlier_sd": positive(),
+        "min_steps": positive("int"),
+    }
     needs_plan = True
     section_name = "forgetting"
 
-    def __init__(self, tau: float = 1.0, window: int = 101, exclude_after: int = 5, outlier_sd: float = 6.0,
-                 min_steps: int = 20) -> None:
+    def __init__(
+        self, tau: float = 1.0, window: int = 101, exclude_after: int = 5, outlier_sd: float = 6.0, min_steps: int = 20
+    ) -> None:
         self.tau = tau
         self.window = window
         self.exclude_after = exclude_after
@@ -347,10 +402,20 @@ class ForgettingRule(Rule):
         self.warnings_: list[str] = []
         spikes = [f for f in found or [] if f.kind == "spike"]
         try:
-            out = forgetting_signature(run.metrics, run.plan_view, run.samples, metric=run.loss_key, spikes=spikes,
-                                       boundaries=run.boundaries or DEFAULT_BOUNDARIES, max_len=run.max_len,
-                                       tau=self.tau, window=self.window, exclude_after=self.exclude_after,
-                                       outlier_sd=self.outlier_sd, min_steps=self.min_steps)
+            out = forgetting_signature(
+                run.metrics,
+                run.plan_view,
+                run.samples,
+                metric=run.loss_key,
+                spikes=spikes,
+                boundaries=run.boundaries or DEFAULT_BOUNDARIES,
+                max_len=run.max_len,
+                tau=self.tau,
+                window=self.window,
+                exclude_after=self.exclude_after,
+                outlier_sd=self.outlier_sd,
+                min_steps=self.min_steps,
+            )
         except ForensicsError as exc:
             self.warnings_.append(f"forgetting signature not computed: {exc}")
             return []
@@ -373,13 +438,24 @@ def judge(out: dict[str, Any], run: RunTables, static: bool | None) -> dict[str,
     if not out.get("detected"):
         out["verdict"] = "No forgetting signature: the loss is not higher when a cluster comes back after a gap."
     elif not static:
-        out["verdict"] = (f"A small forgetting signature ({effect:+.3g} at the longest gap), as expected on a plan "
-                          "whose batch composition already varies across epochs: nothing to change.")
+        out["verdict"] = (
+            f"A small forgetting signature ({effect:+.3g} at the longest gap), as expected on a plan "
+            "whose batch composition already varies across epochs: nothing to change."
+        )
         out["next_step"] = None
     else:
-        size = (f"{out['effect_vs_noise']:.1f}x the loss's step-to-step noise" if out["effect_vs_noise"] is not None
-                else "of unknown size")
-        out["verdict"] = (f"The loss is {effect:+.3g} higher when a cluster comes back after the longest gap, "
-                          f"{size}: " + ("it matters, and batches that mix clusters would remove it." if large else
-                                         "small next to the noise; it adds jumpiness, not spikes."))
+        size = (
+            f"{out['effect_vs_noise']:.1f}x the loss's step-to-step noise"
+            if out["effect_vs_noise"] is not None
+            else "of unknown size"
+        )
+        out["verdict"] = (
+            f"The loss is {effect:+.3g} higher when a cluster comes back after the longest gap, "
+            f"{size}: "
+            + (
+                "it matters, and batches that mix clusters would remove it."
+                if large
+                else "small next to the noise; it adds jumpiness, not spikes."
+            )
+        )
     return out

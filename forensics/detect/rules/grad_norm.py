@@ -32,9 +32,17 @@ NOT_FOLLOWED = "not_followed"
 
 def unfollowed(found: list[Finding], grad: str | None) -> list[Finding]:
     """The grad-norm spikes the loss did not follow."""
-    return [f for f in found if f.kind == "spike" and grad is not None and f.metric == grad
-            and ((f.details.get("support") or {}).get("explained") == NOT_FOLLOWED
-                 or (f.details.get("support") or {}).get("not_followed"))]
+    return [
+        f
+        for f in found
+        if f.kind == "spike"
+        and grad is not None
+        and f.metric == grad
+        and (
+            (f.details.get("support") or {}).get("explained") == NOT_FOLLOWED
+            or (f.details.get("support") or {}).get("not_followed")
+        )
+    ]
 
 
 class GradNormRule(Rule):
@@ -76,10 +84,13 @@ class GradNormRule(Rule):
         finite = np.isfinite(values)
         suggested = float(np.quantile(values[quiet & finite], self.quantile)) if (quiet & finite).any() else None
         details: dict[str, Any] = {
-            "count": len(spikes), "steps": peaks, "logged_steps": [s + run.logged_offset for s in peaks],
+            "count": len(spikes),
+            "steps": peaks,
+            "logged_steps": [s + run.logged_offset for s in peaks],
             "max_ratio": max((float(f.details.get("ratio") or 0.0) for f in spikes), default=None),
-            "clipped_share": (float(np.mean(values[finite] > run.max_grad_norm))
-                              if run.max_grad_norm and finite.any() else None),
+            "clipped_share": (
+                float(np.mean(values[finite] > run.max_grad_norm)) if run.max_grad_norm and finite.any() else None
+            ),
             "max_grad_norm": run.max_grad_norm,
             "suggested_max_grad_norm": suggested,
             "suggested_clipped_share": (float(np.mean(values[finite] > suggested)) if suggested is not None else None),
@@ -94,29 +105,47 @@ class GradNormRule(Rule):
         support: dict[str, Any] = {"warning": True} if clustered else {}
         first, last = min(peaks), max(peaks)
         ratio = details["max_ratio"]
-        evidence = [f"{counted(len(spikes), 'grad-norm spike')} (up to {ratio:.3g}x its "
-                    f"baseline) that the loss did not follow, from step {first} to {last}."]
+        evidence = [
+            f"{counted(len(spikes), 'grad-norm spike')} (up to {ratio:.3g}x its "
+            f"baseline) that the loss did not follow, from step {first} to {last}."
+        ]
         if details["clipped_share"] is not None:
-            evidence.append(f"{100 * details['clipped_share']:.1f}% of steps are above the trainer's max_grad_norm "
-                            f"{run.max_grad_norm:g} (clipped).")
+            evidence.append(
+                f"{100 * details['clipped_share']:.1f}% of steps are above the trainer's max_grad_norm "
+                f"{run.max_grad_norm:g} (clipped)."
+            )
         if suggested is not None:
-            evidence.append(f"A clipping threshold of {suggested:.3g} (the {100 * self.quantile:g}th percentile of "
-                            f"the quiet steps) would clip {100 * details['suggested_clipped_share']:.1f}% of steps.")
+            evidence.append(
+                f"A clipping threshold of {suggested:.3g} (the {100 * self.quantile:g}th percentile of "
+                f"the quiet steps) would clip {100 * details['suggested_clipped_share']:.1f}% of steps."
+            )
         evidence += [f"They concentrate in {w}." for w in clustered]
         small = [f for f in spikes if (f.details.get("batch_size") or {}).get("n_samples") is not None]
         if small:
             b = small[0].details["batch_size"]
-            evidence.append(f"{len(small)} of them on small batches ({b['words']}): a mean over few samples has a "
-                            "larger gradient norm.")
+            evidence.append(
+                f"{len(small)} of them on small batches ({b['words']}): a mean over few samples has a "
+                "larger gradient norm."
+            )
             details["small_batches"] = [int(f.peak_step if f.peak_step is not None else f.step) for f in small]
-        return Finding(kind="grad_norm_spikes", step=first, end_step=last, metric=grad, value=ratio,
-                       severity=INFO, evidence=evidence, details={**details, "support": support,
-                                                                  "confidence": 1.0 - 0.5 / max(len(spikes), 1)},
-                       next_step=("Nothing to replay: the loss ignored them. If they cluster, look at what those "
-                                  "steps share; a clipping threshold near the suggested one bounds them."))
+        return Finding(
+            kind="grad_norm_spikes",
+            step=first,
+            end_step=last,
+            metric=grad,
+            value=ratio,
+            severity=INFO,
+            evidence=evidence,
+            details={**details, "support": support, "confidence": 1.0 - 0.5 / max(len(spikes), 1)},
+            next_step=(
+                "Nothing to replay: the loss ignored them. If they cluster, look at what those "
+                "steps share; a clipping threshold near the suggested one bounds them."
+            ),
+        )
 
-    def _by(self, tags: pd.DataFrame | None, steps: np.ndarray, peaks: list[int],
-            col: str) -> tuple[dict[str, int], str | None]:
+    def _by(
+        self, tags: pd.DataFrame | None, steps: np.ndarray, peaks: list[int], col: str
+    ) -> tuple[dict[str, int], str | None]:
         """Spikes per group of ``col`` and where they concentrate (binomial tail against the group's share of steps)."""
         if tags is None or col not in tags.columns or not len(steps):
             return {}, None
@@ -136,4 +165,3 @@ class GradNormRule(Rule):
                 where = f"{col} {int(g)} ({int(k)} of {n} spikes, {100 * q:.0f}% of steps)"
                 break
         return {str(int(k)): int(v) for k, v in counts.items()}, where
-

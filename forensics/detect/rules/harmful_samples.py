@@ -76,13 +76,27 @@ class HarmfulSamplesRule(Rule):
     name = "samples"
     needs_plan = True
     section_name = "harmful_samples"
-    parameter_constraints = {"q": fraction(), "window": positive("int"), "permutations": positive("int"),
-                             "max_pursuit": positive("int"), "max_listed": positive("int"),
-                             "seed": at_least(0, "int"), "min_excess": at_least(0)}
+    parameter_constraints = {
+        "q": fraction(),
+        "window": positive("int"),
+        "permutations": positive("int"),
+        "max_pursuit": positive("int"),
+        "max_listed": positive("int"),
+        "seed": at_least(0, "int"),
+        "min_excess": at_least(0),
+    }
     required_columns = {"plan": (STEP, SAMPLE_ID), "samples": (SAMPLE_ID, N_TOKENS)}
 
-    def __init__(self, q: float = 0.05, window: int = 101, permutations: int = 20, max_pursuit: int = 200,
-                 max_listed: int = 50, seed: int = 1, min_excess: float = MIN_EXCESS) -> None:
+    def __init__(
+        self,
+        q: float = 0.05,
+        window: int = 101,
+        permutations: int = 20,
+        max_pursuit: int = 200,
+        max_listed: int = 50,
+        seed: int = 1,
+        min_excess: float = MIN_EXCESS,
+    ) -> None:
         self.q = q
         self.min_excess = min_excess
         self.window = window
@@ -100,14 +114,17 @@ class HarmfulSamplesRule(Rule):
         # the estimator needs scipy's sparse matrices: imported only when a plan is there to estimate from
         from forensics.detect.evidence.sample_effects import estimate
 
-        est = estimate(run, window=self.window, permutations=self.permutations, max_pursuit=self.max_pursuit,
-                       seed=self.seed)
+        est = estimate(
+            run, window=self.window, permutations=self.permutations, max_pursuit=self.max_pursuit, seed=self.seed
+        )
         if est is None:
             return []
         if est.attrs.get("stride", 1) > 1:
             held, stride = est.attrs["max_entries"], est.attrs["stride"]
-            self.warnings_.append(f"harmful samples: the plan holds more than {held:,} rows up to the metrics' last "
-                                  f"step; estimated on one logged step in {stride}")
+            self.warnings_.append(
+                f"harmful samples: the plan holds more than {held:,} rows up to the metrics' last "
+                f"step; estimated on one logged step in {stride}"
+            )
         listed = listed_samples(est, self.q, self.min_excess, self.max_listed)
         if listed.empty:
             return []
@@ -120,20 +137,32 @@ class HarmfulSamplesRule(Rule):
         for r in listed.itertuples():
             sid = int(r.sample_id)
             steps = consumed.get(sid) or [int(s) for s in r.steps]  # every step that consumed it
-            reason = (f"consumed {r.appearances} times (steps {steps_list(steps, run.logged_offset)}); the loss was "
-                      f"{100 * r.effect:.0f}% above what its trend, tags and composition expect each time it was "
-                      f"there on average, its own loss ~{100 * r.excess:.0f}% above what they expect of it "
-                      f"(z = {r.z:.1f}, q = {r.q:.2g})")
+            reason = (
+                f"consumed {r.appearances} times (steps {steps_list(steps, run.logged_offset)}); the loss was "
+                f"{100 * r.effect:.0f}% above what its trend, tags and composition expect each time it was "
+                f"there on average, its own loss ~{100 * r.excess:.0f}% above what they expect of it "
+                f"(z = {r.z:.1f}, q = {r.q:.2g})"
+            )
             if r.block > 1:
-                reason += (f"; always in the same steps as {r.block - 1} other sample(s), which the run cannot "
-                           "tell apart")
+                reason += (
+                    f"; always in the same steps as {r.block - 1} other sample(s), which the run cannot tell apart"
+                )
             if content.flagged(sid):
                 reason += "; " + "; ".join(content.reasons[sid])
-            rows.append({"sample_id": sid, "appearances": len(steps), "steps": steps,
-                         "logged_steps": [s + run.logged_offset for s in steps], "effect": float(r.effect),
-                         "excess": float(r.excess),
-                         "z": float(r.z), "q": float(r.q), "reason": reason,
-                         "content": list(content.reasons.get(sid, []))})
+            rows.append(
+                {
+                    "sample_id": sid,
+                    "appearances": len(steps),
+                    "steps": steps,
+                    "logged_steps": [s + run.logged_offset for s in steps],
+                    "effect": float(r.effect),
+                    "excess": float(r.excess),
+                    "z": float(r.z),
+                    "q": float(r.q),
+                    "reason": reason,
+                    "content": list(content.reasons.get(sid, [])),
+                }
+            )
         # a block's samples share its effect and score (up to float noise): listed by id among themselves
         rows.sort(key=lambda x: (not x["content"], -round(x["effect"], 9), -round(x["z"], 6), x["sample_id"]))
         self.section_ = rows
@@ -143,14 +172,27 @@ class HarmfulSamplesRule(Rule):
         support = {"critical": True} if any(x["content"] for x in repeated) or len(repeated) >= 2 else {}
         n = len(rows)
         ids = ", ".join(str(x["sample_id"]) for x in rows[:8]) + (" ..." if n > 8 else "")
-        summary = (f"{counted(n, 'sample')} ({ids}) raised the loss each time they were consumed (steps "
-                   f"{steps_list(all_steps, run.logged_offset, limit=8)}): the loss was on average "
-                   f"{100 * float(np.mean([x['effect'] for x in rows])):.0f}% above what the steps' trend and tags "
-                   f"expect there (false-discovery limit q <= {self.q:g}).")
-        return [Finding(kind="harmful_samples", step=all_steps[0], end_step=all_steps[-1], metric=run.loss_key,
-                        value=float(n), severity=INFO, suspect_samples=[x["sample_id"] for x in rows],
-                        evidence=[summary] + [f"sample {x['sample_id']}: {x['reason']}" for x in rows[:3]],
-                        details={"steps": all_steps, "support": support, "count": n,
-                                 "confidence": float(1.0 - min(x["q"] for x in rows))})]
-
-
+        summary = (
+            f"{counted(n, 'sample')} ({ids}) raised the loss each time they were consumed (steps "
+            f"{steps_list(all_steps, run.logged_offset, limit=8)}): the loss was on average "
+            f"{100 * float(np.mean([x['effect'] for x in rows])):.0f}% above what the steps' trend and tags "
+            f"expect there (false-discovery limit q <= {self.q:g})."
+        )
+        return [
+            Finding(
+                kind="harmful_samples",
+                step=all_steps[0],
+                end_step=all_steps[-1],
+                metric=run.loss_key,
+                value=float(n),
+                severity=INFO,
+                suspect_samples=[x["sample_id"] for x in rows],
+                evidence=[summary] + [f"sample {x['sample_id']}: {x['reason']}" for x in rows[:3]],
+                details={
+                    "steps": all_steps,
+                    "support": support,
+                    "count": n,
+                    "confidence": float(1.0 - min(x["q"] for x in rows)),
+                },
+            )
+        ]

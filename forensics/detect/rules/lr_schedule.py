@@ -39,8 +39,9 @@ MIN_EARLY = 20
 STEADY = 0.9
 
 
-def schedule_problems(steps: np.ndarray, lr: np.ndarray, *, reset_share: float, jump: float,
-                      steady: float = STEADY) -> list[dict[str, Any]]:
+def schedule_problems(
+    steps: np.ndarray, lr: np.ndarray, *, reset_share: float, jump: float, steady: float = STEADY
+) -> list[dict[str, Any]]:
     """``reset`` and ``jump`` points of a logged schedule (module docstring), in step order: a change of one logged
     step where the step before it changed the rate by less than ``steady`` (a ratio within [steady, 1/steady])."""
     lr = np.asarray(lr, dtype=np.float64)
@@ -57,8 +58,14 @@ def schedule_problems(steps: np.ndarray, lr: np.ndarray, *, reset_share: float, 
     out: list[dict[str, Any]] = []
     for k in np.flatnonzero(reset | jumped):
         i = int(k) + 2
-        out.append({"problem": "reset" if reset[k] else "jump", "step": int(steps[i]), "before": float(lr[i - 1]),
-                    "after": float(lr[i])})
+        out.append(
+            {
+                "problem": "reset" if reset[k] else "jump",
+                "step": int(steps[i]),
+                "before": float(lr[i - 1]),
+                "after": float(lr[i]),
+            }
+        )
     return out
 
 
@@ -82,11 +89,22 @@ class LrScheduleRule(Rule):
 
     name = "lr_schedule"
     section_name = HEALTH
-    parameter_constraints = {"warm_share": fraction(), "reset_share": fraction(), "jump": positive(),
-                             "early_share": fraction(), "unstable": positive()}
+    parameter_constraints = {
+        "warm_share": fraction(),
+        "reset_share": fraction(),
+        "jump": positive(),
+        "early_share": fraction(),
+        "unstable": positive(),
+    }
 
-    def __init__(self, warm_share: float = 0.5, reset_share: float = 0.1, jump: float = 1.5, early_share: float = 0.05,
-                 unstable: float = 0.05) -> None:
+    def __init__(
+        self,
+        warm_share: float = 0.5,
+        reset_share: float = 0.1,
+        jump: float = 1.5,
+        early_share: float = 0.05,
+        unstable: float = 0.05,
+    ) -> None:
         self.warm_share = warm_share
         self.reset_share = reset_share
         self.jump = jump
@@ -113,27 +131,52 @@ class LrScheduleRule(Rule):
             if i is not None:
                 first, top = float(loss.values[0]), float(loss.values[i])
                 at = step_span(int(loss.steps[i]), offset=offset)
-                text = (f"No warmup: the learning rate starts at {lr.values[0]:.2g} ({100 * lr.values[0] / peak:.0f}% "
-                        f"of its peak {peak:.2g}) and {run.loss_key} climbed back up in the first steps "
-                        f"(to {top:.4g} at {at}, from a first {first:.4g}).")
-                out.append(Finding(kind="lr_schedule", step=int(lr.steps[0]), metric=lr.name,
-                                   value=float(lr.values[0]), evidence=[text],
-                                   next_step="Warm the learning rate up (e.g. linearly over the first 1-5% of steps).",
-                                   details={"problem": "no_warmup", "step": int(lr.steps[0]),
-                                            "unstable_step": int(loss.steps[i]), "lr": float(lr.values[0]),
-                                            "lr_peak": peak, "support": {"warning": True}, "confidence": 0.8},
-                                   confidence=0.8))
+                text = (
+                    f"No warmup: the learning rate starts at {lr.values[0]:.2g} ({100 * lr.values[0] / peak:.0f}% "
+                    f"of its peak {peak:.2g}) and {run.loss_key} climbed back up in the first steps "
+                    f"(to {top:.4g} at {at}, from a first {first:.4g})."
+                )
+                out.append(
+                    Finding(
+                        kind="lr_schedule",
+                        step=int(lr.steps[0]),
+                        metric=lr.name,
+                        value=float(lr.values[0]),
+                        evidence=[text],
+                        next_step="Warm the learning rate up (e.g. linearly over the first 1-5% of steps).",
+                        details={
+                            "problem": "no_warmup",
+                            "step": int(lr.steps[0]),
+                            "unstable_step": int(loss.steps[i]),
+                            "lr": float(lr.values[0]),
+                            "lr_peak": peak,
+                            "support": {"warning": True},
+                            "confidence": 0.8,
+                        },
+                        confidence=0.8,
+                    )
+                )
         for p in schedule_problems(lr.steps, lr.values, reset_share=self.reset_share, jump=self.jump):
             at = step_span(p["step"], offset=offset)
             how = "fell" if p["problem"] == "reset" else "jumped"
-            text = (f"The learning rate {how} from {p['before']:.2g} to {p['after']:.2g} at {at}"
-                    + (" (a fresh scheduler: warm-up again)." if p["problem"] == "reset" else "."))
-            out.append(Finding(kind="lr_schedule", step=p["step"], metric=lr.name, value=p["after"],
-                               baseline=p["before"], evidence=[text],
-                               next_step="If the run was resumed there, restore the scheduler's state with the "
-                                         "checkpoint (a fresh scheduler restarts the schedule); a planned warm "
-                                         "restart needs nothing.",
-                               details={**p, "lr_peak": peak, "support": {}, "confidence": 0.6}, confidence=0.6))
+            text = f"The learning rate {how} from {p['before']:.2g} to {p['after']:.2g} at {at}" + (
+                " (a fresh scheduler: warm-up again)." if p["problem"] == "reset" else "."
+            )
+            out.append(
+                Finding(
+                    kind="lr_schedule",
+                    step=p["step"],
+                    metric=lr.name,
+                    value=p["after"],
+                    baseline=p["before"],
+                    evidence=[text],
+                    next_step="If the run was resumed there, restore the scheduler's state with the "
+                    "checkpoint (a fresh scheduler restarts the schedule); a planned warm "
+                    "restart needs nothing.",
+                    details={**p, "lr_peak": peak, "support": {}, "confidence": 0.6},
+                    confidence=0.6,
+                )
+            )
         return out
 
     @staticmethod
@@ -147,5 +190,6 @@ class LrScheduleRule(Rule):
             if at is None:
                 continue
             f.details["lr"] = at
-            f.evidence.append(f"The learning rate at {step_span(int(f.step), offset=run.logged_offset)}: "
-                              f"{lr_words(at, peak)}.")
+            f.evidence.append(
+                f"The learning rate at {step_span(int(f.step), offset=run.logged_offset)}: {lr_words(at, peak)}."
+            )

@@ -39,14 +39,34 @@ from forensics.schema.steps import step_span
 
 #: The fewest finite values the rule judges (after the skipped start).
 MIN_VALUES = 20
-MEMORY = Role("memory", (("memory", "allocated"), ("mem", "allocated"), ("allocated", "memory"), ("gpu", "memory"),
-                         ("gpu", "mem"), ("cuda", "memory"), ("vram",), ("memory",), ("mem",)),
-              exclude=frozenset({"free", "bandwidth", "clock", "cpu", "host", "rss", "swap"}),
-              neutral=frozenset({"gpu", "cuda", "device", "allocated", "reserved", "mb", "mib", "gb", "gib", "bytes"}),
-              label="memory")
+MEMORY = Role(
+    "memory",
+    (
+        ("memory", "allocated"),
+        ("mem", "allocated"),
+        ("allocated", "memory"),
+        ("gpu", "memory"),
+        ("gpu", "mem"),
+        ("cuda", "memory"),
+        ("vram",),
+        ("memory",),
+        ("mem",),
+    ),
+    exclude=frozenset({"free", "bandwidth", "clock", "cpu", "host", "rss", "swap"}),
+    neutral=frozenset({"gpu", "cuda", "device", "allocated", "reserved", "mb", "mib", "gb", "gib", "bytes"}),
+    label="memory",
+)
 #: GiB per unit, by a word of the metric's name.
-_UNITS = {"gb": 1.0, "gib": 1.0, "mb": 1 / 1024, "mib": 1 / 1024, "kb": 1 / 1024**2, "kib": 1 / 1024**2,
-          "bytes": 1 / 1024**3, "byte": 1 / 1024**3}
+_UNITS = {
+    "gb": 1.0,
+    "gib": 1.0,
+    "mb": 1 / 1024,
+    "mib": 1 / 1024,
+    "kb": 1 / 1024**2,
+    "kib": 1 / 1024**2,
+    "bytes": 1 / 1024**3,
+    "byte": 1 / 1024**3,
+}
 
 
 @dataclass(frozen=True)
@@ -109,8 +129,9 @@ def fit_onset(steps: np.ndarray, values: np.ndarray, min_share: float = 0.05) ->
     onset = float(xk[best])
     r2 = float(explained[best] / syy) if syy > 0 else 0.0
     rise = slope * (x[-1] - onset)
-    return Growth(slope, level - slope * onset, min(r2, 1.0), float(rise / abs(level)) if level else math.inf,
-                  onset=int(onset))
+    return Growth(
+        slope, level - slope * onset, min(r2, 1.0), float(rise / abs(level)) if level else math.inf, onset=int(onset)
+    )
 
 
 def gib_per_unit(name: str, values: np.ndarray) -> float:
@@ -184,15 +205,32 @@ class MemoryRule(Rule):
             reach = f"largest value {float(full.values.max()):.4g} at step {at}"
         else:
             reach = f"reaches device_memory_gb {run.device_memory_gb:g} GiB at step {at}"
-        summary = (f"{metric} grew steadily by {fit.slope:.3g} per step over {where} (R^2 {fit.r2:.2f}, "
-                   f"+{100 * fit.growth:.0f}%): {reach}.")
-        return [Finding(
-            kind="memory", step=first, metric=metric, end_step=last, value=float(s.values[-1]), confidence=0.8,
-            evidence=[summary],
-            next_step=("Look for tensors kept across steps: losses or outputs appended to a list without .item() or "
-                       ".detach(), a cache that grows with new shapes, a graph retained by retain_graph=True."),
-            details={"metric": metric, "slope_per_step": fit.slope, "projected_step": at, "r2": round(fit.r2, 4),
-                     "growth": round(fit.growth, 4), "gib_per_unit": unit, "device_memory_gb": run.device_memory_gb,
-                     "support": {}})]
-
-
+        summary = (
+            f"{metric} grew steadily by {fit.slope:.3g} per step over {where} (R^2 {fit.r2:.2f}, "
+            f"+{100 * fit.growth:.0f}%): {reach}."
+        )
+        return [
+            Finding(
+                kind="memory",
+                step=first,
+                metric=metric,
+                end_step=last,
+                value=float(s.values[-1]),
+                confidence=0.8,
+                evidence=[summary],
+                next_step=(
+                    "Look for tensors kept across steps: losses or outputs appended to a list without .item() or "
+                    ".detach(), a cache that grows with new shapes, a graph retained by retain_graph=True."
+                ),
+                details={
+                    "metric": metric,
+                    "slope_per_step": fit.slope,
+                    "projected_step": at,
+                    "r2": round(fit.r2, 4),
+                    "growth": round(fit.growth, 4),
+                    "gib_per_unit": unit,
+                    "device_memory_gb": run.device_memory_gb,
+                    "support": {},
+                },
+            )
+        ]

@@ -28,14 +28,22 @@ def nonfinite_findings(steps: np.ndarray, values: np.ndarray, metric: str) -> li
     for i in bad:
         v = float(values[i])
         word = "NaN" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
-        out.append(Finding(
-            kind="nonfinite", step=int(steps[i]), metric=metric, value=v, severity=CRITICAL,
-            details={"support": {"nonfinite": "training"}},
-            evidence=[f"{metric} is {word} at step {int(steps[i])}; the step is kept out of every baseline and "
-                      "reported on its own."],
-            next_step=f"Check step {int(steps[i])}'s batch and the optimizer state before it (overflow, a bad "
-                      "sample, a too-high learning rate): NaN/inf values usually mean the numbers broke, not the data.",
-        ))
+        out.append(
+            Finding(
+                kind="nonfinite",
+                step=int(steps[i]),
+                metric=metric,
+                value=v,
+                severity=CRITICAL,
+                details={"support": {"nonfinite": "training"}},
+                evidence=[
+                    f"{metric} is {word} at step {int(steps[i])}; the step is kept out of every baseline and "
+                    "reported on its own."
+                ],
+                next_step=f"Check step {int(steps[i])}'s batch and the optimizer state before it (overflow, a bad "
+                "sample, a too-high learning rate): NaN/inf values usually mean the numbers broke, not the data.",
+            )
+        )
     return out
 
 

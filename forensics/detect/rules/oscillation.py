@@ -86,7 +86,7 @@ def fold_share(values: np.ndarray, period: int) -> float:
     phase = np.arange(n) % period
     sums = np.bincount(phase, weights=centred, minlength=period)
     counts = np.bincount(phase, minlength=period)
-    return min(1.0, float((sums ** 2 / counts).sum()) / total)
+    return min(1.0, float((sums**2 / counts).sum()) / total)
 
 
 def _adjusted(share: float, n: int, groups: int) -> float:
@@ -190,7 +190,7 @@ def local_background(power: np.ndarray, half_width: int = 25, gap: int = 2) -> t
         var = sxx - sx * sx / s1
         slope = np.where(var > 1e-12, (sxy - sx * sy / s1) / var, 0.0)
         fit = sy / s1 + slope * (lx - sx / s1)
-        pred_var = (np.pi ** 2 / 6) * (1.0 / s1 + np.where(var > 1e-12, (lx - sx / s1) ** 2 / var, 0.0))
+        pred_var = (np.pi**2 / 6) * (1.0 / s1 + np.where(var > 1e-12, (lx - sx / s1) ** 2 / var, 0.0))
     out[1:] = np.exp(fit + np.euler_gamma)
     log_var[1:] = pred_var
     return out, log_var
@@ -209,8 +209,9 @@ def line_p_value(ratio: float, log_var: float) -> float:
     return float(np.sum(w * np.exp(-ratio * np.exp(eps - log_var / 2))) / math.sqrt(math.pi))
 
 
-def spectral_peak(residual: np.ndarray, min_period: float, max_period: float,
-                  background_bins: int = 25) -> dict[str, float] | None:
+def spectral_peak(
+    residual: np.ndarray, min_period: float, max_period: float, background_bins: int = 25
+) -> dict[str, float] | None:
     """The strongest periodogram line between ``min_period`` and ``max_period`` steps against its local background:
     ``k`` (cycles per series), ``period`` (``n / k``), ``ratio`` (power over the local background), ``p_value``
     (family-wise over the ``n_tested`` lines). None when no line lies in the range."""
@@ -224,7 +225,7 @@ def spectral_peak(residual: np.ndarray, min_period: float, max_period: float,
     ratio = np.zeros(len(power))
     ok = np.isfinite(background) & (background > 0)
     ratio[ok] = power[ok] / background[ok]
-    k = k_lo + int(np.argmax(ratio[k_lo:k_hi + 1]))
+    k = k_lo + int(np.argmax(ratio[k_lo : k_hi + 1]))
     m = k_hi - k_lo + 1
     p_one = min(1.0, line_p_value(float(ratio[k]), float(log_var[k])))
     p = -math.expm1(m * math.log1p(-p_one)) if p_one < 1 else 1.0
@@ -306,10 +307,20 @@ def detect_oscillation(
     n = len(series)
     shares = _variance_shares(metrics, tags, metric)
     out: dict[str, Any] = {
-        "detected": False, **shares, "period": None, "strength": None, "strength_beyond_bucket": None,
-        "aligned_with": None, "p_value": None,
-        "autocorrelation": None, "candidate_period": None, "explained_by": {}, "metric": metric, "window": None,
-        "evidence": [], "next_step": None,
+        "detected": False,
+        **shares,
+        "period": None,
+        "strength": None,
+        "strength_beyond_bucket": None,
+        "aligned_with": None,
+        "p_value": None,
+        "autocorrelation": None,
+        "candidate_period": None,
+        "explained_by": {},
+        "metric": metric,
+        "window": None,
+        "evidence": [],
+        "next_step": None,
     }
     w = int(window) if window else default_window(n)
     max_p = int(max_period) if max_period else min(w // 2, n // max(min_cycles, 1))
@@ -338,15 +349,21 @@ def detect_oscillation(
     beyond = fold_share(residual - offsets[BUCKET], period) if BUCKET in offsets else float("nan")
     strength = float(np.nanmax([raw, beyond])) if np.isfinite([raw, beyond]).any() else float("nan")
     cycles = n / period
-    detected = bool(peak["p_value"] < alpha and np.isfinite(strength) and strength >= min_strength
-                    and cycles >= min_cycles)
+    detected = bool(
+        peak["p_value"] < alpha and np.isfinite(strength) and strength >= min_strength and cycles >= min_cycles
+    )
     acf = _autocorrelation(residual, period)
-    out.update({
-        "detected": detected, "candidate_period": int(period), "p_value": peak["p_value"],
-        "strength": _share_or_none(strength), "strength_beyond_bucket": _share_or_none(beyond),
-        "autocorrelation": _share_or_none(acf),
-        "period": int(period) if detected else None,
-    })
+    out.update(
+        {
+            "detected": detected,
+            "candidate_period": int(period),
+            "p_value": peak["p_value"],
+            "strength": _share_or_none(strength),
+            "strength_beyond_bucket": _share_or_none(beyond),
+            "autocorrelation": _share_or_none(acf),
+            "period": int(period) if detected else None,
+        }
+    )
     align = _alignment(residual, offsets, period, raw) if detected else {}
     out["explained_by"] = {g: a["explained"] for g, a in align.items()}
     aligned = [g for g, a in align.items() if a["aligned"]]
@@ -361,8 +378,12 @@ def _variance_shares(metrics: pd.DataFrame, tags: pd.DataFrame | None, metric: s
     """The shares of the detrended variance the bucket, the cluster and the whole composition explain
     (:func:`forensics.detect.evidence.expected_loss.variance_shares`: ``composition_variance_share`` and
     ``variance_share_by_tag``, each tag alone)."""
-    shares: dict[str, Any] = {"bucket_variance_share": None, "cluster_variance_share": None,
-                              "composition_variance_share": None, "variance_share_by_tag": {}}
+    shares: dict[str, Any] = {
+        "bucket_variance_share": None,
+        "cluster_variance_share": None,
+        "composition_variance_share": None,
+        "variance_share_by_tag": {},
+    }
     if tags is None:
         return shares
     for col, key in ((BUCKET, "bucket_variance_share"), (CLUSTER, "cluster_variance_share")):
@@ -370,8 +391,9 @@ def _variance_shares(metrics: pd.DataFrame, tags: pd.DataFrame | None, metric: s
             shares[key] = _share_or_none(bucket_variance_share(metrics, tags, metric, group=col))
     rows = metrics.loc[written(metrics, metric)] if metric in metrics.columns else metrics.iloc[:0]
     rows = rows.sort_values(STEP, kind="stable")
-    total, by_tag = composition_shares(rows[metric].to_numpy(np.float64, na_value=np.nan),
-                                       rows[STEP].to_numpy(np.int64), tags)
+    total, by_tag = composition_shares(
+        rows[metric].to_numpy(np.float64, na_value=np.nan), rows[STEP].to_numpy(np.int64), tags
+    )
     shares["composition_variance_share"] = _share_or_none(total)
     shares["variance_share_by_tag"] = {k: _share_or_none(v) for k, v in by_tag.items()}
     return shares
@@ -397,8 +419,9 @@ def _group_offsets(residual: np.ndarray, grid: np.ndarray, tags: pd.DataFrame) -
     return out
 
 
-def _alignment(residual: np.ndarray, offsets: dict[str, np.ndarray], period: int,
-               strength: float) -> dict[str, dict[str, Any]]:
+def _alignment(
+    residual: np.ndarray, offsets: dict[str, np.ndarray], period: int, strength: float
+) -> dict[str, dict[str, Any]]:
     """Per tags column: how much of the period-P profile its offsets explain, and whether its offset sequence itself
     repeats with period P."""
     out = {}
@@ -410,24 +433,43 @@ def _alignment(residual: np.ndarray, offsets: dict[str, np.ndarray], period: int
         out[col] = {
             "explained": _share_or_none(explained),
             "sequence_periodic": _share_or_none(periodic),
-            "aligned": bool(np.isfinite(explained) and explained >= ALIGN_EXPLAINED
-                            and np.isfinite(periodic) and periodic >= ALIGN_PERIODIC),
+            "aligned": bool(
+                np.isfinite(explained)
+                and explained >= ALIGN_EXPLAINED
+                and np.isfinite(periodic)
+                and periodic >= ALIGN_PERIODIC
+            ),
         }
     return out
 
 
-def _evidence(out: dict[str, Any], peak: dict[str, float], period: int, raw: float, cycles: float, acf: float,
-              align: dict[str, dict[str, Any]], min_strength: float, alpha: float, w: int, n: int) -> list[str]:
+def _evidence(
+    out: dict[str, Any],
+    peak: dict[str, float],
+    period: int,
+    raw: float,
+    cycles: float,
+    acf: float,
+    align: dict[str, dict[str, Any]],
+    min_strength: float,
+    alpha: float,
+    w: int,
+    n: int,
+) -> list[str]:
     metric, strength, beyond = out["metric"], out["strength"], out["strength_beyond_bucket"]
-    ev = [f"Strongest periodic line of {metric} around its rolling median ({w} steps): period {period} steps "
-          f"({cycles:.0f} cycles in {n} steps), {peak['ratio']:.1f}x the local spectral background "
-          f"(p = {_p(peak['p_value'])} over {int(peak['n_tested'])} periods tested); its profile holds "
-          f"{_pct(raw)} of the detrended variance" + (f" ({_pct(beyond)} of what the bucket leaves)"
-                                                       if beyond is not None else "")
-          + f", autocorrelation at lag {period} {acf:+.2f}."]
+    ev = [
+        f"Strongest periodic line of {metric} around its rolling median ({w} steps): period {period} steps "
+        f"({cycles:.0f} cycles in {n} steps), {peak['ratio']:.1f}x the local spectral background "
+        f"(p = {_p(peak['p_value'])} over {int(peak['n_tested'])} periods tested); its profile holds "
+        f"{_pct(raw)} of the detrended variance"
+        + (f" ({_pct(beyond)} of what the bucket leaves)" if beyond is not None else "")
+        + f", autocorrelation at lag {period} {acf:+.2f}."
+    ]
     if out["detected"]:
-        ev.append(f"The loss swings with a period of {period} steps (p < {alpha:g}, at least "
-                  f"{_pct(min_strength)} of the variance).")
+        ev.append(
+            f"The loss swings with a period of {period} steps (p < {alpha:g}, at least "
+            f"{_pct(min_strength)} of the variance)."
+        )
     else:
         why = []
         if peak["p_value"] >= alpha:
@@ -436,16 +478,22 @@ def _evidence(out: dict[str, Any], peak: dict[str, float], period: int, raw: flo
             why.append(f"the periodic part is {_pct(strength)} of the variance (< {_pct(min_strength)})")
         ev.append("No oscillation: " + "; ".join(why or ["fewer cycles than required"]) + ".")
     for col, a in align.items():
-        ev.append(f"The step's {col} offsets explain {_pct(a['explained'])} of the period-{period} profile; the "
-                  f"{col} sequence itself repeats with that period to {_pct(a['sequence_periodic'])}.")
+        ev.append(
+            f"The step's {col} offsets explain {_pct(a['explained'])} of the period-{period} profile; the "
+            f"{col} sequence itself repeats with that period to {_pct(a['sequence_periodic'])}."
+        )
     share = out.get("bucket_variance_share")
     if share is not None:
         if out["detected"] and out["aligned_with"] == BUCKET:
-            ev.append(f"The buckets come in a cycle: the bucket explains {_pct(share)} of the jumpiness and its "
-                      f"levels repeat every {period} steps.")
+            ev.append(
+                f"The buckets come in a cycle: the bucket explains {_pct(share)} of the jumpiness and its "
+                f"levels repeat every {period} steps."
+            )
         elif not out["detected"] and share >= 0.2:
-            ev.append(f"The bucket explains {_pct(share)} of the detrended variance, in no periodic order: that "
-                      "jumpiness comes from the random order of single-bucket batches, not from an oscillation.")
+            ev.append(
+                f"The bucket explains {_pct(share)} of the detrended variance, in no periodic order: that "
+                "jumpiness comes from the random order of single-bucket batches, not from an oscillation."
+            )
         elif not out["detected"]:
             ev.append(f"The bucket explains only {_pct(share)} of the detrended variance.")
     return ev
@@ -456,10 +504,14 @@ def _next_step(out: dict[str, Any], period: int) -> str | None:
         return None
     if out["aligned_with"] in (BUCKET, CLUSTER):
         g = out["aligned_with"]
-        return (f"The sampler visits the {g}s in a fixed cycle of {period} steps: shuffle the batch order across "
-                f"{g}s every epoch (or mix {g}s inside each batch) so that their levels stop adding up to a swing.")
-    return (f"Look for something that repeats every {period} steps outside the batch mix: data shards or files "
-            "read in a cycle, an lr schedule with restarts, evaluation or checkpointing that disturbs training.")
+        return (
+            f"The sampler visits the {g}s in a fixed cycle of {period} steps: shuffle the batch order across "
+            f"{g}s every epoch (or mix {g}s inside each batch) so that their levels stop adding up to a swing."
+        )
+    return (
+        f"Look for something that repeats every {period} steps outside the batch mix: data shards or files "
+        "read in a cycle, an lr schedule with restarts, evaluation or checkpointing that disturbs training."
+    )
 
 
 class OscillationRule(Rule):
@@ -472,13 +524,25 @@ class OscillationRule(Rule):
     """
 
     name = "oscillation"
-    parameter_constraints = {"window": positive("int", none=True), "min_period": positive("int"),
-                             "max_period": positive("int", none=True), "alpha": Param(low=0, low_open=True, high=1),
-                             "min_strength": fraction(), "min_cycles": positive()}
+    parameter_constraints = {
+        "window": positive("int", none=True),
+        "min_period": positive("int"),
+        "max_period": positive("int", none=True),
+        "alpha": Param(low=0, low_open=True, high=1),
+        "min_strength": fraction(),
+        "min_cycles": positive(),
+    }
     section_name = "oscillation"
 
-    def __init__(self, window: int | None = None, min_period: int = 2, max_period: int | None = None,
-                 alpha: float = 0.01, min_strength: float = 0.05, min_cycles: int = 4) -> None:
+    def __init__(
+        self,
+        window: int | None = None,
+        min_period: int = 2,
+        max_period: int | None = None,
+        alpha: float = 0.01,
+        min_strength: float = 0.05,
+        min_cycles: int = 4,
+    ) -> None:
         self.window = window
         self.min_period = min_period
         self.max_period = max_period
@@ -488,17 +552,37 @@ class OscillationRule(Rule):
 
     def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
-        osc = detect_oscillation(run.metrics, run.tags, run.loss_key, window=self.window, min_period=self.min_period,
-                                 max_period=self.max_period, alpha=self.alpha, min_strength=self.min_strength,
-                                 min_cycles=self.min_cycles)
+        osc = detect_oscillation(
+            run.metrics,
+            run.tags,
+            run.loss_key,
+            window=self.window,
+            min_period=self.min_period,
+            max_period=self.max_period,
+            alpha=self.alpha,
+            min_strength=self.min_strength,
+            min_cycles=self.min_cycles,
+        )
         self.section_ = osc
         if not osc.get("detected"):
             return []
         steps = run.metrics["step"]
-        return [Finding(kind="oscillation", step=int(steps.iloc[0]), end_step=int(steps.iloc[-1]),
-                        metric=run.loss_key, evidence=list(osc.get("evidence") or []), next_step=osc.get("next_step"),
-                        details={"period": osc.get("period"), "strength": osc.get("strength"),
-                                 "confidence": 1.0 - float(osc.get("p_value") or 0.0),
-                                 # a periodic line the buckets (or clusters) explain is the batch mix, not a fault
-                                 "support": ({"explained": str(osc["aligned_with"])}
-                                             if osc.get("aligned_with") in (BUCKET, CLUSTER) else {})})]
+        return [
+            Finding(
+                kind="oscillation",
+                step=int(steps.iloc[0]),
+                end_step=int(steps.iloc[-1]),
+                metric=run.loss_key,
+                evidence=list(osc.get("evidence") or []),
+                next_step=osc.get("next_step"),
+                details={
+                    "period": osc.get("period"),
+                    "strength": osc.get("strength"),
+                    "confidence": 1.0 - float(osc.get("p_value") or 0.0),
+                    # a periodic line the buckets (or clusters) explain is the batch mix, not a fault
+                    "support": (
+                        {"explained": str(osc["aligned_with"])} if osc.get("aligned_with") in (BUCKET, CLUSTER) else {}
+                    ),
+                },
+            )
+        ]

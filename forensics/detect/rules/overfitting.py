@@ -27,8 +27,16 @@ from forensics.schema.steps import step_span
 MIN_EVALS = 5
 
 
-def find_overfitting(steps: np.ndarray, values: np.ndarray, train_steps: np.ndarray, train: np.ndarray, *,
-                     rise: float, z: float, min_after: int) -> dict[str, Any] | None:
+def find_overfitting(
+    steps: np.ndarray,
+    values: np.ndarray,
+    train_steps: np.ndarray,
+    train: np.ndarray,
+    *,
+    rise: float,
+    z: float,
+    min_after: int,
+) -> dict[str, Any] | None:
     """The eval minimum and the rise after it (module docstring), or None."""
     b = int(np.argmin(values))
     after = len(values) - b - 1
@@ -45,8 +53,15 @@ def find_overfitting(steps: np.ndarray, values: np.ndarray, train_steps: np.ndar
     late = train[train_steps >= steps[-min_after]]
     if not len(around) or not len(late) or np.median(late) >= np.median(around):
         return None
-    return {"best_index": b, "best": float(values[b]), "level": level, "margin": margin, "noise": noise,
-            "train_at_best": float(np.median(around)), "train_late": float(np.median(late))}
+    return {
+        "best_index": b,
+        "best": float(values[b]),
+        "level": level,
+        "margin": margin,
+        "noise": noise,
+        "train_at_best": float(np.median(around)),
+        "train_late": float(np.median(late)),
+    }
 
 
 class OverfittingRule(Rule):
@@ -74,8 +89,9 @@ class OverfittingRule(Rule):
             self.section_ = judged_section(run, self.name, False, why if train is not None else "no loss")
             return []
         self.section_ = judged_section(run, self.name, True, metric=ev.name)
-        hit = find_overfitting(ev.steps, ev.values, train.steps, train.values, rise=self.rise, z=self.z,
-                               min_after=self.min_after)
+        hit = find_overfitting(
+            ev.steps, ev.values, train.steps, train.values, rise=self.rise, z=self.z, min_after=self.min_after
+        )
         if hit is None:
             return []
         best = int(ev.steps[hit["best_index"]])
@@ -84,16 +100,39 @@ class OverfittingRule(Rule):
             kept = [(s, p) for s, p in run.checkpoints if s <= best + 1]  # checkpoint N: after N updates
             keep = kept[-1] if kept else None
         where = step_span(best, offset=run.logged_offset)
-        summary = (f"{ev.name} turned up after its minimum {hit['best']:.4g} at {where} (to {hit['level']:.4g} over "
-                   f"the last {self.min_after} evals) while {run.loss_key} kept falling ({hit['train_at_best']:.4g} "
-                   f"-> {hit['train_late']:.4g}): overfitting.")
+        summary = (
+            f"{ev.name} turned up after its minimum {hit['best']:.4g} at {where} (to {hit['level']:.4g} over "
+            f"the last {self.min_after} evals) while {run.loss_key} kept falling ({hit['train_at_best']:.4g} "
+            f"-> {hit['train_late']:.4g}): overfitting."
+        )
         keep_words = f"checkpoint {keep[1]} (step {keep[0]})" if keep else f"the model of {where}"
-        next_step = (f"Keep {keep_words}; stop earlier, or add data or regularisation (weight decay, dropout) "
-                     "before training this long.")
-        details = {"onset_step": best, "best_step": best, "metric": ev.name, "best_value": round(hit["best"], 6),
-                   "level": round(hit["level"], 6), "train_at_best": round(hit["train_at_best"], 6),
-                   "train_late": round(hit["train_late"], 6), "best_checkpoint": keep[1] if keep else None,
-                   "support": {"moved": True}, "confidence": 0.8}
-        return [Finding(kind="overfitting", step=best, metric=ev.name, end_step=int(ev.steps[-1]),
-                        value=round(hit["level"], 6), baseline=round(hit["best"], 6), evidence=[summary],
-                        next_step=next_step, details=details, confidence=0.8)]
+        next_step = (
+            f"Keep {keep_words}; stop earlier, or add data or regularisation (weight decay, dropout) "
+            "before training this long."
+        )
+        details = {
+            "onset_step": best,
+            "best_step": best,
+            "metric": ev.name,
+            "best_value": round(hit["best"], 6),
+            "level": round(hit["level"], 6),
+            "train_at_best": round(hit["train_at_best"], 6),
+            "train_late": round(hit["train_late"], 6),
+            "best_checkpoint": keep[1] if keep else None,
+            "support": {"moved": True},
+            "confidence": 0.8,
+        }
+        return [
+            Finding(
+                kind="overfitting",
+                step=best,
+                metric=ev.name,
+                end_step=int(ev.steps[-1]),
+                value=round(hit["level"], 6),
+                baseline=round(hit["best"], 6),
+                evidence=[summary],
+                next_step=next_step,
+                details=details,
+                confidence=0.8,
+            )
+        ]

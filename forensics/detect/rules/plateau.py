@@ -39,8 +39,16 @@ FLOOR = "floor"
 MIN_VALUES = 50
 
 
-def find_plateau(steps: np.ndarray, values: np.ndarray, *, share: float, min_drop: float, tail_share: float,
-                 flat_ratio: float, z: float) -> dict[str, Any] | None:
+def find_plateau(
+    steps: np.ndarray,
+    values: np.ndarray,
+    *,
+    share: float,
+    min_drop: float,
+    tail_share: float,
+    flat_ratio: float,
+    z: float,
+) -> dict[str, Any] | None:
     """``{problem: not_learning | plateau, start_index, level}`` (module docstring), or None."""
     n = len(values)
     k = max(5, int(share * n))
@@ -52,13 +60,15 @@ def find_plateau(steps: np.ndarray, values: np.ndarray, *, share: float, min_dro
     t = max(int(tail_share * n), 2 * k)
     if 2 * t > n:
         return None
-    a, b, c = (float(np.median(values[i - k // 2:i + k // 2 + 1])) for i in (n - 2 * t + k // 2, n - t, n - 1 - k // 2))
+    a, b, c = (
+        float(np.median(values[i - k // 2 : i + k // 2 + 1])) for i in (n - 2 * t + k // 2, n - t, n - 1 - k // 2)
+    )
     before, tail = a - b, b - c
     if before <= z * noise or tail >= flat_ratio * before:
         return None
     # the start: the last point of the stretch before the tail where the median still fell by more than the noise
     start = n - t
-    while start > n - 2 * t and float(np.median(values[max(start - k, 0):start])) - b <= z * noise:
+    while start > n - 2 * t and float(np.median(values[max(start - k, 0) : start])) - b <= z * noise:
         start -= k // 2 or 1
     return {"problem": "plateau", "start_index": int(start), "level": float(np.median(values[-k:]))}
 
@@ -72,11 +82,22 @@ class PlateauRule(Rule):
 
     name = "plateau"
     section_name = HEALTH
-    parameter_constraints = {"share": fraction(), "min_drop": fraction(), "tail_share": fraction(),
-                             "flat_ratio": fraction(), "z": positive()}
+    parameter_constraints = {
+        "share": fraction(),
+        "min_drop": fraction(),
+        "tail_share": fraction(),
+        "flat_ratio": fraction(),
+        "z": positive(),
+    }
 
-    def __init__(self, share: float = 0.05, min_drop: float = 0.05, tail_share: float = 0.25, flat_ratio: float = 0.1,
-                 z: float = 6.0) -> None:
+    def __init__(
+        self,
+        share: float = 0.05,
+        min_drop: float = 0.05,
+        tail_share: float = 0.25,
+        flat_ratio: float = 0.1,
+        z: float = 6.0,
+    ) -> None:
         self.share = share
         self.min_drop = min_drop
         self.tail_share = tail_share
@@ -90,8 +111,15 @@ class PlateauRule(Rule):
             self.section_ = judged_section(run, self.name, False, f"fewer than {MIN_VALUES} finite loss values")
             return []
         self.section_ = judged_section(run, self.name, True)
-        hit = find_plateau(loss.steps, loss.values, share=self.share, min_drop=self.min_drop,
-                           tail_share=self.tail_share, flat_ratio=self.flat_ratio, z=self.z)
+        hit = find_plateau(
+            loss.steps,
+            loss.values,
+            share=self.share,
+            min_drop=self.min_drop,
+            tail_share=self.tail_share,
+            flat_ratio=self.flat_ratio,
+            z=self.z,
+        )
         if hit is None:
             return []
         start, end = int(loss.steps[hit["start_index"]]), int(loss.steps[-1])
@@ -102,20 +130,48 @@ class PlateauRule(Rule):
         where = step_span(start, end, offset=run.logged_offset)
         lr_text = lr_words(lr_at, peak)
         if hit["problem"] == "not_learning":
-            summary = (f"{run.loss_key} never left its starting level {hit['level']:.4g} over {where}: the run is not "
-                       "learning" + (f" ({lr_text})" if lr_text else "") + ".")
+            summary = (
+                f"{run.loss_key} never left its starting level {hit['level']:.4g} over {where}: the run is not "
+                "learning" + (f" ({lr_text})" if lr_text else "") + "."
+            )
         else:
-            summary = (f"{run.loss_key} stopped falling at {hit['level']:.4g} over {where}, far sooner than its own "
-                       "trend" + (f" ({lr_text})" if lr_text else "") + ".")
+            summary = (
+                f"{run.loss_key} stopped falling at {hit['level']:.4g} over {where}, far sooner than its own "
+                "trend" + (f" ({lr_text})" if lr_text else "") + "."
+            )
         if state in ("zero", "tiny"):
-            next_step = ("The learning rate is as good as zero there: check the scheduler (its length, a resume that "
-                         "restored a finished schedule) and the optimizer's param groups.")
+            next_step = (
+                "The learning rate is as good as zero there: check the scheduler (its length, a resume that "
+                "restored a finished schedule) and the optimizer's param groups."
+            )
         else:
-            next_step = ("The learning rate is not the reason: check that gradients reach the weights (frozen "
-                         "parameters, a detached loss, labels masked out) and that the data is not constant.")
-        details = {"problem": hit["problem"], "start_step": start, "end_step": end, "level": round(hit["level"], 6),
-                   "lr": lr_at, "lr_peak": peak, "lr_state": state, "support": {"moved": True}, "confidence": 0.7}
+            next_step = (
+                "The learning rate is not the reason: check that gradients reach the weights (frozen "
+                "parameters, a detached loss, labels masked out) and that the data is not constant."
+            )
+        details = {
+            "problem": hit["problem"],
+            "start_step": start,
+            "end_step": end,
+            "level": round(hit["level"], 6),
+            "lr": lr_at,
+            "lr_peak": peak,
+            "lr_state": state,
+            "support": {"moved": True},
+            "confidence": 0.7,
+        }
         if hit["problem"] == "plateau" and state not in ("zero", "tiny"):
             details["support"]["explained"] = FLOOR  # at a fine rate a flat tail may be the data's floor
-        return [Finding(kind="plateau", step=start, metric=run.loss_key, end_step=end, value=round(hit["level"], 6),
-                        evidence=[summary], next_step=next_step, details=details, confidence=0.7)]
+        return [
+            Finding(
+                kind="plateau",
+                step=start,
+                metric=run.loss_key,
+                end_step=end,
+                value=round(hit["level"], 6),
+                evidence=[summary],
+                next_step=next_step,
+                details=details,
+                confidence=0.7,
+            )
+        ]

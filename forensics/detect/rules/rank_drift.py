@@ -45,7 +45,7 @@ def rank_metrics(columns: list[str]) -> dict[str, dict[int, str]]:
         m = _RANK.search(str(col))
         if not m:
             continue
-        base = (str(col)[:m.start()] + str(col)[m.end():]).strip("/_.- ")
+        base = (str(col)[: m.start()] + str(col)[m.end() :]).strip("/_.- ")
         base = re.sub(r"([/_.\- ])[/_.\- ]+", r"\1", base)
         out.setdefault(base, {})[int(m.group(1))] = col
     return {b: dict(sorted(r.items())) for b, r in out.items() if len(r) >= 2}
@@ -59,7 +59,7 @@ def drift_factors(values: pd.DataFrame, tail: float) -> dict[int, float]:
     v = v[ok]
     if len(v) == 0:
         return {}
-    v = v[len(v) - max(int(round(tail * len(v))), 1):]
+    v = v[len(v) - max(int(round(tail * len(v))), 1) :]
     out = {}
     for j, rank in enumerate(values.columns):
         others = np.median(np.delete(v, j, axis=1), axis=1)
@@ -81,7 +81,7 @@ def spiking_ranks(values: pd.DataFrame, steps: np.ndarray, peak_step: int, windo
     i = int(at[0])
     for rank in values.columns:
         col = values[rank].to_numpy(np.float64)
-        before = col[max(i - window, 0):i]
+        before = col[max(i - window, 0) : i]
         before = before[np.isfinite(before)]
         noise = noise_sd(col[:i])
         if len(before) >= 2 and noise > 0 and (col[i] - np.median(before)) / noise >= z:
@@ -99,7 +99,7 @@ def max_avg_pairs(columns: list[str]) -> dict[str, str]:
             if p.lower() != "max":
                 continue
             for avg in ("avg", "mean"):
-                twin = "".join(parts[:i] + [avg] + parts[i + 1:])
+                twin = "".join(parts[:i] + [avg] + parts[i + 1 :])
                 if twin in names:
                     out[twin] = col
     return out
@@ -107,7 +107,7 @@ def max_avg_pairs(columns: list[str]) -> dict[str, str]:
 
 def rise_at(values: np.ndarray, i: int, window: int) -> float:
     """``values[i]`` minus the median of the ``window`` finite values before it (NaN when fewer than two)."""
-    before = values[max(i - window, 0):i]
+    before = values[max(i - window, 0) : i]
     before = before[np.isfinite(before)]
     return float(values[i] - np.median(before)) if len(before) >= 2 and np.isfinite(values[i]) else float("nan")
 
@@ -121,11 +121,17 @@ class RankDriftRule(Rule):
     """
 
     name = "rank_drift"
-    parameter_constraints = {"factor": at_least(1.0), "tail": fraction(), "window": at_least(2, "int"),
-                             "z": positive(), "max_over_avg": at_least(1.0)}
+    parameter_constraints = {
+        "factor": at_least(1.0),
+        "tail": fraction(),
+        "window": at_least(2, "int"),
+        "z": positive(),
+        "max_over_avg": at_least(1.0),
+    }
 
-    def __init__(self, factor: float = 1.2, tail: float = 0.5, window: int = 20, z: float = 4.0,
-                 max_over_avg: float = 1.5) -> None:
+    def __init__(
+        self, factor: float = 1.2, tail: float = 0.5, window: int = 20, z: float = 4.0, max_over_avg: float = 1.5
+    ) -> None:
         self.max_over_avg = max_over_avg
         self.factor = factor
         self.tail = tail
@@ -140,8 +146,10 @@ class RankDriftRule(Rule):
         per_rank = rank_metrics(columns)
         if not per_rank:
             return []
-        tables = {b: pd.DataFrame({r: run.metrics[c].to_numpy(np.float64, na_value=np.nan) for r, c in cols.items()})
-                  for b, cols in per_rank.items()}
+        tables = {
+            b: pd.DataFrame({r: run.metrics[c].to_numpy(np.float64, na_value=np.nan) for r, c in cols.items()})
+            for b, cols in per_rank.items()
+        }
         self._mark_spikes(run, found or [], tables, steps)
         judged = [b for b in (choose_key(list(per_rank), STEP_TIME).key, choose_key(list(per_rank), "loss").key) if b]
         out = []
@@ -164,36 +172,63 @@ class RankDriftRule(Rule):
             max_rise = rise_at(run.metrics[top].to_numpy(np.float64, na_value=np.nan), int(at[0]), self.window)
             if avg_rise > 0 and max_rise >= self.max_over_avg * avg_rise:
                 f.tags["on_some_ranks"] = True
-                f.evidence.append(f"{top} rose {max_rise:.4g} at the peak while {f.metric} rose {avg_rise:.4g}: the "
-                                  "spike is on some ranks only.")
+                f.evidence.append(
+                    f"{top} rose {max_rise:.4g} at the peak while {f.metric} rose {avg_rise:.4g}: the "
+                    "spike is on some ranks only."
+                )
 
-    def _mark_spikes(self, run: RunTables, found: list[Finding], tables: dict[str, pd.DataFrame],
-                     steps: np.ndarray) -> None:
+    def _mark_spikes(
+        self, run: RunTables, found: list[Finding], tables: dict[str, pd.DataFrame], steps: np.ndarray
+    ) -> None:
         for f in found:
             if f.kind != "spike" or f.metric is None:
                 continue
             base = f.metric if f.metric in tables else next((b for b in tables if _same_metric(b, f.metric)), None)
             if base is None:
                 continue
-            ranks = spiking_ranks(tables[base], steps, int(f.peak_step if f.peak_step is not None else f.step),
-                                  int(self.window), float(self.z))
+            ranks = spiking_ranks(
+                tables[base],
+                steps,
+                int(f.peak_step if f.peak_step is not None else f.step),
+                int(self.window),
+                float(self.z),
+            )
             if ranks and len(ranks) < tables[base].shape[1]:
                 f.tags["ranks"] = ranks
-                f.evidence.append(f"The spike is on rank{'s' if len(ranks) > 1 else ''} "
-                                  f"{', '.join(map(str, ranks))} only (of {tables[base].shape[1]}).")
+                f.evidence.append(
+                    f"The spike is on rank{'s' if len(ranks) > 1 else ''} "
+                    f"{', '.join(map(str, ranks))} only (of {tables[base].shape[1]})."
+                )
 
-    def _finding(self, run: RunTables, base: str, rank: int, factor: float, factors: dict[int, float],
-                 steps: np.ndarray) -> Finding:
+    def _finding(
+        self, run: RunTables, base: str, rank: int, factor: float, factors: dict[int, float], steps: np.ndarray
+    ) -> Finding:
         start = int(steps[len(steps) - max(int(round(self.tail * len(steps))), 1)])
-        summary = (f"rank {rank}'s {base} runs {factor:.2f}x the other ranks' median over the run's last "
-                   f"{self.tail:.0%} (from step {start}).")
+        summary = (
+            f"rank {rank}'s {base} runs {factor:.2f}x the other ranks' median over the run's last "
+            f"{self.tail:.0%} (from step {start})."
+        )
         return Finding(
-            kind="rank_drift", step=start, metric=base, end_step=int(steps[-1]), value=factor,
-            confidence=0.9, evidence=[summary], tags={"ranks": [rank]},
-            next_step=(f"Look at rank {rank}'s host (a slow or throttled GPU, a busy data loader, a different data "
-                       "shard) and its own logs around the steps where it parted from the others."),
-            details={"rank": rank, "metric": base, "factor": round(factor, 4),
-                     "factors": {str(r): round(v, 4) for r, v in factors.items()}, "support": {}})
+            kind="rank_drift",
+            step=start,
+            metric=base,
+            end_step=int(steps[-1]),
+            value=factor,
+            confidence=0.9,
+            evidence=[summary],
+            tags={"ranks": [rank]},
+            next_step=(
+                f"Look at rank {rank}'s host (a slow or throttled GPU, a busy data loader, a different data "
+                "shard) and its own logs around the steps where it parted from the others."
+            ),
+            details={
+                "rank": rank,
+                "metric": base,
+                "factor": round(factor, 4),
+                "factors": {str(r): round(v, 4) for r, v in factors.items()},
+                "support": {},
+            },
+        )
 
 
 def _same_metric(base: str, metric: str) -> bool:

@@ -41,14 +41,16 @@ from forensics.stats import MAD_TO_SD, detrend, hypergeom_sf
 
 MIN_JACCARD = 0.8
 
+
 def _check_plan(plan: pd.DataFrame) -> None:
     for col in (STEP, SAMPLE_ID):
         if col not in plan.columns:
             raise ForensicsError(f"plan: missing column '{col}' (map (epoch, batch_id) plans to steps first)")
 
 
-def step_baseline(metrics: pd.DataFrame, metric: str, tags: pd.DataFrame | None = None,
-                  window: int = 101) -> pd.DataFrame:
+def step_baseline(
+    metrics: pd.DataFrame, metric: str, tags: pd.DataFrame | None = None, window: int = 101
+) -> pd.DataFrame:
     """Per metrics row: ``step``, ``value``, ``baseline`` (rolling median + the bucket's median residual when tags
     have ``bucket``) and ``spread`` (robust SD of the residual in the step's bucket, or overall)."""
     if metric not in metrics.columns:
@@ -65,10 +67,14 @@ def step_baseline(metrics: pd.DataFrame, metric: str, tags: pd.DataFrame | None 
     med = frame[ok].groupby("g")["r"].median()
     spread = frame[ok].assign(d=lambda f: (f["r"] - f["g"].map(med)).abs()).groupby("g")["d"].median() * MAD_TO_SD
     offset = frame["g"].map(med).fillna(0.0).to_numpy(np.float64)
-    return pd.DataFrame({
-        STEP: steps, "value": values, "baseline": values - r + offset,
-        "spread": frame["g"].map(spread).to_numpy(np.float64, na_value=np.nan),
-    })
+    return pd.DataFrame(
+        {
+            STEP: steps,
+            "value": values,
+            "baseline": values - r + offset,
+            "spread": frame["g"].map(spread).to_numpy(np.float64, na_value=np.nan),
+        }
+    )
 
 
 def _view(plan: pd.DataFrame | PlanView) -> PlanView:
@@ -114,13 +120,17 @@ def batch_recurrence(
         metric = metric or find_loss_key(metrics.columns)
         base = step_baseline(metrics, metric, tags, window).set_index(STEP)
     # (spike index, sample id) pairs of every spike batch, then every step holding any of those samples
-    peaks = pd.DataFrame({"spike": np.arange(len(spans), dtype=np.int64),
-                          STEP: np.array([p for _, _, p in spans], dtype=np.int64)})
-    pairs_df = (peaks.merge(view.rows_at(peaks[STEP])[[STEP, SAMPLE_ID]], on=STEP)
-                [["spike", SAMPLE_ID]].drop_duplicates().sort_values(["spike", SAMPLE_ID], kind="stable"))
+    peaks = pd.DataFrame(
+        {"spike": np.arange(len(spans), dtype=np.int64), STEP: np.array([p for _, _, p in spans], dtype=np.int64)}
+    )
+    pairs_df = (
+        peaks.merge(view.rows_at(peaks[STEP])[[STEP, SAMPLE_ID]], on=STEP)[["spike", SAMPLE_ID]]
+        .drop_duplicates()
+        .sort_values(["spike", SAMPLE_ID], kind="stable")
+    )
     n_a = pairs_df.groupby("spike")[SAMPLE_ID].size()
     hits = view.rows_holding(pairs_df[SAMPLE_ID].unique())
-    inter = (hits.merge(pairs_df, on=SAMPLE_ID).groupby(["spike", STEP]).size().rename("shared").reset_index())
+    inter = hits.merge(pairs_df, on=SAMPLE_ID).groupby(["spike", STEP]).size().rename("shared").reset_index()
     inter["n_a"] = inter["spike"].map(n_a).to_numpy(np.int64)
     # a step's Jaccard with a batch is at most shared / n_a (it holds the shared samples): only the steps that can
     # reach min_jaccard are read whole, for their batch size and epoch
@@ -137,18 +147,28 @@ def batch_recurrence(
         rows = []
         for r in rec.itertuples(index=False):
             step = int(getattr(r, STEP))
-            row = {"step": step, "epoch": int(epoch_of.get(step, -1)), "jaccard": float(r.jaccard),
-                   "overlap": float(r.overlap), "shared": int(r.shared),
-                   "is_spike": any(a <= step <= b for a, b in spike_steps)}
+            row = {
+                "step": step,
+                "epoch": int(epoch_of.get(step, -1)),
+                "jaccard": float(r.jaccard),
+                "overlap": float(r.overlap),
+                "shared": int(r.shared),
+                "is_spike": any(a <= step <= b for a, b in spike_steps),
+            }
             row.update(_loss_at(base, step))
             rows.append(row)
         own = _loss_at(base, peak)
         item = {
-            "step": start, "peak_step": peak, "epoch": int(epoch_of.get(peak, -1)),
+            "step": start,
+            "peak_step": peak,
+            "epoch": int(epoch_of.get(peak, -1)),
             "batch_size": int(n_a.get(i, 0)),
             "sample_ids": pairs_df.loc[pairs_df["spike"] == i, SAMPLE_ID].astype(int).tolist(),
-            "value": own["value"], "baseline": own["baseline"], "ratio": own["ratio"],
-            "recurrences": rows, "n_recurrences": len(rows),
+            "value": own["value"],
+            "baseline": own["baseline"],
+            "ratio": own["ratio"],
+            "recurrences": rows,
+            "n_recurrences": len(rows),
             "epochs": sorted({r["epoch"] for r in rows}),
         }
         item["evidence"] = _recurrence_sentence(item, metric, min_jaccard)
@@ -166,17 +186,21 @@ def _loss_at(base: pd.DataFrame | None, step: int) -> dict[str, float | None]:
         return {**empty, "value": value, "baseline": baseline if np.isfinite(baseline) else None}
     excess = value - baseline
     return {
-        "value": value, "baseline": baseline,
+        "value": value,
+        "baseline": baseline,
         "ratio": value / baseline if np.isfinite(baseline) and baseline != 0 else None,
-        "excess": excess, "score": excess / spread if np.isfinite(spread) and spread > 0 else None,
+        "excess": excess,
+        "score": excess / spread if np.isfinite(spread) and spread > 0 else None,
     }
 
 
 def _recurrence_sentence(item: dict[str, Any], metric: str | None, min_jaccard: float) -> str:
     rows = item["recurrences"]
     if not rows:
-        return (f"The batch of step {item['peak_step']} ({item['batch_size']} samples) was not trained again "
-                f"(no other step's batch has a Jaccard similarity of {min_jaccard:.2g} or more with it).")
+        return (
+            f"The batch of step {item['peak_step']} ({item['batch_size']} samples) was not trained again "
+            f"(no other step's batch has a Jaccard similarity of {min_jaccard:.2g} or more with it)."
+        )
     where = ", ".join(f"{r['step']}" + (f" (epoch {r['epoch']})" if r["epoch"] >= 0 else "") for r in rows[:8])
     more = f" and {len(rows) - 8} more" if len(rows) > 8 else ""
     text = f"The same batch as step {item['peak_step']} came back at steps {where}{more}"
@@ -216,13 +240,11 @@ def sample_enrichment(
     n_total, m = view.tested(steps)
     n_draw = len(peaks)
     in_spikes = p[p[STEP].isin(peaks)]
-    cols = [SAMPLE_ID, "n_spike_batches", "spike_steps", "n_steps", "expected", "p_value", "p_bonferroni",
-            "q_value"]
+    cols = [SAMPLE_ID, "n_spike_batches", "spike_steps", "n_steps", "expected", "p_value", "p_bonferroni", "q_value"]
     if in_spikes.empty:
         return pd.DataFrame({c: pd.Series([], dtype=object if c == "spike_steps" else float) for c in cols})
     by_sample = in_spikes.sort_values(STEP, kind="stable").groupby(SAMPLE_ID)[STEP]
-    k = pd.DataFrame({"n_spike_batches": by_sample.size(),
-                      "spike_steps": by_sample.agg(lambda s: [int(x) for x in s])})
+    k = pd.DataFrame({"n_spike_batches": by_sample.size(), "spike_steps": by_sample.agg(lambda s: [int(x) for x in s])})
     exposures = p[p[SAMPLE_ID].isin(k.index)].groupby(SAMPLE_ID)[STEP].size()
     df = k.join(exposures.rename("n_steps")).reset_index()
     kk = df["n_spike_batches"].to_numpy(np.int64)
@@ -278,9 +300,11 @@ def recurrence_report(
         "enrichment": enr.head(top).to_dict(orient="records"),
         "n_spike_events": len({spike_span(s)[2] for s in spikes}),
         "n_samples_tested": m,
-        "note": (f"p: hypergeometric upper tail of a sample's count of spike batches given its exposures; "
-                 f"p_bonferroni and q_value (Benjamini-Hochberg) correct for the {m} samples of the plan's "
-                 "logged steps."),
+        "note": (
+            f"p: hypergeometric upper tail of a sample's count of spike batches given its exposures; "
+            f"p_bonferroni and q_value (Benjamini-Hochberg) correct for the {m} samples of the plan's "
+            "logged steps."
+        ),
         "evidence": evidence,
     }
 
@@ -292,8 +316,10 @@ def _enrichment_sentence(shared: pd.DataFrame) -> str:
     for steps, g in list(grouped)[:3]:
         ids = ", ".join(str(int(i)) for i in g[SAMPLE_ID].tolist()[:6]) + (" ..." if len(g) > 6 else "")
         row = g.iloc[0]
-        parts.append(f"samples {ids} are in {len(steps)} spike batches (steps {', '.join(map(str, steps))}; "
-                     f"expected {row['expected']:.2g}, p = {row['p_value']:.2g}, Bonferroni {row['p_bonferroni']:.2g})")
+        parts.append(
+            f"samples {ids} are in {len(steps)} spike batches (steps {', '.join(map(str, steps))}; "
+            f"expected {row['expected']:.2g}, p = {row['p_value']:.2g}, Bonferroni {row['p_bonferroni']:.2g})"
+        )
     return "Over-represented in spike batches: " + "; ".join(parts) + "."
 
 
@@ -314,6 +340,13 @@ class RecurrenceRule(Rule):
         self.reset()
         loss_spikes = [f for f in found or [] if f.kind == "spike" and f.metric == run.loss_key]
         if loss_spikes:
-            self.section_ = recurrence_report(loss_spikes, run.plan_view, run.metrics, run.tags, metric=run.loss_key,
-                                              min_jaccard=self.min_jaccard, top=self.top)
+            self.section_ = recurrence_report(
+                loss_spikes,
+                run.plan_view,
+                run.metrics,
+                run.tags,
+                metric=run.loss_key,
+                min_jaccard=self.min_jaccard,
+                top=self.top,
+            )
         return []

@@ -46,15 +46,30 @@ class RestartRule(Rule):
         for r in run.rewinds:
             overlap = r.overlap.get(run.loss_key, [])
             differs, biggest = resume_differs(overlap, noise, self.k)
-            out.append(Finding(
-                kind="restart", step=int(r.from_step), metric=run.loss_key, confidence=0.9,
-                details={"last_step": r.last_step, "resumed_at": int(r.from_step), "source": r.source,
-                         "rows_replaced": r.rows_replaced, "max_diff": biggest, "noise": noise,
-                         "support": {"warning": True} if differs else {}},
-                evidence=[f"{r.source}: logging went back from step {r.last_step} to {r.from_step}; the later "
-                          f"values are kept ({r.rows_replaced} steps rewritten)"
-                          + (f"; resumed {run.loss_key} differs by up to {biggest:.4g} (noise {noise:.4g})"
-                             if differs else "")]))
+            out.append(
+                Finding(
+                    kind="restart",
+                    step=int(r.from_step),
+                    metric=run.loss_key,
+                    confidence=0.9,
+                    details={
+                        "last_step": r.last_step,
+                        "resumed_at": int(r.from_step),
+                        "source": r.source,
+                        "rows_replaced": r.rows_replaced,
+                        "max_diff": biggest,
+                        "noise": noise,
+                        "support": {"warning": True} if differs else {},
+                    },
+                    evidence=[
+                        f"{r.source}: logging went back from step {r.last_step} to {r.from_step}; the later "
+                        f"values are kept ({r.rows_replaced} steps rewritten)"
+                        + (
+                            f"; resumed {run.loss_key} differs by up to {biggest:.4g} (noise {noise:.4g})"
+                            if differs
+                            else ""
+                        )
+                    ],
+                )
+            )
         return out
-
-

@@ -52,8 +52,9 @@ class ResumeEffect:
     epoch_samples: int
 
 
-def resume_effect(plan: pd.DataFrame, restart_step: int, universe: int, usual_missing: int,
-                  complete: bool) -> ResumeEffect | None:
+def resume_effect(
+    plan: pd.DataFrame, restart_step: int, universe: int, usual_missing: int, complete: bool
+) -> ResumeEffect | None:
     """Compare the rows of ``plan`` (one epoch: ``step``, ``sample_id``, ``epoch``) at and after ``restart_step``
     with those before it. ``universe``: distinct samples the whole plan consumes; ``usual_missing``: how many of them
     an epoch of this run misses anyway; ``complete``: whether the epoch ran to its end. None when the epoch has no
@@ -66,8 +67,13 @@ def resume_effect(plan: pd.DataFrame, restart_step: int, universe: int, usual_mi
     again = (~before) & np.isin(ids, ids[before])
     repeated_steps = [int(steps[again].min()), int(steps[again].max())] if again.any() else None
     skipped = max(universe - len(np.unique(ids)) - usual_missing, 0) if complete else None
-    return ResumeEffect(epoch=int(plan[EPOCH].iloc[0]), repeated=int(again.sum()), skipped=skipped,
-                        repeated_steps=repeated_steps, epoch_samples=universe)
+    return ResumeEffect(
+        epoch=int(plan[EPOCH].iloc[0]),
+        repeated=int(again.sum()),
+        skipped=skipped,
+        repeated_steps=repeated_steps,
+        epoch_samples=universe,
+    )
 
 
 def severe(effect: ResumeEffect, critical_share: float) -> bool:
@@ -94,11 +100,22 @@ class ResumeDataRule(Rule):
 
     name = "resume_data"
     needs_plan = True
-    parameter_constraints = {"min_samples": at_least(1, "int"), "min_share": fraction(),
-                             "baseline": at_least(2, "int"), "z": positive(), "critical_share": fraction()}
+    parameter_constraints = {
+        "min_samples": at_least(1, "int"),
+        "min_share": fraction(),
+        "baseline": at_least(2, "int"),
+        "z": positive(),
+        "critical_share": fraction(),
+    }
 
-    def __init__(self, min_samples: int = 1, min_share: float = 0.01, baseline: int = 20, z: float = 2.0,
-                 critical_share: float = 0.25) -> None:
+    def __init__(
+        self,
+        min_samples: int = 1,
+        min_share: float = 0.01,
+        baseline: int = 20,
+        z: float = 2.0,
+        critical_share: float = 0.25,
+    ) -> None:
         self.min_samples = min_samples
         self.critical_share = critical_share
         self.min_share = min_share
@@ -113,9 +130,10 @@ class ResumeDataRule(Rule):
             return []
         plan = plan[[STEP, EPOCH, SAMPLE_ID]]
         universe = int(plan[SAMPLE_ID].nunique())
-        per_epoch = plan.groupby(EPOCH).agg(first=(STEP, "min"), last=(STEP, "max"), n=(SAMPLE_ID, "nunique"),
-                                            rows=(SAMPLE_ID, "size"))
-        length = (per_epoch["last"] - per_epoch["first"] + 1)
+        per_epoch = plan.groupby(EPOCH).agg(
+            first=(STEP, "min"), last=(STEP, "max"), n=(SAMPLE_ID, "nunique"), rows=(SAMPLE_ID, "size")
+        )
+        length = per_epoch["last"] - per_epoch["first"] + 1
         complete = length >= length.max()
         out = []
         for resumed_at, restart in restarts:
@@ -127,8 +145,9 @@ class ResumeDataRule(Rule):
             # shifted holds repeats and is no measure of them)
             others = per_epoch[complete & (per_epoch.index != epoch) & (per_epoch["n"] == per_epoch["rows"])]
             usual_missing = int(np.median(universe - others["n"])) if len(others) else 0
-            effect = resume_effect(plan[plan[EPOCH] == epoch], resumed_at, universe, usual_missing,
-                                   bool(complete.loc[epoch]))
+            effect = resume_effect(
+                plan[plan[EPOCH] == epoch], resumed_at, universe, usual_missing, bool(complete.loc[epoch])
+            )
             if effect is None or not moves_data(effect, self.min_samples, self.min_share):
                 continue
             out.append(self._finding(run, restart, resumed_at, effect))
@@ -142,7 +161,7 @@ class ResumeDataRule(Rule):
         rows = run.written_rows(run.loss_key)
         steps = rows[STEP].to_numpy(np.int64)
         values = rows[run.loss_key].to_numpy(np.float64, na_value=np.nan)
-        before = values[steps < resumed_at][-int(self.baseline):]
+        before = values[steps < resumed_at][-int(self.baseline) :]
         during = values[(steps >= span[0]) & (steps <= span[1])]
         before, during = before[np.isfinite(before)], during[np.isfinite(during)]
         if len(before) < 2 or not len(during):
@@ -155,29 +174,53 @@ class ResumeDataRule(Rule):
     def _finding(self, run: RunTables, restart: Finding, resumed_at: int, effect: ResumeEffect) -> Finding:
         moved, change = self._loss_move(run, resumed_at, effect.repeated_steps)
         span = effect.repeated_steps
-        told = [f"after the restart at step {resumed_at} the loader replayed epoch {effect.epoch}"
-                if effect.repeated else f"after the restart at step {resumed_at}, epoch {effect.epoch}"]
+        told = [
+            f"after the restart at step {resumed_at} the loader replayed epoch {effect.epoch}"
+            if effect.repeated
+            else f"after the restart at step {resumed_at}, epoch {effect.epoch}"
+        ]
         if effect.repeated:
-            told.append(f"{effect.repeated} samples consumed a second time in that epoch "
-                        f"({step_span(span[0], span[1], offset=run.logged_offset)})")
+            told.append(
+                f"{effect.repeated} samples consumed a second time in that epoch "
+                f"({step_span(span[0], span[1], offset=run.logged_offset)})"
+            )
         if effect.skipped:
             told.append(f"{effect.skipped} never consumed in it")
         summary = ": ".join(told[:1]) + (": " + "; ".join(told[1:]) if len(told) > 1 else "")
         if moved and change is not None:
-            summary += (f"; {run.loss_key} went {abs(change):.0%} {'below' if change < 0 else 'above'} its level "
-                        "before the restart while they were")
+            summary += (
+                f"; {run.loss_key} went {abs(change):.0%} {'below' if change < 0 else 'above'} its level "
+                "before the restart while they were"
+            )
         summary += "."
         return Finding(
-            kind="resume_data", step=resumed_at, metric=run.loss_key,
-            end_step=span[1] if span else resumed_at, confidence=0.95,
-            evidence=[summary, "The resume did not restore the loader's position (HF ignore_data_skip, a sampler "
-                               "state not saved, a loader rebuilt from its start): the epoch started again."],
-            next_step=("Resume with the loader's state (HF: leave ignore_data_skip off; torchdata's "
-                       "StatefulDataLoader; save the sampler's state_dict with the checkpoint), then check the plan: "
-                       "forensics check-plan CASE."),
-            details={"restart_step": int(restart.details.get("last_step") if restart.details.get("last_step")
-                                         is not None else resumed_at),
-                     "resumed_at": resumed_at, "epoch": effect.epoch, "repeated": effect.repeated,
-                     "skipped": effect.skipped, "repeated_steps": span, "loss_moved": moved,
-                     "loss_change": change, "epoch_samples": effect.epoch_samples,
-                     "support": {"critical": True} if severe(effect, self.critical_share) else {}})
+            kind="resume_data",
+            step=resumed_at,
+            metric=run.loss_key,
+            end_step=span[1] if span else resumed_at,
+            confidence=0.95,
+            evidence=[
+                summary,
+                "The resume did not restore the loader's position (HF ignore_data_skip, a sampler "
+                "state not saved, a loader rebuilt from its start): the epoch started again.",
+            ],
+            next_step=(
+                "Resume with the loader's state (HF: leave ignore_data_skip off; torchdata's "
+                "StatefulDataLoader; save the sampler's state_dict with the checkpoint), then check the plan: "
+                "forensics check-plan CASE."
+            ),
+            details={
+                "restart_step": int(
+                    restart.details.get("last_step") if restart.details.get("last_step") is not None else resumed_at
+                ),
+                "resumed_at": resumed_at,
+                "epoch": effect.epoch,
+                "repeated": effect.repeated,
+                "skipped": effect.skipped,
+                "repeated_steps": span,
+                "loss_moved": moved,
+                "loss_change": change,
+                "epoch_samples": effect.epoch_samples,
+                "support": {"critical": True} if severe(effect, self.critical_share) else {},
+            },
+        )

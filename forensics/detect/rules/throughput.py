@@ -32,15 +32,40 @@ from forensics.stats import rolling_median
 #: The fewest finite positive values the rule judges.
 MIN_VALUES = 20
 #: Rates: the throughput role plus iterations / steps per second.
-RATE = replace(THROUGHPUT, name="throughput_rate",
-               weaker=THROUGHPUT.weaker + (("it", "s"), ("its",), ("iters", "per", "s"), ("iter", "per", "s"),
-                                           ("steps", "per", "s"), ("steps", "per", "second"), ("it", "per", "s")),
-               loose=THROUGHPUT.loose + ("samplespers",))
+RATE = replace(
+    THROUGHPUT,
+    name="throughput_rate",
+    weaker=THROUGHPUT.weaker
+    + (
+        ("it", "s"),
+        ("its",),
+        ("iters", "per", "s"),
+        ("iter", "per", "s"),
+        ("steps", "per", "s"),
+        ("steps", "per", "second"),
+        ("it", "per", "s"),
+    ),
+    loose=THROUGHPUT.loose + ("samplespers",),
+)
 #: Per-step times (lower is faster).
-STEP_TIME = Role("step_time", (("step", "time"), ("iteration", "time"), ("iter", "time"), ("time", "per", "iteration"),
-                               ("time", "per", "step"), ("time", "per", "iter"), ("batch", "time"), ("step", "avg"),
-                               ("step", "ms"), ("dt",), ("dt", "ms")),
-                 exclude=frozenset({"data", "eval", "total"}), label="step time")
+STEP_TIME = Role(
+    "step_time",
+    (
+        ("step", "time"),
+        ("iteration", "time"),
+        ("iter", "time"),
+        ("time", "per", "iteration"),
+        ("time", "per", "step"),
+        ("time", "per", "iter"),
+        ("batch", "time"),
+        ("step", "avg"),
+        ("step", "ms"),
+        ("dt",),
+        ("dt", "ms"),
+    ),
+    exclude=frozenset({"data", "eval", "total"}),
+    label="step time",
+)
 
 
 @dataclass(frozen=True)
@@ -132,14 +157,30 @@ class ThroughputRule(Rule):
         step = int(steps[hit.index])
         where = step_span(step, int(steps[-1]), offset=run.logged_offset)
         what = "fell" if higher else "rose"
-        summary = (f"{metric} {what} from {hit.before:.4g} to {hit.after:.4g} over {where}: the run is "
-                   f"{hit.factor:.2f}x slower from there on.")
-        return [Finding(
-            kind="throughput", step=step, metric=metric, end_step=int(steps[-1]), value=round(hit.after, 6),
-            confidence=0.8, evidence=[summary],
-            next_step=("Check what changed at that step: a slow or throttled node (its rank's step time), the data "
-                       "loader (a stalled or remote dataset), a new logging or checkpointing cost."),
-            details={"metric": metric, "factor": round(hit.factor, 4), "before": hit.before, "after": hit.after,
-                     "higher_is_faster": higher, "support": {}})]
-
-
+        summary = (
+            f"{metric} {what} from {hit.before:.4g} to {hit.after:.4g} over {where}: the run is "
+            f"{hit.factor:.2f}x slower from there on."
+        )
+        return [
+            Finding(
+                kind="throughput",
+                step=step,
+                metric=metric,
+                end_step=int(steps[-1]),
+                value=round(hit.after, 6),
+                confidence=0.8,
+                evidence=[summary],
+                next_step=(
+                    "Check what changed at that step: a slow or throttled node (its rank's step time), the data "
+                    "loader (a stalled or remote dataset), a new logging or checkpointing cost."
+                ),
+                details={
+                    "metric": metric,
+                    "factor": round(hit.factor, 4),
+                    "before": hit.before,
+                    "after": hit.after,
+                    "higher_is_faster": higher,
+                    "support": {},
+                },
+            )
+        ]

@@ -136,8 +136,14 @@ import importlib
 from typing import Any
 
 #: Public names, imported lazily: a reader of the kernel's records (or of JOINT_LEAD) does not load numba.
-_EXPORTS = {"JOINT_LEAD": "kernel_state", "SpikeDetector": "detector", "SpikeDriver": "driver",
-            "add_confidence": "driver", "detect_spikes": "driver", "joint_order": "driver"}
+_EXPORTS = {
+    "JOINT_LEAD": "kernel_state",
+    "SpikeDetector": "detector",
+    "SpikeDriver": "driver",
+    "add_confidence": "driver",
+    "detect_spikes": "driver",
+    "joint_order": "driver",
+}
 __all__ = sorted(_EXPORTS)
 
 

@@ -36,12 +36,23 @@ EVENT_BUFFER = 1024
 #: What each parameter may be (checked once, when a detector or the audit's rule is built).
 PARAMETER_CONSTRAINTS: dict[str, Param] = {
     "metric": Param("str", none=True),
-    "window": at_least(4, "int"), "z": Param(low=0, low_open=True), "ratio": at_least(1),
-    "min_jump": at_least(0), "max_duration": at_least(2, "int"), "confirm": at_least(1, "int"),
-    "min_periods": at_least(2, "int"), "trend": Param("bool"), "bucket_window": at_least(1, "int"),
-    "min_bucket_periods": at_least(1, "int"), "group": Param("str"), "z_large": Param(low=0, low_open=True),
-    "ratio_large": at_least(1), "false_rate": Param(low=0, low_open=True, high=1e4, high_open=True, none=True),
-    "tail_start": Param(low=0, low_open=True), "tail_window": at_least(2, "int"), "min_peaks": at_least(2, "int"),
+    "window": at_least(4, "int"),
+    "z": Param(low=0, low_open=True),
+    "ratio": at_least(1),
+    "min_jump": at_least(0),
+    "max_duration": at_least(2, "int"),
+    "confirm": at_least(1, "int"),
+    "min_periods": at_least(2, "int"),
+    "trend": Param("bool"),
+    "bucket_window": at_least(1, "int"),
+    "min_bucket_periods": at_least(1, "int"),
+    "group": Param("str"),
+    "z_large": Param(low=0, low_open=True),
+    "ratio_large": at_least(1),
+    "false_rate": Param(low=0, low_open=True, high=1e4, high_open=True, none=True),
+    "tail_start": Param(low=0, low_open=True),
+    "tail_window": at_least(2, "int"),
+    "min_peaks": at_least(2, "int"),
     "joint_factor": at_least(1),
 }
 
@@ -57,8 +68,9 @@ def check_spike_params(params: dict[str, Any], owner: str = "detect.spikes") -> 
     check_params(owner, PARAMETER_CONSTRAINTS, params)
     merged = {**spike_defaults(), **params}
     if merged["min_peaks"] > merged["tail_window"]:
-        raise ForensicsError(f"{owner}: 'min_peaks' ({merged['min_peaks']}) cannot exceed 'tail_window' "
-                             f"({merged['tail_window']})")
+        raise ForensicsError(
+            f"{owner}: 'min_peaks' ({merged['min_peaks']}) cannot exceed 'tail_window' ({merged['tail_window']})"
+        )
 
 
 class SpikeDetector(MetricDetector):
@@ -119,11 +131,28 @@ class SpikeDetector(MetricDetector):
         corpus).
     """
 
-    def __init__(self, metric: str | None = None, window: int = 64, z: float = 6.0, ratio: float = K.DEFAULT_RATIO,
-                 min_jump: float = 0.0, max_duration: int = 50, confirm: int = 5, min_periods: int = 32,
-                 trend: bool = True, bucket_window: int = 64, min_bucket_periods: int = 5, group: str = BUCKET,
-                 z_large: float = 4.5, ratio_large: float = 1.75, false_rate: float | None = 0.05,
-                 tail_start: float = 3.0, tail_window: int = 3000, min_peaks: int = 50, joint_factor: float = 200.0):
+    def __init__(
+        self,
+        metric: str | None = None,
+        window: int = 64,
+        z: float = 6.0,
+        ratio: float = K.DEFAULT_RATIO,
+        min_jump: float = 0.0,
+        max_duration: int = 50,
+        confirm: int = 5,
+        min_periods: int = 32,
+        trend: bool = True,
+        bucket_window: int = 64,
+        min_bucket_periods: int = 5,
+        group: str = BUCKET,
+        z_large: float = 4.5,
+        ratio_large: float = 1.75,
+        false_rate: float | None = 0.05,
+        tail_start: float = 3.0,
+        tail_window: int = 3000,
+        min_peaks: int = 50,
+        joint_factor: float = 200.0,
+    ):
         self.metric = metric
         self.window = window
         self.z = z
@@ -150,13 +179,29 @@ class SpikeDetector(MetricDetector):
         w = int(self.window)
         h = w // 2 if self.trend else w
         params = np.zeros(1, K.PARAMS)
-        params[0] = (self.z, self.ratio, self.min_jump, self.z_large, self.ratio_large, w, h,
-                     max(1, h // 2) if self.trend else w + 1, max(2, int(self.min_periods)), int(self.max_duration),
-                     int(self.confirm), int(self.bucket_window), int(self.min_bucket_periods),
-                     int(self.max_duration) + 2, 0,
-                     0.0 if self.false_rate is None else float(self.false_rate) / 1e4, float(self.tail_start),
-                     int(self.min_peaks), 0.0 if self.false_rate is None else float(self.joint_factor), 0,
-                     self._joint_fallback_z())
+        params[0] = (
+            self.z,
+            self.ratio,
+            self.min_jump,
+            self.z_large,
+            self.ratio_large,
+            w,
+            h,
+            max(1, h // 2) if self.trend else w + 1,
+            max(2, int(self.min_periods)),
+            int(self.max_duration),
+            int(self.confirm),
+            int(self.bucket_window),
+            int(self.min_bucket_periods),
+            int(self.max_duration) + 2,
+            0,
+            0.0 if self.false_rate is None else float(self.false_rate) / 1e4,
+            float(self.tail_start),
+            int(self.min_peaks),
+            0.0 if self.false_rate is None else float(self.joint_factor),
+            0,
+            self._joint_fallback_z(),
+        )
         self.params_ = params
         self.state_ = K.new_state(params, int(self.tail_window))
         self.metric_: str | None = self.metric
@@ -188,8 +233,12 @@ class SpikeDetector(MetricDetector):
         check_spike_params(self.get_params(), "SpikeDetector")
 
     # --- the protocol -----------------------------------------------------------------------------------------------
-    def update(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None = None,
-               support: Sequence[int] | np.ndarray | None = None) -> list[Finding]:
+    def update(
+        self,
+        new_rows: pd.DataFrame,
+        tags: pd.DataFrame | None = None,
+        support: Sequence[int] | np.ndarray | None = None,
+    ) -> list[Finding]:
         """Feed the next rows (``step`` plus the metric column; rows at or before the last step seen are skipped).
 
         ``support``: steps where another metric of the run was flagged (its detector's ``flagged_steps_``, fed the
@@ -198,8 +247,9 @@ class SpikeDetector(MetricDetector):
         found, _ = self._run(new_rows, tags, keep_rows=False)
         return found
 
-    def detect(self, table: pd.DataFrame, tags: pd.DataFrame | None = None,
-               support: Sequence[int] | np.ndarray | None = None) -> list[Finding]:
+    def detect(
+        self, table: pd.DataFrame, tags: pd.DataFrame | None = None, support: Sequence[int] | np.ndarray | None = None
+    ) -> list[Finding]:
         """A whole run at once: the same findings as any chunking of ``update`` followed by ``finish``."""
         self.reset()
         found = self.update(table, tags, support)
@@ -262,8 +312,9 @@ class SpikeDetector(MetricDetector):
         """Alias of :meth:`finish` for live views: what is still open, as it stands now."""
         return self.finish()
 
-    def trace(self, table: pd.DataFrame, tags: pd.DataFrame | None = None,
-              support: Sequence[int] | np.ndarray | None = None) -> pd.DataFrame:
+    def trace(
+        self, table: pd.DataFrame, tags: pd.DataFrame | None = None, support: Sequence[int] | np.ndarray | None = None
+    ) -> pd.DataFrame:
         """Per row of a whole run: ``step``, ``value``, ``group``, ``baseline``, ``score``, ``status`` (a name of
         :data:`forensics.detect.spikes.kernel.STATUS_NAMES`). Runs on a clone; this detector's state is untouched."""
         other = self.clone()
@@ -273,8 +324,9 @@ class SpikeDetector(MetricDetector):
         return rows
 
     # --- the work ---------------------------------------------------------------------------------------------------
-    def _run(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None,
-             keep_rows: bool) -> tuple[list[Finding], pd.DataFrame | None]:
+    def _run(
+        self, new_rows: pd.DataFrame, tags: pd.DataFrame | None, keep_rows: bool
+    ) -> tuple[list[Finding], pd.DataFrame | None]:
         if not hasattr(self, "state_"):
             self.reset()
         if self.metric_ is None:
@@ -282,8 +334,10 @@ class SpikeDetector(MetricDetector):
         metric = self.metric_
         for col in (STEP, metric):
             if col not in new_rows.columns:
-                raise ForensicsError(f"metrics: missing column '{col}' (the spike detector watches '{metric}'); "
-                                     f"it has {', '.join(map(str, new_rows.columns[:12]))}")
+                raise ForensicsError(
+                    f"metrics: missing column '{col}' (the spike detector watches '{metric}'); "
+                    f"it has {', '.join(map(str, new_rows.columns[:12]))}"
+                )
         steps = new_rows[STEP].to_numpy(dtype=np.int64)
         values = new_rows[metric].to_numpy(dtype=np.float64, na_value=np.nan)
         groups = self._groups(new_rows, steps, tags)
@@ -296,8 +350,11 @@ class SpikeDetector(MetricDetector):
         self.flagged_steps_ = np.empty(0, np.int64)
         self.last_rows_ = (steps, values, np.full(n, np.nan), np.full(n, np.nan))
         if n == 0:
-            return [], (self._rows_frame(steps, values, groups, *(np.empty(0),) * 2, np.empty(0, np.int8))
-                        if keep_rows else None)
+            return [], (
+                self._rows_frame(steps, values, groups, *(np.empty(0),) * 2, np.empty(0, np.int8))
+                if keep_rows
+                else None
+            )
         if self.n_rows_ == 0:  # fixed at the first rows, so that every chunking keeps the same windows
             grouped = tags is not None or self.group in new_rows.columns
             self.params_["use_raw"] = int(grouped)
@@ -377,8 +434,16 @@ class SpikeDetector(MetricDetector):
 
     def _rows_frame(self, steps, values, groups, base, score, status) -> pd.DataFrame:
         names = np.array(K.STATUS_NAMES, dtype=object)
-        return pd.DataFrame({STEP: steps, "value": values, "group": groups, "baseline": base, "score": score,
-                             "status": names[status.astype(np.int64)] if len(status) else np.array([], object)})
+        return pd.DataFrame(
+            {
+                STEP: steps,
+                "value": values,
+                "group": groups,
+                "baseline": base,
+                "score": score,
+                "status": names[status.astype(np.int64)] if len(status) else np.array([], object),
+            }
+        )
 
     # --- findings ---------------------------------------------------------------------------------------------------
     def _count_expected(self, steps, values, groups, status) -> None:
@@ -387,8 +452,10 @@ class SpikeDetector(MetricDetector):
             return
         for g in np.unique(groups[idx]):
             sel = idx[groups[idx] == g]
-            rec = self.expected_.setdefault(int(g), {"n_steps": 0, "first_step": int(steps[sel[0]]),
-                                                     "last_step": 0, "max_value": -np.inf, "examples": []})
+            rec = self.expected_.setdefault(
+                int(g),
+                {"n_steps": 0, "first_step": int(steps[sel[0]]), "last_step": 0, "max_value": -np.inf, "examples": []},
+            )
             rec["n_steps"] += len(sel)
             rec["last_step"] = int(steps[sel[-1]])
             rec["max_value"] = max(rec["max_value"], float(values[sel].max()))

@@ -76,9 +76,14 @@ class SpikeDriver:
         The bucket boundaries, for the ``bucket_range`` of the findings.
     """
 
-    def __init__(self, metrics: Sequence[str], grad_norm_key: str | None = None,
-                 params: Mapping[str, Any] | None = None, logging_steps: int = 1,
-                 boundaries: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        metrics: Sequence[str],
+        grad_norm_key: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        logging_steps: int = 1,
+        boundaries: Sequence[int] | None = None,
+    ) -> None:
         self.metrics = list(dict.fromkeys(metrics))
         self.grad_norm_key = grad_norm_key if grad_norm_key in self.metrics and len(self.metrics) > 1 else None
         self.params = dict(params or {})
@@ -149,9 +154,11 @@ class SpikeDriver:
         for metric, det in self.detectors_.items():
             n = int(getattr(det, "n_rows_", 0))
             if n and n < SHORT_RUN:
-                out.append(f"'{metric}' has only {n} values: the first {min(det.min_periods, n)} (the causal "
-                           "detector's history) were judged two-sided, against the span itself (details.judged_by "
-                           "of each finding says which rule judged it)")
+                out.append(
+                    f"'{metric}' has only {n} values: the first {min(det.min_periods, n)} (the causal "
+                    "detector's history) were judged two-sided, against the span itself (details.judged_by "
+                    "of each finding says which rule judged it)"
+                )
         return out
 
     # --- the expectation from the composition ------------------------------------------------------------------------
@@ -205,26 +212,48 @@ class SpikeDriver:
         sel = np.flatnonzero(above_trend & within & ~np.isin(steps, det.flagged_steps_))
         if not len(sel):
             return
-        rec = self.explained_.setdefault(metric, {"n_steps": 0, "first_step": int(steps[sel[0]]), "last_step": 0,
-                                                  "max_value": -np.inf, "max_factor": 0.0, "examples": []})
+        rec = self.explained_.setdefault(
+            metric,
+            {
+                "n_steps": 0,
+                "first_step": int(steps[sel[0]]),
+                "last_step": 0,
+                "max_value": -np.inf,
+                "max_factor": 0.0,
+                "examples": [],
+            },
+        )
         rec["n_steps"] += len(sel)
         rec["last_step"] = int(steps[sel[-1]])
         rec["max_value"] = max(rec["max_value"], float(raw[sel].max()))
         rec["max_factor"] = max(rec["max_factor"], float(factors[sel].max()))
-        rec["examples"] += [int(x) for x in steps[sel[:max(0, 10 - len(rec["examples"]))]]]
+        rec["examples"] += [int(x) for x in steps[sel[: max(0, 10 - len(rec["examples"]))]]]
 
     def _explained_findings(self) -> list[Finding]:
         out = []
         for metric, rec in self.explained_.items():
-            out.append(Finding(
-                kind="expected_for_bucket", step=rec["first_step"], end_step=rec["last_step"], metric=metric,
-                value=rec["max_value"], evidence=[
-                    f"{rec['n_steps']} steps of {metric} (steps {rec['first_step']}-{rec['last_step']}) were above "
-                    f"the run's trend by more than the spike thresholds (up to {rec['max_value']:.4g}) but within "
-                    f"what their batch's composition predicts (up to {rec['max_factor']:.2f}x the trend: bucket, "
-                    f"clusters, tokens, batch size, padding): expected for their composition, not spikes."],
-                details={"n_steps": rec["n_steps"], "example_steps": rec["examples"], "group": "composition",
-                         "max_factor": rec["max_factor"], "support": {"explained": "composition"}}))
+            out.append(
+                Finding(
+                    kind="expected_for_bucket",
+                    step=rec["first_step"],
+                    end_step=rec["last_step"],
+                    metric=metric,
+                    value=rec["max_value"],
+                    evidence=[
+                        f"{rec['n_steps']} steps of {metric} (steps {rec['first_step']}-{rec['last_step']}) were above "
+                        f"the run's trend by more than the spike thresholds (up to {rec['max_value']:.4g}) but within "
+                        f"what their batch's composition predicts (up to {rec['max_factor']:.2f}x the trend: bucket, "
+                        f"clusters, tokens, batch size, padding): expected for their composition, not spikes."
+                    ],
+                    details={
+                        "n_steps": rec["n_steps"],
+                        "example_steps": rec["examples"],
+                        "group": "composition",
+                        "max_factor": rec["max_factor"],
+                        "support": {"explained": "composition"},
+                    },
+                )
+            )
         return out
 
     def factor_at(self, metric: str, step: int) -> float:
@@ -254,11 +283,13 @@ class SpikeDriver:
         if factor >= COMPOSITION_HIGH and f.kind == "spike":
             f.details.setdefault("support", {"moved": True})["composition_high"] = True
         if f.kind in ("spike", "level_shift") and f.baseline is not None and f.evidence:
-            words = (f"{factor:.2f}x the trend" if abs(factor - 1.0) >= 0.005 else "the trend itself")
-            f.evidence[0] = (f"{f.metric} rose to {f.value:.4g} at step {at} against {f.baseline:.4g}, what the "
-                             f"step's composition predicts ({words}: its bucket, clusters, tokens, batch size and "
-                             f"padding): {f.details.get('ratio', float('nan')):.2f}x the expectation and "
-                             f"{(f.score or 0.0):.1f} times the noise of the residual.")
+            words = f"{factor:.2f}x the trend" if abs(factor - 1.0) >= 0.005 else "the trend itself"
+            f.evidence[0] = (
+                f"{f.metric} rose to {f.value:.4g} at step {at} against {f.baseline:.4g}, what the "
+                f"step's composition predicts ({words}: its bucket, clusters, tokens, batch size and "
+                f"padding): {f.details.get('ratio', float('nan')):.2f}x the expectation and "
+                f"{(f.score or 0.0):.1f} times the noise of the residual."
+            )
         return f
 
     # --- how the loss followed the grad norm --------------------------------------------------------------------------
@@ -281,8 +312,11 @@ class SpikeDriver:
             if f.metric == self.grad_norm_key:
                 self._fold(f, steps, scores, ratios)
         keep = slice(max(0, len(old_steps) + len(steps) - FOLLOW_ROWS), None)
-        self.recent_ = (np.concatenate([old_steps, steps])[keep], np.concatenate([old_scores, scores])[keep],
-                        np.concatenate([old_ratios, ratios])[keep])
+        self.recent_ = (
+            np.concatenate([old_steps, steps])[keep],
+            np.concatenate([old_scores, scores])[keep],
+            np.concatenate([old_ratios, ratios])[keep],
+        )
 
     @staticmethod
     def _fold(f: Finding, steps: np.ndarray, scores: np.ndarray, ratios: np.ndarray) -> None:
@@ -387,8 +421,7 @@ def alone_confidence(f: Finding) -> float:
     return float(1.0 - 0.5 / max(margin, 1.0))
 
 
-def joint_confidence(f: Finding, spans: Sequence[tuple[str, int, int]],
-                     grad: str | None) -> tuple[float, str | None]:
+def joint_confidence(f: Finding, spans: Sequence[tuple[str, int, int]], grad: str | None) -> tuple[float, str | None]:
     """A spike's confidence and how the loss and the grad norm agreed at it.
 
     ``spans``: ``(metric, step, end_step)`` of the run's spikes. ``joint``: ``led`` (the grad norm spiked up to
@@ -432,14 +465,22 @@ def cover_window(f: Finding, every: int) -> None:
     logged = (int(f.step), int(f.end_step if f.end_step is not None else f.step))
     f.step = max(0, logged[0] - every + 1)
     f.details["window_steps"] = [f.step, logged[1]]
-    f.evidence.append(f"Each logged {f.metric} value is the mean over {every} steps (logging_steps = {every}): the "
-                      f"value at step {logged[0]} covers steps {f.step}-{logged[0]}, and its batch evidence is the "
-                      f"union of those steps' batches.")
+    f.evidence.append(
+        f"Each logged {f.metric} value is the mean over {every} steps (logging_steps = {every}): the "
+        f"value at step {logged[0]} covers steps {f.step}-{logged[0]}, and its batch evidence is the "
+        f"union of those steps' batches."
+    )
 
 
-def detect_spikes(metrics: pd.DataFrame, metric: str | Sequence[str] | None = None,
-                  tags: pd.DataFrame | None = None, boundaries: Sequence[int] | None = None,
-                  grad_norm_key: str | None = "auto", logging_steps: int = 1, **params: Any) -> list[Finding]:
+def detect_spikes(
+    metrics: pd.DataFrame,
+    metric: str | Sequence[str] | None = None,
+    tags: pd.DataFrame | None = None,
+    boundaries: Sequence[int] | None = None,
+    grad_norm_key: str | None = "auto",
+    logging_steps: int = 1,
+    **params: Any,
+) -> list[Finding]:
     """Spikes, level shifts, non-finite steps and bucket summaries of one or several metrics of a whole run.
 
     ``metric``: a column, a list of columns, or ``None`` for the loss key. ``tags``: the tags table (judging each

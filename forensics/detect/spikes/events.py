@@ -27,8 +27,9 @@ SHORT_LEFT = 3
 DECIDED_BY = ("fixed_rule", "tail", "observed_max")
 
 
-def two_sided_events(values: np.ndarray, z: float, ratio: float,
-                     min_jump: float) -> list[tuple[int, int, int, float, float, float]]:
+def two_sided_events(
+    values: np.ndarray, z: float, ratio: float, min_jump: float
+) -> list[tuple[int, int, int, float, float, float]]:
     """Events of a short span judged against the span itself (the rule in the package docstring, "Short and fresh
     series"): ``(first, last, peak, baseline, scale, score)`` per run of consecutive flagged indices."""
     n = len(values)
@@ -61,12 +62,27 @@ def two_sided_findings(det: SpikeDetector) -> list[Finding]:
     steps, values = det.warmup_steps_, np.asarray(det.warmup_values_, dtype=np.float64)
     out = []
     for first, last, peak, base, scale, z in two_sided_events(values, det.z, det.ratio, det.min_jump):
-        ev = {"kind": K.EV_SPIKE, "start": steps[first], "end": steps[last], "peak": steps[peak],
-              "recovery": steps[last + 1] if last + 1 < len(steps) else -1, "n_rows": last - first + 1,
-              "bucket": det.warmup_groups_[peak], "is_open": int(last + 1 >= len(steps)),
-              "n_post": 0, "x": float(values[peak]), "base": base, "z": z, "scale": scale, "offset": 0.0,
-              "post": float("nan"), "new_level": float("nan"), "decided_by": K.BY_FIXED, "z_thr": det.z,
-              "clean_max": float("nan")}
+        ev = {
+            "kind": K.EV_SPIKE,
+            "start": steps[first],
+            "end": steps[last],
+            "peak": steps[peak],
+            "recovery": steps[last + 1] if last + 1 < len(steps) else -1,
+            "n_rows": last - first + 1,
+            "bucket": det.warmup_groups_[peak],
+            "is_open": int(last + 1 >= len(steps)),
+            "n_post": 0,
+            "x": float(values[peak]),
+            "base": base,
+            "z": z,
+            "scale": scale,
+            "offset": 0.0,
+            "post": float("nan"),
+            "new_level": float("nan"),
+            "decided_by": K.BY_FIXED,
+            "z_thr": det.z,
+            "clean_max": float("nan"),
+        }
         f = event_finding(det, ev)
         f.details["judged_by"] = "two_sided"
         f.details["two_sided_span"] = [steps[0], steps[-1]]
@@ -77,7 +93,8 @@ def two_sided_findings(det: SpikeDetector) -> list[Finding]:
             f"Step {steps[peak]} lies in the first {len(steps)} steps, before the causal baseline had "
             f"{det.min_periods} values to judge by: it was judged against the span itself (steps "
             f"{steps[0]}-{steps[-1]}, its median without this step, the steps just before it, and the span's "
-            f"noise scale), a two-sided rule."]
+            f"noise scale), a two-sided rule."
+        ]
         out.append(f)
     return out
 
@@ -87,17 +104,30 @@ def expected_findings(det: SpikeDetector) -> list[Finding]:
     out = []
     for g, rec in sorted(det.expected_.items()):
         offset = K.bucket_offset(det.state_, g, det.min_bucket_periods)
-        out.append(Finding(
-            kind="expected_for_bucket", step=rec["first_step"], end_step=rec["last_step"], metric=det.metric_,
-            value=rec["max_value"], severity=INFO, tags={det.group: g},
-            evidence=[f"{rec['n_steps']} steps of {det.group} {g} (steps {rec['first_step']}-"
-                      f"{rec['last_step']}) were above the run's trend by more than the spike thresholds (up "
-                      f"to {rec['max_value']:.4g}) but within their {det.group}'s own baseline, which sits "
-                      f"{offset:+.4g} from the trend: expected for their {det.group}, not spikes."],
-            next_step=None,
-            details={"n_steps": rec["n_steps"], "example_steps": rec["examples"], "group": det.group,
-                     "offset": offset},
-        ))
+        out.append(
+            Finding(
+                kind="expected_for_bucket",
+                step=rec["first_step"],
+                end_step=rec["last_step"],
+                metric=det.metric_,
+                value=rec["max_value"],
+                severity=INFO,
+                tags={det.group: g},
+                evidence=[
+                    f"{rec['n_steps']} steps of {det.group} {g} (steps {rec['first_step']}-"
+                    f"{rec['last_step']}) were above the run's trend by more than the spike thresholds (up "
+                    f"to {rec['max_value']:.4g}) but within their {det.group}'s own baseline, which sits "
+                    f"{offset:+.4g} from the trend: expected for their {det.group}, not spikes."
+                ],
+                next_step=None,
+                details={
+                    "n_steps": rec["n_steps"],
+                    "example_steps": rec["examples"],
+                    "group": det.group,
+                    "offset": offset,
+                },
+            )
+        )
     return out
 
 
@@ -111,10 +141,14 @@ def event_finding(det: SpikeDetector, ev) -> Finding:
     x, base, z = float(ev["x"]), float(ev["base"]), float(ev["z"])
     scale, off = float(ev["scale"]), float(ev["offset"])
     ratio = x / base if base > 0 else float("nan")
-    details = {"n_steps": n_rows, "recovery_step": recovery if recovery >= 0 else None, "ratio": ratio,
-               "noise_scale": scale, "judged_by": "causal",
-               "thresholds": {"z": det.z, "ratio": det.ratio, "min_jump": det.min_jump,
-                              "false_rate": det.false_rate}}
+    details = {
+        "n_steps": n_rows,
+        "recovery_step": recovery if recovery >= 0 else None,
+        "ratio": ratio,
+        "noise_scale": scale,
+        "judged_by": "causal",
+        "thresholds": {"z": det.z, "ratio": det.ratio, "min_jump": det.min_jump, "false_rate": det.false_rate},
+    }
     tail_note = None
     if det.false_rate is not None:
         details["tail"], tail_note = _tail_details(ev, z)
@@ -124,19 +158,33 @@ def event_finding(det: SpikeDetector, ev) -> Finding:
         details["trend"] = base - off
         details["bucket_offset"] = off
     jump = f"{ratio:.2f}x the baseline" if base > 0 else f"{x - base:+.4g} above the baseline"
-    rise = (f"{metric} rose to {x:.4g} at step {peak} against a baseline of {base:.4g}: {jump} and "
-            f"{z:.1f} times the local noise scale of {scale:.3g} (thresholds: {det.ratio}x"
-            f"{f', +{det.min_jump:g}' if det.min_jump else ''} and {det.z}).")
+    rise = (
+        f"{metric} rose to {x:.4g} at step {peak} against a baseline of {base:.4g}: {jump} and "
+        f"{z:.1f} times the local noise scale of {scale:.3g} (thresholds: {det.ratio}x"
+        f"{f', +{det.min_jump:g}' if det.min_jump else ''} and {det.z})."
+    )
     if kind == "level_shift":
         new_level = float(ev["new_level"])
         details["new_level"] = new_level
         details["support"] = {"moved": True}
         return Finding(
-            kind=kind, step=start, end_step=end, peak_step=peak, metric=metric, value=x, baseline=base, score=z,
-            severity=INFO, tags=tags, details=details,
-            evidence=[rise, f"It did not come back: from step {start} {metric} stayed near {new_level:.4g}, so "
-                            f"this is a new level (a new data mix, an lr change), not a spike; the baseline "
-                            f"re-anchored to it at step {end}."],
+            kind=kind,
+            step=start,
+            end_step=end,
+            peak_step=peak,
+            metric=metric,
+            value=x,
+            baseline=base,
+            score=z,
+            severity=INFO,
+            tags=tags,
+            details=details,
+            evidence=[
+                rise,
+                f"It did not come back: from step {start} {metric} stayed near {new_level:.4g}, so "
+                f"this is a new level (a new data mix, an lr change), not a spike; the baseline "
+                f"re-anchored to it at step {end}.",
+            ],
             next_step=f"Check what changed at step {start} (data mix, learning-rate schedule, a restart).",
         )
     post = float(ev["post"])
@@ -146,22 +194,37 @@ def event_finding(det: SpikeDetector, ev) -> Finding:
     if is_open:
         after = f"The event spans {span} and was still open at the end of the data."
     else:
-        after = (f"The event spans {span}; {metric} was back within the thresholds at step {recovery}, and "
-                 f"the next {int(ev['n_post'])} accepted values had a median of {post:.4g}.")
+        after = (
+            f"The event spans {span}; {metric} was back within the thresholds at step {recovery}, and "
+            f"the next {int(ev['n_post'])} accepted values had a median of {post:.4g}."
+        )
     evidence = [rise, after]
     if tail_note:
         evidence.append(tail_note)
     if bucket >= 0:
-        evidence.append(f"Judged against the baseline of its own {det.group} {bucket}: the run's trend "
-                        f"{base - off:.4g} plus the {det.group}'s offset {off:+.4g}.")
+        evidence.append(
+            f"Judged against the baseline of its own {det.group} {bucket}: the run's trend "
+            f"{base - off:.4g} plus the {det.group}'s offset {off:+.4g}."
+        )
     details["support"] = {"moved": True}  # its severity comes from the evidence (detect/causes/severity.py)
     return Finding(
-        kind=kind, step=start, end_step=end, peak_step=peak, metric=metric, value=x, baseline=base, score=z,
-        severity=INFO, tags=tags, evidence=evidence,
+        kind=kind,
+        step=start,
+        end_step=end,
+        peak_step=peak,
+        metric=metric,
+        value=x,
+        baseline=base,
+        score=z,
+        severity=INFO,
+        tags=tags,
+        evidence=evidence,
         details=details,
-        next_step=(f"Look at the samples of step {peak}'s batch (suspect_samples) and replay the step from the "
-                   f"checkpoint before it to confirm the cause; without a plan, record or rebuild it "
-                   f"(--plan) to name the batch."),
+        next_step=(
+            f"Look at the samples of step {peak}'s batch (suspect_samples) and replay the step from the "
+            f"checkpoint before it to confirm the cause; without a plan, record or rebuild it "
+            f"(--plan) to name the batch."
+        ),
     )
 
 
@@ -173,12 +236,18 @@ def _tail_details(ev, z: float) -> tuple[dict, str | None]:
     fitted = decided != K.BY_FIXED
     z_thr, observed = float(ev["z_thr"]), float(ev["clean_max"])
     seen = bool(np.isfinite(observed))
-    tail = {"fitted": fitted, "threshold": z_thr if np.isfinite(z_thr) else None,
-            "observed_max": observed if seen else None,
-            "extrapolating": bool(fitted and seen and z_thr > observed), "decided_by": DECIDED_BY[decided]}
+    tail = {
+        "fitted": fitted,
+        "threshold": z_thr if np.isfinite(z_thr) else None,
+        "observed_max": observed if seen else None,
+        "extrapolating": bool(fitted and seen and z_thr > observed),
+        "decided_by": DECIDED_BY[decided],
+    }
     if decided != K.BY_OBSERVED_MAX:
         return tail, None
-    return tail, (f"The run's fitted noise tail asked a score of {z_thr:.1f}, beyond the largest score of its clean "
-                  f"history so far ({observed:.1f}): the fit was extrapolating past anything the run had shown, so "
-                  f"the fixed rule decided, with a score of {z:.1f}, at least {OBSERVED_MAX_FACTOR:g}x that "
-                  f"maximum.")
+    return tail, (
+        f"The run's fitted noise tail asked a score of {z_thr:.1f}, beyond the largest score of its clean "
+        f"history so far ({observed:.1f}): the fit was extrapolating past anything the run had shown, so "
+        f"the fixed rule decided, with a score of {z:.1f}, at least {OBSERVED_MAX_FACTOR:g}x that "
+        f"maximum."
+    )

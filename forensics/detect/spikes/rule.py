@@ -45,8 +45,13 @@ class SpikeRule(Rule):
 
     def driver(self, run: RunTables) -> SpikeDriver:
         """The run's spike driver: its analysed metrics, grad norm, logging window and boundaries."""
-        return SpikeDriver(run.analysed, run.grad_norm_key, params=self.params, logging_steps=run.logging_steps,
-                           boundaries=run.boundaries)
+        return SpikeDriver(
+            run.analysed,
+            run.grad_norm_key,
+            params=self.params,
+            logging_steps=run.logging_steps,
+            boundaries=run.boundaries,
+        )
 
     def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()

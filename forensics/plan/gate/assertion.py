@@ -30,11 +30,22 @@ def assert_batches_vary(
     if samples is not None:
         samples = validate_samples(samples, "(samples given to assert_batches_vary)")
     if isinstance(plan_or_builder, pd.DataFrame):
-        result = check_plan(validate_plan(plan_or_builder, "(plan given to assert_batches_vary)", samples), samples,
-                            epochs=epochs, seed=seed, **limits)
+        result = check_plan(
+            validate_plan(plan_or_builder, "(plan given to assert_batches_vary)", samples),
+            samples,
+            epochs=epochs,
+            seed=seed,
+            **limits,
+        )
     elif isinstance(plan_or_builder, Path):
-        result = check_plan(load_plan(plan_or_builder, samples), samples, epochs=epochs, seed=seed,
-                            source=str(plan_or_builder), **limits)
+        result = check_plan(
+            load_plan(plan_or_builder, samples),
+            samples,
+            epochs=epochs,
+            seed=seed,
+            source=str(plan_or_builder),
+            **limits,
+        )
     else:
         result = check_plan(samples=samples, builder=plan_or_builder, epochs=epochs, seed=seed, **limits)
     if not result.passed:

@@ -29,8 +29,7 @@ class GateOptions:
             v = getattr(self, name)
             if v is not None and not 0 <= v <= 1:
                 raise ForensicsError(f"check-plan: {name} must be between 0 and 1; got {v}")
-        if self.allow_drop_last is not None and (not isinstance(self.allow_drop_last, int)
-                                                 or self.allow_drop_last < 0):
+        if self.allow_drop_last is not None and (not isinstance(self.allow_drop_last, int) or self.allow_drop_last < 0):
             raise ForensicsError(f"check-plan: allow_drop_last must be a whole number >= 0; got {self.allow_drop_last}")
 
 
@@ -66,12 +65,25 @@ def check_case(
         boundaries = list(DEFAULT_BOUNDARIES)
     source = f"plan {case.plan_path}" if builder is None else f"builder {builder}"
     try:
-        return check_plan(plan, samples, builder=builder, epochs=epochs, seed=seed,
-                          token_budget=cfg.token_budget if "token_budget" in cfg.given else None, max_len=cfg.max_len,
-                          boundaries=boundaries, max_pair_retention=options.max_pair_retention,
-                          max_identical_batches=options.max_identical_batches, allow_drop_last=options.allow_drop_last,
-                          min_padding_efficiency=options.min_padding_efficiency, grad_accum=cfg.grad_accum,
-                          world_size=cfg.world_size, rank_split=cfg.rank_split, source=source, engine=engine)
+        return check_plan(
+            plan,
+            samples,
+            builder=builder,
+            epochs=epochs,
+            seed=seed,
+            token_budget=cfg.token_budget if "token_budget" in cfg.given else None,
+            max_len=cfg.max_len,
+            boundaries=boundaries,
+            max_pair_retention=options.max_pair_retention,
+            max_identical_batches=options.max_identical_batches,
+            allow_drop_last=options.allow_drop_last,
+            min_padding_efficiency=options.min_padding_efficiency,
+            grad_accum=cfg.grad_accum,
+            world_size=cfg.world_size,
+            rank_split=cfg.rank_split,
+            source=source,
+            engine=engine,
+        )
     finally:
         if engine is not None:
             engine.close()

@@ -65,18 +65,29 @@ def check_plan(
     if builder is not None:
         if samples is None:
             raise ForensicsError("--builder needs --samples: a builder is called with the samples table")
-        fn = builder if callable(builder) else resolve_builder(
-            builder, token_budget=token_budget or TOKEN_BUDGET, max_len=max_len, boundaries=list(boundaries))
-        source = source or (f"builder {builder}" if isinstance(builder, str) else
-                            f"builder {getattr(builder, '__name__', repr(builder))}")
+        fn = (
+            builder
+            if callable(builder)
+            else resolve_builder(
+                builder, token_budget=token_budget or TOKEN_BUDGET, max_len=max_len, boundaries=list(boundaries)
+            )
+        )
+        source = source or (
+            f"builder {builder}"
+            if isinstance(builder, str)
+            else f"builder {getattr(builder, '__name__', repr(builder))}"
+        )
         plan = rebuild_plan(samples, fn, epochs or BUILDER_EPOCHS, seed)
     assert plan is not None
     eng = engine or PandasEngine()
     if isinstance(plan, pd.DataFrame):
         epoch_column(plan)  # a plan without epochs is bad input, said the same way by every engine
     lengths = capped_lengths(samples, max_len) if samples is not None else None
-    table = None if samples is None else pd.DataFrame({SAMPLE_ID: samples[SAMPLE_ID].to_numpy(np.int64),
-                                                       "length": np.asarray(lengths)})
+    table = (
+        None
+        if samples is None
+        else pd.DataFrame({SAMPLE_ID: samples[SAMPLE_ID].to_numpy(np.int64), "length": np.asarray(lengths)})
+    )
     counts = eng.gate_counts(plan, table, epochs)
     if len(counts.epochs) < 2:
         raise ForensicsError(f"plan: holds {len(counts.epochs)} epoch(s); comparing batch composition needs at least 2")
@@ -89,17 +100,46 @@ def check_plan(
         seen_budget, batch_size = fig["batch_shape"]
         budget = token_budget or seen_budget
         sorted_epochs = fig["length_sorted"]
-    limits = derive_limits(samples, token_budget=budget, max_batch_size=batch_size, max_len=max_len,
-                           boundaries=boundaries, max_pair_retention=max_pair_retention,
-                           max_identical_batches=max_identical_batches, allow_drop_last=allow_drop_last,
-                           min_padding_efficiency=min_padding_efficiency, length_sorted=any(sorted_epochs or []))
+    limits = derive_limits(
+        samples,
+        token_budget=budget,
+        max_batch_size=batch_size,
+        max_len=max_len,
+        boundaries=boundaries,
+        max_pair_retention=max_pair_retention,
+        max_identical_batches=max_identical_batches,
+        allow_drop_last=allow_drop_last,
+        min_padding_efficiency=min_padding_efficiency,
+        length_sorted=any(sorted_epochs or []),
+    )
     pairs, first_last, cov = fig["pairs"], fig["first_last"], fig["coverage"]
     padding = fig["padding"] if lengths is not None else None
-    mix = cluster_mix(plan, samples, grad_accum, world_size, rank_split, engine=eng,
-                      keep_epochs=keep if epochs is not None else None) if samples is not None else None
-    result = GateResult(passed=True, static=False, epochs=keep, pairs=pairs,
-                        first_last=first_last, coverage=cov, threshold=limits, epoch_padding_efficiency=padding,
-                        cluster_mix=mix, length_sorted=sorted_epochs, source=source or "plan",
-                        epoch_batch_size=[e.present / e.batches if e.batches else 0.0 for e in counts.epochs])
+    mix = (
+        cluster_mix(
+            plan,
+            samples,
+            grad_accum,
+            world_size,
+            rank_split,
+            engine=eng,
+            keep_epochs=keep if epochs is not None else None,
+        )
+        if samples is not None
+        else None
+    )
+    result = GateResult(
+        passed=True,
+        static=False,
+        epochs=keep,
+        pairs=pairs,
+        first_last=first_last,
+        coverage=cov,
+        threshold=limits,
+        epoch_padding_efficiency=padding,
+        cluster_mix=mix,
+        length_sorted=sorted_epochs,
+        source=source or "plan",
+        epoch_batch_size=[e.present / e.batches if e.batches else 0.0 for e in counts.epochs],
+    )
     judge(result)
     return result

@@ -79,30 +79,38 @@ def judge(r: GateResult) -> None:
             by_kind.setdefault(kind, []).append(p)
         elif p.pairs and sorted_by_epoch.get(p.later, False):
             sorted_passing.append(p)
-    composition = [f"epochs {listing([f'{p.earlier}-{p.later}' for p in ps])} {composition_cause(k, ps, lim)}"
-                   for k, ps in by_kind.items()]
+    composition = [
+        f"epochs {listing([f'{p.earlier}-{p.later}' for p in ps])} {composition_cause(k, ps, lim)}"
+        for k, ps in by_kind.items()
+    ]
     kinds = list(by_kind)
     if len(r.epochs) > 2 and not composition:  # e.g. a builder alternating between two plans
         kind = composition_kind(r.first_last, lim, sorted_by_epoch.get(r.first_last.later, False))
         if kind:
             kinds.append(kind)
-            composition.append(f"the first and last epochs ({r.first_last.earlier} and {r.first_last.later}) "
-                               f"{composition_cause(kind, [r.first_last], lim)}")
+            composition.append(
+                f"the first and last epochs ({r.first_last.earlier} and {r.first_last.later}) "
+                f"{composition_cause(kind, [r.first_last], lim)}"
+            )
     r.notes = [sorted_note(sorted_passing, lim)] if sorted_passing and not composition else []
     cov_fail, dropped = [], []
     batch_sizes = dict(zip(r.epochs, r.epoch_batch_size or [0.0] * len(r.epochs)))
     for c in r.coverage:
         if c.duplicated:
-            cov_fail.append(f"epoch {c.epoch} repeats samples: {counted(c.duplicated, 'row')} "
-                            "beyond each sample's first")
+            cov_fail.append(
+                f"epoch {c.epoch} repeats samples: {counted(c.duplicated, 'row')} beyond each sample's first"
+            )
         if not c.missing:
             continue
         missing = f"epoch {c.epoch} misses {counted(c.missing, 'sample')}"
         batch = batch_sizes.get(c.epoch, 0.0)
         if lim.allow_drop_last is not None:
             if c.missing > lim.allow_drop_last:
-                allowed = f"at most {lim.allow_drop_last} may be dropped" if lim.allow_drop_last else \
-                    "none may be missing (--allow-drop-last N allows a dropped last batch)"
+                allowed = (
+                    f"at most {lim.allow_drop_last} may be dropped"
+                    if lim.allow_drop_last
+                    else "none may be missing (--allow-drop-last N allows a dropped last batch)"
+                )
                 cov_fail.append(f"{missing}; {allowed}")
         elif c.missing < batch and not c.duplicated:
             dropped.append(c.epoch)
@@ -110,9 +118,11 @@ def judge(r: GateResult) -> None:
             why = "and repeats others" if c.duplicated else f"as many as one batch holds ({batch:.4g} samples)"
             cov_fail.append(f"{missing}, {why}: more than a dropped last batch (--allow-drop-last N allows N)")
     if dropped:
-        r.notes.append(f"epoch{'s' if len(dropped) > 1 else ''} {listing([str(e) for e in dropped])} miss"
-                       f"{'' if len(dropped) > 1 else 'es'} fewer samples than one batch: a dropped last partial "
-                       "batch (DataLoader drop_last=True), not a fault")
+        r.notes.append(
+            f"epoch{'s' if len(dropped) > 1 else ''} {listing([str(e) for e in dropped])} miss"
+            f"{'' if len(dropped) > 1 else 'es'} fewer samples than one batch: a dropped last partial "
+            "batch (DataLoader drop_last=True), not a fault"
+        )
     r.dropped_last = dropped
     pad_fail = []
     if lim.min_padding_efficiency is not None:
@@ -121,8 +131,9 @@ def judge(r: GateResult) -> None:
         else:
             for ep, eff in zip(r.epochs, r.epoch_padding_efficiency):
                 if eff < lim.min_padding_efficiency:
-                    pad_fail.append(f"epoch {ep} padding efficiency {eff:.1%} is below "
-                                    f"{lim.min_padding_efficiency:.1%}")
+                    pad_fail.append(
+                        f"epoch {ep} padding efficiency {eff:.1%} is below {lim.min_padding_efficiency:.1%}"
+                    )
     r.static = bool(composition)
     r.failure_kinds = list(dict.fromkeys(FAILURE_KINDS[k] for k in kinds))
     r.composition_failures = composition

@@ -132,39 +132,57 @@ def derive_limits(
         kw: dict = {"token_budget": budget, "max_len": int(max_len)}
         if bs:
             kw["max_batch_size"] = bs
-        mega = megabatch_size(capped_lengths(samples, int(max_len)), token_budget=budget,
-                              **({"max_batch_size": bs} if bs else {}))
+        mega = megabatch_size(
+            capped_lengths(samples, int(max_len)), token_budget=budget, **({"max_batch_size": bs} if bs else {})
+        )
         ref_plan = rebuild_plan(samples, lambda s, e, seed: length_grouped(s, e, seed, **kw), 2, REFERENCE_SEED)
         ref = compare_epochs(*index_plan(ref_plan, samples).epochs)
         ref_pr, ref_id = ref.pair_retention, ref.identical_batches
         floor = FLOOR if length_sorted else UNSORTED_FLOOR
         pr = min(CAP, max(floor, MULTIPLE * ref_pr))
         ib = min(CAP, max(IDENTICAL_FLOOR, IDENTICAL_MULTIPLE * ref_id))
-        why_floor = (f"floor {FLOOR:g} as the plan has an epoch sorted by length as a whole (a sort is the failure "
-                     "whose retention falls with size)" if length_sorted else
-                     f"floor {UNSORTED_FLOOR:g} as no epoch is sorted by length as a whole (the other failures repeat "
-                     "100% of pairs; a sampler that shuffles in a bounded buffer, as lhotse's does, keeps a retention "
-                     "that does not fall with size)")
-        how = (f"pair retention: min({CAP:g}, max({floor:g}, {MULTIPLE:g} x {ref_pr:.5f})) = {pr:.5f} ({why_floor}), "
-               f"where {ref_pr:.5f} "
-               f"is the pair retention between epochs 0 and 1 of length_grouped (sorted mega-batches of {mega} "
-               f"samples, about {MEGABATCH_WORDS}: the finest length grouping in common use that rebuilds every epoch) "
-               f"of these {len(samples)} samples (seed {REFERENCE_SEED}, token budget {budget}, max batch size "
-               f"{bs or 'default'}, max_len {int(max_len)}); identical batches: "
-               f"min({CAP:g}, max({IDENTICAL_FLOOR:g}, {IDENTICAL_MULTIPLE:g} x {ref_id:.4f})) = {ib:.4f}")
+        why_floor = (
+            f"floor {FLOOR:g} as the plan has an epoch sorted by length as a whole (a sort is the failure "
+            "whose retention falls with size)"
+            if length_sorted
+            else f"floor {UNSORTED_FLOOR:g} as no epoch is sorted by length as a whole (the other failures repeat "
+            "100% of pairs; a sampler that shuffles in a bounded buffer, as lhotse's does, keeps a retention "
+            "that does not fall with size)"
+        )
+        how = (
+            f"pair retention: min({CAP:g}, max({floor:g}, {MULTIPLE:g} x {ref_pr:.5f})) = {pr:.5f} ({why_floor}), "
+            f"where {ref_pr:.5f} "
+            f"is the pair retention between epochs 0 and 1 of length_grouped (sorted mega-batches of {mega} "
+            f"samples, about {MEGABATCH_WORDS}: the finest length grouping in common use that rebuilds every epoch) "
+            f"of these {len(samples)} samples (seed {REFERENCE_SEED}, token budget {budget}, max batch size "
+            f"{bs or 'default'}, max_len {int(max_len)}); identical batches: "
+            f"min({CAP:g}, max({IDENTICAL_FLOOR:g}, {IDENTICAL_MULTIPLE:g} x {ref_id:.4f})) = {ib:.4f}"
+        )
     else:
         pr, ib = FIXED_PAIR_RETENTION, FIXED_IDENTICAL_BATCHES
-        how = (f"fixed limits without samples: pair retention {pr:g}, identical batches {ib:g} "
-               "(give the samples for a limit derived from their lengths)")
+        how = (
+            f"fixed limits without samples: pair retention {pr:g}, identical batches {ib:g} "
+            "(give the samples for a limit derived from their lengths)"
+        )
     if max_pair_retention is not None:
         pr = float(max_pair_retention)
         how = f"pair retention {pr:g} given by --max-pair-retention; " + how
     if max_identical_batches is not None:
         ib = float(max_identical_batches)
         how = f"identical batches {ib:g} given by --max-identical-batches; " + how
-    return Limits(pr, ib, how, ref_pr, ref_id, budget if ref_pr is not None else None, bs, mega,
-                  None if allow_drop_last is None else int(allow_drop_last), min_padding_efficiency,
-                  (FLOOR if length_sorted else UNSORTED_FLOOR) if ref_pr is not None else FIXED_PAIR_RETENTION)
+    return Limits(
+        pr,
+        ib,
+        how,
+        ref_pr,
+        ref_id,
+        budget if ref_pr is not None else None,
+        bs,
+        mega,
+        None if allow_drop_last is None else int(allow_drop_last),
+        min_padding_efficiency,
+        (FLOOR if length_sorted else UNSORTED_FLOOR) if ref_pr is not None else FIXED_PAIR_RETENTION,
+    )
 
 
 def plan_batch_shape(m: PlanMembership, lengths: np.ndarray) -> tuple[int | None, int | None]:

@@ -69,7 +69,9 @@ class GateResult:
             "cluster_entropy": [m.cluster_entropy for m in mix] if mix else None,
             "longest_dominant_run": [
                 {"epoch": m.epoch, "steps": m.longest_dominant_run, "cluster": m.dominant_cluster} for m in mix
-            ] if mix else None,
+            ]
+            if mix
+            else None,
             "failures": self.failures,
             "failure_kinds": self.failure_kinds,
             "length_sorted": self.length_sorted,

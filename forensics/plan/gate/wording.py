@@ -38,45 +38,60 @@ def composition_cause(kind: str, pairs: list[PairComposition], lim: Limits) -> s
     retention = [p.pair_retention for p in pairs]
     identical = [p.identical_batches for p in pairs]
     if kind == "same_order":
-        return ("are the same batches in the same order: re-seeded identically every epoch (a generator given the "
-                "same seed each epoch, or set_epoch never called)")
+        return (
+            "are the same batches in the same order: re-seeded identically every epoch (a generator given the "
+            "same seed each epoch, or set_epoch never called)"
+        )
     if kind == "order_only":
         return "share 100% of batch-mate pairs: the batches are built once and only reordered"
     if kind == "identical":
         return f"repeat {share_span(identical)} of their batches exactly (limit {percent(lim.identical_batches)})"
-    also = (f" and repeat {share_span(identical)} of their batches exactly (limit {percent(lim.identical_batches)})"
-            if kind.endswith("+identical") else "")
+    also = (
+        f" and repeat {share_span(identical)} of their batches exactly (limit {percent(lim.identical_batches)})"
+        if kind.endswith("+identical")
+        else ""
+    )
     head = f"share {share_span(retention)} of batch-mate pairs (limit {percent(lim.pair_retention)}){also}"
     if kind == "sorted_identical":
         head = f"repeat {share_span(identical)} of their batches exactly (limit {percent(lim.identical_batches)})"
     if kind.startswith("sorted"):
-        return (f"{head}: regrouped from the same samples (shuffle then sort): every batch is a run of the length "
-                "order, so only samples of equal length can change batch (a shuffle that a later sort undoes; a "
-                "length-grouped sampler whose one mega-batch covers the whole dataset is the same thing)")
-    return (f"{head}: the batches are mostly regrouped from the same samples, though not sorted as a whole: they "
-            "group by length far more tightly than sorted mega-batches of 50 batches (HF's group_by_length, the "
-            "limit's reference), e.g. length buckets that hold only a batch or two each, or a few huge sorted "
-            "mega-batches")
+        return (
+            f"{head}: regrouped from the same samples (shuffle then sort): every batch is a run of the length "
+            "order, so only samples of equal length can change batch (a shuffle that a later sort undoes; a "
+            "length-grouped sampler whose one mega-batch covers the whole dataset is the same thing)"
+        )
+    return (
+        f"{head}: the batches are mostly regrouped from the same samples, though not sorted as a whole: they "
+        "group by length far more tightly than sorted mega-batches of 50 batches (HF's group_by_length, the "
+        "limit's reference), e.g. length buckets that hold only a batch or two each, or a few huge sorted "
+        "mega-batches"
+    )
 
 
 def sorted_note(pairs: list[PairComposition], lim: Limits) -> str:
     """Why a plan sorted as a whole passes: its ties are many enough that the sort regroups most pairs."""
     epochs = listing([f"{p.earlier}-{p.later}" for p in pairs])
-    return (f"epochs {epochs} are sorted by length as a whole (shuffle then "
-            "sort, or a length-grouped sampler whose one mega-batch covers the whole dataset): only samples of equal "
-            f"length change batch, and enough samples share each length that they keep "
-            f"{share_span([p.pair_retention for p in pairs])} of batch-mate pairs, within the limit "
-            f"{percent(lim.pair_retention)}: they regroup like a bucketed shuffle with one bucket per length")
+    return (
+        f"epochs {epochs} are sorted by length as a whole (shuffle then "
+        "sort, or a length-grouped sampler whose one mega-batch covers the whole dataset): only samples of equal "
+        f"length change batch, and enough samples share each length that they keep "
+        f"{share_span([p.pair_retention for p in pairs])} of batch-mate pairs, within the limit "
+        f"{percent(lim.pair_retention)}: they regroup like a bucketed shuffle with one bucket per length"
+    )
 
 
 def summary(result: GateResult) -> str:
     """A few plain lines: the measures per epoch pair, the limits and the verdict with its causes."""
     lines = [f"{result.source}: epochs {result.epochs}"]
     for p in result.pairs + ([result.first_last] if len(result.epochs) > 2 else []):
-        lines.append(f"epochs {p.earlier}-{p.later}: pair retention {percent(p.pair_retention)}, identical batches "
-                     f"{percent(p.identical_batches)}, order only {'yes' if p.order_only else 'no'}")
-    lines.append(f"limits: pair retention {percent(result.threshold.pair_retention)}, identical batches "
-                 f"{percent(result.threshold.identical_batches)} ({result.threshold.how})")
+        lines.append(
+            f"epochs {p.earlier}-{p.later}: pair retention {percent(p.pair_retention)}, identical batches "
+            f"{percent(p.identical_batches)}, order only {'yes' if p.order_only else 'no'}"
+        )
+    lines.append(
+        f"limits: pair retention {percent(result.threshold.pair_retention)}, identical batches "
+        f"{percent(result.threshold.identical_batches)} ({result.threshold.how})"
+    )
     lines.append("PASS: batch composition varies across epochs" if result.passed else "FAIL")
     lines += [f"- {f}" for f in result.failures]
     lines += [f"note: {n}" for n in result.notes]

@@ -56,10 +56,14 @@ def finding_cards(
     sections included), then kinds nobody registered."""
     from forensics.detect.kinds import KINDS, kind_of
 
-    ctx = CardContext(findings=findings, lookup=sample_lookup(samples), batches=BatchLookup(plan),
-                      names=cluster_names(tags), loss_key=loss_key,
-                      replay={int(r["step"]): r for r in (replay or {}).get("steps") or []
-                              if isinstance(r, dict) and "step" in r})
+    ctx = CardContext(
+        findings=findings,
+        lookup=sample_lookup(samples),
+        batches=BatchLookup(plan),
+        names=cluster_names(tags),
+        loss_key=loss_key,
+        replay={int(r["step"]): r for r in (replay or {}).get("steps") or [] if isinstance(r, dict) and "step" in r},
+    )
     every = [f for f in findings.get("findings") or [] if isinstance(f, dict)]
     listed = {}
     for kind in KINDS.values():

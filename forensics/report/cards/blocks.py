@@ -115,21 +115,32 @@ def as_float(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def batch_table(spike: dict, peak: int, start: int, end: int, lookup: pd.DataFrame | None,
-                 batches: BatchLookup | None, names: dict[int, str] | None) -> str:
+def batch_table(
+    spike: dict,
+    peak: int,
+    start: int,
+    end: int,
+    lookup: pd.DataFrame | None,
+    batches: BatchLookup | None,
+    names: dict[int, str] | None,
+) -> str:
     suspects = [int(i) for i in spike.get("suspect_samples") or []]
     rank = {sid: r for r, sid in enumerate(suspects, start=1)}
-    ids, steps = (batches.samples_in(peak, peak) if batches is not None else (np.array([], np.int64),) * 2)
+    ids, steps = batches.samples_in(peak, peak) if batches is not None else (np.array([], np.int64),) * 2
     if batches is None or not batches.ok:
         if not suspects:
-            return ('<section><h4>The batch</h4><p class="muted">No plan was given, so the samples behind this step '
-                    "are unknown: pass the batch plan (<code>--plan</code>) to see them and rank suspects.</p>"
-                    "</section>")
+            return (
+                '<section><h4>The batch</h4><p class="muted">No plan was given, so the samples behind this step '
+                "are unknown: pass the batch plan (<code>--plan</code>) to see them and rank suspects.</p>"
+                "</section>"
+            )
     step_of = {int(i): int(s) for i, s in zip(ids, steps)}
     rows = list(dict.fromkeys(suspects + [int(i) for i in ids]))
     if not rows:
-        return (f'<section><h4>The batch at step {peak}</h4><p class="muted">The plan has no samples for step '
-                f"{peak}.</p></section>")
+        return (
+            f'<section><h4>The batch at step {peak}</h4><p class="muted">The plan has no samples for step '
+            f"{peak}.</p></section>"
+        )
 
     def tokens(sid: int) -> float:
         row = sample_row(lookup, sid)
@@ -155,18 +166,23 @@ def batch_table(spike: dict, peak: int, start: int, end: int, lookup: pd.DataFra
         body.append(
             f"{tr}<td>{suspect}</td><td>{sid}</td>"
             f"<td>{'' if where is None else where}</td>"
-            f"<td class=\"num\">{esc(fmt_num(row.get(N_TOKENS))) if N_TOKENS in row else ''}</td>"
+            f'<td class="num">{esc(fmt_num(row.get(N_TOKENS))) if N_TOKENS in row else ""}</td>'
             f"<td>{esc(cl_text)}</td><td>{esc(row.get(SOURCE) if present(row.get(SOURCE)) else '')}</td>"
             f'<td class="text">{text_cell}</td></tr>'
         )
     more = f'<p class="muted">… and {hidden} more samples.</p>' if hidden > 0 else ""
     n_batch = len(ids)
     caption = (f"The batch at step {peak}: {n_batch} samples" if n_batch else "Suspect samples") + (
-        f", {len(suspects)} suspects first" if suspects else "")
-    head = ("<tr><th>suspect</th><th>sample</th><th>step</th><th>tokens</th><th>cluster</th><th>source</th>"
-            "<th>text</th></tr>")
-    return (f"<section><h4>{esc(caption)}</h4><div class=\"scroll\"><table class=\"batch\"><thead>{head}</thead>"
-            f"<tbody>{''.join(body)}</tbody></table></div>{more}</section>")
+        f", {len(suspects)} suspects first" if suspects else ""
+    )
+    head = (
+        "<tr><th>suspect</th><th>sample</th><th>step</th><th>tokens</th><th>cluster</th><th>source</th>"
+        "<th>text</th></tr>"
+    )
+    return (
+        f'<section><h4>{esc(caption)}</h4><div class="scroll"><table class="batch"><thead>{head}</thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>{more}</section>"
+    )
 
 
 def slug(text: Any) -> str:
@@ -197,12 +213,17 @@ def recurrence_table(spike: dict, metric: str) -> str:
     for r in rec:
         value = as_float(r.get("value"))
         ratio = f"{value / baseline:.2f}×" if value is not None and baseline else ""
-        overlap = f"<td class=\"num\">{esc(fmt_share(r.get('overlap')))}</td>" if has_overlap else ""
-        rows.append(f"<tr><td>{esc(fmt_num(r.get('epoch')))}</td><td>{esc(fmt_num(r.get('step')))}</td>"
-                    f"<td class=\"num\">{esc(fmt_num(r.get('value')))}</td><td class=\"num\">{ratio}</td>"
-                    f"{overlap}</tr>")
-    head = (f"<tr><th>epoch</th><th>step</th><th class=\"num\">{esc(metric)}</th>"
-            f"<th class=\"num\">× spike baseline</th>" + ("<th class=\"num\">overlap</th>" if has_overlap else "")
-            + "</tr>")
-    return (f"<section><h4>The same batch in other epochs</h4><div class=\"scroll\"><table class=\"recurrence\">"
-            f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div></section>")
+        overlap = f'<td class="num">{esc(fmt_share(r.get("overlap")))}</td>' if has_overlap else ""
+        rows.append(
+            f"<tr><td>{esc(fmt_num(r.get('epoch')))}</td><td>{esc(fmt_num(r.get('step')))}</td>"
+            f'<td class="num">{esc(fmt_num(r.get("value")))}</td><td class="num">{ratio}</td>'
+            f"{overlap}</tr>"
+        )
+    head = (
+        f'<tr><th>epoch</th><th>step</th><th class="num">{esc(metric)}</th>'
+        f'<th class="num">× spike baseline</th>' + ('<th class="num">overlap</th>' if has_overlap else "") + "</tr>"
+    )
+    return (
+        f'<section><h4>The same batch in other epochs</h4><div class="scroll"><table class="recurrence">'
+        f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div></section>"
+    )

@@ -129,9 +129,16 @@ class MetricsReader:
     # --- state --------------------------------------------------------------------------------------------------
     def _reset(self) -> None:
         self.report = ReaderReport(source=self.source, format=self.format_name)
-        self._rows = MetricsAccumulator(self.report, self._malformed, keys=self.keys, step_key=self.step_key,
-                                        format_step_key=self._records_step_key, finished=self._finished,
-                                        strict=self.strict, where_word=self._where_word)
+        self._rows = MetricsAccumulator(
+            self.report,
+            self._malformed,
+            keys=self.keys,
+            step_key=self.step_key,
+            format_step_key=self._records_step_key,
+            finished=self._finished,
+            strict=self.strict,
+            where_word=self._where_word,
+        )
         self._reset_position()
 
 
@@ -153,8 +160,12 @@ def by_rank(rec: Records, step_key: str | None = None) -> Records:
         table = rec.table
     else:  # a plain float column has no null: its NaN cells are logged NaN, kept as values
         df = rec.table
-        table = pa.table({str(c): pa.array(df[c], from_pandas=not (df[c].dtype.kind == "f" and isinstance(
-            df[c].dtype, np.dtype))) for c in df.columns})
+        table = pa.table(
+            {
+                str(c): pa.array(df[c], from_pandas=not (df[c].dtype.kind == "f" and isinstance(df[c].dtype, np.dtype)))
+                for c in df.columns
+            }
+        )
     ranks = table.column(RANK_KEY)
     if not (pa.types.is_integer(ranks.type) or pa.types.is_floating(ranks.type)):
         return rec
@@ -170,6 +181,7 @@ def by_rank(rec: Records, step_key: str | None = None) -> Records:
             columns[name] = col
             continue
         for r in known:
-            columns[f"{name}/rank{r}"] = pa.array(col.to_pylist(), type=col.type,
-                                                  mask=~(rank == r) | np.asarray(col.is_null()))
+            columns[f"{name}/rank{r}"] = pa.array(
+                col.to_pylist(), type=col.type, mask=~(rank == r) | np.asarray(col.is_null())
+            )
     return Records(pa.table(columns), rec.where)

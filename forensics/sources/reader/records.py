@@ -106,13 +106,16 @@ def damage_line(damages: Sequence[Damage]) -> str | None:
     steps 298-299 (data checksum mismatch): ...`` (None if there is no damage)."""
     if not damages:
         return None
-    shown = "; ".join(f"{d.file + ':' if d.file else ''}{d.offset}, {describe_steps(d.steps)}"
-                      for d in damages[:MAX_QUOTED])
+    shown = "; ".join(
+        f"{d.file + ':' if d.file else ''}{d.offset}, {describe_steps(d.steps)}" for d in damages[:MAX_QUOTED]
+    )
     more = f" and {len(damages) - MAX_QUOTED} more" if len(damages) > MAX_QUOTED else ""
     reasons = "; ".join(sorted({d.reason for d in damages}))
     n = len(damages)
-    return (f"{counted(n, 'record')} skipped for damage at byte {plural('offset', n)} "
-            f"{shown}{more} ({reasons}): a value logged in that range is missing, never filled in")
+    return (
+        f"{counted(n, 'record')} skipped for damage at byte {plural('offset', n)} "
+        f"{shown}{more} ({reasons}): a value logged in that range is missing, never filled in"
+    )
 
 
 @dataclass
@@ -168,8 +171,9 @@ class ReaderReport:
             shown = "; ".join(f"{w}: {r}" for w, r in self.malformed_examples)
             out.append(f"{self.source}: {self.malformed} malformed records skipped ({shown})")
         for column, (n, examples) in self.bad_cells.items():
-            out.append(f"{self.source}: column '{column}': {counted(n, 'cell')} not a number, kept as "
-                       f"missing ({examples})")
+            out.append(
+                f"{self.source}: column '{column}': {counted(n, 'cell')} not a number, kept as missing ({examples})"
+            )
         out += [r.describe() for r in self.rewinds]
         out += [f"{self.source}: {w}" for w in self.warnings]
         return out

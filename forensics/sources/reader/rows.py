@@ -41,8 +41,9 @@ MIN_RESUMED_STEPS = 2
 Malformed = Callable[[int, str], None]
 
 
-def last_write_wins(steps: np.ndarray, values: np.ndarray, written: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def last_write_wins(
+    steps: np.ndarray, values: np.ndarray, written: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Collapse repeated steps in write order: per metric, the last value written for a step wins.
 
     Returns ``(unique sorted steps, values, written)``. A cell not written (``written`` False) never overrides one
@@ -71,9 +72,18 @@ class MetricsAccumulator:
     strict mode); ``report`` receives rewinds, non-finite counts and warnings.
     """
 
-    def __init__(self, report: ReaderReport, malformed: Malformed, *, keys: Sequence[str] | None = None,
-                 step_key: str | None = None, format_step_key: str | None = None, finished: bool = False,
-                 strict: bool = False, where_word: str = "line") -> None:
+    def __init__(
+        self,
+        report: ReaderReport,
+        malformed: Malformed,
+        *,
+        keys: Sequence[str] | None = None,
+        step_key: str | None = None,
+        format_step_key: str | None = None,
+        finished: bool = False,
+        strict: bool = False,
+        where_word: str = "line",
+    ) -> None:
         self.report = report
         self._malformed = malformed
         self.keys = list(keys) if keys else None
@@ -165,13 +175,16 @@ class MetricsAccumulator:
         if self.step_key:
             found = self.step_key if self.step_key in names else lower.get(self.step_key.lower())
             if found is None:
-                raise ForensicsError(f"{self.report.source}: step key '{self.step_key}' not found; "
-                                     f"the keys are {', '.join(names[:12])}")
+                raise ForensicsError(
+                    f"{self.report.source}: step key '{self.step_key}' not found; the keys are {', '.join(names[:12])}"
+                )
         else:
             found = next((lower[k] for k in STEP_KEYS if k in lower), None)
             if found is None:
-                message = (f"no step key found (expected one of {', '.join(STEP_KEYS)}, or give --step-key); "
-                           f"the keys are {', '.join(names[:12])}")
+                message = (
+                    f"no step key found (expected one of {', '.join(STEP_KEYS)}, or give --step-key); "
+                    f"the keys are {', '.join(names[:12])}"
+                )
                 if self.finished:
                     raise ForensicsError(f"{self.report.source}: {message}")
                 # A live file may start with records that have no step (a config line): count them, and
@@ -220,15 +233,18 @@ class MetricsAccumulator:
         mask = text & ~bad
         if not mask.any():
             example = series[text].iloc[0] if text.any() else None
-            self._drop(name, "holds no numeric value" + (f" (e.g. {example!r})" if example is not None else "")
-                       + ": not a metric")
+            self._drop(
+                name,
+                "holds no numeric value" + (f" (e.g. {example!r})" if example is not None else "") + ": not a metric",
+            )
             return None, None
         if bad.any():
             rows = np.flatnonzero(bad)
             cells = "; ".join(f"{self._where_word} {int(where[i])}: {series.iloc[i]!r}" for i in rows[:MAX_EXAMPLES])
             if self.strict:
-                raise ForensicsError(f"{self.report.source}: column '{name}' has a cell that is not a number "
-                                     f"({cells}) (strict mode)")
+                raise ForensicsError(
+                    f"{self.report.source}: column '{name}' has a cell that is not a number ({cells}) (strict mode)"
+                )
             self.report.add_cells(name, len(rows), cells)
         return values, mask
 
@@ -238,8 +254,9 @@ class MetricsAccumulator:
             self.report.left_out[name] = why.removesuffix(": not a metric")
             self.report.warn(f"column '{name}' {why}; skipped")
 
-    def _find_rewinds(self, steps: np.ndarray, present: dict[str, np.ndarray],
-                      values: dict[str, np.ndarray] | None = None) -> None:
+    def _find_rewinds(
+        self, steps: np.ndarray, present: dict[str, np.ndarray], values: dict[str, np.ndarray] | None = None
+    ) -> None:
         """A resumed run: the step goes backwards and rewrites (step, metric) cells already written, or logs its
         series again below the high point without meeting a written step (:meth:`_resumes_below`).
 
@@ -275,14 +292,28 @@ class MetricsAccumulator:
             last = max(before) if before else None
             if seg.any() or self._resumes_below(steps, present, i, nxt, last):
                 n = len(np.unique(steps[i:nxt][seg]))
-                self.report.rewinds.append(Rewind(int(steps[i]), n, self.report.source, last_step=last,
-                                                  overlap=self._overlap(steps, present, values or {}, i, nxt)))
+                self.report.rewinds.append(
+                    Rewind(
+                        int(steps[i]),
+                        n,
+                        self.report.source,
+                        last_step=last,
+                        overlap=self._overlap(steps, present, values or {}, i, nxt),
+                    )
+                )
                 # a resumed writer read a poll at a time rewrites its steps over several batches: one rewind
-                self._open_rewind = (len(self.report.rewinds) - 1
-                                     if last is not None and int(steps[nxt - 1]) < last else None)
+                self._open_rewind = (
+                    len(self.report.rewinds) - 1 if last is not None and int(steps[nxt - 1]) < last else None
+                )
 
-    def _continue_rewind(self, steps: np.ndarray, present: dict[str, np.ndarray], values: dict[str, np.ndarray],
-                         rewritten: np.ndarray, head: int) -> None:
+    def _continue_rewind(
+        self,
+        steps: np.ndarray,
+        present: dict[str, np.ndarray],
+        values: dict[str, np.ndarray],
+        rewritten: np.ndarray,
+        head: int,
+    ) -> None:
         """The batch's first ``head`` rows go on rewriting the steps of the rewind an earlier batch opened (a live
         file read as the resumed writer appends): they join it, so a file read a poll at a time records the rewind
         a file read whole records (its steps replaced, its first overlapping values)."""
@@ -298,8 +329,9 @@ class MetricsAccumulator:
         if head < len(steps) or rw.last_step is None or int(steps[head - 1]) >= rw.last_step:
             self._open_rewind = None
 
-    def _resumes_below(self, steps: np.ndarray, present: dict[str, np.ndarray], i: int, nxt: int,
-                       last: int | None) -> bool:
+    def _resumes_below(
+        self, steps: np.ndarray, present: dict[str, np.ndarray], i: int, nxt: int, last: int | None
+    ) -> bool:
         """A backward jump that rewrites nothing is still a resume when logging carries on below the high point.
 
         A log kept at an interval, or an excerpt of one, may resume at steps it never wrote (Megatron logging every
@@ -326,8 +358,15 @@ class MetricsAccumulator:
                 return True
         return False
 
-    def _overlap(self, steps: np.ndarray, present: dict[str, np.ndarray], values: dict[str, np.ndarray],
-                 i: int, nxt: int, limit: int | None = None) -> dict[str, list[tuple[int, float, float]]]:
+    def _overlap(
+        self,
+        steps: np.ndarray,
+        present: dict[str, np.ndarray],
+        values: dict[str, np.ndarray],
+        i: int,
+        nxt: int,
+        limit: int | None = None,
+    ) -> dict[str, list[tuple[int, float, float]]]:
         """Per metric, (step, value first written, value written on resuming) for the first ``limit`` steps the
         segment ``steps[i:nxt]`` writes again (the first value from earlier in this batch, else from the table)."""
         limit = OVERLAP_LIMIT if limit is None else limit

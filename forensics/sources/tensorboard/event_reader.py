@@ -130,13 +130,20 @@ def _step_at(data: bytes, frames: tfrecord.Frames, k: int, event_pb2) -> int | N
     """The step of record ``k`` of ``frames`` (None if it does not decode)."""
     s, n = int(frames.starts[k]), int(frames.lengths[k])
     try:
-        return int(event_pb2.Event.FromString(data[s:s + n]).step)
+        return int(event_pb2.Event.FromString(data[s : s + n]).step)
     except Exception:  # the protobuf runtime raises its own DecodeError type
         return None
 
 
-def _decode(data: bytes, frames: tfrecord.Frames, base: int, prefix: str, tags: dict[str, bool], event_pb2,
-            reader: MetricsReader) -> _RowBuilder:
+def _decode(
+    data: bytes,
+    frames: tfrecord.Frames,
+    base: int,
+    prefix: str,
+    tags: dict[str, bool],
+    event_pb2,
+    reader: MetricsReader,
+) -> _RowBuilder:
     """Decode the verified records into wide rows (the hot loop: rows are built inline, not per call)."""
     rows = _RowBuilder()
     steps, where, wall, cols = rows.steps, rows.where, rows.wall, rows.cols
@@ -145,7 +152,7 @@ def _decode(data: bytes, frames: tfrecord.Frames, base: int, prefix: str, tags: 
     row, last, row_tags = -1, None, set()
     for s, n in zip(frames.starts.tolist(), frames.lengths.tolist()):
         try:
-            event = from_string(view[s:s + n])
+            event = from_string(view[s : s + n])
         except Exception:  # checksums verified, so the writer wrote it this way: malformed, not damage
             reader._malformed(base + s - tfrecord.HEADER_SIZE, "undecodable event")
             continue

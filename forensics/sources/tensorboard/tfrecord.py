@@ -146,8 +146,13 @@ class _Buffer:
         for r in long:
             s = int(out[r])
             for q in range(int(first_piece[r]) + 1, int(first_piece[r] + n_pieces[r])):
-                s = (int(shift[0, s & 0xFF]) ^ int(shift[1, (s >> 8) & 0xFF]) ^ int(shift[2, (s >> 16) & 0xFF])
-                     ^ int(shift[3, s >> 24]) ^ int(regs[q]))
+                s = (
+                    int(shift[0, s & 0xFF])
+                    ^ int(shift[1, (s >> 8) & 0xFF])
+                    ^ int(shift[2, (s >> 16) & 0xFF])
+                    ^ int(shift[3, s >> 24])
+                    ^ int(regs[q])
+                )
             out[r] = s
         return out ^ _ALL_ONES
 
@@ -237,8 +242,7 @@ def scan(data: bytes | bytearray | memoryview | np.ndarray, *, finished: bool = 
                     h = tail_bad
                     trusted = trusted[:h]
             for i in np.flatnonzero(~trusted).tolist():
-                damaged.append((int(starts[i]), int(lengths[i]) + HEADER_SIZE + FOOTER_SIZE,
-                                "data checksum mismatch"))
+                damaged.append((int(starts[i]), int(lengths[i]) + HEADER_SIZE + FOOTER_SIZE, "data checksum mismatch"))
             starts_parts.append(starts[:h][trusted] + HEADER_SIZE)
             length_parts.append(lengths[:h][trusted])
             if h < len(starts):
@@ -291,8 +295,9 @@ def _header_ok(buf: _Buffer, pos: int) -> bool:
     return bool(_mask(head)[0] == buf.u32[pos + 8])
 
 
-def _resync(buf: _Buffer, pos: int, reason: str, finished: bool,
-            damaged: list[tuple[int, int, str]]) -> tuple[int, str]:
+def _resync(
+    buf: _Buffer, pos: int, reason: str, finished: bool, damaged: list[tuple[int, int, str]]
+) -> tuple[int, str]:
     """Skip the failed record at ``pos``: find the next offset whose record verifies (or whose verified header starts
     a record still being written). Returns (where to continue, state); records the damaged region."""
     n = buf.n
@@ -324,7 +329,7 @@ def _data_ok(buf: _Buffer, pos: int, length: int) -> bool:
     data = pos + HEADER_SIZE
     crc = _ALL_ONES
     table = _T0_LIST
-    for byte in buf.bytes[data:data + length].tobytes():
+    for byte in buf.bytes[data : data + length].tobytes():
         crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
     return int(_mask(np.array([crc ^ _ALL_ONES]))[0]) == int(buf.u32[data + length])
 

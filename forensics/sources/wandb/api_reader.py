@@ -38,8 +38,15 @@ DEFAULT_TIMEOUT = 10
 #: Steps per history page (the client's default; one GraphQL request each past the parquet export).
 DEFAULT_PAGE_SIZE = 1000
 #: Text spellings of non-finite numbers a server may send where JSON has no literal for them.
-_NONFINITE_TEXT = {"nan": math.nan, "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf,
-                   "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
+_NONFINITE_TEXT = {
+    "nan": math.nan,
+    "infinity": math.inf,
+    "+infinity": math.inf,
+    "-infinity": -math.inf,
+    "inf": math.inf,
+    "+inf": math.inf,
+    "-inf": -math.inf,
+}
 
 _URL = re.compile(r"^(?:https?://)?(?P<host>[^/]+)/(?P<entity>[^/]+)/(?P<project>[^/]+)/runs/(?P<run>[^/?#]+)")
 
@@ -60,7 +67,7 @@ def parse_run_path(source: str) -> RunPath:
     """``wandb://e/p/id``, ``https://wandb.ai/e/p/runs/id[/...][?...]`` or ``e/p/id`` -> :class:`RunPath`."""
     s = str(source).strip()
     if s.startswith("wandb://"):
-        parts = s[len("wandb://"):].strip("/").split("/")
+        parts = s[len("wandb://") :].strip("/").split("/")
         if len(parts) == 3 and all(parts):
             return RunPath(*parts)
     elif (m := _URL.match(s)) is not None and ("." in m["host"] or ":" in m["host"]):
@@ -145,14 +152,22 @@ class WandbApiReader(MetricsReader):
         rows, then the same steps again from ``HistoryPage``); W&B keeps one row per step, so the later copy wins.
         """
         total = last_step + 1 - min_step
-        columns = (TextColumn("[bold]W&B[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("steps"), TimeRemainingColumn())
+        columns = (
+            TextColumn("[bold]W&B[/] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps"),
+            TimeRemainingColumn(),
+        )
         by_step: dict[int, dict[str, Any]] = {}
-        with Progress(*columns, console=Console(stderr=True), transient=True,
-                      disable=not self.progress) as bar, self._errors():
+        with (
+            Progress(*columns, console=Console(stderr=True), transient=True, disable=not self.progress) as bar,
+            self._errors(),
+        ):
             task = bar.add_task(str(self.run_path), total=total)
-            scan = run.scan_history(keys=None, page_size=self.page_size, min_step=min_step, max_step=last_step + 1,
-                                    use_cache=False)
+            scan = run.scan_history(
+                keys=None, page_size=self.page_size, min_step=min_step, max_step=last_step + 1, use_cache=False
+            )
             for raw in scan:
                 step = _whole(raw.get(WANDB_STEP))
                 if step is None:
@@ -204,18 +219,23 @@ class WandbApiReader(MetricsReader):
     def _publish(self, run: Any, last_step: int) -> None:
         attrs = getattr(run, "_attrs", {}) or {}
         self.report.metadata = {
-            "run_id": self.run_path.run_id, "entity": self.run_path.entity, "project": self.run_path.project,
-            "name": attrs.get("displayName"), "state": attrs.get("state"),
+            "run_id": self.run_path.run_id,
+            "entity": self.run_path.entity,
+            "project": self.run_path.project,
+            "name": attrs.get("displayName"),
+            "state": attrs.get("state"),
             "config": dict(getattr(run, "config", {}) or {}),
             "summary": {k: v for k, v in (attrs.get("summaryMetrics") or {}).items() if not is_internal(k)},
-            "last_step": last_step, "url": self._safe_base_url(),
+            "last_step": last_step,
+            "url": self._safe_base_url(),
         }
         if self._dropped_values:
             most = sorted(self._dropped_values.items(), key=lambda kv: -kv[1])[:5]
             shown = ", ".join(f"'{k}' ({n})" for k, n in most)
             self.report.warnings = [w for w in self.report.warnings if "non-numeric history values" not in w]
-            self.report.warn(f"{sum(self._dropped_values.values())} non-numeric history values dropped "
-                             f"(text, media, lists): {shown}")
+            self.report.warn(
+                f"{sum(self._dropped_values.values())} non-numeric history values dropped (text, media, lists): {shown}"
+            )
 
 
 def _client_errors() -> tuple[type[BaseException], ...]:
@@ -252,8 +272,7 @@ def _api_key(base_url: str) -> str | None:
     try:
         from wandb.sdk.lib.wbauth import authenticate
 
-        auth = authenticate.authenticate_session(host=base_url, source="forensics", prompt=False,
-                                                 update_session=False)
+        auth = authenticate.authenticate_session(host=base_url, source="forensics", prompt=False, update_session=False)
     except ImportError:  # pragma: no cover - a wandb other than the pinned one: let the client find the key
         return None
     if auth is None:
@@ -271,13 +290,20 @@ def _explain(exc: BaseException, run_path: RunPath, base_url: str) -> str:
         return f"W&B run {run_path} was not found on {base_url} (check the entity, project and run id)"
     if "api key" in low and ("no " in low or "configured" in low):
         return f"no W&B API key for {base_url}: set WANDB_API_KEY or run `wandb login`"
-    network = ("did not respond", "connection refused", "connect:", "no such host", "timeout", "timed out",
-               "unreachable", "dial tcp", "network")
+    network = (
+        "did not respond",
+        "connection refused",
+        "connect:",
+        "no such host",
+        "timeout",
+        "timed out",
+        "unreachable",
+        "dial tcp",
+        "network",
+    )
     if any(s in low for s in network):
         return f"could not reach W&B at {base_url} ({text[:160]})"
     refused = ("invalid credentials", "verify credentials", "not logged in", "401", "unauthorized", "permission")
     if any(s in low for s in refused):
         return f"W&B at {base_url} rejected the API key for run {run_path} ({text[:160]})"
     return f"W&B API request for run {run_path} on {base_url} failed: {text[:200]}"
-
-

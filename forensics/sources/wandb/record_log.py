@@ -102,8 +102,9 @@ class RecordLog:
             try:
                 rec.ParseFromString(payload)
             except Exception as exc:  # protobuf's DecodeError: the checksum passed, so the writer wrote it so
-                self.damaged.append(Damage(start, self.offset - start,
-                                           f"record does not decode as a W&B Record: {exc}"))
+                self.damaged.append(
+                    Damage(start, self.offset - start, f"record does not decode as a W&B Record: {exc}")
+                )
                 continue
             yield start, rec
 
@@ -195,8 +196,13 @@ class RecordLog:
                 pos += CHUNK_HEADER_SIZE + length
                 if kind <= FIRST and parts:
                     # A new record while a split one is unfinished: that one lost its continuation.
-                    self.damaged.append(Damage(record_start, pos - CHUNK_HEADER_SIZE - length - record_start,
-                                               "a split record without its last chunk"))
+                    self.damaged.append(
+                        Damage(
+                            record_start,
+                            pos - CHUNK_HEADER_SIZE - length - record_start,
+                            "a split record without its last chunk",
+                        )
+                    )
                     parts = []
                 if kind == FULL:
                     self.offset = pos

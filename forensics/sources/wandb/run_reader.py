@@ -101,8 +101,9 @@ def find_run_files(source: str | Path) -> list[RunFile]:
 def choose_run(files: Sequence[RunFile], run_id: str | None, source: str) -> list[RunFile]:
     """The files of one run id in time order: ``run_id`` if given, else the run whose latest folder is newest."""
     if not files:
-        raise ForensicsError(f"W&B source {source} holds no .wandb run files "
-                             "(expected wandb/offline-run-*/run-*.wandb)")
+        raise ForensicsError(
+            f"W&B source {source} holds no .wandb run files (expected wandb/offline-run-*/run-*.wandb)"
+        )
     ids = sorted({f.run_id for f in files})
     if run_id is None:
         run_id = max(files, key=lambda f: f.order).run_id
@@ -326,8 +327,10 @@ class WandbRunReader(MetricsReader):
             self.report.warnings.remove(old)
         if log.tail_bytes:
             state = "truncated" if self.finished else "still being written, or truncated"
-            msg = (f"{log.path}: ends inside a record at byte {log.offset} ({log.tail_bytes} bytes not yet a "
-                   f"complete record: {state}); the records before it are read")
+            msg = (
+                f"{log.path}: ends inside a record at byte {log.offset} ({log.tail_bytes} bytes not yet a "
+                f"complete record: {state}); the records before it are read"
+            )
             self._tail_warnings[log.path] = msg
             self.report.warn(msg)
 
@@ -339,8 +342,10 @@ class WandbRunReader(MetricsReader):
         if self._dropped_values:
             shown = ", ".join(f"'{k}' ({n})" for k, n in self._dropped_values.most_common(5))
             more = len(self._dropped_values) - 5
-            line = (f"{sum(self._dropped_values.values())} non-numeric history values dropped (text, media, lists): "
-                    f"{shown}{f' and {more} more keys' if more > 0 else ''}")
+            line = (
+                f"{sum(self._dropped_values.values())} non-numeric history values dropped (text, media, lists): "
+                f"{shown}{f' and {more} more keys' if more > 0 else ''}"
+            )
             self.report.warnings = [w for w in self.report.warnings if "non-numeric history values" not in w]
             self.report.warn(line)
 
@@ -381,7 +386,6 @@ def _loads_or_text(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
-
 
 
 def _column(table: pa.Table, name: str | None, n: int) -> np.ndarray:

@@ -27,8 +27,22 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 END, PROBLEM, HANDED, FULL_TABLE, LIMIT = 0, 1, 2, 3, 4
 V_FLOAT, V_INT, V_TRUE, V_FALSE, V_NULL, V_OTHER = 0, 1, 2, 3, 4, -1
 S_UPDATE, S_REMOVE = 1, 2
-(F_HISTORY, F_SUMMARY, F_CONFIG, F_RUN, F_EXIT, F_ITEM, F_STEP, F_STEP_NUM, F_KEY, F_NESTED, F_VALUE_JSON, F_UPDATE,
- F_REMOVE, F_INT_DIGITS) = range(14)
+(
+    F_HISTORY,
+    F_SUMMARY,
+    F_CONFIG,
+    F_RUN,
+    F_EXIT,
+    F_ITEM,
+    F_STEP,
+    F_STEP_NUM,
+    F_KEY,
+    F_NESTED,
+    F_VALUE_JSON,
+    F_UPDATE,
+    F_REMOVE,
+    F_INT_DIGITS,
+) = range(14)
 _FNV_PRIME = 1099511628211
 
 
@@ -45,12 +59,25 @@ def _crc32(buf, lo, hi, crc, T):
     c = crc ^ 0xFFFFFFFF
     p = lo
     while p + 8 <= hi:
-        one = c ^ (np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16)
-                   | (np.int64(buf[p + 3]) << 24))
-        two = (np.int64(buf[p + 4]) | (np.int64(buf[p + 5]) << 8) | (np.int64(buf[p + 6]) << 16)
-               | (np.int64(buf[p + 7]) << 24))
-        c = (T[7, one & 255] ^ T[6, (one >> 8) & 255] ^ T[5, (one >> 16) & 255] ^ T[4, (one >> 24) & 255]
-             ^ T[3, two & 255] ^ T[2, (two >> 8) & 255] ^ T[1, (two >> 16) & 255] ^ T[0, (two >> 24) & 255])
+        one = c ^ (
+            np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)
+        )
+        two = (
+            np.int64(buf[p + 4])
+            | (np.int64(buf[p + 5]) << 8)
+            | (np.int64(buf[p + 6]) << 16)
+            | (np.int64(buf[p + 7]) << 24)
+        )
+        c = (
+            T[7, one & 255]
+            ^ T[6, (one >> 8) & 255]
+            ^ T[5, (one >> 16) & 255]
+            ^ T[4, (one >> 24) & 255]
+            ^ T[3, two & 255]
+            ^ T[2, (two >> 8) & 255]
+            ^ T[1, (two >> 16) & 255]
+            ^ T[0, (two >> 24) & 255]
+        )
         p += 8
     while p < hi:
         c = T[0, (c ^ np.int64(buf[p])) & 255] ^ (c >> 8)
@@ -272,8 +299,13 @@ def _item_key(buf, lo, hi, F, typed, kbuf):
     vtag = (F[F_VALUE_JSON] << 3) | 2
     if ntag < 128 and 128 <= vtag < 16384 and hi - lo >= 5 and buf[lo] == ntag and buf[lo + 1] < 128:
         q = lo + 2 + np.int64(buf[lo + 1])
-        if (q + 3 <= hi and buf[q] == ((vtag & 0x7F) | 0x80) and buf[q + 1] == (vtag >> 7) and buf[q + 2] < 128
-                and q + 3 + np.int64(buf[q + 2]) == hi):
+        if (
+            q + 3 <= hi
+            and buf[q] == ((vtag & 0x7F) | 0x80)
+            and buf[q + 1] == (vtag >> 7)
+            and buf[q + 2] < 128
+            and q + 3 + np.int64(buf[q + 2]) == hi
+        ):
             return False, lo + 2, q - lo - 2, q + 3, hi, True
     n_nested = 0
     k_lo = 0
@@ -378,8 +410,34 @@ C_ROWS, C_ITEMS, C_HKEYS, C_SKEYS, C_HANDED = range(5)
 
 
 @compiled(nogil=True)
-def scan(buf, base, limit, skip, F, oneof, typed, T, type_crc, counts, rows, items, kinds, voff, vbuf, htab, hpool,
-         stab, spool, sitems, sstore, handed, hbuf, asm, kbuf, pending):
+def scan(
+    buf,
+    base,
+    limit,
+    skip,
+    F,
+    oneof,
+    typed,
+    T,
+    type_crc,
+    counts,
+    rows,
+    items,
+    kinds,
+    voff,
+    vbuf,
+    htab,
+    hpool,
+    stab,
+    spool,
+    sitems,
+    sstore,
+    handed,
+    hbuf,
+    asm,
+    kbuf,
+    pending,
+):
     """Walk ``buf`` (the file's bytes from offset ``base``, a record boundary) record by record.
 
     Returns ``(stop, why, first)``: ``stop`` is the file offset after the last record taken (where the next read
@@ -432,8 +490,12 @@ def scan(buf, base, limit, skip, F, oneof, typed, T, type_crc, counts, rows, ite
             continue
         if n - pos < HDR:
             break
-        crc = (np.int64(buf[pos]) | (np.int64(buf[pos + 1]) << 8) | (np.int64(buf[pos + 2]) << 16)
-               | (np.int64(buf[pos + 3]) << 24))
+        crc = (
+            np.int64(buf[pos])
+            | (np.int64(buf[pos + 1]) << 8)
+            | (np.int64(buf[pos + 2]) << 16)
+            | (np.int64(buf[pos + 3]) << 24)
+        )
         length = np.int64(buf[pos + 4]) | (np.int64(buf[pos + 5]) << 8)
         kind = np.int64(buf[pos + 6])
         if kind < FULL or kind > LAST or length > block_left - HDR:
@@ -443,8 +505,11 @@ def scan(buf, base, limit, skip, F, oneof, typed, T, type_crc, counts, rows, ite
             if kind == MIDDLE or kind == LAST:  # the end of a record that began before ``base``
                 if pos + HDR + length > n:
                     break
-                if (base + pos) % BLOCK != 0 or (kind == MIDDLE and length != block_left - HDR) or (
-                        _crc32(buf, pos + HDR, pos + HDR + length, type_crc[kind], T) != crc):
+                if (
+                    (base + pos) % BLOCK != 0
+                    or (kind == MIDDLE and length != block_left - HDR)
+                    or (_crc32(buf, pos + HDR, pos + HDR + length, type_crc[kind], T) != crc)
+                ):
                     why = PROBLEM
                     break
                 pos += HDR + length
@@ -517,8 +582,11 @@ def scan(buf, base, limit, skip, F, oneof, typed, T, type_crc, counts, rows, ite
                 rtype = f
                 r_lo, r_hi = a, b
         ok = ok and n_members <= 1
-        if ok and n_members == 1 and (n_items + (r_hi - r_lo) // 2 + 1 > items.shape[1]
-                                      or (r_hi - r_lo) // 2 + 1 > pending.shape[1]):
+        if (
+            ok
+            and n_members == 1
+            and (n_items + (r_hi - r_lo) // 2 + 1 > items.shape[1] or (r_hi - r_lo) // 2 + 1 > pending.shape[1])
+        ):
             why = FULL_TABLE  # its values might not fit: the next pass has room
             pos = commit
             break

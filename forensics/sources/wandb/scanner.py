@@ -49,7 +49,6 @@ MARGIN = 1 << 20
 _TABLE_SLOTS = 4096
 
 
-
 @lru_cache(maxsize=1)
 def field_numbers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The protobuf field numbers the loop needs (``scan_kernel.F_*``), the ``record_type`` oneof's members, and
@@ -61,13 +60,25 @@ def field_numbers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     history = pb.HistoryRecord.DESCRIPTOR.fields_by_name
     item = pb.HistoryItem.DESCRIPTOR.fields_by_name
     summary = pb.SummaryRecord.DESCRIPTOR.fields_by_name
-    numbers = np.array([
-        fields["history"].number, fields["summary"].number, fields["config"].number, fields["run"].number,
-        fields["exit"].number, history["item"].number, history["step"].number,
-        pb.HistoryStep.DESCRIPTOR.fields_by_name["num"].number, item["key"].number, item["nested_key"].number,
-        item["value_json"].number, summary["update"].number, summary["remove"].number,
-        sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0,
-    ], dtype=np.int64)
+    numbers = np.array(
+        [
+            fields["history"].number,
+            fields["summary"].number,
+            fields["config"].number,
+            fields["run"].number,
+            fields["exit"].number,
+            history["item"].number,
+            history["step"].number,
+            pb.HistoryStep.DESCRIPTOR.fields_by_name["num"].number,
+            item["key"].number,
+            item["nested_key"].number,
+            item["value_json"].number,
+            summary["update"].number,
+            summary["remove"].number,
+            sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0,
+        ],
+        dtype=np.int64,
+    )
     oneof = np.zeros(max(f.number for f in record.DESCRIPTOR.fields) + 1, dtype=np.bool_)
     for f in record.DESCRIPTOR.oneofs_by_name["record_type"].fields:
         oneof[f.number] = True
@@ -244,8 +255,19 @@ def warm() -> None:
         _Pass(MARGIN + (64 << 10)).read_and_scan(fh, 0)
     one = np.zeros(1, dtype=np.int64)
     pivot = loop("wandb_pivot", 0)
-    pivot(np.zeros((1, 1)), np.zeros((1, 1), dtype=np.bool_), np.zeros((2, 1), dtype=np.int64), one, one,
-          np.zeros(1), np.zeros(1, dtype=np.int8), one, one, 0, 0)
+    pivot(
+        np.zeros((1, 1)),
+        np.zeros((1, 1), dtype=np.bool_),
+        np.zeros((2, 1), dtype=np.int64),
+        one,
+        one,
+        np.zeros(1),
+        np.zeros(1, dtype=np.int8),
+        one,
+        one,
+        0,
+        0,
+    )
 
 
 _READ_LOCK = threading.Lock()
@@ -318,8 +340,9 @@ class _Pass:
         end = (start + self.window - min(MARGIN, self.window // 4)) // K.BLOCK * K.BLOCK
         return max(end, ((start + K.HDR - 1) // K.BLOCK + 1) * K.BLOCK)  # past padding at ``start`` too
 
-    def read_and_scan(self, fh, start: int, window: int | None = None, skip: bool = False
-                      ) -> tuple[int, int, int, bool, int, ScanBatch]:
+    def read_and_scan(
+        self, fh, start: int, window: int | None = None, skip: bool = False
+    ) -> tuple[int, int, int, bool, int, ScanBatch]:
         """Read a window of the file from ``start`` and walk it up to its boundary: (stop, why, bytes read, at the
         end, where its first record starts, what it read). With ``skip``, ``start`` is a block boundary, maybe inside
         a record. The pass's buffers are free again when it returns."""
@@ -341,25 +364,62 @@ class _Pass:
         self.sitems[5] = 0
         limit = self.boundary(start) - start
         scan = loop("wandb_scan", 0)
-        stop, why, first = scan(self.data, start, limit, skip, self.numbers, self.oneof, self.typed, _CRC,
-                                _TYPE_CRCS, self.counts, self.rows, self.items, self.kinds, self.voff, self.vbuf,
-                                self.htab, self.hpool, self.stab, self.spool, self.sitems, self.sstore,
-                                self.handed, self.hbuf, self.asm, self.kbuf, self.pending)
+        stop, why, first = scan(
+            self.data,
+            start,
+            limit,
+            skip,
+            self.numbers,
+            self.oneof,
+            self.typed,
+            _CRC,
+            _TYPE_CRCS,
+            self.counts,
+            self.rows,
+            self.items,
+            self.kinds,
+            self.voff,
+            self.vbuf,
+            self.htab,
+            self.hpool,
+            self.stab,
+            self.spool,
+            self.sitems,
+            self.sstore,
+            self.handed,
+            self.hbuf,
+            self.asm,
+            self.kbuf,
+            self.pending,
+        )
         return int(stop), int(why), got, at_eof, int(first), self.batch()
 
     def batch(self) -> ScanBatch:
         """What the last pass read, copied out of the buffers."""
         r, m, hk, sk, nh = (int(c) for c in self.counts)
         koff, hpool = self.htab[2], self.hpool
-        keys = [hpool[koff[i]:koff[i + 1]].tobytes().decode("utf-8") for i in range(hk)]
+        keys = [hpool[koff[i] : koff[i + 1]].tobytes().decode("utf-8") for i in range(hk)]
         values = _parse_values(self.vbuf[: self.voff[m]], self.voff[: m + 1])
-        summary = [(int(op), int(rank), bool(removed), (self.data if where == 0 else self.sstore)[a:b].tobytes())
-                   for op, where, a, b, rank, removed in self.sitems[:, :sk].T if op]
+        summary = [
+            (int(op), int(rank), bool(removed), (self.data if where == 0 else self.sstore)[a:b].tobytes())
+            for op, where, a, b, rank, removed in self.sitems[:, :sk].T
+            if op
+        ]
         handed, hoff = self.handed, self.handed[2]
-        handed_records = [(int(handed[0, i]), int(handed[1, i]), self.hbuf[hoff[i]:hoff[i + 1]].tobytes())
-                          for i in range(nh)]
-        return ScanBatch(self.rows[0, :r].copy(), self.rows[1, :r].copy(), self.items[0, :m].copy(),
-                         self.items[1, :m].copy(), self.kinds[:m].copy(), values, keys, summary, handed_records)
+        handed_records = [
+            (int(handed[0, i]), int(handed[1, i]), self.hbuf[hoff[i] : hoff[i + 1]].tobytes()) for i in range(nh)
+        ]
+        return ScanBatch(
+            self.rows[0, :r].copy(),
+            self.rows[1, :r].copy(),
+            self.items[0, :m].copy(),
+            self.items[1, :m].copy(),
+            self.kinds[:m].copy(),
+            values,
+            keys,
+            summary,
+            handed_records,
+        )
 
 
 def _table(slots: int) -> np.ndarray:
@@ -392,8 +452,9 @@ def handed_record(log: RecordLog, start: int, end: int, payload: bytes):
     return rec
 
 
-def rows_table_of(batches: list[ScanBatch], slow: list[tuple[int, dict[str, float]]], kept, fill_step: str | None
-                  ) -> tuple[pa.Table, np.ndarray]:
+def rows_table_of(
+    batches: list[ScanBatch], slow: list[tuple[int, dict[str, float]]], kept, fill_step: str | None
+) -> tuple[pa.Table, np.ndarray]:
     """The rows of one read, from both paths, in file order: an Arrow table (one float64 column per key, first-seen
     order, null where a row did not write it, NaN where it logged NaN) and each row's byte offset.
 
@@ -410,8 +471,7 @@ def rows_table_of(batches: list[ScanBatch], slow: list[tuple[int, dict[str, floa
     columns: dict[str, int] = {}
     maps = []
     for b in batches:
-        maps.append(np.array([columns.setdefault(k, len(columns)) if kept(k) else -1 for k in b.keys],
-                             dtype=np.int64))
+        maps.append(np.array([columns.setdefault(k, len(columns)) if kept(k) else -1 for k in b.keys], dtype=np.int64))
     for _, row in slow:
         for key in row:
             columns.setdefault(key, len(columns))
@@ -430,7 +490,7 @@ def rows_table_of(batches: list[ScanBatch], slow: list[tuple[int, dict[str, floa
         pivot(out, valid, first, b.item_key, b.item_row, b.values, b.item_kind, colmap, final, r0, rank0)
         r0 += len(b.row_offset)
         rank0 += len(b.item_key)
-    for (_, row), i in zip(slow, final[len(fast):].tolist()):
+    for (_, row), i in zip(slow, final[len(fast) :].tolist()):
         for rank, (key, value) in enumerate(row.items()):
             c = columns[key]
             out[c, i] = value
@@ -446,6 +506,11 @@ def rows_table_of(batches: list[ScanBatch], slow: list[tuple[int, dict[str, floa
         if missing.any() and at[missing].min() < first[0, c]:
             first[:, c] = (at[missing].min(), never - 1)  # filled after the row's own values
     names = list(columns)
-    table = pa.table({names[c]: pa.array(out[c], mask=~valid[c])
-                      for c in np.lexsort((first[1], first[0])).tolist() if first[0, c] != never})
+    table = pa.table(
+        {
+            names[c]: pa.array(out[c], mask=~valid[c])
+            for c in np.lexsort((first[1], first[0])).tolist()
+            if first[0, c] != never
+        }
+    )
     return table, offsets[order]

@@ -58,6 +58,11 @@ COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
         ("metrics.parquet", "metrics.jsonl", "metrics.csv", "plan", "samples", "run.toml"),
     ),
     "replay": (["replay", "CASE", "--steps", "40"], ("plan", "samples", "run.toml", "findings.json", "replay.json")),
+    # the live loop the dashboard shares; it exits at its first cause when the inputs load (so a miss cannot hang)
+    "watch": (
+        ["watch", "CASE", "--interval", "0.2", "--exit-on", "info", "--quiet-period", "0"],
+        ("metrics.parquet", "plan", "samples", "run.toml"),
+    ),
 }
 
 #: A truncated text metrics file is data (a half-written last line), not bad input.
@@ -179,5 +184,5 @@ def test_damaged_input_is_one_line_and_exit_2(
 
 def test_table_counts_its_cases() -> None:
     """The table covers every command and input named above, each with every damage it can take."""
-    assert len(CASES) == 144
+    assert len(CASES) == 160
     assert {c for c, _, _ in CASES} == set(COMMANDS)

@@ -164,6 +164,11 @@ def run(args: argparse.Namespace) -> int:
     from forensics.report.summary import render_summary
 
     render_summary(console(), audit.findings, written + ([str(p) for p in replayed.written] if replayed else []))
+    if not written:  # no case folder to write into (a log or metrics file given alone)
+        console(stderr=True).print(
+            "audit: no findings.json or report.html written (no case folder); add --json F and --html F to keep them",
+            markup=False,
+        )
     failed = failed_kinds(audit.findings, fail_on)
     if failed:
         console(stderr=True).print(f"audit: failing on {', '.join(failed)} (--fail-on)")

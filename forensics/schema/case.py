@@ -128,7 +128,10 @@ def open_case(
         return Case(root=None, config=cfg, warnings=warnings)
     root = Path(root)
     if not root.exists():
-        raise ForensicsError(f"case folder {root} does not exist")
+        raise ForensicsError(
+            f"case folder {root} does not exist; expected a case folder (metrics, plan, samples, run.toml), a metrics "
+            "file, or `forensics demo` run first to write the demo's"
+        )
     if not root.is_dir() or is_metrics_folder(root):
         # a log or metrics file (or a W&B / TensorBoard folder) where a case is expected is read as ``--metrics``, as
         # ``compare``, ``watch`` and the dashboard take it

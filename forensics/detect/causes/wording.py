@@ -66,6 +66,11 @@ def event_summary(
     offset = run.logged_offset
     ratio = lead.details.get("ratio")
     size = f" ({ratio:.1f}x its baseline)" if isinstance(ratio, float) and ratio == ratio else ""
+    ratios = [
+        r for f in members if f.metric == lead.metric and isinstance(r := f.details.get("ratio"), float) and r == r
+    ]
+    if size and len(firsts) > 1 and len(ratios) > 1:  # the steps differ: say the range, not the lead's size for all
+        size = f" ({min(ratios):.1f}x-{max(ratios):.1f}x its baseline)" if min(ratios) < max(ratios) else size
     riders = list(dict.fromkeys(str(f.metric) for f in members if f.metric != lead.metric))
     also = f", with {', '.join(riders)} at the same steps" if riders else ""
     where = ""

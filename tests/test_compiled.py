@@ -184,7 +184,7 @@ def test_a_changed_constant_is_never_served_from_a_warm_cache(tmp_path):
     again, said_again = _audit(metrics, tmp_path / "b.json", cache, tree)
     assert "compiling" not in said_again  # warm: loaded, not compiled
     assert again["spikes"] == first["spikes"]
-    stats = tree / "forensics" / "stats.py"
+    stats = tree / "forensics" / "stats" / "__init__.py"
     source = stats.read_text()
     assert source.count("MAD_TO_SD = 1.4826") == 1
     stats.write_text(source.replace("MAD_TO_SD = 1.4826", "MAD_TO_SD = 2 * 1.4826"))

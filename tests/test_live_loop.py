@@ -269,10 +269,12 @@ def hf_case(hf_cases, tmp_path_factory) -> tuple[Path, list[str], dict]:
 )
 @given(cuts=st.lists(st.integers(130, 750), max_size=5, unique=True), first=st.integers(100, 125))
 def test_live_chunks_of_a_real_trainer_run_with_its_plan_give_the_audits_findings(hf_case, cuts, first):
-    """The harmful samples, the grad-norm spikes the loss did not follow and the spikes with their suspects: the
-    live loop over a real HF Trainer run with its recorded plan ends where the audit does."""
+    """The harmful samples, the grad-norm spikes the loss did not follow, the spikes with their suspects and the steps
+    their composition explains: the live loop over a real HF Trainer run with its recorded plan ends where the audit
+    does."""
     case, lines, offline = hf_case
-    assert {f["kind"] for f in offline["findings"]} == {"spike", "grad_norm_spikes", "harmful_samples"}
+    kinds = {f["kind"] for f in offline["findings"]}
+    assert kinds == {"spike", "grad_norm_spikes", "harmful_samples", "expected_for_bucket"}, kinds
     run = _live(case, lines, cuts, first)
     assert _comparable(run.finish()) == _comparable(offline)
 

@@ -267,18 +267,7 @@ def cast_float(df: pd.DataFrame, column: str, what: str, origin: str) -> None:
     if lost.any():
         # pandas does not parse every spelling of non-finite values; accept the common ones explicitly.
         text = s[lost].astype(str).str.strip().str.lower()
-        special = {
-            "nan": math.nan,
-            "inf": math.inf,
-            "+inf": math.inf,
-            "-inf": -math.inf,
-            "infinity": math.inf,
-            "+infinity": math.inf,
-            "-infinity": -math.inf,
-            "none": math.nan,
-            "null": math.nan,
-        }
-        mapped = text.map(special)
+        mapped = text.map(_SPECIAL)
         num = num.astype("float64")
         num[lost] = mapped
         still = mapped.isna() & ~text.isin(["nan", "none", "null"])

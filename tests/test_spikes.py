@@ -366,3 +366,25 @@ def test_loss_spike_led_by_the_grad_norm_gets_a_higher_confidence(real_logs_dir)
     assert joint["lm loss"].details["confidence"] == pytest.approx(
         1 - 0.4 * (1 - alone.details["confidence"]), abs=1e-3
     )
+
+
+@pytest.mark.parametrize(
+    ("grad_steps", "other_loss", "joint"),
+    [
+        ([100], [], "accompanied"),  # the grad norm spiked at the loss spike's step
+        ([100, 96], [96], "accompanied"),  # with the loss at both: each spike is accompanied, none is led
+        ([96], [96], "none"),  # the grad spike 4 steps before came with an earlier loss spike: it belongs to that one
+        ([96], [], "led"),  # ... and alone it leads this one
+        ([90], [], "led"),  # JOINT_LEAD (10) steps before: still leads
+        ([89], [], "none"),  # one step further: too far to lead
+        ([101], [], "none"),  # after the loss spike's end: the loss did not follow it
+    ],
+)
+def test_the_grad_norm_leads_a_loss_spike_only_when_no_other_loss_spike_owns_it(grad_steps, other_loss, joint):
+    """Two bad batches a few steps apart (the demo's steps 254 and 258) each raise loss and grad norm together: the
+    grad-norm spike of the first is not an optimizer-led warning for the second."""
+    from forensics.detect.spikes.driver import joint_confidence
+
+    f = Finding("spike", 100, metric="loss", end_step=100, score=10.0, details={"thresholds": {"z": 5.0}})
+    spans = [("loss", 100, 100), *[("loss", s, s) for s in other_loss], *[("grad_norm", s, s) for s in grad_steps]]
+    assert joint_confidence(f, spans, "grad_norm")[1] == joint

@@ -424,18 +424,26 @@ def alone_confidence(f: Finding) -> float:
 def joint_confidence(f: Finding, spans: Sequence[tuple[str, int, int]], grad: str | None) -> tuple[float, str | None]:
     """A spike's confidence and how the loss and the grad norm agreed at it.
 
-    ``spans``: ``(metric, step, end_step)`` of the run's spikes. ``joint``: ``led`` (the grad norm spiked up to
-    ``JOINT_LEAD`` steps before this loss spike), ``accompanied`` (during it), ``loss_response`` (a grad-norm spike the
-    loss answered within ``JOINT_LEAD`` steps of its end), ``none``; None without a grad norm beside another metric.
-    Agreement raises the confidence: the chance that both moved by noise is far smaller.
+    ``spans``: ``(metric, step, end_step)`` of the run's spikes. ``joint``: ``accompanied`` (the grad norm spiked
+    during this loss spike), ``led`` (else, it spiked up to ``JOINT_LEAD`` steps before it, and no other loss spike
+    was under way then: a grad-norm spike that came with an earlier loss spike belongs to that one, so two bad
+    batches a few steps apart are not an optimizer-led event), ``loss_response`` (a grad-norm spike the loss answered
+    within ``JOINT_LEAD`` steps of its end), ``none``; None without a grad norm beside another metric. Agreement
+    raises the confidence: the chance that both moved by noise is far smaller.
     """
     c = alone_confidence(f)
     if grad is None:
         return round(c, 3), None
     start, end = _span(f)
     if f.metric != grad:
-        near = [s for m, s, _ in spans if m == grad and start - JOINT_LEAD <= s <= end]
-        joint = ("led" if min(near) < start else "accompanied") if near else "none"
+        others = [(a, b) for m, a, b in spans if m == f.metric and (a, b) != (start, end)]
+        grads = [s for m, s, _ in spans if m == grad]
+        if any(start <= s <= end for s in grads):
+            joint = "accompanied"
+        elif any(start - JOINT_LEAD <= s < start and not any(a <= s <= b for a, b in others) for s in grads):
+            joint = "led"
+        else:
+            joint = "none"
     else:
         answered = any(m != grad and start <= s <= end + JOINT_LEAD for m, s, _ in spans)
         joint = "loss_response" if answered else "none"

@@ -139,10 +139,6 @@ class Rule(ParamsMixin):
     parameter_constraints: ClassVar[Mapping[str, Param]] = {}
     required_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
-    def clone(self) -> Rule:
-        """A fresh rule with the same parameters."""
-        return type(self)(**self.get_params())
-
     def param_owner(self) -> str:
         """Errors name ``detect.<name>.<param>``'s table, as run.toml and ``--set`` spell it."""
         return f"detect.{self.name}"

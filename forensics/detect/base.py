@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import pandas as pd
 
 from forensics.detect.findings import Finding
-from forensics.detect.params import Param, ParamsMixin
+from forensics.detect.params import ParamsMixin
 from forensics.detect.plan_view import FramePlan, PlanView
 from forensics.errors import ForensicsError
 from forensics.schema import MAX_LEN, STEP, written
@@ -136,7 +136,6 @@ class Rule(ParamsMixin):
     #: runs it again whenever that changes, in place of the audit's findings of these kinds; empty: the audit's
     #: answer stands until the run ends.
     live_kinds: ClassVar[tuple[str, ...]] = ()
-    parameter_constraints: ClassVar[Mapping[str, Param]] = {}
     required_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     def param_owner(self) -> str:

@@ -13,15 +13,14 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import pandas as pd
 
 from forensics.detect.findings import Finding
-from forensics.detect.params import Param, check_params
+from forensics.detect.params import ParamsMixin
 from forensics.detect.plan_view import FramePlan, PlanView
 from forensics.errors import ForensicsError
 from forensics.schema import MAX_LEN, STEP, written
@@ -97,17 +96,25 @@ class RunTables:
         return self.metrics.loc[written(self.metrics, metric), [STEP, metric]]
 
 
+@runtime_checkable
 class OnlineRule(Protocol):
-    """A rule's state on a live run."""
+    """The one online shape: what a rule's ``online(run)`` returns, and what every engine behind it offers (the spike
+    driver, :class:`~forensics.detect.metric_detector.MetricDetector` and its detectors).
+
+    ``update(rows)`` alone drives any of them; an engine may take further context after ``rows`` (the step tags,
+    the joint evidence), always optional, so the live loop and the tests feed every one the same way.
+    """
 
     def update(self, rows: pd.DataFrame) -> list[Finding]:
         """Feed the next metrics rows (in step order); return the findings that became final with them."""
+        ...
 
     def finish(self) -> list[Finding]:
         """What is still open, as it would be reported if the run ended now (the state is not changed)."""
+        ...
 
 
-class Rule:
+class Rule(ParamsMixin):
     """A rule of the audit (module docstring). Class attributes:
 
     ``name`` (its ``[detect.<name>]`` table), ``needs_plan`` (skipped without a plan), ``replaces`` (a kind whose
@@ -129,29 +136,11 @@ class Rule:
     #: runs it again whenever that changes, in place of the audit's findings of these kinds; empty: the audit's
     #: answer stands until the run ends.
     live_kinds: ClassVar[tuple[str, ...]] = ()
-    parameter_constraints: ClassVar[Mapping[str, Param]] = {}
     required_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
-    @classmethod
-    def parameter_defaults(cls) -> dict[str, Any]:
-        """The parameters and their defaults (the constructor's keyword arguments)."""
-        sig = inspect.signature(cls.__init__)
-        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        return {n: p.default for n, p in sig.parameters.items() if n != "self" and p.kind in kinds}
-
-    def get_params(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.parameter_defaults()}
-
-    def clone(self) -> Rule:
-        """A fresh rule with the same parameters."""
-        return type(self)(**self.get_params())
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
-
-    def validate(self) -> None:
-        """Check every parameter against its declared constraint (errors name ``detect.<name>.<param>``)."""
-        check_params(f"detect.{self.name}", self.parameter_constraints, self.get_params())
+    def param_owner(self) -> str:
+        """Errors name ``detect.<name>.<param>``'s table, as run.toml and ``--set`` spell it."""
+        return f"detect.{self.name}"
 
     def check_inputs(self, run: RunTables) -> None:
         """Raise the declared message when a table this rule reads lacks a column it needs."""

@@ -8,11 +8,12 @@ naming the rule, the parameter and what is allowed, so a typo or a negative wind
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,40 @@ def check_params(owner: str, constraints: Mapping[str, Param], values: Mapping[s
     for name, value in values.items():
         if name in constraints and not constraints[name].allows(value):
             raise ForensicsError(f"{owner}: '{name}' must be {constraints[name].describe()}; got {value!r}")
+
+
+class ParamsMixin:
+    """Parameters declared once, scikit-learn style: the constructor's keyword arguments are the parameters (it only
+    stores each under its own name), ``parameter_constraints`` says what each may be, and :meth:`validate` checks
+    them together at the boundary. Every rule and every detector takes its parameters from here, so introspection,
+    copying and the error message are written once.
+    """
+
+    parameter_constraints: ClassVar[Mapping[str, Param]] = {}
+
+    @classmethod
+    def parameter_defaults(cls) -> dict[str, Any]:
+        """The parameters and their defaults (the constructor's keyword arguments, in signature order)."""
+        sig = inspect.signature(cls.__init__)
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return {n: p.default for n, p in sig.parameters.items() if n != "self" and p.kind in kinds}
+
+    def get_params(self) -> dict[str, Any]:
+        """The parameters and their current values (what the constructor stored)."""
+        return {name: getattr(self, name) for name in self.parameter_defaults()}
+
+    def clone(self) -> Any:
+        """A fresh object of the same class with the same parameters and no state."""
+        return type(self)(**self.get_params())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
+
+    def param_owner(self) -> str:
+        """How an error names where these parameters live (a rule: ``detect.<name>``)."""
+        return type(self).__name__
+
+    def validate(self) -> None:
+        """Check every parameter against its declared constraint; one error naming the owner, the parameter and
+        what is allowed. A class whose parameters also constrain each other extends this."""
+        check_params(self.param_owner(), self.parameter_constraints, self.get_params())

@@ -229,20 +229,20 @@ class FrameworkRule(MetricDetector):
         self.last_step_: int | None = None
         self.open_: dict[str, Any] | None = None
 
-    def update(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
+    def update(self, rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
         """Feed the next rows (``step`` plus the metric; rows at or before the last step seen are skipped)."""
         if not hasattr(self, "sf_"):
             self.reset()
         if self.metric_ is None:
-            self.metric_ = find_loss_key(new_rows.columns)
+            self.metric_ = find_loss_key(rows.columns)
         for col in (STEP, self.metric_):
-            if col not in new_rows.columns:
+            if col not in rows.columns:
                 raise ForensicsError(
                     f"metrics: missing column '{col}' ({self.label} watches '{self.metric_}'); "
-                    f"it has {', '.join(map(str, new_rows.columns[:12]))}"
+                    f"it has {', '.join(map(str, rows.columns[:12]))}"
                 )
-        steps = new_rows[STEP].to_numpy(dtype=np.int64)
-        values = new_rows[self.metric_].to_numpy(dtype=np.float64, na_value=np.nan)
+        steps = rows[STEP].to_numpy(dtype=np.int64)
+        values = rows[self.metric_].to_numpy(dtype=np.float64, na_value=np.nan)
         keep = np.ones(len(steps), dtype=bool)
         if len(steps) > 1:
             keep[1:] = steps[1:] > np.maximum.accumulate(steps)[:-1]

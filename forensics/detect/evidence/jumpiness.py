@@ -120,15 +120,15 @@ class JumpinessDetector(MetricDetector):
         self.metric_: str | None = self.metric
         self.last_step_: int | None = None
 
-    def update(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
+    def update(self, rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
         if not hasattr(self, "steps_"):
             self.reset()
         if self.metric_ is None:
-            self.metric_ = find_loss_key(new_rows.columns)
-        if self.metric_ not in new_rows.columns:
+            self.metric_ = find_loss_key(rows.columns)
+        if self.metric_ not in rows.columns:
             raise ForensicsError(f"metrics: missing column '{self.metric_}'")
-        steps = new_rows[STEP].to_numpy(dtype=np.int64)
-        values = new_rows[self.metric_].to_numpy(dtype=np.float64, na_value=np.nan)
+        steps = rows[STEP].to_numpy(dtype=np.int64)
+        values = rows[self.metric_].to_numpy(dtype=np.float64, na_value=np.nan)
         if self.last_step_ is not None:
             keep = steps > self.last_step_
             steps, values = steps[keep], values[keep]

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from forensics.detect.base import Rule, RunTables
+from forensics.detect.base import OnlineRule, Rule, RunTables
 from forensics.detect.findings import CRITICAL, INFO, Finding
 from forensics.detect.metric_detector import MetricDetector
 from forensics.errors import ForensicsError
@@ -62,15 +62,15 @@ class NonfiniteDetector(MetricDetector):
     def reset(self) -> None:
         self.last_step_: int | None = None
 
-    def update(self, new_rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
+    def update(self, rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
         if not hasattr(self, "last_step_"):
             self.reset()
-        metric = self.metric or find_loss_key(new_rows.columns)
+        metric = self.metric or find_loss_key(rows.columns)
         for col in (STEP, metric):
-            if col not in new_rows.columns:
+            if col not in rows.columns:
                 raise ForensicsError(f"metrics: missing column '{col}'")
-        steps = new_rows[STEP].to_numpy(dtype=np.int64)
-        values = new_rows[metric].to_numpy(dtype="float64", na_value=np.nan)
+        steps = rows[STEP].to_numpy(dtype=np.int64)
+        values = rows[metric].to_numpy(dtype="float64", na_value=np.nan)
         if self.last_step_ is not None:
             keep = steps > self.last_step_
             steps, values = steps[keep], values[keep]
@@ -101,7 +101,7 @@ class NonfiniteRule(Rule):
         return LiveNonfinite(run)
 
 
-class LiveNonfinite:
+class LiveNonfinite(OnlineRule):
     """NaN/inf of the context metrics as rows arrive (a metric first logged later is watched from then on)."""
 
     def __init__(self, run: RunTables) -> None:

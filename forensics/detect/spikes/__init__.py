@@ -27,7 +27,7 @@ accepted values after it lies closer to its baseline than to its peak. An event 
 start of a new level (a new data mix, an lr restart): the baseline re-anchors to the values since it started and one
 ``level_shift`` finding is reported (never in ``spikes``), covering every event still awaiting confirmation.
 
-**Online.** ``update(new_rows)`` reports an event once it is final: a spike ``confirm`` accepted rows after it ends
+**Online.** ``update(rows)`` reports an event once it is final: a spike ``confirm`` accepted rows after it ends
 (a few steps), a level shift when it is declared, a non-finite step at once. What is open at the end of a chunk is
 pending (``finish()`` shows it as it would be reported if the run ended there). Any chunking gives the same findings.
 
@@ -132,22 +132,8 @@ confidence and logging windows: the one place that builds detectors, called by t
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from forensics.detect.spikes.detector import SpikeDetector
+from forensics.detect.spikes.driver import SpikeDriver, add_confidence, detect_spikes, joint_order
+from forensics.detect.spikes.kernel_state import JOINT_LEAD
 
-#: Public names, imported lazily: a reader of the kernel's records (or of JOINT_LEAD) does not load numba.
-_EXPORTS = {
-    "JOINT_LEAD": "kernel_state",
-    "SpikeDetector": "detector",
-    "SpikeDriver": "driver",
-    "add_confidence": "driver",
-    "detect_spikes": "driver",
-    "joint_order": "driver",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'forensics.detect.spikes' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"forensics.detect.spikes.{_EXPORTS[name]}"), name)
+__all__ = ["JOINT_LEAD", "SpikeDetector", "SpikeDriver", "add_confidence", "detect_spikes", "joint_order"]

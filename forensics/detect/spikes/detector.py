@@ -8,8 +8,7 @@ by :class:`~forensics.detect.spikes.driver.SpikeDriver` (the grad norm first), t
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 from typing import Any
 
@@ -19,7 +18,7 @@ import pandas as pd
 from forensics.compiled import loop
 from forensics.detect.findings import Finding
 from forensics.detect.metric_detector import MetricDetector
-from forensics.detect.params import Param, at_least, check_params
+from forensics.detect.params import Param, at_least
 from forensics.detect.rules.nonfinite import nonfinite_findings
 from forensics.detect.spikes import kernel_state as K
 from forensics.detect.spikes.events import event_finding, expected_findings, two_sided_findings
@@ -57,19 +56,12 @@ PARAMETER_CONSTRAINTS: dict[str, Param] = {
 }
 
 
-def spike_defaults() -> dict[str, Any]:
-    """The detector's parameters and their defaults (the audit's ``[detect.spikes]`` table takes the same)."""
-    sig = inspect.signature(SpikeDetector.__init__)
-    return {n: p.default for n, p in sig.parameters.items() if n != "self"}
-
-
-def check_spike_params(params: dict[str, Any], owner: str = "detect.spikes") -> None:
-    """The detector's parameters, each against its constraint and together (``min_peaks`` within ``tail_window``)."""
-    check_params(owner, PARAMETER_CONSTRAINTS, params)
-    merged = {**spike_defaults(), **params}
-    if merged["min_peaks"] > merged["tail_window"]:
+def check_tail_fits(owner: str, params: Mapping[str, Any]) -> None:
+    """The one constraint between parameters: the tail cannot need more peaks (``min_peaks``) than it keeps
+    (``tail_window``). The detector and the audit's rule both call it after the per-parameter check."""
+    if params["min_peaks"] > params["tail_window"]:
         raise ForensicsError(
-            f"{owner}: 'min_peaks' ({merged['min_peaks']}) cannot exceed 'tail_window' ({merged['tail_window']})"
+            f"{owner}: 'min_peaks' ({params['min_peaks']}) cannot exceed 'tail_window' ({params['tail_window']})"
         )
 
 
@@ -131,6 +123,8 @@ class SpikeDetector(MetricDetector):
         corpus).
     """
 
+    parameter_constraints = PARAMETER_CONSTRAINTS
+
     def __init__(
         self,
         metric: str | None = None,
@@ -175,7 +169,7 @@ class SpikeDetector(MetricDetector):
 
     # --- state ------------------------------------------------------------------------------------------------------
     def reset(self) -> None:
-        self._check_params()
+        self.validate()
         w = int(self.window)
         h = w // 2 if self.trend else w
         params = np.zeros(1, K.PARAMS)
@@ -229,13 +223,15 @@ class SpikeDetector(MetricDetector):
         q = min(float(self.false_rate) / 1e4 * float(self.joint_factor), JOINT_MAX_P)
         return NormalDist().inv_cdf(1.0 - q)
 
-    def _check_params(self) -> None:
-        check_spike_params(self.get_params(), "SpikeDetector")
+    def validate(self) -> None:
+        """Each parameter against :data:`PARAMETER_CONSTRAINTS`, then the tail's peaks within its window."""
+        super().validate()
+        check_tail_fits(self.param_owner(), self.get_params())
 
     # --- the protocol -----------------------------------------------------------------------------------------------
     def update(
         self,
-        new_rows: pd.DataFrame,
+        rows: pd.DataFrame,
         tags: pd.DataFrame | None = None,
         support: Sequence[int] | np.ndarray | None = None,
     ) -> list[Finding]:
@@ -244,7 +240,7 @@ class SpikeDetector(MetricDetector):
         ``support``: steps where another metric of the run was flagged (its detector's ``flagged_steps_``, fed the
         same rows first), so that a row up to ``JOINT_LEAD`` steps after one is judged at the joint threshold."""
         self._add_support(support)
-        found, _ = self._run(new_rows, tags, keep_rows=False)
+        found, _ = self._run(rows, tags, keep_rows=False)
         return found
 
     def detect(

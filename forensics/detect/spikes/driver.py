@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from forensics.detect.base import OnlineRule
 from forensics.detect.causes.severity import assign_severities
 from forensics.detect.evidence.batch_size import judge_batch_size
 from forensics.detect.evidence.expected_loss import CompositionExpectation
@@ -58,7 +59,7 @@ def joint_order(names: Sequence[str | None], support_metric: str | None) -> list
     return sorted(names, key=lambda n: n != support_metric) if support_metric in names else list(names)
 
 
-class SpikeDriver:
+class SpikeDriver(OnlineRule):
     """Spikes, level shifts and NaN/inf of several metrics of one run, judged together (module docstring).
 
     Parameters
@@ -108,7 +109,7 @@ class SpikeDriver:
     # --- the protocol -----------------------------------------------------------------------------------------------
     def update(self, rows: pd.DataFrame, tags: pd.DataFrame | None = None) -> list[Finding]:
         """Feed the next metrics rows (any columns; each metric judged where it was written); return the findings
-        that became final with them."""
+        that became final with them. ``tags``: the step tags as of now (kept for the updates that give none)."""
         if tags is not None:
             if self.tags_ is not tags and self.expect_:
                 for exp in self.expect_.values():

@@ -6,14 +6,15 @@ per-bucket baselines when steps carry tags. Its parameters are the spike detecto
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
-from forensics.detect.base import Rule, RunTables
+from forensics.detect.base import OnlineRule, Rule, RunTables
 from forensics.detect.findings import Finding
-from forensics.detect.spikes.detector import PARAMETER_CONSTRAINTS, check_spike_params, spike_defaults
+from forensics.detect.spikes.detector import PARAMETER_CONSTRAINTS, SpikeDetector, check_tail_fits
 from forensics.detect.spikes.driver import SpikeDriver
+
+#: The detector's defaults, declared once (in :class:`SpikeDetector`'s signature) and read here.
+_DEFAULTS = SpikeDetector.parameter_defaults()
 
 
 class SpikeRule(Rule):
@@ -27,28 +28,57 @@ class SpikeRule(Rule):
     parameter_constraints = {k: v for k, v in PARAMETER_CONSTRAINTS.items() if k != "metric"}
     required_columns = {"metrics": ("step",)}
 
-    def __init__(self, **params: Any) -> None:
-        unknown = sorted(set(params) - set(self.parameter_defaults()))
-        if unknown:
-            raise TypeError(f"SpikeRule: unknown parameter '{unknown[0]}'")
-        self.params = {**self.parameter_defaults(), **params}
-
-    @classmethod
-    def parameter_defaults(cls) -> dict[str, Any]:
-        return {k: v for k, v in spike_defaults().items() if k != "metric"}
-
-    def get_params(self) -> dict[str, Any]:
-        return dict(self.params)
+    def __init__(
+        self,
+        window: int = _DEFAULTS["window"],
+        z: float = _DEFAULTS["z"],
+        ratio: float = _DEFAULTS["ratio"],
+        min_jump: float = _DEFAULTS["min_jump"],
+        max_duration: int = _DEFAULTS["max_duration"],
+        confirm: int = _DEFAULTS["confirm"],
+        min_periods: int = _DEFAULTS["min_periods"],
+        trend: bool = _DEFAULTS["trend"],
+        bucket_window: int = _DEFAULTS["bucket_window"],
+        min_bucket_periods: int = _DEFAULTS["min_bucket_periods"],
+        group: str = _DEFAULTS["group"],
+        z_large: float = _DEFAULTS["z_large"],
+        ratio_large: float = _DEFAULTS["ratio_large"],
+        false_rate: float | None = _DEFAULTS["false_rate"],
+        tail_start: float = _DEFAULTS["tail_start"],
+        tail_window: int = _DEFAULTS["tail_window"],
+        min_peaks: int = _DEFAULTS["min_peaks"],
+        joint_factor: float = _DEFAULTS["joint_factor"],
+    ) -> None:
+        self.window = window
+        self.z = z
+        self.ratio = ratio
+        self.min_jump = min_jump
+        self.max_duration = max_duration
+        self.confirm = confirm
+        self.min_periods = min_periods
+        self.trend = trend
+        self.bucket_window = bucket_window
+        self.min_bucket_periods = min_bucket_periods
+        self.group = group
+        self.z_large = z_large
+        self.ratio_large = ratio_large
+        self.false_rate = false_rate
+        self.tail_start = tail_start
+        self.tail_window = tail_window
+        self.min_peaks = min_peaks
+        self.joint_factor = joint_factor
 
     def validate(self) -> None:
-        check_spike_params(self.params, f"detect.{self.name}")
+        """Each parameter against its constraint, then the tail's peaks within its window (as the detector does)."""
+        super().validate()
+        check_tail_fits(self.param_owner(), self.get_params())
 
     def driver(self, run: RunTables) -> SpikeDriver:
         """The run's spike driver: its analysed metrics, grad norm, logging window and boundaries."""
         return SpikeDriver(
             run.analysed,
             run.grad_norm_key,
-            params=self.params,
+            params=self.get_params(),
             logging_steps=run.logging_steps,
             boundaries=run.boundaries,
         )
@@ -65,8 +95,9 @@ class SpikeRule(Rule):
         return LiveSpikes(self.driver(run), run)
 
 
-class LiveSpikes:
-    """The spike rule on a live run: each chunk of rows through the driver, judged with the run's current tags."""
+class LiveSpikes(OnlineRule):
+    """The spike rule on a live run: each chunk of rows through the driver, judged with the run's current tags (the
+    live loop replaces ``run.tags`` as the plan grows, so they are read at each update, not bound once)."""
 
     def __init__(self, driver: SpikeDriver, run: RunTables) -> None:
         self.driver = driver

@@ -82,3 +82,19 @@ def test_a_spike_on_one_rank_names_the_rank_and_its_micro_batch(ddp_spike_run, t
     assert f"rank {SPIKE_RANK} micro-batch {SPIKE_MICRO} samples {planted[0]}, {planted[1]}" in " ".join(
         spikes[0]["evidence"]
     )
+
+
+def test_per_rank_logs_named_in_ranks_name_the_same_rank(ddp_spike_run, tmp_path):
+    """The same per-rank logs without their ``rank`` column, named in run.toml ``ranks`` (entry i is rank i): the
+    loss spike is on rank 1 only, as with the column."""
+    case = _case(ddp_spike_run, tmp_path, 'metrics = ["trainer_state.json"]\nranks = ["own-0.jsonl", "own-1.jsonl"]')
+    for rank in (0, 1):
+        lines = (case / f"metrics-rank{rank}.jsonl").read_text().splitlines()
+        own = [json.dumps({k: v for k, v in json.loads(line).items() if k != "rank"}) for line in lines]
+        (case / f"own-{rank}.jsonl").write_text("\n".join(own) + "\n", encoding="utf-8")
+        (case / f"metrics-rank{rank}.jsonl").unlink()
+    assert main(["audit", str(case), "--json", str(tmp_path / "f.json"), "--no-html"]) == 0
+    found = json.loads((tmp_path / "f.json").read_text())
+    spikes = [s for s in found["spikes"] if s["metric"] == "loss"]
+    assert [(s["step"], s["ranks"]) for s in spikes] == [(SPIKE_STEP, [SPIKE_RANK])]
+    assert spikes[0]["details"]["rank_batches"][0]["micro"] == SPIKE_MICRO

@@ -82,6 +82,13 @@ def test_a_spike_on_one_rank_names_the_rank_and_its_micro_batch(ddp_spike_run, t
     assert f"rank {SPIKE_RANK} micro-batch {SPIKE_MICRO} samples {planted[0]}, {planted[1]}" in " ".join(
         spikes[0]["evidence"]
     )
+    cause = next(c for c in found["causes"] if c["id"] == spikes[0]["cause"])
+    assert cause["details"]["ranks"] == [SPIKE_RANK]
+    assert cause["details"]["rank_batch"] == {"rank": SPIKE_RANK, "micro": SPIKE_MICRO, "sample_ids": planted}
+    assert cause["summary"].endswith(
+        f"On rank {SPIKE_RANK} only; rank {SPIKE_RANK}'s micro-batch {SPIKE_MICRO} held samples "
+        f"{planted[0]}, {planted[1]}."
+    )
 
 
 def test_per_rank_logs_named_in_ranks_name_the_same_rank(ddp_spike_run, tmp_path):

@@ -92,3 +92,31 @@ def test_a_batch_without_sample_ids_is_bad_input():
     assert _ids_of(([1, 2], np.array([7, 9])), 1).tolist() == [7, 9]
     with pytest.raises(ForensicsError, match="whole numbers"):
         _ids_of({"sample_id": np.array([0.5, 1.0])}, "sample_id")
+
+
+@pytest.fixture(scope="session")
+def resumed_fit(tmp_path_factory):
+    from fixtures.lightning_runs import build_resumed_lightning_run
+
+    return build_resumed_lightning_run(tmp_path_factory.mktemp("lightning-resumed") / "fit")
+
+
+@pytest.mark.slow
+def test_a_resumed_fit_keeps_the_last_consumption_of_each_step(resumed_fit):
+    """Preempted after step 17 (its step-18 batch drawn, not trained) and resumed from the checkpoint of step 15:
+    steps 15-17 were consumed twice and the plan holds the resumed fit's batches for them (what the model
+    reflects), every step once, exactly what training_step received in the surviving history; the rewind is
+    recorded (8 rows for each of the 7 replaced micro-batches, no sampler position claimed)."""
+    import json
+
+    samples = load_samples(resumed_fit.out / "samples.parquet")
+    tokens = {int(i): [int(t) for t in ids] for i, ids in zip(samples["sample_id"], samples["input_ids"])}
+    plan = load_plan(resumed_fit.out / "plan", samples)
+    batches = [(int(s), [tokens[i] for i in g["sample_id"]]) for (s, _m), g in plan.groupby(["step", "micro"])]
+    assert batches == [(o["step"], o["rows"]) for o in resumed_fit.observed]
+    first = json.loads((resumed_fit.out / "observed-first.json").read_text())
+    crashed = [(o["step"], o["rows"]) for o in first if 15 <= o["step"] <= 17]
+    assert len(crashed) == 6 and crashed != [b for b in batches if 15 <= b[0] <= 17]  # the resumed loader drew others
+    assert json.loads((resumed_fit.out / "plan" / "rewinds.json").read_text()) == [
+        {"rank": None, "last_step": 18, "resumed_at": 15, "rows_replaced": 56, "sampler": None}
+    ]

@@ -20,6 +20,9 @@ batch's index in its
 epoch, restored on resume, so that replayed batches are recognised and skipped by
 :class:`~forensics.plan.recorder.PlanRecorder`); ``rank`` is ``trainer.global_rank`` under several processes,
 each writing its own parts. A fresh fit (starting at step 0) into a folder that already holds a plan is refused.
+A fit resumed from a checkpoint continues the same parts, and the last consumption of a step wins: the steps it
+trains again replace the crashed process's rows for them, and the rewind is appended to ``plan/rewinds.json``
+(:mod:`forensics.plan.rewinds`) without a sampler position (Lightning restores ``batch_idx``, not the loader's).
 
 **Files** (rank 0) in ``case_dir``: ``plan/`` (Parquet parts), ``samples.parquet`` when the train dataset's rows
 are dicts with ``input_ids`` (same columns as :mod:`forensics.integrations.hf`; otherwise a warning, and the
@@ -44,6 +47,7 @@ import numpy as np
 from forensics.errors import ForensicsError
 from forensics.integrations import _case
 from forensics.plan.recorder import PlanRecorder, recorded_parts
+from forensics.plan.rewinds import rewind_plan
 
 CONVENTION = "lightning"
 _WHO = "forensics.integrations.lightning.PlanRecorderCallback"
@@ -76,6 +80,8 @@ class _PlanRecorderCallback:
         self.write_samples = write_samples
         self.recorder: PlanRecorder | None = None
         self.resumed = False
+        #: The rewind of the plan this fit made when it resumed (:func:`forensics.plan.rewinds.rewind_plan`), if any.
+        self.rewind: dict[str, Any] | None = None
         self._last_step: int | None = None
         self._micro = 0
         self._earlier_sources: list[str] = []
@@ -127,6 +133,11 @@ class _PlanRecorderCallback:
                 f"{_WHO}: {self.plan_dir} already holds the plan of an earlier run and this fit starts at step 0; "
                 "remove that folder or record into another case_dir (a fit resumed from a checkpoint continues it)"
             )
+        if self.resumed:
+            # the last consumption of a step wins: the crashed process's rows from the resumed step on are replaced
+            # (Lightning restores batch_idx but not, in general, the loader's position: no sampler position is
+            # claimed)
+            self.rewind = rewind_plan(self.plan_dir, rank, first_step, write_record=bool(trainer.is_global_zero))
         self.recorder = PlanRecorder(self.plan_dir, rank=rank, flush_every=self.flush_every, resume=True)
 
     def _write_samples(self, trainer: Any) -> None:

@@ -110,7 +110,7 @@ def run_audit(
     stage = stage or _quiet_stage
     cfg = case.config
     warnings = list(case.warnings)
-    if not cfg.metrics:
+    if not (cfg.metrics or cfg.ranks):
         if case.root is None:
             raise ForensicsError("audit: give a case folder, or the metrics with --metrics SRC")
         raise ForensicsError(
@@ -428,7 +428,7 @@ class CaseCheck:
 def validate_case(case: Case) -> CaseCheck:
     """Load a case the way every command does (metrics, samples, step-mapped plan) and say what was found."""
     cfg = case.config
-    if not (cfg.metrics or cfg.plan or cfg.samples):
+    if not (cfg.metrics or cfg.ranks or cfg.plan or cfg.samples):
         where = f"{case.root}" if case.root else "the current folder (no case given)"
         raise ForensicsError(
             f"validate: no case in {where}: expected run.toml, metrics.parquet, plan.parquet or "
@@ -441,7 +441,7 @@ def validate_case(case: Case) -> CaseCheck:
     samples = load_samples(case.samples_path) if cfg.samples else None
     plan = step_plan(load_plan(case.plan_path, samples), cfg) if cfg.plan else None
     metrics = None
-    if cfg.metrics:
+    if cfg.metrics or cfg.ranks:
         metrics, report = read_metrics(case.metrics_sources, step_offset=cfg.step_offset, step_key=cfg.step_key)
         warnings += report.warnings
         if metrics.empty:

@@ -59,9 +59,12 @@ class Case:
         """The metrics sources, paths resolved against the case folder."""
         return [
             SourceSpec(
-                str(self.config.resolve(s.path)) if not _is_remote(s.path) else s.path, s.step_key, s.step_offset
+                str(self.config.resolve(s.path)) if not _is_remote(s.path) else s.path,
+                s.step_key,
+                s.step_offset,
+                s.rank,
             )
-            for s in self.config.metrics
+            for s in (*self.config.metrics, *self.config.ranks)
         ]
 
     @property

@@ -42,11 +42,14 @@ class SourceSpec:
     """One metrics source: a path (relative to the case folder) or a W&B run, and how its steps count.
 
     ``step_offset`` None means: the convention the source states about itself, else the run's ``step_offset``, else 0.
+    ``rank``: the rank whose own log the source is (run.toml ``ranks``): its metrics become ``NAME/rank{rank}``, one
+    rank of the metrics table's rank dimension; None for a source of the whole run.
     """
 
     path: str
     step_key: str | None = None
     step_offset: int | None = None
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class RunConfig:
 
     root: Path | None = None
     metrics: tuple[SourceSpec, ...] = ()
+    #: Per-rank metrics sources (run.toml ``ranks``): entry i is rank i's own log unless it names its ``rank``.
+    ranks: tuple[SourceSpec, ...] = ()
     plan: str | None = None
     samples: str | None = None
     grad_accum: int = 1
@@ -134,13 +139,18 @@ class RunConfig:
                 continue
             if f.name == "replay":
                 v = dict(v)
-            if f.name == "metrics":
+            if f.name in ("metrics", "ranks"):
                 v = [
                     s.path
-                    if s.step_key is None and s.step_offset is None
+                    if s.step_key is None and s.step_offset is None and s.rank is None
                     else {
                         k: x
-                        for k, x in (("path", s.path), ("step_key", s.step_key), ("step_offset", s.step_offset))
+                        for k, x in (
+                            ("path", s.path),
+                            ("step_key", s.step_key),
+                            ("step_offset", s.step_offset),
+                            ("rank", s.rank),
+                        )
                         if x is not None
                     }
                     for s in v
@@ -283,6 +293,8 @@ def _check(key: str, value: Any, origin: str) -> Any:
         if not isinstance(items, (list, tuple)):
             raise ConfigError(key, f"must be a path or a list of paths (or tables with a path); got {value!r}", origin)
         return tuple(_source(x, origin) for x in items)
+    if key == "ranks":
+        return check_ranks(value, origin)
     if key == "detect":
         if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
             raise ConfigError(key, "must hold one table per rule, e.g. [detect.spikes] z = 6", origin)
@@ -304,6 +316,48 @@ def _source(item: Any, origin: str) -> SourceSpec:
             raise ConfigError("metrics", f"step_offset of {item['path']} must be an integer; got {offset!r}", origin)
         return SourceSpec(item["path"], item.get("step_key"), offset)
     raise ConfigError("metrics", f"must be a path or a list of paths (or tables with a path); got {item!r}", origin)
+
+
+_RANKS_SHAPE = (
+    'must list each rank\'s own metrics source, rank 0 first: ["rank0.jsonl", "rank1.jsonl"] (or tables with a path '
+    'and its rank: [{path = "r3.jsonl", rank = 3}])'
+)
+
+
+def check_ranks(value: Any, origin: str) -> tuple[SourceSpec, ...]:
+    """run.toml ``ranks``: entry i is rank i's source, unless a table names its ``rank``; every rank once, at least
+    two ranks (one rank is the run itself: name it in ``metrics``)."""
+    if not isinstance(value, (list, tuple)) or len(value) < 2:
+        raise ConfigError("ranks", f"{_RANKS_SHAPE}; got {value!r}", origin)
+    out = []
+    for i, item in enumerate(value):
+        rank = i
+        if isinstance(item, Mapping):
+            rank = item.get("rank", i)
+            if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+                raise ConfigError(
+                    "ranks", f"rank of {item.get('path')!r} must be a whole number >= 0; got {rank!r}", origin
+                )
+            unknown = set(item) - {"path", "step_key", "step_offset", "rank"}
+            if unknown:
+                raise ConfigError(
+                    "ranks", f"entries take path, step_key, step_offset and rank; got {sorted(unknown)}", origin
+                )
+            item = {k: v for k, v in item.items() if k != "rank"}
+        elif not isinstance(item, (str, Path)):
+            raise ConfigError("ranks", f"{_RANKS_SHAPE}; got {item!r}", origin)
+        try:
+            spec = _source(item, origin)
+        except ConfigError as exc:
+            raise ConfigError("ranks", exc.problem, origin) from exc
+        out.append(replace(spec, rank=rank))
+    seen = [s.rank for s in out]
+    twice = sorted({r for r in seen if seen.count(r) > 1})
+    if twice:
+        raise ConfigError(
+            "ranks", f"names rank {', '.join(map(str, twice))} more than once; expected each rank once", origin
+        )
+    return tuple(out)
 
 
 # --- reading run.toml and the overrides ------------------------------------------------------------------------------

@@ -165,6 +165,7 @@ def open_readers(
         )
         reader.given_offset = spec.step_offset
         reader.given_step_key = spec.step_key or step_key
+        reader.rank = spec.rank
         readers.append(reader)
     return readers
 

@@ -310,7 +310,9 @@ class CauseRule(Rule):
                 "plan": wording.plan_link(gate) if static and recurs else None,
                 "spiked_in": {str(i): counts[i] for i in suspects if counts.get(i, 0) >= 2},
             }
-            | ({"numerics": numerics} if numerics else {}),
+            | ({"numerics": numerics} if numerics else {})
+            | ({"ranks": list(lead.tags["ranks"])} if lead.tags.get("ranks") else {})
+            | ({"rank_batch": lead.details["rank_batches"][0]} if lead.details.get("rank_batches") else {}),
         }
 
     def _samples_cause(self, f: Finding, causes: list[dict[str, Any]], run: RunTables) -> list[dict[str, Any]]:

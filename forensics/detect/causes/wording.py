@@ -110,7 +110,21 @@ def event_summary(
             + (f"; {lead_words[0].split(':')[0]}" if lead_words else "; the grad norm rose before it")
             + " (an optimizer-led event)."
         )
-    return text
+    return text + ranks_words(lead)
+
+
+def ranks_words(lead: Finding) -> str:
+    """ " On rank 1 only; rank 1's micro-batch 0 held samples 362, 363." for a spike on some ranks only (the rank
+    rule's ``ranks``), naming the micro-batch when the plan has ``rank``; empty otherwise."""
+    ranks = lead.tags.get("ranks")
+    if not ranks:
+        return ""
+    text = f" On rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} only"
+    batches = lead.details.get("rank_batches") or []
+    if batches:
+        b = batches[0]
+        text += f"; rank {b['rank']}'s micro-batch {b['micro']} held samples {_ids(b['sample_ids'])}"
+    return text + "."
 
 
 def event_next_step(

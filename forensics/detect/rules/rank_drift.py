@@ -11,7 +11,9 @@ least two ranks of a metric:
   ``metric``, ``factor``, ``ranks``: every rank's factor). Default severity ``warning``.
 - **spikes on some ranks**: a spike on a metric whose per-rank columns exist gets ``ranks`` (the ranks whose value at
   the peak stands ``z`` noise units above their own median over the ``window`` steps before it), when that is not every
-  rank: the spike happened there.
+  rank: the spike happened there. With a plan that has ``rank``, the spike's ``details.rank_batches`` lists those
+  ranks' micro-batches at the peak (``rank``, ``micro``, ``sample_ids``), and its evidence names them, the one that
+  holds the spike's first suspect among them first: a per-rank log says which rank, the plan which of its batches.
 - **max-vs-average pairs** (torchtitan's ``global_max_loss`` / ``global_avg_loss``, ``loss_max`` / ``loss_mean``):
   no rank is named, but when the maximum over ranks rose at least ``max_over_avg`` times as much as the average at a
   spike's peak (one rank of W jumping by J lifts the maximum by J and the average by J / W; a jump on every rank lifts
@@ -30,7 +32,7 @@ from forensics.detect.findings import Finding
 from forensics.detect.params import at_least, fraction, positive
 from forensics.detect.rules.epoch_boundary import noise_sd
 from forensics.detect.rules.throughput import STEP_TIME
-from forensics.schema import STEP, metric_columns
+from forensics.schema import MICRO, RANK, SAMPLE_ID, STEP, metric_columns
 from forensics.schema.keys import choose_key
 
 #: A rank token in a metric name: ``rank`` then its number, separated from the rest of the name.
@@ -199,6 +201,18 @@ class RankDriftRule(Rule):
                     f"The spike is on rank{'s' if len(ranks) > 1 else ''} "
                     f"{', '.join(map(str, ranks))} only (of {tables[base].shape[1]})."
                 )
+                peak = int(f.peak_step if f.peak_step is not None else f.step)
+                batches = rank_batches(run.plan, peak, ranks, list(f.suspect_samples))
+                if batches:
+                    f.details["rank_batches"] = batches
+                    f.evidence.append(
+                        f"At step {peak} the plan gives "
+                        + "; ".join(
+                            f"rank {b['rank']} micro-batch {b['micro']} samples {_ids(b['sample_ids'])}"
+                            for b in batches
+                        )
+                        + (" (the first holds the first suspect)." if f.suspect_samples else ".")
+                    )
 
     def _finding(
         self, run: RunTables, base: str, rank: int, factor: float, factors: dict[int, float], steps: np.ndarray
@@ -229,6 +243,32 @@ class RankDriftRule(Rule):
                 "support": {},
             },
         )
+
+
+def rank_batches(
+    plan: pd.DataFrame | None, step: int, ranks: list[int], suspects: list[int]
+) -> list[dict[str, object]]:
+    """The micro-batches of ``ranks`` at ``step`` in a plan that has ``rank`` (``rank``, ``micro``, ``sample_ids``):
+    the one holding the earliest-ranked of ``suspects`` first, then by rank and micro; empty without such a plan."""
+    if plan is None or RANK not in plan.columns or STEP not in plan.columns:
+        return []
+    at = plan[(plan[STEP].to_numpy() == step) & plan[RANK].isin(ranks).to_numpy()]
+    if at.empty:
+        return []
+    micro = at[MICRO] if MICRO in at.columns else pd.Series(0, index=at.index)
+    order = {int(s): i for i, s in enumerate(suspects)}
+    out = []
+    for (rank, m), group in at.groupby([at[RANK].to_numpy(), micro.to_numpy()], sort=True):
+        ids = [int(x) for x in group[SAMPLE_ID]]
+        out.append({"rank": int(rank), "micro": int(m), "sample_ids": ids})
+    first = {id(b): min((order.get(i, len(order)) for i in b["sample_ids"]), default=len(order)) for b in out}
+    return sorted(out, key=lambda b: first[id(b)])
+
+
+def _ids(ids: list) -> str:
+    """Sample ids in a sentence: the first six and how many more."""
+    shown = ", ".join(map(str, ids[:6]))
+    return shown + (f" +{len(ids) - 6}" if len(ids) > 6 else "")
 
 
 def _same_metric(base: str, metric: str) -> bool:

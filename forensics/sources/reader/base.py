@@ -52,6 +52,8 @@ class MetricsReader:
         self.strict = strict
         #: The step offset this source's configuration gives (run.toml ``metrics`` table), None when not given.
         self.given_offset: int | None = None
+        #: The rank whose own log this source is (run.toml ``ranks``): its metrics become ``NAME/rank{rank}``.
+        self.rank: int | None = None
         self._finished = False
         self._reset()
 
@@ -77,7 +79,7 @@ class MetricsReader:
             batches = []
         elif isinstance(batches, Records):
             batches = [batches]
-        batches = [by_rank(rec, self.step_key) for rec in batches]
+        batches = [by_rank(rec if self.rank is None else with_rank(rec, self.rank), self.step_key) for rec in batches]
         touched = [steps for rec in batches if len(rec) for steps in [self._rows.ingest(rec)] if len(steps)]
         if not touched:
             return self._rows.table().iloc[0:0].copy()
@@ -144,6 +146,19 @@ class MetricsReader:
 
 #: The column that tags a record with the rank that wrote it (docs/concepts.md).
 RANK_KEY = "rank"
+
+
+def with_rank(rec: Records, rank: int) -> Records:
+    """Records of one rank's own log (run.toml ``ranks``) with their ``rank`` column set to ``rank``, so that
+    :func:`by_rank` names their metrics as it names a ``rank`` column's."""
+    import pyarrow as pa
+
+    if isinstance(rec.table, pa.Table):
+        table = rec.table
+        if RANK_KEY in table.column_names:
+            table = table.drop_columns([RANK_KEY])
+        return Records(table.append_column(RANK_KEY, pa.array(np.full(table.num_rows, rank, np.int64))), rec.where)
+    return Records(rec.table.assign(**{RANK_KEY: np.int64(rank)}), rec.where)
 
 
 def by_rank(rec: Records, step_key: str | None = None) -> Records:

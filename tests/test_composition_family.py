@@ -148,12 +148,15 @@ def test_samples_harder_than_their_batch_are_significant_but_under_the_effect_fl
 
 
 CUT_CLEAN = [m.name for m in members() if not m.corrupt and m.mix == "cut"]
-#: The twins of the ``cut`` mix (buckets fitted through a content type, steps of 2 samples) miss 12 to 24 of their
-#: 24 corrupted steps: the tool's clusters put the noise rows (uniform words, as chatter's) in chatter's cluster, so a
-#: step of one narrow and one noise row is expected as half chatter, ~1.5x narrow's loss, which is about what the
-#: noise row adds; judged against the bucket alone they miss 7 to 15 (the length-grouped sampler's runs of one type
-#: move the loss 2-3x) and raise 3 to 5 other loud causes each.
-CUT_TWINS_MISSED = {m.name for m in members() if m.corrupt and m.mix == "cut"}
+#: The twins that still miss corrupted steps (bench/bench_composition_family.py: 4, 2 and 2 of their 24): noise
+#: rows consumed in the run's first ~60 steps, before the model has learnt either content type (a noise row's loss is
+#: then every row's), whose later appearance alone raised its step; and one noise row (cut-s2-accum2, step 467)
+#: consumed once, in a step whose loss did not rise. Each twin's other corrupted steps are found: the noise rows'
+#: texts are unlike every content cluster (the clustering gives them a cluster of their own, which predicts nothing),
+#: so a step of one narrow row and one noise row is expected as narrow's.
+CUT_TWINS_MISSED = {"cut-group_by_length-s1-corrupt", "cut-group_by_length-s1-accum2-corrupt"} | {
+    "cut-group_by_length-s2-accum2-corrupt"
+}
 
 
 @pytest.mark.parametrize("name", CUT_CLEAN)
@@ -193,10 +196,10 @@ def test_a_corrupted_twin_finds_every_corrupted_step_and_at_most_two_other_cause
     assert len([c for c in loud if not set(c["steps"]) & bad]) <= 2
 
 
-#: Twins whose first cause does not rank the 12 corrupted samples first: in a static plan each corrupted sample's 3
-#: batch-mates come back with it every epoch (the loss cannot tell them apart); in one length-grouped twin 3 clean
-#: samples rank among the corrupted ones.
-NOT_RANKED_FIRST = {"static-s0-corrupt", "static-s1-corrupt", "group_by_length-s1-corrupt"} | CUT_TWINS_MISSED
+#: Twins whose first cause does not rank the 12 corrupted samples first: one clean sample whose text is unlike every
+#: cluster ranks among them in static-s1 (11 of 12), and the cut twins that miss corrupted steps leave those samples
+#: unlisted (8, 9 and 11 of 12).
+NOT_RANKED_FIRST = {"static-s1-corrupt"} | CUT_TWINS_MISSED
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ from forensics.schema.keys import (
     tokens_per_s_column,
 )
 from forensics.schema.tables import (
+    ATYPICAL_CLUSTER,
     BATCH,
     BATCH_ID,
     BUCKET,

@@ -45,6 +45,8 @@ BATCH = "batch"
 #: Sample tags: what tagging adds to each sample.
 BUCKET = "bucket"
 CLUSTER_NAME = "cluster_name"
+#: The name of the cluster of texts unlike every other cluster (forensics.tagging.clusters).
+ATYPICAL_CLUSTER = "(unlike any cluster)"
 
 PLAN_INT_COLUMNS = (STEP, SAMPLE_ID, EPOCH, BATCH_ID, MICRO, RANK)
 #: A metrics table's ``attrs`` key: ``{column: why}`` for the fields its sources logged with no numeric value (left

@@ -8,7 +8,8 @@ Definitions the rest of the tool relies on (docs/concepts.md):
   sum over its batches, and ``padding_ratio`` = (padded - real) / padded, 0-1;
 - a step's composition counts *samples*: ``bucket`` / ``cluster`` is the one most of its samples fall in (ties: the
   lowest id), ``*_share`` is that fraction, ``*_entropy`` the Shannon entropy of the whole mix in bits, and
-  ``bucket_share_<k>`` the share of every bucket;
+  ``bucket_share_<k>`` / ``cluster_share_<c>`` the share of every bucket and cluster (no cluster columns when the
+  samples have none);
 - ``position_in_epoch`` = step - the epoch's first step; ``run_length`` / ``run_position``: the run of consecutive
   steps with the same dominant bucket *and* cluster that holds the step, and the step's 1-based place in it;
   ``steps_since_cluster_seen`` / ``steps_since_bucket_seen``: steps since any sample of the step's dominant
@@ -34,7 +35,8 @@ from forensics.schema import CLUSTER, EPOCH, MAX_LEN, SAMPLE_ID, STEP
 from forensics.stats import run_lengths, steps_since_seen
 from forensics.tagging.clusters import CLUSTER_NAME, NO_CLUSTER
 
-#: The tag columns every tags table has, in order (``bucket_share_<k>`` follow, one per bucket).
+#: The tag columns every tags table has, in order (``bucket_share_<k>`` follow, one per bucket, then
+#: ``cluster_share_<c>``, one per cluster).
 TAG_COLUMNS = (
     STEP,
     EPOCH,
@@ -177,6 +179,12 @@ def tags_from_counts(
     shares /= np.maximum(n_samples, 1)[:, None]
     for k in range(n_buckets):
         tags[f"bucket_share_{k}"] = shares[:, k]
+    if not (len(cluster_values) == 1 and cluster_values[0] == NO_CLUSTER):
+        mix = np.zeros((n_steps, len(cluster_values)))
+        mix[cpairs.step, cpairs.label] = cpairs.count
+        mix /= np.maximum(n_samples, 1)[:, None]
+        for j, c in enumerate(cluster_values.tolist()):
+            tags[f"cluster_share_{c}"] = mix[:, j]
     return tags
 
 

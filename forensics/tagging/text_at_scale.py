@@ -34,6 +34,7 @@ from forensics.tagging.clusters import (
     opening_counts,
     source_labels,
     stored_clusters,
+    with_atypical,
     with_clusters,
 )
 
@@ -139,10 +140,11 @@ def cluster_text_column(
     openings: Counter = sum((o for _, o in parts), Counter())
     if progress is not None:
         progress(n)
+    names = with_atypical(model.names_, codes)
     info = ClusterInfo(
         method="text",
-        k=model.k_,
-        names=named_clusters(model.names_, openings, codes, labels),
+        k=len(names),
+        names=named_clusters(names, openings, codes, labels),
         silhouettes=dict(model.silhouettes_),
     )
     store_clusters(key, codes, info.as_dict())

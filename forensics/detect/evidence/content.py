@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.cache import load_array, store_array
-from forensics.schema import CLUSTER, SAMPLE_ID, SOURCE, TEXT
+from forensics.schema import ATYPICAL_CLUSTER, CLUSTER, SAMPLE_ID, SOURCE, TEXT
 from forensics.stats import robust_sd
 
 #: Robust SDs from which a signal flags a sample.
@@ -61,6 +61,15 @@ _HASH_FAMILY = np.random.default_rng(0).integers(1, 1 << 62, size=(N_HASHES, 2),
 _WORD = re.compile(r"\S+")
 #: Bump when what a cached near-duplicate count stands for changes (:func:`_minhash`, :func:`_near_duplicates`).
 CACHE_VERSION = 1
+
+
+def atypical_ids(samples: pd.DataFrame | None) -> set[int]:
+    """The ids of the samples the clustering found unlike every cluster (their cluster is named
+    :data:`~forensics.schema.ATYPICAL_CLUSTER`, perhaps followed by its dominant label); empty without clusters."""
+    if samples is None or "cluster_name" not in samples.columns:
+        return set()
+    names = samples["cluster_name"].astype("string").fillna("")
+    return set(samples.loc[names.str.startswith(ATYPICAL_CLUSTER).to_numpy(bool), SAMPLE_ID].astype(int).tolist())
 
 
 @dataclass

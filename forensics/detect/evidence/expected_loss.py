@@ -8,11 +8,14 @@ here is the run's trend times what the step's tags predict (docs/concepts.md, "e
     log(value_t) = log(trend_t) + x_t . beta + noise
 
 - **features** (:func:`composition_features`): per tag, columns of the tags table: ``bucket`` (``bucket_share_<k>``),
-  ``cluster`` (the dominant cluster's share, one column per cluster), ``tokens`` (log mean real tokens per sample),
+  ``cluster`` (``cluster_share_<c>``: every cluster's share; the dominant one's with tags written before those
+  columns), ``tokens`` (log mean real tokens per sample),
   ``batch_size`` (log samples) and ``padding`` (``padding_ratio``);
 - **support**: a bucket or cluster predicts only when it holds at least ``min_share`` of the fitted steps' samples:
   a content type is a large share of a run, a dozen corrupted samples are not, so a corrupted bucket or cluster
-  cannot absorb its own spikes into its coefficient;
+  cannot absorb its own spikes into its coefficient; the shares the fit keeps are rescaled to sum to 1, so a step
+  is expected from the part of its batch the fit knows (texts unlike every cluster, which the clustering puts in a
+  cluster of their own, are no content type's);
 - **robust**: Huber M-estimation by iteratively reweighted ridge least squares, and rows past ``trim`` robust SDs of
   the fit get no weight, so spikes do not bend the coefficients;
 - **causal**: the rows of a block (``block`` rows, or a 16th of the history when more, counted from the run's first
@@ -48,18 +51,30 @@ def robust_scale(x: np.ndarray) -> float:
     return robust_sd(x) if len(x) else 0.0
 
 
+def _is_share(column: object, prefix: str) -> bool:
+    name = str(column)
+    return name.startswith(prefix) and name[len(prefix) :].lstrip("-").isdigit()
+
+
 def composition_features(tags: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """``(features indexed by step, tag of each column)``: the columns of :data:`TAGS` that the tags table has."""
     cols: dict[str, np.ndarray] = {}
     owner: list[str] = []
     steps = tags[STEP].to_numpy(np.int64)
     shares = sorted(
-        (c for c in tags.columns if str(c).startswith("bucket_share_")), key=lambda c: int(str(c).rsplit("_", 1)[1])
+        (c for c in tags.columns if _is_share(c, "bucket_share_")), key=lambda c: int(str(c).rsplit("_", 1)[1])
     )
     for c in shares:
         cols[str(c)] = tags[c].to_numpy(np.float64, na_value=np.nan)
         owner.append("bucket")
-    if CLUSTER in tags.columns and "cluster_share" in tags.columns:
+    mix = sorted(
+        (c for c in tags.columns if _is_share(c, "cluster_share_")), key=lambda c: int(str(c).rsplit("_", 1)[1])
+    )
+    if mix:  # every cluster's share of the step
+        for c in mix:
+            cols[str(c)] = tags[c].to_numpy(np.float64, na_value=np.nan)
+            owner.append("cluster")
+    elif CLUSTER in tags.columns and "cluster_share" in tags.columns:  # tags written before: the dominant one's
         cl = pd.to_numeric(tags[CLUSTER], errors="coerce").to_numpy(np.float64)
         share = tags["cluster_share"].to_numpy(np.float64, na_value=np.nan)
         for c in np.unique(cl[np.isfinite(cl) & (cl >= 0)]).astype(np.int64):
@@ -97,9 +112,25 @@ class CompositionFit:
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """The log factor of each row of ``x`` (0 where a feature is missing), within ``[low, high]``."""
-        z = (x[:, self.columns] - self.centre) / self.scale
+        z = (_known_shares(x[:, self.columns], self.owner) - self.centre) / self.scale
         out = np.clip(z @ self.beta, self.low, self.high)
         return np.where(np.isfinite(out), out, 0.0)
+
+
+def _known_shares(x: np.ndarray, owner: list[str]) -> np.ndarray:
+    """``x`` with each group's kept shares (bucket, cluster) rescaled to sum to 1 per row: a step is expected from
+    the part of its batch the fit knows. A dozen samples of a rare bucket or of no cluster (their share column was
+    dropped for want of support) then leave the step expected as its other samples; counted as "less of everything
+    known" they would pull the expectation towards the run's average composition. A row with no known share is NaN
+    (no expectation: the trend alone)."""
+    out = np.array(x, dtype=np.float64, copy=True)
+    for tag in ("bucket", "cluster"):
+        idx = [j for j, t in enumerate(owner) if t == tag]
+        if idx:
+            total = out[:, idx].sum(axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[:, idx] = np.where(total[:, None] > 0, out[:, idx] / total[:, None], np.nan)
+    return out
 
 
 def fit_composition(
@@ -129,7 +160,11 @@ def fit_composition(
     if not keep:
         return None
     cols = np.asarray(keep)
-    xs = x[:, cols]
+    xs = _known_shares(x[:, cols], [owner[j] for j in cols])
+    known = np.isfinite(xs).all(axis=1)
+    xs, y = xs[known], y[known]
+    if len(y) < 16:
+        return None
     centre = xs.mean(axis=0)
     scale = xs.std(axis=0)
     scale[scale <= 0] = 1.0

@@ -12,7 +12,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from forensics.detect.base import RunTables
-from forensics.detect.evidence.content import content_evidence
+from forensics.detect.evidence.content import atypical_ids, content_evidence
 from forensics.detect.evidence.nnls import nnls_normal
 from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, STEP
 from forensics.stats import robust_sd, rolling_median
@@ -92,6 +92,7 @@ def estimate(
         judged = ids[np.argsort(-marginal)[:CONTENT_ALL]]
     content = content_evidence(run.samples, judged, seed=seed)
     flagged = np.isin(ids, np.fromiter(content.reasons, dtype=np.int64, count=len(content.reasons)))
+    flagged |= np.isin(ids, np.fromiter(atypical_ids(run.samples), dtype=np.int64))  # text unlike every cluster
     # noise varies by step (a batch of few tokens is noisier): every row is weighted by its noise scale, so a
     # sample that sits in noisy steps does not pass for a harmful one
     scale = _noise_scale(run, steps, w, ids, tags_only)
@@ -466,16 +467,21 @@ def _pursuit(w: sp.csr_matrix, r: np.ndarray, max_pursuit: int, first: np.ndarra
     beta = np.zeros(w.shape[1])
     taken: list[int] = []
     resid = r.copy()
-    # a score a clean sample reaches by chance over the plan's samples (a Gaussian's: the stopping rule)
-    stop = NormalDist().inv_cdf(1.0 - 0.05 / max(w.shape[1], 1))
+    # a score a clean sample reaches by chance over the samples of its family (a Gaussian's: the stopping rule);
+    # the content family is judged among its own, as its false discoveries are (the q-values are stratified)
+    def chance(n: int) -> float:
+        return NormalDist().inv_cdf(1.0 - 0.05 / max(n, 1))
+
     phase_one = first is not None and bool(first.any())
+    stop_first = chance(int(first.sum())) if phase_one else np.inf
+    stop = chance(w.shape[1])
     while len(taken) < max_pursuit:
         score = (wt @ resid) / (sigma * norms)
         score[taken] = -np.inf
         if phase_one:
             score[~first] = -np.inf
         j = int(np.argmax(score))
-        if not score[j] >= stop:
+        if not score[j] >= (stop_first if phase_one else stop):
             if phase_one:
                 phase_one = False
                 continue

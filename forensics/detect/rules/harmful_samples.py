@@ -41,10 +41,10 @@ import numpy as np
 import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
-from forensics.detect.evidence.content import content_evidence
+from forensics.detect.evidence.content import atypical_ids, content_evidence
 from forensics.detect.findings import INFO, Finding
 from forensics.detect.params import at_least, fraction, positive
-from forensics.schema import N_TOKENS, SAMPLE_ID, STEP
+from forensics.schema import ATYPICAL_CLUSTER, N_TOKENS, SAMPLE_ID, STEP
 from forensics.schema.steps import steps_list
 from forensics.schema.words import counted
 
@@ -55,6 +55,8 @@ __all__ = ["HarmfulSamplesRule", "listed_samples"]
 #: clean sample of a harder kind than its batch predicts runs 0.2-0.25 above it (a repetitive motif row at 6% of a
 #: 4-sample step); a noise row runs 0.8-2 above its steps, a static plan's corrupted block 1-2 (fixtures/hf_family.py).
 MIN_EXCESS = 0.5
+#: The content reason of a sample whose text the clustering found unlike every cluster of the run's texts.
+UNLIKE_ANY_CLUSTER = f"its text is unlike every content cluster of the dataset (cluster {ATYPICAL_CLUSTER!r})"
 
 
 def listed_samples(est: pd.DataFrame, q: float, min_excess: float = MIN_EXCESS, limit: int = 50) -> pd.DataFrame:
@@ -129,6 +131,7 @@ class HarmfulSamplesRule(Rule):
         if listed.empty:
             return []
         content = content_evidence(run.samples, listed[SAMPLE_ID].tolist())
+        odd = atypical_ids(run.samples) & set(listed[SAMPLE_ID].astype(int).tolist())
         last = int(run.metrics[STEP].max())
         plan = run.plan_view.rows_holding(listed[SAMPLE_ID])
         plan = plan[plan[SAMPLE_ID].isin(listed[SAMPLE_ID]) & (plan[STEP] <= last)]
@@ -147,8 +150,9 @@ class HarmfulSamplesRule(Rule):
                 reason += (
                     f"; always in the same steps as {r.block - 1} other sample(s), which the run cannot tell apart"
                 )
-            if content.flagged(sid):
-                reason += "; " + "; ".join(content.reasons[sid])
+            said = list(content.reasons.get(sid, [])) + ([UNLIKE_ANY_CLUSTER] if sid in odd else [])
+            if said:
+                reason += "; " + "; ".join(said)
             rows.append(
                 {
                     "sample_id": sid,
@@ -160,11 +164,22 @@ class HarmfulSamplesRule(Rule):
                     "z": float(r.z),
                     "q": float(r.q),
                     "reason": reason,
-                    "content": list(content.reasons.get(sid, [])),
+                    "content": said,
                 }
             )
-        # a block's samples share its effect and score (up to float noise): listed by id among themselves
-        rows.sort(key=lambda x: (not x["content"], -round(x["effect"], 9), -round(x["z"], 6), x["sample_id"]))
+        # content evidence first, and of it a text unlike every cluster first: a block of samples the run cannot
+        # tell apart (a static plan's batch) holds the noise row and its clean batch-mates, whose own oddities
+        # (a repetitive motif, a templated near-duplicate) are those of their content type; then by effect (a
+        # block's samples share its effect and score up to float noise: listed by id among themselves)
+        rows.sort(
+            key=lambda x: (
+                not x["content"],
+                x["sample_id"] not in odd,
+                -round(x["effect"], 9),
+                -round(x["z"], 6),
+                x["sample_id"],
+            )
+        )
         self.section_ = rows
         all_steps = sorted({s for x in rows for s in x["steps"]})
         # a second line of evidence: the samples' own content, or several samples whose appearances all agree

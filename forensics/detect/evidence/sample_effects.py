@@ -467,6 +467,7 @@ def _pursuit(w: sp.csr_matrix, r: np.ndarray, max_pursuit: int, first: np.ndarra
     beta = np.zeros(w.shape[1])
     taken: list[int] = []
     resid = r.copy()
+
     # a score a clean sample reaches by chance over the samples of its family (a Gaussian's: the stopping rule);
     # the content family is judged among its own, as its false discoveries are (the q-values are stratified)
     def chance(n: int) -> float:

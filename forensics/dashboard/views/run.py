@@ -65,8 +65,10 @@ def curve_columns(run: LiveRun) -> list[str]:
 
 def figure(run: LiveRun, start: int | None = None, end: int | None = None):
     """The loss and grad norm of ``[start, end]`` (the whole run when not given): full resolution when the range
-    is short; spikes marked by severity."""
+    is short; spikes marked by severity; with a plan, each over its expected band (what the steps' composition
+    predicts, as the spike rule judged them)."""
     metrics = run.metrics[[STEP, *curve_columns(run)]]
+    expected = run.expected
     n_out = DEFAULT_POINTS
     if start is not None and end is not None:
         steps = metrics[STEP].to_numpy(np.int64)
@@ -75,7 +77,7 @@ def figure(run: LiveRun, start: int | None = None, end: int | None = None):
             metrics = metrics.iloc[lo:hi]
             n_out = max(DEFAULT_POINTS, min(hi - lo, FULL_RESOLUTION))
     findings = run.current_findings()
-    fig = loss_figure(metrics, findings, run.tags, run.samples, run.loss_key, n_out=n_out)
+    fig = loss_figure(metrics, findings, run.tags, run.samples, run.loss_key, n_out=n_out, expected=expected)
     top = 40 + (fig.layout.margin.t or 105) - 105
     # the report's y-range buttons would sit on the legend here; the range control above replaces them
     fig.update_layout(

@@ -111,6 +111,26 @@ def render(run: LiveRun) -> None:
         st.session_state["fig_curves_cache"] = (key, fig)
     event = st.plotly_chart(fig, width="stretch", key="fig_curves", on_select="rerun", selection_mode="points")
     points = list(((event or {}).get("selection") or {}).get("points") or []) if event is not None else []
-    picked = [p.get("customdata") for p in points if p.get("customdata")]
-    if picked and picked[0] != st.session_state.get(CLICKED + "_last"):
-        st.session_state[CLICKED] = st.session_state[CLICKED + "_last"] = str(picked[0])
+    picked = clicked_cause(run, points)
+    if picked and picked != st.session_state.get(CLICKED + "_last"):
+        st.session_state[CLICKED] = st.session_state[CLICKED + "_last"] = picked
+
+
+def clicked_cause(run: LiveRun, points: list[dict]) -> str | None:
+    """The cause a click on the curve picked: a spike marker's own cause id (its ``customdata``), else the cause of
+    the spike whose steps hold the clicked point's step. A spike's marker sits on the curve's own point at its
+    peak, and plotly hands the click to whichever of the two it finds first, so both must open the cause."""
+    for p in points:
+        if p.get("customdata"):
+            return str(p["customdata"])
+    spikes = [s for s in run.current_findings().get("spikes") or [] if s.get("cause")]
+    for p in points:
+        x = p.get("x")
+        if x is None:
+            continue
+        for s in spikes:
+            start = int(s["step"])
+            end = int(s.get("end_step") if s.get("end_step") is not None else start)
+            if start <= int(x) <= end or int(s.get("peak_step", start)) == int(x):
+                return str(s["cause"])
+    return None

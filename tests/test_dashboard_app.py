@@ -215,6 +215,37 @@ def test_the_curve_of_a_metrics_only_run_has_no_expected_band(demo_small: Path, 
     assert len(at.get("plotly_chart")) == 1
 
 
+CLICK_SPIKES = [
+    {"step": 254, "end_step": 254, "peak_step": 254, "cause": "C1"},
+    {"step": 300, "end_step": 303, "peak_step": 301, "cause": "C2"},
+    {"step": 400, "end_step": 400, "peak_step": 400, "cause": None},  # not grouped yet: nothing to open
+]
+
+
+@pytest.mark.parametrize(
+    ("points", "cause"),
+    [
+        ([{"x": 254, "customdata": "C9"}], "C9"),  # the marker's own cause wins
+        ([{"x": 254}], "C1"),  # the curve's point under the marker
+        ([{"x": 253}], None),  # one step before the spike
+        ([{"x": 255}], None),  # one step after it
+        ([{"x": 300}], "C2"),  # first step of a spike spanning steps
+        ([{"x": 303.0}], "C2"),  # its last step (plotly hands x as a float)
+        ([{"x": 304}], None),
+        ([{"x": 400}], None),  # a spike with no cause yet
+        ([{"x": 10}, {"x": 301}], "C2"),  # a box selection: the first point on a spike
+        ([], None),
+    ],
+)
+def test_a_click_on_the_curve_picks_the_cause_of_the_spike_at_its_step(points: list, cause: str | None) -> None:
+    from types import SimpleNamespace
+
+    from forensics.dashboard.views.run import clicked_cause
+
+    run = SimpleNamespace(current_findings=lambda: {"spikes": CLICK_SPIKES})
+    assert clicked_cause(run, points) == cause
+
+
 def test_severity_is_never_colour_alone(demo_small: Path, tmp_path: Path) -> None:
     """Every place a severity shows carries its word and a shape: the strip, the lines, the table, the markers."""
     case = tmp_path / "static"

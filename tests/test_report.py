@@ -706,6 +706,15 @@ def test_report_draws_the_expected_band_at_the_drivers_expectation(demo_small, t
     assert 0.05 < width < 0.5  # a band a reader can see, not one that hides the spikes
     for s in loss_spikes:  # every spike lies above it
         assert s["value"] > high[s["peak_step"]]
+    # the report written again after a replay (the tables read again) draws the same band
+    from forensics.pipeline.replay_loop import write_case_report
+
+    write_case_report(open_case(case), findings, None, tmp_path / "again.html")
+    again = [t for t in _curve_traces((tmp_path / "again.html").read_text()) if t.get("legendgroup") == "expected"]
+    assert [t["name"] for t in again] == [t["name"] for t in band]
+    for a, b in zip(again, band):
+        np.testing.assert_array_equal(a["x"], b["x"])
+        np.testing.assert_array_equal(a["y"], b["y"])
 
 
 def test_report_without_a_plan_draws_no_expected_band(case: dict):

@@ -174,6 +174,78 @@ def test_the_causes_table_is_findings_json_causes(demo_small: Path, tmp_path: Pa
     assert ("The batch of step" in text) is plan
 
 
+def band_traces(at: AppTest) -> list:
+    """The curve's expected-band traces (lower edge, filled upper edge, centre) as the page drew them."""
+    fig = at.session_state["fig_curves_cache"][1]
+    return [t for t in fig.data if t.legendgroup == "expected"]
+
+
+def test_the_curve_draws_the_expected_band_of_the_composition_with_a_plan(demo_small: Path, tmp_path: Path) -> None:
+    """With a plan the loss (and grad norm) is drawn over the band "expected from composition", once in the legend;
+    its centre at each loss spike's peak is the expectation the audit's driver judged it against (findings.json
+    ``baseline``): the page's online driver and the audit agree."""
+    from forensics.report.expected import BAND_NAME
+
+    findings = audited_case(demo_small / "static", tmp_path / "case", plan=True)
+    at = app(tmp_path / "case").run()
+    assert not at.exception, at.exception
+    band = band_traces(at)
+    assert [(t.name, t.yaxis) for t in band] == [
+        (f"{BAND_NAME} (low)", "y"),
+        (BAND_NAME, "y"),
+        (f"{BAND_NAME} (expected)", "y"),
+        (f"{BAND_NAME} (low)", "y2"),
+        (BAND_NAME, "y2"),
+        (f"{BAND_NAME} (expected)", "y2"),
+    ]
+    assert [t.showlegend for t in band if t.name == BAND_NAME] == [True, False] and band[1].fill == "tonexty"
+    centre = pd.Series(band[2].y, index=band[2].x)
+    peaks = {s["peak_step"]: s["baseline"] for s in findings["spikes"] if s["metric"] == "train/loss"}
+    assert sorted(peaks) == [254, 258, 754, 1107]
+    assert [centre[p] for p in sorted(peaks)] == pytest.approx([peaks[p] for p in sorted(peaks)], rel=1e-9)
+    spikes = {t.name for t in at.session_state["fig_curves_cache"][1].data if t.name.startswith("spike (")}
+    assert spikes == {"spike (critical)"}  # the spikes stay marked beside the band
+
+
+def test_the_curve_of_a_metrics_only_run_has_no_expected_band(demo_small: Path, tmp_path: Path) -> None:
+    audited_case(demo_small / "static", tmp_path / "case", plan=False)
+    at = app(tmp_path / "case").run()
+    assert not at.exception, at.exception
+    assert band_traces(at) == []
+    assert len(at.get("plotly_chart")) == 1
+
+
+CLICK_SPIKES = [
+    {"step": 254, "end_step": 254, "peak_step": 254, "cause": "C1"},
+    {"step": 300, "end_step": 303, "peak_step": 301, "cause": "C2"},
+    {"step": 400, "end_step": 400, "peak_step": 400, "cause": None},  # not grouped yet: nothing to open
+]
+
+
+@pytest.mark.parametrize(
+    ("points", "cause"),
+    [
+        ([{"x": 254, "customdata": "C9"}], "C9"),  # the marker's own cause wins
+        ([{"x": 254}], "C1"),  # the curve's point under the marker
+        ([{"x": 253}], None),  # one step before the spike
+        ([{"x": 255}], None),  # one step after it
+        ([{"x": 300}], "C2"),  # first step of a spike spanning steps
+        ([{"x": 303.0}], "C2"),  # its last step (plotly hands x as a float)
+        ([{"x": 304}], None),
+        ([{"x": 400}], None),  # a spike with no cause yet
+        ([{"x": 10}, {"x": 301}], "C2"),  # a box selection: the first point on a spike
+        ([], None),
+    ],
+)
+def test_a_click_on_the_curve_picks_the_cause_of_the_spike_at_its_step(points: list, cause: str | None) -> None:
+    from types import SimpleNamespace
+
+    from forensics.dashboard.views.run import clicked_cause
+
+    run = SimpleNamespace(current_findings=lambda: {"spikes": CLICK_SPIKES})
+    assert clicked_cause(run, points) == cause
+
+
 def test_severity_is_never_colour_alone(demo_small: Path, tmp_path: Path) -> None:
     """Every place a severity shows carries its word and a shape: the strip, the lines, the table, the markers."""
     case = tmp_path / "static"

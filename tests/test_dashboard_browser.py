@@ -243,3 +243,46 @@ def test_dashboard_renders_live_in_chromium_with_hostile_text_shown_as_text(brow
     print(f"screenshot: {shot} (the causes appeared {appeared_s:.1f} s after the append)")
     assert errors == [], errors
     page.close()
+
+
+def spike_marker(page, cause: str) -> dict:
+    """Where on the screen (px) the loss panel's spike marker of ``cause`` is drawn, from plotly's own axes."""
+    return page.evaluate(
+        """(cause) => {
+        const gd = document.querySelector('.js-plotly-plot');
+        const t = gd.data.find(t => t.name.startsWith('spike (') && (t.yaxis || 'y') === 'y'
+                                    && Array.from(t.customdata).includes(cause));
+        const i = Array.from(t.customdata).indexOf(cause);
+        const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        const box = gd.querySelector('.main-svg').getBoundingClientRect();
+        return {x: box.left + xa._offset + xa.l2p(t.x[i]), y: box.top + ya._offset + ya.l2p(t.y[i]),
+                step: t.x[i]};
+        }""",
+        cause,
+    )
+
+
+def test_clicking_a_spike_opens_its_cause_card(browser, demo_small, tmp_path, tmp_path_factory, repo_root):
+    """The static demo's curve, drawn over its expected band: a click on the spike marker of the second cause (C2,
+    step 258; the page opens on C1's card) opens C2's card, the batch of step 258."""
+    case = tmp_path / "static"
+    shutil.copytree(demo_small / "static", case, ignore=shutil.ignore_patterns("wandb"))
+    url, proc = serve(case, tmp_path, shared_cache_dir(tmp_path_factory), repo_root)
+    try:
+        page, errors, dialogs = open_page(browser, url)
+        page.get_by_text("The batch of step 254", exact=False).first.wait_for()
+        names = page.evaluate("() => document.querySelector('.js-plotly-plot').data.map(t => t.name)")
+        assert names.count("expected from composition") == 2  # the loss's band and the grad norm's
+        assert page.get_by_text("The batch of step 258", exact=False).count() == 0
+        page.evaluate("() => window.scrollTo(0, 0)")
+        spot = spike_marker(page, "C2")
+        assert spot["step"] == 258
+        page.mouse.move(spot["x"], spot["y"])
+        page.wait_for_timeout(300)
+        page.mouse.click(spot["x"], spot["y"])
+        page.get_by_text("The batch of step 258", exact=False).first.wait_for(timeout=60_000)
+        assert page.get_by_text("The batch of step 254", exact=False).count() == 0
+        assert errors == [] and dialogs == [], (errors, dialogs)
+        page.close()
+    finally:
+        stop(proc)

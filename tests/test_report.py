@@ -641,3 +641,83 @@ def test_report_top_shares_the_dashboards_strip_and_tables():
     assert "spike &lt;script&gt;x&lt;/script&gt; at 254</td>" in body and "<script>x" not in body
     samples = html[html.index('id="samples-table"') : html.index("</table>", html.index('id="samples-table"'))]
     assert samples.count("<tr><td>") == 1 and "<td>7, 8</td><td>2</td><td>+40%</td>" in samples
+
+
+# --- the expected band of the composition -----------------------------------------------------------------------------
+def _curve_traces(html: str) -> list[dict]:
+    """The curves figure's traces as embedded in the page (plotly's typed arrays decoded)."""
+    import base64
+
+    def decode(v):
+        if isinstance(v, dict) and "bdata" in v:
+            return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"])
+        return v
+
+    return [{k: decode(v) for k, v in t.items()} for t in json.loads(_embedded_json(html))["curves"]["data"]]
+
+
+def test_report_draws_the_expected_band_at_the_drivers_expectation(demo_small, tmp_path):
+    """``forensics audit --html`` on the demo's static case (with its plan): the loss curve has the shaded band
+    "expected from composition" in the legend; its centre at each spike's peak is the expectation the spike was
+    judged against (findings.json ``baseline``, the driver's value), and its edges are that expectation times
+    exp(-+3 robust SDs) of the loss's log residual against it."""
+    import shutil
+
+    from forensics.cli import main
+    from forensics.pipeline.audit import run_audit
+    from forensics.report.expected import BAND_NAME, BAND_SDS
+    from forensics.schema import open_case
+    from forensics.stats import robust_sd
+
+    case = tmp_path / "static"
+    shutil.copytree(demo_small / "static", case, ignore=shutil.ignore_patterns("wandb"))
+    out = tmp_path / "report.html"
+    assert main(["audit", str(case), "--html", str(out)]) == 0
+    findings = json.loads((case / "findings.json").read_text())
+    traces = _curve_traces(out.read_text(encoding="utf-8"))
+    band = [t for t in traces if t.get("legendgroup") == "expected"]
+    # the loss panel's and the grad norm's: lower edge, upper edge filled down to it (in the legend once), centre
+    assert [(t["name"], t.get("yaxis", "y")) for t in band] == [
+        (f"{BAND_NAME} (low)", "y"),
+        (BAND_NAME, "y"),
+        (f"{BAND_NAME} (expected)", "y"),
+        (f"{BAND_NAME} (low)", "y2"),
+        (BAND_NAME, "y2"),
+        (f"{BAND_NAME} (expected)", "y2"),
+    ]
+    assert [t.get("showlegend") for t in band if t["name"] == BAND_NAME] == [True, False]
+    assert band[1]["fill"] == "tonexty"
+    low, high, centre = (
+        pd.Series(np.asarray(t["y"], np.float64), index=np.asarray(t["x"], np.int64)) for t in band[:3]
+    )
+    loss_spikes = [s for s in findings["spikes"] if s["metric"] == "train/loss"]
+    assert [s["peak_step"] for s in loss_spikes] == [254, 258, 754, 1107]
+    for s in loss_spikes:
+        assert centre[s["peak_step"]] == pytest.approx(s["baseline"], rel=1e-12)
+    # the whole centre line is the driver's expectation at the drawn steps, and the width its residual's noise
+    audit = run_audit(open_case(case))
+    expected = audit.expected.set_index("step")["train/loss"]
+    np.testing.assert_allclose(centre.to_numpy(), expected.reindex(centre.index).to_numpy(), rtol=1e-12)
+    loss = audit.metrics.set_index("step")["train/loss"].astype(float).reindex(expected.index)
+    r = np.log(loss.to_numpy() / expected.to_numpy())
+    width = BAND_SDS * robust_sd(r[np.isfinite(r)])
+    np.testing.assert_allclose(low.to_numpy(), centre.to_numpy() * np.exp(-width), rtol=1e-12)
+    np.testing.assert_allclose(high.to_numpy(), centre.to_numpy() * np.exp(width), rtol=1e-12)
+    assert 0.05 < width < 0.5  # a band a reader can see, not one that hides the spikes
+    for s in loss_spikes:  # every spike lies above it
+        assert s["value"] > high[s["peak_step"]]
+    # the report written again after a replay (the tables read again) draws the same band
+    from forensics.pipeline.replay_loop import write_case_report
+
+    write_case_report(open_case(case), findings, None, tmp_path / "again.html")
+    again = [t for t in _curve_traces((tmp_path / "again.html").read_text()) if t.get("legendgroup") == "expected"]
+    assert [t["name"] for t in again] == [t["name"] for t in band]
+    for a, b in zip(again, band):
+        np.testing.assert_array_equal(a["x"], b["x"])
+        np.testing.assert_array_equal(a["y"], b["y"])
+
+
+def test_report_without_a_plan_draws_no_expected_band(case: dict):
+    html = build_report(case["findings"], case["metrics"])
+    assert not [t for t in _curve_traces(html) if t.get("legendgroup") == "expected"]
+    assert "expected from composition" not in html

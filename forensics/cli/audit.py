@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
                 loss_key=audit.loss_key,
                 replay=audit.replay_results(),
                 batch_rows=audit.batch_rows,
+                expected=audit.expected,
             )
         written.append(str(html_path))
 

@@ -224,6 +224,14 @@ class LiveRun:
                 value = value.iloc[np.argsort(steps, kind="stable")].reset_index(drop=True)
         self._plan, self._plan_file = value, None
 
+    @property
+    def expected(self) -> pd.DataFrame | None:
+        """Each step's expected value from its composition as the online spike rule judged it (``step``, then one
+        column per metric: the audit's ``expected`` table for the rows so far); None without a plan."""
+        spikes = getattr(self, "online", {}).get("spikes")
+        driver = getattr(spikes, "driver", None)
+        return driver.expected() if driver is not None else None
+
     def analysed_metrics(self) -> list[str]:
         """The metrics the spike rule watches."""
         return list(self.run.analysed) if hasattr(self, "run") else []

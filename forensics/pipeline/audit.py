@@ -60,6 +60,10 @@ class Audit:
     #: A plan too large to load (read through an engine; ``plan`` is then None): the rows of the spikes' peak
     #: steps, which the report's cards show.
     batch_rows: pd.DataFrame | None = None
+    #: The expected value of each step from its composition (``step``, then one column per metric judged against
+    #: it: the spike rule's :meth:`~forensics.detect.SpikeDriver.expected`); None without a plan. The report
+    #: draws it as the expected band around the loss.
+    expected: pd.DataFrame | None = None
 
     @property
     def plan_on_engine(self) -> bool:
@@ -198,6 +202,7 @@ def run_audit(
             view.rows_at({spike_span(f)[2] for f in judged.found if f.kind == "spike"}) if view is not None else None
         )
     found = judged.found
+    expected = next((getattr(r, "expected_", None) for r in rules if r.name == "spikes"), None)
     sections.update(judged.sections)
     warnings += judged.warnings
     if not has_plan and any(f.kind == "spike" for f in found):
@@ -232,6 +237,7 @@ def run_audit(
         samples=samples,
         boundaries=boundaries,
         batch_rows=batch_rows,
+        expected=expected,
     )
 
 

@@ -147,8 +147,8 @@ def write_case_report(case: Case, findings: dict[str, Any], replay: dict[str, An
     from forensics.sources import read_metrics
 
     cfg = case.config
-    metrics, _ = read_metrics(case.metrics_sources, step_offset=cfg.step_offset, step_key=cfg.step_key)
-    tags = samples = plan = None
+    metrics, ingest = read_metrics(case.metrics_sources, step_offset=cfg.step_offset, step_key=cfg.step_key)
+    tags = samples = plan = expected = None
     if cfg.plan and cfg.samples:
         from forensics.tagging import tag_run
 
@@ -156,6 +156,8 @@ def write_case_report(case: Case, findings: dict[str, Any], replay: dict[str, An
         plan = step_plan(load_plan(case.plan_path, samples), cfg)
         tagged = tag_run(plan, samples, cfg)
         tags, samples = tagged.tags, tagged.samples
+        analysed = (findings.get("run") or {}).get("analysed_metrics") or []
+        expected = expected_table(case, metrics, ingest, tags, plan, samples, tagged.boundaries, analysed[1:])
     write_report(
         path,
         findings,
@@ -165,7 +167,31 @@ def write_case_report(case: Case, findings: dict[str, Any], replay: dict[str, An
         plan=plan,
         loss_key=(findings.get("run") or {}).get("loss_key"),
         replay=replay,
+        expected=expected,
     )
+
+
+def expected_table(
+    case: Case,
+    metrics: Any,
+    ingest: Any,
+    tags: Any,
+    plan: Any,
+    samples: Any,
+    boundaries: list[int] | None,
+    spike_metrics: list[str] | None = None,
+) -> Any:
+    """Each step's expected value from its composition, as the audit's spike rule judged it (the report's expected
+    band): the rule is run again on the tables read again, which gives the audit's table (it is deterministic);
+    ``spike_metrics``: the metrics the audit judged beside the loss (findings.json ``run.analysed_metrics``)."""
+    from forensics.detect.spikes.rule import SpikeRule
+    from forensics.pipeline.run_tables import assemble_run, choose_keys
+
+    keys = choose_keys(metrics, case.config, spike_metrics or None)
+    run = assemble_run(case, metrics, ingest, keys, tags=tags, plan=plan, samples=samples, boundaries=boundaries)
+    rule = SpikeRule(**dict(case.config.detect.get("spikes", {})))
+    rule.detect(run)
+    return rule.expected_
 
 
 def _write_json(case: Case, findings: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from forensics.report.downsample import DEFAULT_POINTS, DEFAULT_WINDOW, plot_indices
+from forensics.report.expected import add_expected_band
 from forensics.report.inputs import (
     as_float,
     by_severity,
@@ -52,8 +53,13 @@ def loss_figure(
     loss_key: str | None = None,
     n_out: int = DEFAULT_POINTS,
     window: int = DEFAULT_WINDOW,
+    expected: pd.DataFrame | None = None,
 ) -> go.Figure:
     """Loss (and grad norm, lr, spiking metrics) over steps: spikes marked, loss points coloured by length bucket.
+
+    ``expected``: the pipeline's table of each step's expected value from its composition (``step`` and a column
+    per metric); each curve it has a column for is drawn over its expected band (:mod:`forensics.report.expected`).
+    None (a run without a plan): no band.
 
     Each series keeps ``n_out`` points by per-bin extremes plus every step within ``window`` of a finding, so every
     spike is drawn; NaN/inf steps are crosses at the top of their panel; steps where a spike's batch recurred in
@@ -74,6 +80,7 @@ def loss_figure(
         values = metrics[col].to_numpy(np.float64)
         idx = plot_indices(steps, values, spans, n_out, window)
         x, y = steps[idx].astype(np.int64), values[idx].astype(np.float32)
+        add_expected_band(fig, steps, values, idx, expected, col, r, in_legend)
         if r == 1 and buckets is not None:
             fig.add_trace(
                 go.Scatter(

@@ -34,9 +34,12 @@ def report_figures(
     samples: pd.DataFrame | None = None,
     plan: pd.DataFrame | None = None,
     loss_key: str | None = None,
+    expected: pd.DataFrame | None = None,
 ) -> dict[str, go.Figure]:
-    """The report's figures in display order, keyed by name; a figure is left out when its inputs are missing."""
-    figs: dict[str, go.Figure] = {"curves": loss_figure(metrics, findings, tags, samples, loss_key)}
+    """The report's figures in display order, keyed by name; a figure is left out when its inputs are missing.
+    ``expected``: each step's expected value from its composition (the audit's ``expected`` table), drawn as a band
+    on the curves."""
+    figs: dict[str, go.Figure] = {"curves": loss_figure(metrics, findings, tags, samples, loss_key, expected=expected)}
     if tags is not None and STEP in tags.columns and len(tags):
         if "bucket" in tags.columns and tags["bucket"].notna().any():
             figs["bucket_loss"] = bucket_loss_figure(metrics, tags, findings, loss_key)

@@ -168,16 +168,20 @@ def build_report(
     figures: dict[str, go.Figure] | None = None,
     replay: dict | None = None,
     batch_rows: pd.DataFrame | None = None,
+    expected: pd.DataFrame | None = None,
 ) -> str:
     """The report as one HTML string (see the module docstring); ``figures`` overrides :func:`report_figures`;
     ``replay``: the case's ``replay/replay.json``, whose verdicts show on the cards of their causes;
     ``batch_rows``: the rows of the spikes' peak steps of a plan too large to load (``plan`` is then None: the
-    figures draw on the tags, the cards show these batches)."""
+    figures draw on the tags, the cards show these batches); ``expected``: each step's expected value from its
+    composition (the audit's ``expected`` table), drawn as a band on the curves."""
     from forensics.report.figures import report_figures
 
     findings = findings or {}
     loss_key = find_loss_key(metric_columns(metrics), loss_key or (findings.get("run") or {}).get("loss_key"))
-    figs = figures if figures is not None else report_figures(findings, metrics, tags, samples, plan, loss_key)
+    figs = (
+        figures if figures is not None else report_figures(findings, metrics, tags, samples, plan, loss_key, expected)
+    )
     cards = finding_cards(findings, samples, plan if plan is not None else batch_rows, tags, loss_key, replay)
     sections = []
     for key, heading, names in _SECTIONS:

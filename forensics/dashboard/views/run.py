@@ -65,8 +65,10 @@ def curve_columns(run: LiveRun) -> list[str]:
 
 def figure(run: LiveRun, start: int | None = None, end: int | None = None):
     """The loss and grad norm of ``[start, end]`` (the whole run when not given): full resolution when the range
-    is short; spikes marked by severity."""
+    is short; spikes marked by severity; with a plan, each over its expected band (what the steps' composition
+    predicts, as the spike rule judged them)."""
     metrics = run.metrics[[STEP, *curve_columns(run)]]
+    expected = run.expected
     n_out = DEFAULT_POINTS
     if start is not None and end is not None:
         steps = metrics[STEP].to_numpy(np.int64)
@@ -75,7 +77,7 @@ def figure(run: LiveRun, start: int | None = None, end: int | None = None):
             metrics = metrics.iloc[lo:hi]
             n_out = max(DEFAULT_POINTS, min(hi - lo, FULL_RESOLUTION))
     findings = run.current_findings()
-    fig = loss_figure(metrics, findings, run.tags, run.samples, run.loss_key, n_out=n_out)
+    fig = loss_figure(metrics, findings, run.tags, run.samples, run.loss_key, n_out=n_out, expected=expected)
     top = 40 + (fig.layout.margin.t or 105) - 105
     # the report's y-range buttons would sit on the legend here; the range control above replaces them
     fig.update_layout(
@@ -109,6 +111,26 @@ def render(run: LiveRun) -> None:
         st.session_state["fig_curves_cache"] = (key, fig)
     event = st.plotly_chart(fig, width="stretch", key="fig_curves", on_select="rerun", selection_mode="points")
     points = list(((event or {}).get("selection") or {}).get("points") or []) if event is not None else []
-    picked = [p.get("customdata") for p in points if p.get("customdata")]
-    if picked and picked[0] != st.session_state.get(CLICKED + "_last"):
-        st.session_state[CLICKED] = st.session_state[CLICKED + "_last"] = str(picked[0])
+    picked = clicked_cause(run, points)
+    if picked and picked != st.session_state.get(CLICKED + "_last"):
+        st.session_state[CLICKED] = st.session_state[CLICKED + "_last"] = picked
+
+
+def clicked_cause(run: LiveRun, points: list[dict]) -> str | None:
+    """The cause a click on the curve picked: a spike marker's own cause id (its ``customdata``), else the cause of
+    the spike whose steps hold the clicked point's step. A spike's marker sits on the curve's own point at its
+    peak, and plotly hands the click to whichever of the two it finds first, so both must open the cause."""
+    for p in points:
+        if p.get("customdata"):
+            return str(p["customdata"])
+    spikes = [s for s in run.current_findings().get("spikes") or [] if s.get("cause")]
+    for p in points:
+        x = p.get("x")
+        if x is None:
+            continue
+        for s in spikes:
+            start = int(s["step"])
+            end = int(s.get("end_step") if s.get("end_step") is not None else start)
+            if start <= int(x) <= end or int(s.get("peak_step", start)) == int(x):
+                return str(s["cause"])
+    return None

@@ -102,6 +102,7 @@ class SpikeDriver(OnlineRule):
         self.expect_: dict[str, CompositionExpectation] = {}  # per metric, once tags arrive
         self.factors_: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # per metric: steps, factors
         self.last_factors_: dict[str, np.ndarray] = {}  # per metric: the factors of its last chunk's rows
+        self.expected_: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # per metric: steps, expectation
         self.explained_: dict[str, dict[str, Any]] = {}  # per metric: steps above the trend its composition explains
         # the other metrics' recent (step, score, ratio): how strongly they followed a grad-norm spike
         self.recent_ = (np.empty(0, np.int64), np.empty(0), np.empty(0))
@@ -127,6 +128,7 @@ class SpikeDriver(OnlineRule):
                 found = det.update(self._adjusted(metric, part), self.tags_, given)
                 new += [self._expectation(f) for f in found]
                 self._count_explained(metric, det)
+                self._keep_expected(metric, det)
             else:
                 new += det.update(part, self.tags_, given)
             if metric == self.grad_norm_key:
@@ -198,6 +200,32 @@ class SpikeDriver(OnlineRule):
         out = part.copy()
         out[metric] = values / factors
         return out
+
+    def _keep_expected(self, metric: str, det: SpikeDetector) -> None:
+        """The last chunk's expectation of each row (the detector's baseline times the row's factor: what a spike
+        there is judged against), kept for :meth:`expected`."""
+        steps, _, base, _ = det.last_rows_
+        factors = self.last_factors_.get(metric)
+        if factors is None or len(factors) != len(steps) or not len(steps):
+            return
+        kept_steps, kept = self.expected_.setdefault(metric, ([], []))
+        kept_steps.append(np.asarray(steps, np.int64))
+        kept.append(base * factors)
+
+    def expected(self) -> pd.DataFrame | None:
+        """The expected value of each step from its composition, one column per metric judged against it
+        (``step`` first; NaN where the detector had no baseline yet): what the report and the dashboard draw as
+        the expected band. None when no metric was (no tags: a run without a plan, or values logged over
+        several steps). Online and offline give the same table for the same rows (the expectation is causal)."""
+        cols = {}
+        for metric, (steps_parts, parts) in self.expected_.items():
+            if steps_parts:
+                steps, values = np.concatenate(steps_parts), np.concatenate(parts)
+                self.expected_[metric] = ([steps], [values])
+                cols[metric] = pd.Series(values, index=pd.Index(steps, name=STEP))
+        if not cols:
+            return None
+        return pd.concat(cols, axis=1).sort_index().reset_index()
 
     def _count_explained(self, metric: str, det: SpikeDetector) -> None:
         """Steps of the last chunk that the spike thresholds would flag against the trend alone but not against

@@ -83,12 +83,19 @@ class SpikeRule(Rule):
             boundaries=run.boundaries,
         )
 
+    def reset(self) -> None:
+        super().reset()
+        self.expected_: pd.DataFrame | None = None
+
     def detect(self, run: RunTables, found: list[Finding] | None = None) -> list[Finding]:
         self.reset()
         self.check_inputs(run)
         driver = self.driver(run)
         out = driver.detect(run.metrics, run.tags)
         self.warnings_ = driver.warnings()
+        # the expected value of each step from its composition (SpikeDriver.expected), for the pipeline's tables:
+        # the report draws it as the expected band
+        self.expected_ = driver.expected()
         return out
 
     def online(self, run: RunTables) -> LiveSpikes:

@@ -11,7 +11,8 @@
 - :mod:`~forensics.sources.wandb.api_reader`: :class:`WandbApiReader`, every history row of a run from the server.
 
 Both readers are plain imports (``from forensics.sources.wandb import WandbRunReader``); the API reader imports the
-``wandb`` client and its progress bars only when it reads, so reading a run file never pays for them.
+``wandb`` client and its progress bars only when it reads, so reading a run file never pays for them. An API read
+does load the run-file reader's compiled scanner with the package (measured: ~0.2 s of CPU, next to a network read).
 """
 
 from __future__ import annotations

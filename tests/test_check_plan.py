@@ -16,10 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forensics.cli import main
-from forensics.plan import assert_batches_vary, check_plan
 from forensics.plan.builders import bucketed_shuffle, length_grouped, shuffle_then_sort
 from forensics.plan.composition import compare_epochs, index_plan
-from forensics.plan.gate import FIXED_PAIR_RETENTION, MULTIPLE, derive_limits
+from forensics.plan.gate import FIXED_PAIR_RETENTION, MULTIPLE, assert_batches_vary, check_plan, derive_limits
 from forensics.plan.rebuild import rebuild_plan
 from forensics.plan.step_mapping import assign_steps, batches_to_plan
 

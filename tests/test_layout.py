@@ -167,14 +167,9 @@ def test_the_top_level_holds_only_what_every_stage_imports():
 
 
 def test_the_robust_sd_constant_is_read_through_its_helper():
-    """``stats.robust_sd`` is the one formula; the compiled spike kernel alone multiplies by the constant itself (a
-    compiled loop cannot call a Python helper) and the per-group scales of pandas group-bys name it."""
-    allowed = {
-        "stats/__init__.py",
-        "detect/spikes/kernel.py",
-        "detect/rules/recurrence.py",
-        "detect/evidence/jumpiness.py",
-    }
+    """``stats.robust_sd`` (and ``stats.grouped_robust_sd``, the same formula per group) is the one formula; the
+    compiled spike kernel alone multiplies by the constant itself (a compiled loop cannot call a Python helper)."""
+    allowed = {"stats/__init__.py", "detect/spikes/kernel.py"}
     users = set()
     for f in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):
@@ -185,3 +180,40 @@ def test_the_robust_sd_constant_is_read_through_its_helper():
                 users.add(f.relative_to(PACKAGE).as_posix())
     assert "stats/__init__.py" in users  # the walk sees the constant where it is declared
     assert users <= allowed, users - allowed
+
+
+def test_no_module_resolves_its_names_on_first_use():
+    """Names are plain imports, visible to IDEs and type checkers: no module-level ``__getattr__``. A heavy optional
+    dependency is imported inside the function that needs it instead (the spike package's is removed on its own)."""
+    lazy = set()
+    for f in PACKAGE.rglob("*.py"):
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+                lazy.add(f.relative_to(PACKAGE).as_posix())
+    assert lazy <= {"detect/spikes/__init__.py"}, lazy
+
+
+def test_the_packages_import_without_their_heavy_dependencies():
+    """The report, compare, replay and W&B packages and the torch integration import without plotly, torch, wandb or
+    streamlit (their functions import them when they draw, replay, read the API or build a sampler), and the
+    recorder a training script imports loads neither pandas nor the gate."""
+    import json
+    import subprocess
+    import sys
+
+    heavy = ("plotly", "torch", "wandb", "streamlit", "pandas", "forensics.plan.gate")
+    code = (
+        "import importlib, json, sys; importlib.import_module(sys.argv[1]); "
+        f"print(json.dumps(sorted(h for h in {heavy!r} if h in sys.modules)))"
+    )
+
+    def loaded(module: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", code, module], capture_output=True, text=True, check=True, cwd=PACKAGE.parent
+        )
+        return json.loads(done.stdout.strip())
+
+    assert loaded("forensics.integrations.torch") == []
+    assert loaded("forensics.plan.recorder") == []
+    for package in ("forensics.report", "forensics.compare", "forensics.replay", "forensics.sources.wandb"):
+        assert loaded(package) == ["pandas"], package

@@ -256,8 +256,9 @@ def test_recorder_module_imports_and_records_without_torch(tmp_path):
         from forensics.plan.recorder import PlanRecorder
         with PlanRecorder({str(tmp_path / "plan")!r}) as rec:
             rec.record([4, 5])
+        from forensics.plan.recorder import RecordingSampler  # the name imports; building one needs torch
         try:
-            from forensics.plan.recorder import RecordingSampler
+            RecordingSampler([[0, 1]], rec)
         except ImportError:
             print("no torch sampler")
     """)

@@ -11,35 +11,27 @@
 - :mod:`~forensics.compare.html`: compare.html (the curves overlaid, the spikes marked by class);
 - :mod:`~forensics.compare.core`: :func:`compare_runs`, the library behind ``forensics compare``.
 
-Names resolve on first use, so importing the package costs nothing until one is used.
+plotly is imported by the functions that draw (:mod:`~forensics.compare.html`), so importing the package does not
+load it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from forensics.compare.align import align
+from forensics.compare.classes import classify
+from forensics.compare.core import compare_runs
+from forensics.compare.html import build_compare_html
+from forensics.compare.positions import StepSamples
+from forensics.compare.result import Comparison
+from forensics.compare.runs import ComparedRun, load_run
 
-_WHERE = {
-    "compare_runs": "core",
-    "Comparison": "result",
-    "ComparedRun": "runs",
-    "load_run": "runs",
-    "classify": "classes",
-    "align": "align",
-    "StepSamples": "positions",
-    "build_compare_html": "html",
-}
-
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'forensics.compare' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"forensics.compare.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__all__ = [
+    "ComparedRun",
+    "Comparison",
+    "StepSamples",
+    "align",
+    "build_compare_html",
+    "classify",
+    "compare_runs",
+    "load_run",
+]

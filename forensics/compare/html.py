@@ -10,15 +10,17 @@ sequences) inside the figure, so a sample holding ``</script>`` is shown as text
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.offline import get_plotlyjs
 
 from forensics.compare.classes import CLASSES, MEANING
 from forensics.compare.result import Comparison
 from forensics.report.html import figures_json
 from forensics.report.text import esc, fmt_num, snippet
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 #: Marker colour and symbol of each class (colour-blind safe: they differ in symbol too).
 CLASS_STYLE = {"recurring": ("#d62728", "x"), "vanished": ("#1f77b4", "triangle-down"), "unique": ("#7f7f7f", "circle")}
@@ -43,6 +45,8 @@ _CSS = (
 def compare_figure(result: Comparison) -> go.Figure:
     """Every run's loss against its canonical step, and one marker trace per class at the spikes' peaks (each run's
     own value there, so a vanished spike shows both the spike and the quiet run beside it)."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     for run in result.runs:
         fig.add_trace(
@@ -123,6 +127,8 @@ def _rows(result: Comparison) -> str:
 
 def build_compare_html(result: Comparison) -> str:
     """compare.html as one string (module docstring)."""
+    from plotly.offline import get_plotlyjs
+
     figs = {"compare": compare_figure(result)}
     runs = "".join(f"<li>{esc(r.name)}: <code>{esc(r.source)}</code> ({len(r.steps)} steps)</li>" for r in result.runs)
     ba = result.before_after() or {}

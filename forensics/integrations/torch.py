@@ -19,17 +19,6 @@ the ids the batch carries. Write ``samples.parquet`` with the dataset's ``sample
 
 from __future__ import annotations
 
-from typing import Any
+from forensics.plan.recorder import PlanRecorder, RecordingSampler
 
-from forensics.plan.recorder import PlanRecorder
-
-__all__ = ["PlanRecorder", "RecordingSampler"]  # noqa: F822 - RecordingSampler comes from __getattr__
-
-
-def __getattr__(name: str) -> Any:
-    # RecordingSampler subclasses torch's Sampler: created on first use, so this module imports without torch.
-    if name == "RecordingSampler":
-        from forensics.plan import recorder
-
-        return recorder.RecordingSampler
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["PlanRecorder", "RecordingSampler"]

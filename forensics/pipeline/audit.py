@@ -243,7 +243,7 @@ def run_audit(
 
 def load_step_plan(case: Case, samples: pd.DataFrame | None) -> pd.DataFrame:
     """The case's plan loaded whole and step-mapped, as every stage reads a plan in memory."""
-    from forensics.plan import step_plan
+    from forensics.plan.step_mapping import step_plan
 
     return step_plan(load_plan(case.plan_path, samples), case.config)
 
@@ -440,7 +440,7 @@ def validate_case(case: Case) -> CaseCheck:
             f"validate: no case in {where}: expected run.toml, metrics.parquet, plan.parquet or "
             "samples.parquet, or --metrics/--plan/--samples"
         )
-    from forensics.plan import step_plan
+    from forensics.plan.step_mapping import step_plan
     from forensics.sources import read_metrics
 
     lines, warnings = [], list(case.warnings)

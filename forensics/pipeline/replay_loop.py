@@ -141,7 +141,7 @@ def merge_into_audit(case_dir: str | Path | Case, result: Any) -> list[Path]:
 
 def write_case_report(case: Case, findings: dict[str, Any], replay: dict[str, Any] | None, path: Path) -> None:
     """The report of ``findings`` with the case's tables read again (the metrics, the plan and its tags)."""
-    from forensics.plan import step_plan
+    from forensics.plan.step_mapping import step_plan
     from forensics.report import write_report
     from forensics.schema import load_plan, load_samples
     from forensics.sources import read_metrics

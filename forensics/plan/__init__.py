@@ -1,38 +1,18 @@
 """The plan stage: which samples made each optimizer step (record, rebuild, import), the reference builders,
-the step mapping, bucket boundaries and the batch-composition gate."""
+the step mapping, bucket boundaries and the batch-composition gate.
+
+The package itself imports only the bucket index (numpy), because a training script imports
+:mod:`~forensics.plan.recorder` through it and every spike detector reads buckets: neither should load pandas and the
+gate. The other jobs are imported from their modules:
+
+- :mod:`~forensics.plan.builders`: the reference builders (``REFERENCE_BUILDERS``, ``bucketed_shuffle``, ...);
+- :mod:`~forensics.plan.step_mapping`: ``assign_steps``, ``batch_keys``, ``batches_to_plan``, ``step_plan``;
+- :mod:`~forensics.plan.gate`: ``check_plan``, ``assert_batches_vary``, ``GateResult``;
+- :mod:`~forensics.plan.recorder`: ``PlanRecorder`` and ``RecordingSampler``.
+"""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from forensics.plan.buckets import bucket_index, bucket_range
 
-#: Public names, imported lazily: reading a bucket index (every spike detector does) loads neither the builders nor
-#: the gate.
-_EXPORTS = {
-    "bucket_index": "buckets",
-    "bucket_range": "buckets",
-    "REFERENCE_BUILDERS": "builders",
-    "bucketed_shuffle": "builders",
-    "random_shuffle": "builders",
-    "shuffle_then_sort": "builders",
-    "static_sorted": "builders",
-    "GateResult": "gate",
-    "assert_batches_vary": "gate",
-    "check_plan": "gate",
-    "assign_steps": "step_mapping",
-    "batch_keys": "step_mapping",
-    "batches_to_plan": "step_mapping",
-    "step_plan": "step_mapping",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'forensics.plan' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"forensics.plan.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__ = ["bucket_index", "bucket_range"]

@@ -4,7 +4,7 @@ Two ways in:
 
 - :class:`PlanRecorder`, plain Python (numpy + pyarrow, no torch): call ``record(sample_ids)`` once per batch.
 - :class:`RecordingSampler`, a torch ``Sampler`` wrapping any sampler or batch sampler (``DistributedSampler``,
-  ``BatchSampler``, a bucketing batch sampler...). torch is imported only when this class is first used, so the
+  ``BatchSampler``, a bucketing batch sampler...). torch is imported only when the first one is built, so the
   module imports without torch.
 
 What the caller may rely on:
@@ -293,8 +293,22 @@ def _is_batch(item: Any) -> bool:
     return getattr(item, "ndim", 0) >= 1  # a torch tensor of indices
 
 
-class _RecordingSamplerMixin:
-    """The sampler protocol plus recording; combined with ``torch.utils.data.Sampler`` when first used."""
+class RecordingSampler:
+    """Wrap a sampler or batch sampler; every batch drawn from it is recorded by ``recorder``.
+
+    Give a batch sampler (anything yielding lists of indices) to ``DataLoader(batch_sampler=...)``; give a sampler of
+    single indices with the DataLoader's ``batch_size`` (and ``drop_last``) to ``DataLoader(sampler=...,
+    batch_size=...)``. ``sample_ids`` maps a dataset index to its ``sample_id`` (an array, or a callable; default:
+    the index is the id). Batches are recorded when the loader draws them, which is up to its prefetch depth before
+    the step consumes them. ``set_epoch`` is forwarded to the wrapped sampler.
+
+    Every instance is also a ``torch.utils.data.Sampler``: building the first one makes the subclass that derives
+    from both (:func:`_with_torch`), so that importing this module never imports torch, and a script without torch
+    gets torch's ``ImportError`` when it builds a sampler, not when it imports the recorder.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> RecordingSampler:
+        return super().__new__(_with_torch() if cls is RecordingSampler else cls)
 
     def __init__(
         self,
@@ -371,33 +385,22 @@ def _id_mapper(sample_ids) -> Callable[[Any], np.ndarray]:
     return lambda idx: table[np.asarray(idx, dtype=np.int64)]
 
 
-_SAMPLER_CLASS: type | None = None
+def _with_torch() -> type[RecordingSampler]:
+    """:class:`RecordingSampler` combined with ``torch.utils.data.Sampler`` (made once, on first use).
 
-
-def _recording_sampler_class() -> type:
-    global _SAMPLER_CLASS
-    if _SAMPLER_CLASS is None:
+    It is reachable as ``RecordingSampler.with_torch``, the name its ``__qualname__`` gives, so pickle finds it."""
+    made = RecordingSampler.__dict__.get("with_torch")
+    if made is None:
         from torch.utils.data import Sampler
 
-        _SAMPLER_CLASS = type(
+        made = type(
             "RecordingSampler",
-            (_RecordingSamplerMixin, Sampler),
+            (RecordingSampler, Sampler),
             {
-                "__doc__": """Wrap a sampler or batch sampler; every batch drawn from it is recorded by ``recorder``.
-
-    Give a batch sampler (anything yielding lists of indices) to ``DataLoader(batch_sampler=...)``; give a sampler of
-    single indices with the DataLoader's ``batch_size`` (and ``drop_last``) to ``DataLoader(sampler=...,
-    batch_size=...)``. ``sample_ids`` maps a dataset index to its ``sample_id`` (an array, or a callable; default:
-    the index is the id). Batches are recorded when the loader draws them, which is up to its prefetch depth before
-    the step consumes them. ``set_epoch`` is forwarded to the wrapped sampler.
-    """,
+                "__doc__": RecordingSampler.__doc__,
                 "__module__": __name__,
+                "__qualname__": "RecordingSampler.with_torch",
             },
         )
-    return _SAMPLER_CLASS
-
-
-def __getattr__(name: str) -> Any:
-    if name == "RecordingSampler":
-        return _recording_sampler_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        RecordingSampler.with_torch = made  # type: ignore[attr-defined]
+    return made

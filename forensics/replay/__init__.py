@@ -1,7 +1,8 @@
 """Replay: run a suspect step's batch through the run's own checkpoints and say what caused its loss.
 
-Torch (and transformers for Hugging Face models) is imported only when a replay runs, so ``import forensics`` never
-needs them; a missing one is one line naming the ``[replay]`` extra. The modules, one job each:
+Torch (and transformers for Hugging Face models) is imported only when a replay runs, so importing the package (every
+audit reads its checkpoints' names and whether a replay could run) never needs them; a missing one is one line naming
+the ``[replay]`` extra. The modules, one job each:
 
 - :mod:`~forensics.replay.checkpoints`: find checkpoints and their steps, load state dicts safely, fit them to a model;
 - :mod:`~forensics.replay.model`: build the model (HF folder, HF ``checkpoint-N/``, or ``module:factory``) and call it;
@@ -19,21 +20,7 @@ needs them; a missing one is one line naming the ``[replay]`` extra. The modules
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from forensics.replay.core import ReplayOptions, replay_case
+from forensics.replay.result import ReplayResult
 
-#: Public names, imported lazily: what the audit reads without replaying (the checkpoints' names, whether a replay
-#: could run) does not load the replay itself.
-_EXPORTS = {"ReplayOptions": "core", "replay_case": "core", "ReplayResult": "result"}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'forensics.replay' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"forensics.replay.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__ = ["ReplayOptions", "ReplayResult", "replay_case"]

@@ -1,41 +1,37 @@
 """The report stage: plotly figures shared by the HTML report and the dashboard, and the terminal summary.
 
-Names resolve on first use (PEP 562), so ``forensics.report.summary`` (every audit's terminal summary) does not
-import plotly and the figures: a JSON-only audit never pays for them.
+Every name is a plain import; plotly itself is imported by the functions that draw (:mod:`~forensics.report.style`),
+so ``forensics.report.summary`` (every audit's terminal summary) does not load it: a JSON-only audit never pays for it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from forensics.report.cards import finding_cards
+from forensics.report.downsample import minmax_indices, plot_indices, stride_indices
+from forensics.report.figures import (
+    bucket_loss_figure,
+    cluster_loss_figure,
+    cluster_mix_figure,
+    composition_figure,
+    group_loss_figure,
+    loss_figure,
+    report_figures,
+)
+from forensics.report.html import build_report, verdict, write_report
 
-_WHERE = {
-    "finding_cards": "cards",
-    "minmax_indices": "downsample",
-    "plot_indices": "downsample",
-    "stride_indices": "downsample",
-    "bucket_loss_figure": "figures",
-    "cluster_loss_figure": "figures",
-    "cluster_mix_figure": "figures",
-    "composition_figure": "figures",
-    "group_loss_figure": "figures",
-    "loss_figure": "figures",
-    "report_figures": "figures",
-    "build_report": "html",
-    "verdict": "html",
-    "write_report": "html",
-}
-
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'forensics.report' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"forensics.report.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__all__ = [
+    "build_report",
+    "bucket_loss_figure",
+    "cluster_loss_figure",
+    "cluster_mix_figure",
+    "composition_figure",
+    "finding_cards",
+    "group_loss_figure",
+    "loss_figure",
+    "minmax_indices",
+    "plot_indices",
+    "report_figures",
+    "stride_indices",
+    "verdict",
+    "write_report",
+]

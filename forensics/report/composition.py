@@ -6,15 +6,18 @@ how many epochs, is counted here from the plan table.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from forensics.report.inputs import as_float
-from forensics.report.style import HOUSE_TEMPLATE, MUTED, QUALITATIVE, SPIKE, fit_legend
+from forensics.report.style import MUTED, QUALITATIVE, SPIKE, fit_legend, house_template
 from forensics.report.text import esc, fmt_share
 from forensics.schema import EPOCH, SAMPLE_ID, batch_keys
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 
 def batch_epoch_counts(plan: pd.DataFrame) -> pd.DataFrame:
@@ -62,6 +65,9 @@ def composition_figure(findings: dict | None = None, plan: pd.DataFrame | None =
     of batches repeated unchanged, against the gate's threshold. Right (from the plan table): how many distinct
     batches appear in 1, 2, ... epochs; a static plan puts every batch in every epoch.
     """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     pf = (findings or {}).get("plan") or {}
     has_plan = plan is not None and EPOCH in plan.columns and len(plan)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1)
@@ -152,7 +158,7 @@ def composition_figure(findings: dict | None = None, plan: pd.DataFrame | None =
         )
         headline = verdict + (f"; {headline}" if headline else "")
     fig.update_layout(
-        template=HOUSE_TEMPLATE,
+        template=house_template(),
         height=400,
         barmode="group",
         title=dict(

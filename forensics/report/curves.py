@@ -6,10 +6,10 @@ run draws a few thousand points per curve and still shows every spike.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from forensics.report.downsample import DEFAULT_POINTS, DEFAULT_WINDOW, plot_indices
 from forensics.report.expected import add_expected_band
@@ -28,7 +28,6 @@ from forensics.report.inputs import (
 )
 from forensics.report.overview import SEVERITY_STYLE
 from forensics.report.style import (
-    HOUSE_TEMPLATE,
     LINE,
     MUTED,
     NONFINITE,
@@ -37,9 +36,13 @@ from forensics.report.style import (
     SPIKE,
     bucket_colors,
     fit_legend,
+    house_template,
 )
 from forensics.report.text import esc, fmt_num, snippet
 from forensics.schema import STEP, TEXT, find_loss_key, metric_columns
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 #: Spike markers drawn per metric (one point each; the cards list them all).
 MAX_MARKED_SPIKES = 2000
@@ -65,6 +68,9 @@ def loss_figure(
     spike is drawn; NaN/inf steps are crosses at the top of their panel; steps where a spike's batch recurred in
     another epoch are diamonds.
     """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     loss_key = find_loss_key(metric_columns(metrics), loss_key)
     rows = curve_metrics(metrics, loss_key, findings)
     steps = metrics[STEP].to_numpy(np.int64)
@@ -167,7 +173,7 @@ def loss_figure(
         else f"{n_steps:,} steps, every step drawn"
     )
     fig.update_layout(
-        template=HOUSE_TEMPLATE,
+        template=house_template(),
         height=340 + 160 * (len(rows) - 1),
         title=dict(text="Training curves", subtitle=dict(text=note, font=dict(color=MUTED, size=11))),
     )
@@ -220,6 +226,8 @@ def _add_spike_markers(
     """Spikes marked by severity, shape and colour both (``spike (critical)`` squares, ``spike (warning)``
     triangles, ``spike (info)`` circles), each with its cause id as ``customdata`` (a click opens the cause); the
     baseline the spike was judged against, where the finding carries one, as a short dash under its peak."""
+    import plotly.graph_objects as go
+
     for sev, (_, color, symbol) in SEVERITY_STYLE.items():
         mine = [
             s
@@ -316,6 +324,8 @@ def _add_bucket_markers(
 ) -> None:
     """One trace per bucket, each downsampled on its own (per-bin extremes of its own steps): every bucket in the
     data appears with its own highs and lows, however few steps it has."""
+    import plotly.graph_objects as go
+
     labels = group_labels(tags, "bucket")
     ids = sorted(labels)
     colors = bucket_colors(len(ids))
@@ -354,6 +364,8 @@ def _add_bucket_markers(
 
 
 def _add_recurrence(fig: go.Figure, spikes: list[dict], col: str, loss_key: str) -> None:
+    import plotly.graph_objects as go
+
     xs, ys, texts = [], [], []
     for s in spikes:
         if s.get("metric", loss_key) != col:

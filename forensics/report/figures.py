@@ -10,8 +10,9 @@ Dataset text (cluster names, sample snippets) is HTML-escaped before it enters a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
-import plotly.graph_objects as go
 
 from forensics.report.composition import batch_epoch_counts, composition_figure
 from forensics.report.curves import loss_figure
@@ -23,8 +24,11 @@ from forensics.report.groups import (
     group_loss_figure,
 )
 from forensics.report.inputs import curve_metrics, finding_spans, sample_lookup
-from forensics.report.style import HOUSE_TEMPLATE, fit_legend
+from forensics.report.style import fit_legend, house_template
 from forensics.schema import CLUSTER, EPOCH, STEP
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 
 def report_figures(
@@ -59,7 +63,7 @@ def report_figures(
 
 
 __all__ = [
-    "HOUSE_TEMPLATE",
+    "house_template",
     "batch_epoch_counts",
     "binned_median",
     "bucket_loss_figure",

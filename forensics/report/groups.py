@@ -6,16 +6,19 @@ any run length.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from forensics.report.inputs import bin_edges, group_labels, per_step, top_groups
-from forensics.report.style import HOUSE_TEMPLATE, MUTED, QUALITATIVE, bucket_colors, fit_legend, with_alpha
+from forensics.report.style import MUTED, QUALITATIVE, bucket_colors, fit_legend, house_template, with_alpha
 from forensics.report.text import esc, fmt_share
 from forensics.schema import CLUSTER, SAMPLE_ID, STEP, find_loss_key, metric_columns
 from forensics.stats import detrend, variance_share
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 
 def group_loss_figure(
@@ -33,6 +36,9 @@ def group_loss_figure(
     median; box = quartiles, whiskers = 5th-95th percentile), titled with the share of variance the grouping
     explains (the findings' ``oscillation.bucket_variance_share`` / ``cluster_variance_share`` when present).
     """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     loss_key = find_loss_key(metric_columns(metrics), loss_key)
     steps = metrics[STEP].to_numpy(np.int64)
     loss = metrics[loss_key].to_numpy(np.float64)
@@ -114,7 +120,7 @@ def group_loss_figure(
         else f"not enough tagged steps to say how much the {by} explains"
     )
     fig.update_layout(
-        template=HOUSE_TEMPLATE,
+        template=house_template(),
         height=440,
         title=dict(text=title, subtitle=dict(text=sub, font=dict(color=MUTED, size=11))),
     )
@@ -199,6 +205,8 @@ def cluster_mix_figure(
     With a plan and samples that carry ``cluster``, shares count samples; otherwise each step counts once, under
     its tagged (dominant) cluster.
     """
+    import plotly.graph_objects as go
+
     names = group_labels(tags, CLUSTER) if tags is not None and CLUSTER in tags.columns else {}
     if plan is not None and samples is not None and CLUSTER in samples.columns and STEP in plan.columns:
         joined = plan[[STEP, SAMPLE_ID]].merge(samples[[SAMPLE_ID, CLUSTER]], on=SAMPLE_ID, how="left")
@@ -238,7 +246,7 @@ def cluster_mix_figure(
     binned = len(steps) and (int(steps.max()) - int(steps.min()) + 1) > n_bins
     sub = f"share of {unit} per cluster, " + (f"in {n_bins} step bins" if binned else "per step")
     fig.update_layout(
-        template=HOUSE_TEMPLATE,
+        template=house_template(),
         height=360,
         legend=dict(traceorder="normal"),
         title=dict(text="Content-cluster mix over steps", subtitle=dict(text=sub, font=dict(color=MUTED, size=11))),

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-import plotly.io as pio
-from plotly.offline import get_plotlyjs
 
 from forensics.detect.causes.verdict import verdict
 from forensics.report.cards import finding_cards
 from forensics.report.overview import CAUSE_COLUMNS, SAMPLE_COLUMNS, cause_rows, sample_groups, strip_html, strip_of
 from forensics.report.text import esc, fmt_share
 from forensics.schema import EPOCH, STEP, find_loss_key, metric_columns
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 #: Where each figure goes: the curves before the cards, the context after them.
 _SECTIONS = (
@@ -44,6 +44,8 @@ def script_safe_json(text: str) -> str:
 
 def figures_json(figs: dict[str, go.Figure]) -> str:
     """All figures as one script-safe JSON object ``{name: {data, layout}}`` (numpy arrays as typed base64)."""
+    import plotly.io as pio
+
     parts = [f"{json.dumps(name)}:{pio.to_json(fig, validate=False, pretty=False)}" for name, fig in figs.items()]
     return script_safe_json("{" + ",".join(parts) + "}")
 
@@ -175,6 +177,8 @@ def build_report(
     ``batch_rows``: the rows of the spikes' peak steps of a plan too large to load (``plan`` is then None: the
     figures draw on the tags, the cards show these batches); ``expected``: each step's expected value from its
     composition (the audit's ``expected`` table), drawn as a band on the curves."""
+    from plotly.offline import get_plotlyjs
+
     from forensics.report.figures import report_figures
 
     findings = findings or {}

@@ -1,16 +1,20 @@
 """The report's look: one plotly template, the palettes, and room for legends that wrap.
 
 Shared by every figure so that the report and the dashboard look the same. Fonts are the system stack: nothing is
-fetched from the network.
+fetched from the network. plotly is imported by the functions that draw, so that importing the report (every audit's
+terminal summary does) does not load it.
 """
 
 from __future__ import annotations
 
 import re
+from functools import cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.colors import sample_colorscale
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 FONT = '-apple-system, BlinkMacSystemFont, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif'
 INK = "#1f2933"
@@ -36,25 +40,36 @@ QUALITATIVE = [
     "#AA4499",
 ]
 
-HOUSE_TEMPLATE = go.layout.Template(
-    layout=dict(
-        font=dict(family=FONT, size=12, color=INK),
-        paper_bgcolor="white",
-        plot_bgcolor="white",
-        colorway=QUALITATIVE,
-        title=dict(x=0.005, xanchor="left", y=0.985, yanchor="top", font=dict(size=15)),
-        xaxis=dict(gridcolor=GRID, zeroline=False, linecolor="#c4cad3", ticks="outside", tickcolor="#c4cad3"),
-        yaxis=dict(gridcolor=GRID, zeroline=False, linecolor="#c4cad3"),
-        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, font=dict(size=11)),
-        hoverlabel=dict(font=dict(family=FONT, size=12), align="left"),
-        margin=dict(l=70, r=20, t=105, b=45),
-        hovermode="closest",
+#: The top margin of every figure, which a wrapping legend grows (:func:`fit_legend`).
+TOP_MARGIN = 105
+
+
+@cache
+def house_template() -> go.layout.Template:
+    """The one plotly template of every figure (built once, on first use)."""
+    import plotly.graph_objects as go
+
+    return go.layout.Template(
+        layout=dict(
+            font=dict(family=FONT, size=12, color=INK),
+            paper_bgcolor="white",
+            plot_bgcolor="white",
+            colorway=QUALITATIVE,
+            title=dict(x=0.005, xanchor="left", y=0.985, yanchor="top", font=dict(size=15)),
+            xaxis=dict(gridcolor=GRID, zeroline=False, linecolor="#c4cad3", ticks="outside", tickcolor="#c4cad3"),
+            yaxis=dict(gridcolor=GRID, zeroline=False, linecolor="#c4cad3"),
+            legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, font=dict(size=11)),
+            hoverlabel=dict(font=dict(family=FONT, size=12), align="left"),
+            margin=dict(l=70, r=20, t=TOP_MARGIN, b=45),
+            hovermode="closest",
+        )
     )
-)
 
 
 def bucket_colors(n: int) -> list[str]:
     """Ordinal colours for length buckets, short (blue) to long (red): neighbours distinct, all readable on white."""
+    from plotly.colors import sample_colorscale
+
     if n <= 1:
         return [sample_colorscale("Turbo", [0.15])[0]]
     return sample_colorscale("Turbo", list(np.linspace(0.08, 0.92, n)))
@@ -90,6 +105,6 @@ def fit_legend(fig: go.Figure, width: int = 1150) -> go.Figure:
             rows, used = rows + 1, 0.0
         used += w
     extra = 24 * (rows - 1)
-    top = (fig.layout.margin.t or HOUSE_TEMPLATE.layout.margin.t) + extra
+    top = (fig.layout.margin.t or TOP_MARGIN) + extra
     fig.update_layout(margin=dict(t=top), height=(fig.layout.height or 450) + extra)
     return fig

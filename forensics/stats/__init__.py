@@ -70,6 +70,27 @@ def robust_sd(values: np.ndarray, floor: float = 0.0) -> float:
     return max(float(np.median(np.abs(x - med))) * MAD_TO_SD, floor)
 
 
+def grouped_robust_sd(values: np.ndarray | pd.Series, groups: np.ndarray | pd.Series, floor: float = 0.0) -> pd.Series:
+    """:func:`robust_sd` of each group's ``values`` at once, indexed by the sorted group labels (the index takes the
+    name of ``groups`` when it is a Series).
+
+    The same formula and the same edges, so that a per-group scale and a whole-run scale never disagree: each group's
+    MAD about its own median times :data:`MAD_TO_SD`, at least ``floor``; NaN for a group holding a NaN (whatever the
+    floor, as :func:`robust_sd` gives); a single-value group has MAD 0, so its scale is the floor. Vectorised over
+    groups (one groupby, no Python loop per group): a run has one group per bucket or cluster and many steps."""
+    x = np.asarray(values, dtype=np.float64)
+    labels = np.asarray(groups)
+    name = groups.name if isinstance(groups, pd.Series) else None
+    frame = pd.DataFrame({"g": labels, "x": x})
+    by = frame.groupby("g", sort=True)["x"]
+    deviation = (frame["x"] - by.transform("median")).abs()
+    mad = deviation.groupby(frame["g"], sort=True).median()
+    scale = np.maximum(mad.to_numpy(np.float64) * MAD_TO_SD, floor)
+    # pandas' medians skip NaN; robust_sd's do not: a group holding one is NaN here too
+    scale[frame["x"].isna().groupby(frame["g"], sort=True).any().to_numpy(bool)] = np.nan
+    return pd.Series(scale, index=pd.Index(mad.index.to_numpy(), name=name), dtype=np.float64)
+
+
 def rolling_median(values: np.ndarray, window: int, center: bool = True, min_periods: int = 1) -> np.ndarray:
     """The rolling median the detect rules share as a run's trend (centred by default; NaN skipped; edges use what
     is there): pandas' ``rolling(...).median()``, compiled (:mod:`forensics.stats.fenwick_median`)."""
@@ -98,7 +119,7 @@ def _inliers(residual: np.ndarray, groups: np.ndarray, outlier_mads: float) -> n
     df = pd.DataFrame({"g": groups[ok], "r": residual[ok]})
     med = df.groupby("g")["r"].transform("median")
     dev = (df["r"] - med).abs()
-    mad = dev.groupby(df["g"]).transform("median") * MAD_TO_SD
+    mad = df["g"].map(grouped_robust_sd(df["r"], df["g"]))
     keep = (dev <= outlier_mads * mad) | (mad == 0) & (dev == 0)
     out = np.zeros(len(residual), dtype=bool)
     out[np.flatnonzero(ok)[keep.to_numpy()]] = True

@@ -115,7 +115,7 @@ def tag_run(
     engine: Engine | None = None,
     texts: TextColumn | None = None,
 ) -> TagResult:
-    """Tag every step of a run from its step-mapped plan (:func:`forensics.plan.step_plan`) and its samples.
+    """Tag every step of a run from its step-mapped plan (:func:`~forensics.plan.step_mapping.step_plan`) and samples.
 
     Boundaries are ``cfg.boundaries``, else fitted to the samples (said in the warnings). Clusters come from
     ``cfg.cluster_by`` (a label column) when given; else from the text when ``cfg.clusters`` is k; else a
@@ -129,7 +129,9 @@ def tag_run(
     has_text = TEXT in samples.columns or texts is not None
     in_memory = isinstance(step_plan, pd.DataFrame)
     if in_memory and STEP not in step_plan.columns:
-        raise ForensicsError("tagging needs the step-mapped plan (forensics.plan.step_plan): it has no 'step' column")
+        raise ForensicsError(
+            "tagging needs the step-mapped plan (forensics.plan.step_mapping.step_plan): it has no 'step' column"
+        )
     warnings: list[str] = batch_gap_warnings(step_plan) if in_memory else []
     bounds = resolve_boundaries(list(cfg.boundaries) if cfg.boundaries else None, samples, cfg.max_len, cfg.n_buckets)
     if cfg.boundaries is None:
@@ -210,7 +212,7 @@ def tag_case(
     progress: Callable[[int], None] | None = None,
     **settings: object,
 ) -> TagResult:
-    """Map a plan to steps and tag it: :func:`forensics.plan.step_plan` then :func:`tag_run`.
+    """Map a plan to steps and tag it: :func:`~forensics.plan.step_mapping.step_plan` then :func:`tag_run`.
 
     ``settings`` are run-configuration keys (``grad_accum``, ``boundaries``, ``clusters``, ``cluster_by``,
     ``n_buckets``, ``max_len``, ...) that change ``cfg`` (default: the defaults of docs/concepts.md).

@@ -28,7 +28,7 @@ from forensics.detect.metric_detector import MetricDetector
 from forensics.detect.tags import BUCKET, StepLookup
 from forensics.errors import ForensicsError
 from forensics.schema import CLUSTER, STEP, find_loss_key
-from forensics.stats import MAD_TO_SD, detrend, variance_share
+from forensics.stats import detrend, grouped_robust_sd, variance_share
 
 
 def group_offsets(values: np.ndarray, groups: np.ndarray, window: int = 101) -> pd.DataFrame:
@@ -54,7 +54,7 @@ def group_offsets(values: np.ndarray, groups: np.ndarray, window: int = 101) -> 
         {
             "n_steps": g.size(),
             "offset": g["r"].median(),
-            "spread": g["r"].apply(lambda s: float((s - s.median()).abs().median() * MAD_TO_SD)),
+            "spread": grouped_robust_sd(df["r"], df["group"]),
             "median_value": g["v"].median(),
         }
     ).reset_index()

@@ -37,7 +37,7 @@ from forensics.detect.plan_view import FramePlan, PlanView
 from forensics.detect.tags import BUCKET, StepLookup
 from forensics.errors import ForensicsError
 from forensics.schema import EPOCH, SAMPLE_ID, STEP, find_loss_key
-from forensics.stats import MAD_TO_SD, detrend, hypergeom_sf
+from forensics.stats import detrend, grouped_robust_sd, hypergeom_sf
 
 MIN_JACCARD = 0.8
 
@@ -65,7 +65,7 @@ def step_baseline(
     frame = pd.DataFrame({"g": groups, "r": r})
     ok = np.isfinite(r)
     med = frame[ok].groupby("g")["r"].median()
-    spread = frame[ok].assign(d=lambda f: (f["r"] - f["g"].map(med)).abs()).groupby("g")["d"].median() * MAD_TO_SD
+    spread = grouped_robust_sd(r[ok], groups[ok])
     offset = frame["g"].map(med).fillna(0.0).to_numpy(np.float64)
     return pd.DataFrame(
         {

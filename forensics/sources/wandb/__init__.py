@@ -10,24 +10,14 @@
   resynchronising after damage) and the decoding of a record's items that both readers share;
 - :mod:`~forensics.sources.wandb.api_reader`: :class:`WandbApiReader`, every history row of a run from the server.
 
-The two readers are imported on first use (``from forensics.sources.wandb import WandbRunReader`` works): reading a
-run file never pays for the API client and its progress bars, nor an API read for the compiled loop.
+Both readers are plain imports (``from forensics.sources.wandb import WandbRunReader``); the API reader imports the
+``wandb`` client and its progress bars only when it reads, so reading a run file never pays for them. An API read
+does load the run-file reader's compiled scanner with the package (measured: ~0.2 s of CPU, next to a network read).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from forensics.sources.wandb.api_reader import WandbApiReader
+from forensics.sources.wandb.run_reader import WandbRunReader
 
 __all__ = ["WandbApiReader", "WandbRunReader"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "WandbRunReader":
-        from forensics.sources.wandb.run_reader import WandbRunReader
-
-        return WandbRunReader
-    if name == "WandbApiReader":
-        from forensics.sources.wandb.api_reader import WandbApiReader
-
-        return WandbApiReader
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

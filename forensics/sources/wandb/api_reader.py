@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from forensics.errors import ForensicsError, require
 from forensics.sources.reader.base import MetricsReader
@@ -151,6 +149,9 @@ class WandbApiReader(MetricsReader):
         wandb-core 0.31 yields some rows twice where a page straddles the end of the parquet export (the export's
         rows, then the same steps again from ``HistoryPage``); W&B keeps one row per step, so the later copy wins.
         """
+        from rich.console import Console  # the bar is imported by the read that shows it, not by the package
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
         total = last_step + 1 - min_step
         columns = (
             TextColumn("[bold]W&B[/] {task.description}"),

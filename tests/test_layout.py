@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "forensics"
@@ -217,3 +219,25 @@ def test_the_packages_import_without_their_heavy_dependencies():
     assert loaded("forensics.plan.recorder") == []
     for package in ("forensics.report", "forensics.compare", "forensics.replay", "forensics.sources.wandb"):
         assert loaded(package) == ["pandas"], package
+
+
+def test_the_gate_is_called_from_the_plan_package_as_documented_without_loading_it_on_import():
+    """``from forensics.plan import assert_batches_vary`` (the CI use), while a training script that imports the
+    recorder through the package loads neither the gate nor pandas."""
+    code = (
+        "import sys\n"
+        "import forensics.plan.recorder\n"
+        "assert 'pandas' not in sys.modules and 'forensics.plan.gate' not in sys.modules\n"
+        "from forensics.plan import assert_batches_vary, check_plan\n"
+        "import pandas as pd\n"
+        "plan = pd.DataFrame({'epoch': [0] * 4 + [1] * 4, 'batch_id': [0, 0, 1, 1, 1, 1, 0, 0],\n"
+        "                     'sample_id': [0, 1, 2, 3, 2, 3, 0, 1]})\n"
+        "r = check_plan(plan=plan)\n"
+        "assert r.static, r.to_json()\n"
+        "try:\n"
+        "    assert_batches_vary(plan)\n"
+        "except AssertionError:\n"
+        "    print('failed as it should')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "failed as it should"

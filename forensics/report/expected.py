@@ -9,13 +9,17 @@ expectation is multiplicative (trend times what the tags predict), so the band i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 
 from forensics.report.text import esc
 from forensics.schema import STEP
 from forensics.stats import robust_sd
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 #: The band's half width in robust SDs of the log residual: 3 holds about 99.7% of Gaussian noise, so a step outside
 #: it is rare by chance; the spike rule's own thresholds (z, ratio) are stricter, so every spike lies outside.
@@ -59,6 +63,8 @@ def add_expected_band(
     """Draw ``metric``'s expected band on ``row`` at the drawn points ``idx`` of the curve (its width from every
     step): a lower edge, the upper edge filled down to it (the legend entry), and the expectation as a thin line.
     Returns whether a band was drawn (False without an expectation)."""
+    import plotly.graph_objects as go
+
     all_expected = expected_at(expected, metric, steps)
     if all_expected is None:
         return False

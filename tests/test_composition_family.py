@@ -208,7 +208,7 @@ NOT_RANKED_FIRST = {"static-s1-corrupt"} | CUT_TWINS_MISSED
         pytest.param(
             n,
             marks=pytest.mark.xfail(
-                strict=True, reason="clean batch-mates ranked among the corrupted samples (see NOT_RANKED_FIRST)"
+                strict=True, reason="clean samples ranked among the corrupted ones (see NOT_RANKED_FIRST)"
             ),
         )
         if n in NOT_RANKED_FIRST

@@ -308,7 +308,10 @@ def test_a_run_audited_through_an_engine_runs_live_as_in_memory(demo_small, tmp_
     assert found["pandas"]["causes"] and found["duckdb"] == found["pandas"]
 
 
-@pytest.fixture(scope="module", params=["cut-group_by_length-s0-corrupt", "cut-group_by_length-s1-clean", "static-s0-corrupt"])
+FAMILY_LIVE = ["cut-group_by_length-s0-corrupt", "cut-group_by_length-s1-clean", "static-s0-corrupt"]
+
+
+@pytest.fixture(scope="module", params=FAMILY_LIVE)
 def family_case(request, hf_family, tmp_path_factory) -> tuple[Path, list[str], dict]:
     live, lines = _hf_jsonl_case(hf_family(request.param).out, tmp_path_factory.mktemp("family") / "case")
     (live / "metrics.jsonl").write_text("".join(lines))
@@ -318,8 +321,8 @@ def family_case(request, hf_family, tmp_path_factory) -> tuple[Path, list[str], 
 @pytest.mark.slow
 def test_live_chunks_of_a_family_run_judge_each_step_against_its_composition_as_the_audit_does(family_case):
     """Runs whose loss moves with their batches' content (fixtures/hf_family.py: a corrupted twin whose buckets cut
-    through a content type, a clean one, and a static plan's twin): the live loop's causal expectation, fed in chunks, ends where
-    the audit does, spikes, their expected baselines and causes included."""
+    through a content type, a clean one, and a static plan's twin): the live loop's causal expectation, fed in
+    chunks, ends where the audit does, spikes, their expected baselines and causes included."""
     case, lines, offline = family_case
     # the comparison is only as strong as the run: spikes judged against an expectation the composition moved
     assert [s for s in offline["spikes"] if abs(s["details"].get("expected_factor", 1.0) - 1.0) > 0.05]

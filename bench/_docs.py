@@ -67,3 +67,9 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def rich_markdown(table) -> str:
+    """A ``rich.table.Table`` a bench printed, as a markdown table of the same cells."""
+    header = [str(c.header) for c in table.columns]
+    return markdown_table(header, [list(cells) for cells in zip(*(c._cells for c in table.columns))])

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _docs import markdown_table, provenance, write_section
+from _docs import provenance, rich_markdown, write_section
 from rich.console import Console
 from rich.table import Table
 
@@ -180,12 +180,7 @@ def main() -> None:
             table.add_row("transformers not installed: Trainer part skipped", "", "", "", "")
     Console().print(table)
     if args.write_docs:
-        header = [str(c.header) for c in table.columns]
-        body = [list(cells) for cells in zip(*(c._cells for c in table.columns))]
-        write_section(
-            "bench_recorder",
-            f"Batches of {BATCH} samples. {provenance()}\n\n{markdown_table(header, body)}",
-        )
+        write_section("bench_recorder", f"Batches of {BATCH} samples. {provenance()}\n\n{rich_markdown(table)}")
 
 
 if __name__ == "__main__":

@@ -103,6 +103,9 @@ def test_the_pages_hold_the_bench_sections():
         "bench_whole_process",
         "bench_recorder",
         "bench_replay",
+        "bench_jsonl",
+        "bench_report",
+        "bench_buckets",
     } <= names
 
 

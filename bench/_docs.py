@@ -47,17 +47,19 @@ def provenance(note: str = "") -> str:
 
 
 def write_section(name: str, markdown: str, path: Path = ACCURACY) -> None:
-    """Replace what lies between section ``name``'s markers in ``path`` with ``markdown`` (the markers stay).
+    """Replace what lies between section ``name``'s markers in ``path`` with ``markdown`` (the markers stay; each
+    is a line of its own, so a page may quote a marker inside a sentence).
 
     Fails with one line naming the file and the markers it expected when they are missing or appear more than
     once, so a bench never appends a second copy of its table or writes into the wrong page.
     """
     begin, end = markers(name)
     text = path.read_text(encoding="utf-8")
-    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-        raise SystemExit(f"{path}: expected the markers {begin} and {end} once each, in that order")
-    pattern = re.escape(begin) + ".*?" + re.escape(end)
-    text = re.sub(pattern, lambda _: f"{begin}\n{markdown.strip()}\n{end}", text, flags=re.S)
+    lines = [line.strip() for line in text.splitlines()]
+    if lines.count(begin) != 1 or lines.count(end) != 1 or lines.index(begin) > lines.index(end):
+        raise SystemExit(f"{path}: expected the markers {begin} and {end} once each, in that order, each on a line")
+    pattern = "^" + re.escape(begin) + "$.*?^" + re.escape(end) + "$"
+    text = re.sub(pattern, lambda _: f"{begin}\n{markdown.strip()}\n{end}", text, flags=re.S | re.M)
     path.write_text(text, encoding="utf-8")
     print(f"wrote {name} into {path}")
 

@@ -292,7 +292,12 @@ def docs_table(results: list[dict], engines: list[str], memory_limit: str) -> st
                 cells.append(f"{r['time_vs_pandas']:.2f}x, {r['rss_vs_pandas']:.2f}x" if "time_vs_pandas" in r else "")
         body.append(cells)
     same = [r for r in results if r.get("same") is not None]
-    agree = f" Every other engine's output equals pandas' exactly: {all(r['same'] for r in same)}." if same else ""
+    differ = [f"{r['rows_M']}M {r['command']} on {names.get(r['engine'], r['engine'])}" for r in same if not r["same"]]
+    agree = ""
+    if same:
+        agree = (
+            f" Outputs that differ from pandas': {', '.join(differ)}." if differ else " Every output equals pandas'."
+        )
     return (
         f"`--memory-limit {memory_limit}`; time is wall-clock, memory the process's peak RSS. {provenance()}{agree}"
         f"\n\n{markdown_table(header, body)}"

@@ -6,6 +6,7 @@ Peak memory is the tracemalloc peak of each call (numpy allocations are traced).
 
     python3 bench/bench_buckets.py            # 1,000,000 samples, K = 6, 16, 64
     python3 bench/bench_buckets.py --quick    # 100,000 samples
+    python3 bench/bench_buckets.py --write-docs  # the table, also into docs/accuracy.md
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 import tracemalloc
 
 import numpy as np
+from _docs import provenance, rich_markdown, write_section
 from rich.console import Console
 from rich.table import Table
 
@@ -49,6 +51,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=MAX_LEN)
     ap.add_argument("--quick", action="store_true", help="100,000 rows")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/accuracy.md")
     args = ap.parse_args()
     rows = 100_000 if args.quick else args.rows
     rng = np.random.default_rng(args.seed)
@@ -79,6 +82,8 @@ def main() -> None:
         f"packing_efficiency K={k}, 1 seed", f"{t:.3f}", f"{t / base_t:.1f}", f"{m:.1f}", f"packing {pe.overall:.3f}"
     )
     Console().print(table)
+    if args.write_docs:
+        write_section("bench_buckets", f"{table.title}. {provenance()}\n\n{rich_markdown(table)}")
 
 
 if __name__ == "__main__":

@@ -17,19 +17,17 @@ import argparse
 import contextlib
 import io
 import json
-import re
 import tempfile
 from pathlib import Path
 from unittest import mock
 
 import pandas as pd
+from _docs import provenance, write_section
 
 from fixtures.hf_family import family_member, members
 from forensics.cli import main
 
 LOUD = ("critical", "warning")
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "accuracy.md"
-BEGIN, END = "<!-- bench_composition_family: begin -->", "<!-- bench_composition_family: end -->"
 
 
 def measure(case, out: Path) -> dict:
@@ -75,8 +73,7 @@ def worst(rows: list[tuple[str, bool, dict]]) -> dict:
 def docs_table(figures: dict[str, dict], n_members: int) -> str:
     """The docs' table: per setting (composition off / on), the worst member's figures."""
     lines = [
-        f"The worst member of each mix, {n_members} runs in all "
-        "(`python3 bench/bench_composition_family.py --write-docs`):",
+        f"The worst member of each mix, {n_members} runs in all. {provenance()}",
         "",
         "| steps judged against | clean: most critical causes | clean: most warnings | twin: most corrupted "
         "steps missed | twin: most other loud causes | twin: fewest corrupted in top 12 |",
@@ -89,15 +86,6 @@ def docs_table(figures: dict[str, dict], n_members: int) -> str:
         ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def write_docs(table: str, path: Path = DOCS) -> None:
-    """Replace what lies between the markers of ``path`` with ``table`` (the markers are kept)."""
-    text = path.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{path}: expected the markers {BEGIN} and {END}")
-    text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
-    path.write_text(text, encoding="utf-8")
 
 
 def run_family(chosen: list, composition: bool, tmp: Path) -> list[tuple[str, bool, dict]]:
@@ -141,8 +129,7 @@ def main_bench(argv: list[str] | None = None) -> None:
             of_mix = [r for r in rows if mix_of[r[0]] == mix]
             figures[f"{label} ({mix} mix, {len(of_mix)} runs)"] = worst(of_mix)
     if args.write_docs:
-        write_docs(docs_table(figures, len(chosen)))
-        print(f"wrote {DOCS}")
+        write_section("bench_composition_family", docs_table(figures, len(chosen)))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ runs with bursts, level shifts and eval rows, >= 2M clean steps per family in ``
 without tags (fixed thresholds, and ``--false-rate R`` adds a row per calibrated rate) and the five rules, and checks
 The target per family: recall >= 90% at <= 0.1 false events per 10K clean steps, no rule better on both.
 
-Output: printed, and written as Markdown to ``--out`` (default ``bench/out/detection_quality.md``, git-ignored).
+Output: printed, and written as Markdown to ``--out`` (default ``bench/out/detection_quality.md``, git-ignored);
+``--write-docs`` also writes it into docs/accuracy.md between the markers of its corpus (the long corpus and the
+calibration have markers of their own).
 
     python3 bench/bench_detection_quality.py            # the full corpus (~47 runs, ~450K steps)
     python3 bench/bench_detection_quality.py --quick    # one run per kind, shorter
@@ -42,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _docs import provenance, write_section
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -581,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--real-logs", type=Path, default=REAL_LOGS, help="folder of the real logs")
     p.add_argument("--no-real-logs", action="store_true", help="skip the real logs")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "detection_quality.md")
+    p.add_argument("--write-docs", action="store_true", help="also write the tables into docs/accuracy.md")
     args = p.parse_args(argv)
     size = "quick" if args.quick else args.size
     t = time.perf_counter()
@@ -606,7 +610,23 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")
     print(f"\nwritten to {args.out}", file=sys.stderr)
+    if args.write_docs:
+        section = "bench_detection_quality"
+        if args.calibration:
+            section += " calibration"
+        elif size.startswith("long"):
+            section += " long"
+        write_section(section, docs_text(lines[:-1]))
     return 0
+
+
+def docs_text(lines: list[str]) -> str:
+    """The bench's Markdown as a part of a docs page: its headings become bold lead-ins (the page keeps its own
+    outline), and it opens with how it was made."""
+    body = [f"**{line.lstrip('#').strip()}**" if line.startswith("#") else line for line in lines]
+    while body and not body[-1].strip():
+        body.pop()
+    return "\n".join([provenance(), "", *body])
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ wins). Each measurement runs in a fresh subprocess so that its peak RSS (``ru_ma
 
     python bench/bench_jsonl.py                 # 1M rows x 10 metrics
     python bench/bench_jsonl.py --rows 100000   # quick
+    python bench/bench_jsonl.py --write-docs    # the table, also into docs/accuracy.md
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _docs import markdown_table, provenance, write_section
 
 
 def write_jsonl(path: Path, rows: int, metrics: int, seed: int = 0) -> None:
@@ -88,6 +90,7 @@ def main() -> None:
     parser.add_argument("--metrics", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--file", type=Path, default=None, help="reuse or keep the JSONL file here")
+    parser.add_argument("--write-docs", action="store_true", help="write the table into docs/accuracy.md")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -111,14 +114,34 @@ def main() -> None:
             f"{os.cpu_count()} CPUs; peak RSS above an import-only process ({base:.0f} MiB)"
         )
         print(f"{'reader':<28}{'seconds':>9}{'MiB/s':>8}{'peak MiB':>10}{'ratio':>7}")
+        body = []
         for name, r in (("pyarrow.json.read_json", arrow), ("JsonlReader.read_all", ours)):
             print(
                 f"{name:<28}{r['seconds']:>9.2f}{size / r['seconds']:>8.0f}{r['peak_mib'] - base:>10.0f}"
                 f"{r['seconds'] / arrow['seconds']:>7.2f}"
             )
+            body.append(
+                [
+                    f"`{name}`",
+                    f"{r['seconds']:.2f}",
+                    f"{size / r['seconds']:.0f}",
+                    f"{r['peak_mib'] - base:.0f}",
+                    f"{r['seconds'] / arrow['seconds']:.2f}x",
+                    f"{(r['peak_mib'] - base) / (arrow['peak_mib'] - base):.2f}x",
+                ]
+            )
         assert ours["rows"] == arrow["rows"], (ours, arrow)
         ratio = ours["seconds"] / arrow["seconds"]
-        print(f"time ratio ours/pyarrow: {ratio:.2f} (target <= 2.0: {'met' if ratio <= 2.0 else 'NOT met'})")
+        verdict = f"time ratio ours/pyarrow: {ratio:.2f} (target <= 2.0: {'met' if ratio <= 2.0 else 'NOT met'})"
+        print(verdict)
+        if args.write_docs:
+            header = ["reader", "best s", "MiB/s", "peak MiB above imports", "time vs pyarrow", "memory vs pyarrow"]
+            write_section(
+                "bench_jsonl",
+                f"{args.rows:,} rows x {args.metrics} metrics ({size:.0f} MiB), each reader in a fresh process, best "
+                f"of {args.repeat}. {provenance()}\n\n{markdown_table(header, body)}\n\nTarget: "
+                f"{verdict.split('(target ')[1].rstrip(')')}.",
+            )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 
     python3 bench/bench_recorder.py            # 200,000 plain batches, 20,000 DataLoader batches
     python3 bench/bench_recorder.py --quick    # 20,000 and 2,000, and 2 Trainer runs of 40 steps each way
+    python3 bench/bench_recorder.py --write-docs  # the table, also into docs/accuracy.md
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _docs import provenance, rich_markdown, write_section
 from rich.console import Console
 from rich.table import Table
 
@@ -160,6 +162,7 @@ def main() -> None:
     ap.add_argument("--torch-batches", type=int, default=20_000, help="DataLoader batches (default 20,000)")
     ap.add_argument("--quick", action="store_true", help="20,000 and 2,000 batches, 2 Trainer runs of 40 steps")
     ap.add_argument("--trainer-steps", type=int, default=100, help="optimizer steps per Trainer run (default 100)")
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/accuracy.md")
     args = ap.parse_args()
     n_plain, n_torch = (20_000, 2_000) if args.quick else (args.batches, args.torch_batches)
     table = Table(title=f"plan recorder, batches of {BATCH} samples")
@@ -176,6 +179,8 @@ def main() -> None:
         except ImportError:
             table.add_row("transformers not installed: Trainer part skipped", "", "", "", "")
     Console().print(table)
+    if args.write_docs:
+        write_section("bench_recorder", f"Batches of {BATCH} samples. {provenance()}\n\n{rich_markdown(table)}")
 
 
 if __name__ == "__main__":

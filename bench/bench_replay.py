@@ -13,11 +13,13 @@ it reads nothing, decides nothing and writes nothing. Overhead = replay / bare -
 the best of ``--repeat`` runs after a warm-up.
 
     OMP_NUM_THREADS=1 python3 bench/bench_replay.py
+    OMP_NUM_THREADS=1 python3 bench/bench_replay.py --write-docs   # the figures, also into docs/accuracy.md
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import tempfile
@@ -27,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from _docs import markdown_table, provenance, write_section
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's fixtures/, run from anywhere
 from fixtures.tiny_lm import PAD_ID, build_tiny_run, tiny_gpt
@@ -70,6 +73,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=3)
     ap.add_argument("--controls", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--write-docs", action="store_true", help="write the figures into docs/accuracy.md")
     args = ap.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,6 +103,17 @@ def main() -> None:
         print(f"replay_case:       {rep:.3f} s")
         print(f"bare forward loop: {bare:.3f} s (the same {len(log)} forwards)")
         print(f"overhead: {rep / bare - 1:+.0%} (target < +30%)")
+    if args.write_docs:
+        header = ["workload", "`replay_case`, best s", "bare forward loop, best s", "overhead", "target"]
+        row = [
+            f"{len(res.steps)} steps ({controls} clean control), {len(log)} forwards ({seeded} over dropout seeds)",
+            f"{rep:.3f}",
+            f"{bare:.3f}",
+            f"{rep / bare - 1:+.0%}",
+            f"< +30%: {'met' if rep / bare - 1 < 0.3 else 'not met'}",
+        ]
+        threads = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+        write_section("bench_replay", f"{provenance(threads)}\n\n{markdown_table(header, [row])}")
 
 
 if __name__ == "__main__":

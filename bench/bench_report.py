@@ -9,7 +9,8 @@ step) with a few one-step spikes. Measured in the same run:
 - the whole report: build time, file size (target < 10 MB for 1M steps), the payload besides plotly.js, and
   whether every spike step is among the points the loss curve draws (decoded from the embedded JSON).
 
-Usage: ``python bench/bench_report.py [--steps N] [--spikes K] [--points P] [--repeat R] [--quick] [--out F]``
+Usage: ``python bench/bench_report.py [--steps N] [--spikes K] [--points P] [--repeat R] [--quick] [--out F]
+[--write-docs]`` (``--write-docs``: the tables, also into docs/accuracy.md between its markers)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _docs import markdown_table, provenance, write_section
 from plotly.offline import get_plotlyjs
 
 from forensics.report import build_report, minmax_indices, stride_indices
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="timing repeats, median reported (default 5)")
     ap.add_argument("--quick", action="store_true", help="100k steps, 3 repeats")
     ap.add_argument("--out", type=Path, default=Path("bench/out/report-bench.html"), help="where to write the report")
+    ap.add_argument("--write-docs", action="store_true", help="write the tables into docs/accuracy.md")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.repeat = min(args.steps, 100_000), 3
@@ -180,6 +183,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'spike steps among them':<34} {in_report:>7}/{len(spikes)}")
     print(f"{'peak RSS of this process':<34} {peak_mb:>10.0f} MB")
     ok = size < 10e6 and in_report == len(spikes) and rows[1][3] == len(spikes)
+    if args.write_docs:
+        down = markdown_table(
+            ["method", f"ms (median of {args.repeat})", "vs striding", "points", "spikes kept"],
+            [
+                [n, f"{sec * 1e3:.2f}", f"{sec / base:.0f}x", f"{k:,}", f"{kept}/{len(spikes)}"]
+                for n, sec, k, kept in rows
+            ],
+        )
+        report = markdown_table(
+            ["build s", "file MB", "of it plotly.js MB", "loss points drawn", "spike steps drawn", "peak RSS MB"],
+            [
+                [
+                    f"{build_s:.2f}",
+                    f"{size / 1e6:.2f}",
+                    f"{js / 1e6:.2f}",
+                    f"{len(drawn):,}",
+                    f"{in_report}/{len(spikes)}",
+                    f"{peak_mb:.0f}",
+                ]
+            ],
+        )
+        write_section(
+            "bench_report",
+            f"{args.steps:,} steps with tags, {len(spikes)} one-step spikes, each series downsampled to "
+            f"{args.points:,} points. {provenance()}\n\n{down}\n\nThe whole report (target: under 10 MB):\n\n"
+            f"{report}",
+        )
     return 0 if ok else 1
 
 

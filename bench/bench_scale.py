@@ -22,6 +22,9 @@ audit's findings.json equal, exactly), the largest plan's verdict with the small
     python3 bench/bench_scale.py --rows 100 --engines duckdb --memory-limit 4GB
     python3 bench/bench_scale.py --rows 10 --engines pandas,duckdb,dask --commands audit
     python3 bench/bench_scale.py --rows 100 --engines duckdb --commands audit --finished
+
+``--write-docs`` writes the table (per plan size and command: each engine's time and peak RSS, and its ratio to
+pandas') into docs/accuracy.md between its markers.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _docs import markdown_table, provenance, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out" / "scale"
@@ -167,6 +172,7 @@ def main() -> None:
         help="audit a finished run: the plan's steps remapped so the metrics reach its last step",
     )
     ap.add_argument("--json", default=str(OUT / "bench_scale.json"))
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/accuracy.md")
     args = ap.parse_args()
     sizes = [int(x) for x in args.rows.split(",")]
     full = build(max(EPOCHS_FOR[s] for s in sizes))
@@ -259,6 +265,43 @@ def main() -> None:
             f"{r.get('time_vs_pandas', ''):>5} {r.get('rss_vs_pandas', ''):>6} {str(r.get('passed', '')):>6} "
             f"{str(r.get('same', '')):>5} {r.get('verdict', '')} {r['err']}"
         )
+    if args.write_docs:
+        write_section("bench_scale", docs_table(results, args.engines.split(","), args.memory_limit))
+
+
+def docs_table(results: list[dict], engines: list[str], memory_limit: str) -> str:
+    """The docs' table: per plan size and command, each engine's time and peak RSS, and its ratios to pandas'."""
+    names = {"pandas": "pandas", "duckdb": "DuckDB", "dask": "Dask"}
+    others = [e for e in engines if e != "pandas"]
+    header = ["plan rows", "command", *(names.get(e, e) for e in engines)]
+    header += [f"{names.get(e, e)} / pandas (time, peak RSS)" for e in others if "pandas" in engines]
+    body = []
+    for key in dict.fromkeys((r["rows_M"], r["command"]) for r in results):
+        of = {r["engine"]: r for r in results if (r["rows_M"], r["command"]) == key}
+        cells = [f"{key[0]}M", key[1]]
+        for e in engines:
+            r = of.get(e)
+            if r is None:
+                cells.append("not run")
+            else:
+                failed = "" if r["rc"] in (0, 1) else " (failed)"
+                cells.append(f"{r['s']:.1f} s, {r['rss_gb']:.2f} GB{failed}")
+        if "pandas" in engines:
+            for e in others:
+                r = of.get(e, {})
+                cells.append(f"{r['time_vs_pandas']:.2f}x, {r['rss_vs_pandas']:.2f}x" if "time_vs_pandas" in r else "")
+        body.append(cells)
+    same = [r for r in results if r.get("same") is not None]
+    differ = [f"{r['rows_M']}M {r['command']} on {names.get(r['engine'], r['engine'])}" for r in same if not r["same"]]
+    agree = ""
+    if same:
+        agree = (
+            f" Outputs that differ from pandas': {', '.join(differ)}." if differ else " Every output equals pandas'."
+        )
+    return (
+        f"`--memory-limit {memory_limit}`; time is wall-clock, memory the process's peak RSS. {provenance()}{agree}"
+        f"\n\n{markdown_table(header, body)}"
+    )
 
 
 if __name__ == "__main__":

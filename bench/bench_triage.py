@@ -7,7 +7,9 @@ critical cause covers, how many other causes are at warning or above, where the 
 suspects of the causes that hold them, and the harmful samples listed (corrupted / clean). The baseline is the same
 table for the tool at the start of the wave (printed by an older checkout of this script).
 
-    python3 bench/bench_triage.py [--cases clean_grouped,static_corrupt,...] [--json out.json]
+    python3 bench/bench_triage.py [--cases clean_grouped,static_corrupt,...] [--json out.json] [--write-docs]
+
+``--write-docs`` writes the table into docs/accuracy.md between its markers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _docs import markdown_table, provenance, write_section  # noqa: E402
 
 from fixtures.hf_cases import CASES, hf_case  # noqa: E402
 from forensics.cli import main  # noqa: E402
@@ -70,10 +74,44 @@ def measure(name: str) -> dict:
     }
 
 
+#: How the docs name each case of :data:`fixtures.hf_cases.CASES`.
+LABELS = {
+    "clean_grouped": "clean, HF length-grouped sampler",
+    "static_corrupt": "static sorted batches, 12 near-duplicates",
+    "accum2_repaired": "grad accumulation 2, poisoned micro-batch re-paired",
+    "grouped_longest_corrupt": "length-grouped, the 10 longest corrupted",
+    "random_corrupt": "random sampler, 10 of 2,010 corrupted",
+    "random_accum2_corrupt": "random sampler, grad accumulation 2",
+}
+
+
+def docs_table(rows: list[dict]) -> str:
+    """The docs' table: one row per case, as the audit tells it."""
+    body = [
+        [
+            LABELS.get(r["case"], r["case"]),
+            f"{r['critical']} / {r['warning']} / {r['info']}",
+            r["summary_lines"],
+            f"{r['in_critical']} of {r['corrupt_steps']}" if r["corrupt_steps"] else "-",
+            "-" if r["harmful"] is None else f"{r['harmful'][0]} / {r['harmful'][1]}",
+        ]
+        for r in rows
+    ]
+    header = [
+        "run",
+        "causes (critical / warning / info)",
+        "summary lines",
+        "corrupted steps in a critical cause",
+        "harmful samples listed (corrupted / clean)",
+    ]
+    return f"{provenance()}\n\n{markdown_table(header, body)}"
+
+
 def run() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--json")
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/accuracy.md")
     args = ap.parse_args()
     rows = [measure(n) for n in args.cases.split(",") if n]
     cols = (
@@ -95,6 +133,8 @@ def run() -> None:
         print(f"   verdict: {r['verdict']}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
+    if args.write_docs:
+        write_section("bench_triage", docs_table(rows))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ Both readers must return the same table (checked on a checksum of every value).
 
     python bench/bench_wandb_reader.py               # 200K rows x 8 metrics
     python bench/bench_wandb_reader.py --quick       # 20K rows
+    python bench/bench_wandb_reader.py --write-docs  # the table, also into docs/accuracy.md
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from _docs import markdown_table, provenance, write_section
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -164,6 +166,7 @@ def main() -> None:
     parser.add_argument("--metrics", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="20K rows, one repeat")
+    parser.add_argument("--write-docs", action="store_true", help="write the table into docs/accuracy.md")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -193,17 +196,38 @@ def main() -> None:
         "protobuf": "  Python framing + protobuf",
         "framing": "  Python framing + CRC",
     }
+    body = []
     for kind, rs in runs.items():
         low = min(r["seconds"] for r in rs)
+        peak = max(r["peak_mib"] for r in rs)
         print(
             f"{labels[kind]:<34}{low:>8.2f}{median[kind]:>10.2f}{args.rows / median[kind]:>12,.0f}"
-            f"{max(r['peak_mib'] for r in rs):>10.0f}{median[kind] / median['jsonl']:>9.2f}x"
+            f"{peak:>10.0f}{median[kind] / median['jsonl']:>9.2f}x"
+        )
+        body.append(
+            [
+                labels[kind].strip(),
+                f"{low:.2f}",
+                f"{median[kind]:.2f}",
+                f"{args.rows / median[kind]:,.0f}",
+                f"{peak:.0f}",
+                f"{median[kind] / median['jsonl']:.2f}x",
+            ]
         )
     ratio, first = median["wandb"] / median["jsonl"], median["wandb_first"] / median["jsonl"]
-    print(
+    verdict = (
         f"target: the .wandb reader's median <= 1.3x the JSONL path's: {ratio:.2f}x, "
         f"{'met' if ratio <= 1.3 else 'NOT met'} (with numba's one-time load: {first:.2f}x)"
     )
+    print(verdict)
+    if args.write_docs:
+        header = ["reader", "min s", "median s", "rows/s", "peak MiB", "median vs jsonl"]
+        write_section(
+            "bench_wandb_reader",
+            f"{args.rows:,} rows x {args.metrics} metrics, a {size / 2**20:.0f} MiB `.wandb` file, each reader in a "
+            f"fresh process, {args.repeat} runs each, alternated. {provenance()}\n\n"
+            f"{markdown_table(header, body)}\n\n{verdict[0].upper() + verdict[1:]}.",
+        )
 
 
 if __name__ == "__main__":

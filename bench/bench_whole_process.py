@@ -21,6 +21,7 @@ package has its ``.pyc`` files (this script does it for you unless ``--no-compil
     python3 bench/bench_whole_process.py                  # both, full size, 5 runs a side
     python3 bench/bench_whole_process.py --only ingest --repeat 3
     python3 bench/bench_whole_process.py --quick          # 100K JSONL rows, 200K-sample plan
+    python3 bench/bench_whole_process.py --write-docs     # the table, also into docs/accuracy.md
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT / "bench"))
+
+from _docs import markdown_table, provenance, write_section  # noqa: E402
 
 PYARROW_INGEST = """
 import sys
@@ -100,6 +103,10 @@ def alternated(sides: dict[str, list[str]], repeat: int, ok=(0,)) -> dict[str, l
     return runs
 
 
+#: One row per workload measured, for ``--write-docs``.
+DOCS_ROWS: list[list[str]] = []
+
+
 def report(title: str, runs: dict[str, list[float]], ours: str, base: str, target: float, cmp: str) -> None:
     """Min and median of each side; the target is on the ratio of medians (min/min printed beside it)."""
     print(title)
@@ -115,6 +122,15 @@ def report(title: str, runs: dict[str, list[float]], ours: str, base: str, targe
     print(
         f"  ratio of medians forensics / baseline: {ratio:.2f} (min/min {min(runs[ours]) / min(runs[base]):.2f}); "
         f"target {cmp} {target}: {'met' if ok else 'NOT met'}"
+    )
+    DOCS_ROWS.append(
+        [
+            title,
+            f"{min(runs[ours]):.2f} / {statistics.median(runs[ours]):.2f}",
+            f"{base}: {min(runs[base]):.2f} / {t_base:.2f}",
+            f"{ratio:.2f}x ({min(runs[ours]) / min(runs[base]):.2f}x)",
+            f"{cmp} {target}x: {'met' if ok else 'not met'}",
+        ]
     )
 
 
@@ -245,6 +261,7 @@ def main() -> None:
         metavar="CHECKOUT",
         help="also time the same command from another checkout (e.g. the base commit), same run",
     )
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/accuracy.md")
     args = ap.parse_args()
     if not args.no_compile:
         for root in [ROOT] + ([args.before] if args.before else []):
@@ -254,6 +271,9 @@ def main() -> None:
             bench_ingest(args, Path(tmp))
         if args.only in (None, "check-plan"):
             bench_check_plan(args, Path(tmp))
+    if args.write_docs:
+        header = ["workload", "forensics, min / median s", "baseline, min / median s", "ratio of medians (min/min)"]
+        write_section("bench_whole_process", f"{provenance()}\n\n{markdown_table([*header, 'target'], DOCS_ROWS)}")
 
 
 if __name__ == "__main__":

@@ -561,3 +561,21 @@ def test_each_question_is_put_to_the_engine_once(seeded: dict, make_engine) -> N
         assert view.rows_at([6]) is not first[0] and asked[-1] == "rows_at_steps"
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize(("size", "longest"), [(1, 7), (3, 5), (0, 9)])
+def test_every_engine_pads_by_the_plans_one_rule(size, longest):
+    """The SQL engine's padded tokens are the plan's rule (forensics.plan.padding), not a copy: the expression it
+    builds gives padded_tokens' value, and no engine writes the product itself."""
+    import re
+    from pathlib import Path
+
+    import duckdb
+
+    from forensics.plan.padding import padded_tokens, padded_tokens_sql
+
+    got = duckdb.sql(f"SELECT {padded_tokens_sql(str(size), str(longest))} AS p").fetchall()[0][0]
+    assert got == padded_tokens(size, longest)
+    engines = Path(__file__).resolve().parents[1] / "forensics" / "engine"
+    inline = re.compile(r"\bn \* hi\b|count\(\*\) \* max\(length\)|\[\"n\"\] \* b\[\"hi\"\]")
+    assert [p.name for p in engines.glob("*.py") if inline.search(p.read_text())] == []

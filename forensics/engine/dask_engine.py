@@ -28,6 +28,7 @@ from forensics.engine.base import (
 from forensics.engine.pandas_engine import unknown_samples
 from forensics.engine.source import hive_values, memory_limit, parquet_parts
 from forensics.errors import ForensicsError
+from forensics.plan.padding import padded_tokens
 from forensics.schema import EPOCH, SAMPLE_ID, STEP, batch_columns
 
 #: Rows per Dask partition when small parts are grouped (each task's overhead dwarfs a small part's work).
@@ -209,7 +210,7 @@ class DaskEngine(Engine):
         if tokens:
             keys = batch_columns(frame.columns)
             b = rows.groupby(keys).agg(st=(STEP, "max"), n=(SAMPLE_ID, "count"), hi=("length", "max"))
-            b["pad"] = b["n"] * b["hi"]
+            b["pad"] = padded_tokens(b["n"], b["hi"])
             lazy["batches"] = b.groupby("st").agg(nb=("n", "count"), padded=("pad", "sum"))
         got = dict(zip(lazy, dask.compute(*lazy.values()), strict=True))
         steps = got["steps"].sort_index()
@@ -299,8 +300,8 @@ class DaskEngine(Engine):
                 order = np.lexsort((hi, lo))
                 extra = dict(
                     real=int(sh["real"].sum()),
-                    padded=int((n * hi).sum()),
-                    budget=int((n * hi)[n >= 2].max()) if (n >= 2).any() else 0,
+                    padded=int(padded_tokens(n, hi).sum()),
+                    budget=int(padded_tokens(n, hi)[n >= 2].max()) if (n >= 2).any() else 0,
                     max_size=int(n.max()),
                     shape_batches=len(n),
                     overlaps=int(np.count_nonzero(hi[order][:-1] > lo[order][1:])),

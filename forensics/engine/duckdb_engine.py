@@ -27,6 +27,7 @@ from forensics.engine.base import (
 from forensics.engine.pandas_engine import unknown_samples
 from forensics.engine.source import memory_limit, parquet_parts
 from forensics.errors import ForensicsError
+from forensics.plan.padding import padded_tokens_sql
 from forensics.schema import EPOCH, SAMPLE_ID, STEP, batch_columns
 
 
@@ -162,7 +163,7 @@ class DuckDBEngine(Engine):
             keys = ", ".join(_ident(c) for c in batch_columns(cols))
             b = self._df(
                 f"SELECT st, count(*) AS nb, sum(pad) AS padded FROM (SELECT max(step) AS st, "
-                f"count(*) * max(length) AS pad FROM {rows} GROUP BY {keys}) GROUP BY st"
+                f"{padded_tokens_sql('count(*)', 'max(length)')} AS pad FROM {rows} GROUP BY {keys}) GROUP BY st"
             )
             at = np.searchsorted(step_values, b["st"].to_numpy(np.int64))
             n_batches[at] = b["nb"].to_numpy(np.int64)
@@ -249,8 +250,8 @@ class DuckDBEngine(Engine):
                 f"WITH bst AS (SELECT epoch, b, count(*) AS n, max(length) AS hi, min(length) AS lo, "
                 f"sum(length) AS real FROM {rows} JOIN {smp} USING (sample_id) GROUP BY epoch, b), "
                 f"lagged AS (SELECT *, lag(hi) OVER (PARTITION BY epoch ORDER BY lo, hi) AS prev FROM bst) "
-                f"SELECT epoch, sum(real) AS real, sum(n * hi) AS padded, "
-                f"max(CASE WHEN n >= 2 THEN n * hi ELSE 0 END) AS budget, max(n) AS max_size, "
+                f"SELECT epoch, sum(real) AS real, sum({padded_tokens_sql('n', 'hi')}) AS padded, "
+                f"max(CASE WHEN n >= 2 THEN {padded_tokens_sql('n', 'hi')} ELSE 0 END) AS budget, max(n) AS max_size, "
                 f"count(*) AS shape_batches, count_if(prev > lo) AS overlaps FROM lagged GROUP BY epoch"
             ).set_index("epoch")
         out = []

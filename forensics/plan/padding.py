@@ -22,6 +22,12 @@ def padded_tokens(size: Count, longest: Count) -> Count:
     return size * longest
 
 
+def padded_tokens_sql(size: str, longest: str) -> str:
+    """:func:`padded_tokens` as an SQL expression over the columns (or aggregates) ``size`` and ``longest``: the same
+    rule for the engines that count in SQL (DuckDB)."""
+    return f"({size}) * ({longest})"
+
+
 @dataclass(frozen=True)
 class BatchShapes:
     """Per batch code: ``size`` (rows) and ``longest`` (the longest row's length; 0 for a code with no row)."""

@@ -100,8 +100,12 @@ def test_the_dashboard_card_shows_the_per_group_rerun(runs, replayed):
     assert f"Step {spike} re-run from checkpoint 12: cause class data." in text
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     reruns = [f for f in charts if any(t.get("name") in GROUPS for t in f["data"])]
-    assert len(reruns) == 1
-    assert {t["name"] for t in reruns[0]["data"]} == set(GROUPS)
+    # one figure per re-run step of the cause, each marking its own step on both panels
+    by_step = {d["step"]: d for d in _read(replayed / "replay" / "replay.json")["steps"]}
+    want = [s for s in cause["steps"] if (by_step.get(s) or {}).get("rerun")][:3]
+    assert spike in want
+    assert [[s["x0"] for s in f["layout"]["shapes"]] for f in reruns] == [[s, s] for s in want]
+    assert all({t["name"] for t in f["data"]} == set(GROUPS) for f in reruns)
 
 
 # --- which replays re-run: one rule for audit --replay and replay --from-findings --------------------------------

@@ -133,7 +133,7 @@ def parse_steps(text: str | None) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from forensics.pipeline.replay_loop import rerun_plan
+    from forensics.pipeline.replay_loop import replay_budget, rerun_plan
     from forensics.replay import ReplayOptions, replay_case
     from forensics.schema import open_case
 
@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         control_step=not args.no_control_step,
         rerun=rerun,
         rerun_optional=rerun_optional,
+        budget_s=replay_budget(case) if args.from_findings else None,
     )
     result = replay_case(case, opts)
     err = console(stderr=True)

@@ -55,6 +55,17 @@ def rerun_plan(case: Case, asked: bool, from_findings: bool) -> tuple[bool, bool
     return has_optimizer_state(case), True
 
 
+def replay_budget(case: Case, budget_s: float | None = None) -> float:
+    """The seconds a replay of the findings' causes may spend: ``budget_s`` (``--replay-budget``), else run.toml
+    ``[replay] budget``, else :data:`BUDGET_S`. ``audit --replay`` and ``replay --from-findings`` both spend it, so
+    that a re-run the budget cannot afford is skipped by both (it decides which step classes a cause)."""
+    table = dict(case.config.replay or {})
+    budget = float(budget_s if budget_s is not None else table.get("budget", BUDGET_S))
+    if budget <= 0:
+        raise ForensicsError(f"--replay-budget must be > 0 seconds; got {budget:g}")
+    return budget
+
+
 def replay_causes(
     case: Case,
     findings: dict[str, Any],
@@ -76,9 +87,7 @@ def replay_causes(
     from forensics.replay.select import cause_groups
 
     table = dict(case.config.replay or {})
-    budget = float(budget_s if budget_s is not None else table.get("budget", BUDGET_S))
-    if budget <= 0:
-        raise ForensicsError(f"--replay-budget must be > 0 seconds; got {budget:g}")
+    budget = replay_budget(case, budget_s)
     max_causes = int(table.get("max_causes") or MAX_CAUSES)
     groups = cause_groups(findings, plan_steps.__contains__)
     keys = {str(c.get("id")): c.get("key") for c in findings.get("causes") or []}

@@ -35,7 +35,8 @@ def register(sub) -> None:
         "--from-findings",
         action="store_true",
         help="every cause of CASE/findings.json with a batch (loss or grad norm), most urgent first; re-run "
-        "from the checkpoints when they hold optimizer state, as audit --replay does",
+        "from the checkpoints when they hold optimizer state, within run.toml's [replay] budget, as audit --replay "
+        "does",
     )
     add_steps_as_option(p)
     p.add_argument(

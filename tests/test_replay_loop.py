@@ -199,12 +199,9 @@ def test_audit_replay_writes_everything_from_the_replayed_evidence(looped):
     assert "Replay (forensics replay)" in html and "Replay confirms the data" in html
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: audit --replay re-runs the cause and adds its class to the verdict, a replay after the audit "
-    "(--from-findings, without --rerun) does not, so the two verdicts differ",
-)
 def test_audit_replay_and_a_replay_after_the_audit_give_the_same_findings(looped, replayed):
+    """Both re-run the causes from the checkpoints (they hold optimizer state), so both class the batch cause."""
+
     def told(path: Path) -> list:
         f = _read(path / "findings.json")
         return [f["verdict"]] + [
@@ -219,6 +216,9 @@ def test_audit_replay_and_a_replay_after_the_audit_give_the_same_findings(looped
         ]
 
     assert told(looped[0]) == told(replayed[0])
+    for case, _ in (looped, replayed):
+        classes = [c.get("cause_class") for c in _read(case / "findings.json")["causes"] if c["kind"] == "batch"]
+        assert classes == ["data"], classes
 
 
 def test_a_budget_too_small_lists_the_causes_it_did_not_replay(hf_cases, tmp_path, capsys):

@@ -34,7 +34,9 @@ def register(sub) -> None:
     which.add_argument(
         "--from-findings",
         action="store_true",
-        help="every cause of CASE/findings.json with a batch (loss or grad norm), most urgent first",
+        help="every cause of CASE/findings.json with a batch (loss or grad norm), most urgent first; re-run "
+        "from the checkpoints when they hold optimizer state, within run.toml's [replay] budget, as audit --replay "
+        "does",
     )
     add_steps_as_option(p)
     p.add_argument(
@@ -114,7 +116,8 @@ def register(sub) -> None:
         action="store_true",
         help="also re-run the optimizer steps from the checkpoint before each step (weights, optimizer, "
         "RNG state; the plan's batches, the logged lr): per-group signals, a replaced-batch "
-        "counterfactual, determinism, per-sample gradient norms and a cause class",
+        "counterfactual, determinism, per-sample gradient norms and a cause class (--from-findings does "
+        "this when the checkpoints hold optimizer state; --rerun makes a re-run that cannot run an error)",
     )
     p.add_argument("--json", default=None, metavar="F", help="also write replay.json to F")
     p.set_defaults(func=run)
@@ -131,10 +134,14 @@ def parse_steps(text: str | None) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from forensics.pipeline.replay_loop import replay_budget, rerun_plan
     from forensics.replay import ReplayOptions, replay_case
+    from forensics.schema import open_case
 
     if args.json and not args.json.endswith(".json"):
         raise ForensicsError(f"--json {args.json}: replay writes .json only")
+    case = open_case(args.case)
+    rerun, rerun_optional = rerun_plan(case, args.rerun, args.from_findings)
     opts = ReplayOptions(
         steps=parse_steps(args.steps),
         from_findings=args.from_findings,
@@ -155,9 +162,11 @@ def run(args: argparse.Namespace) -> int:
         second_dtype=args.second_dtype,
         probes=not args.no_probes,
         control_step=not args.no_control_step,
-        rerun=args.rerun,
+        rerun=rerun,
+        rerun_optional=rerun_optional,
+        budget_s=replay_budget(case) if args.from_findings else None,
     )
-    result = replay_case(args.case, opts)
+    result = replay_case(case, opts)
     err = console(stderr=True)
     for w in result.warnings:
         err.print(f"note: {w}", markup=False)

@@ -13,6 +13,12 @@ Two ways in, one merge (:func:`forensics.detect.causes.replayed.apply_replay`):
 - ``forensics replay CASE ...``: :func:`merge_into_audit` merges the replay.json it just wrote into the case's
   findings.json and re-renders its report.html, so a later replay lands in the same files the audit wrote.
 
+Both decide the re-run by one rule, :func:`rerun_plan`: a replay of the findings' causes (``audit --replay``,
+``replay --from-findings``) re-runs whenever the checkpoints hold optimizer state, and a re-run that cannot run is a
+note; ``--rerun`` asks for it on any replay and makes a re-run that cannot run bad input. So the printed next step
+after an audit (``forensics replay CASE --from-findings``) writes the same findings as ``audit --replay`` would
+have: the same verdicts, cause classes and verdict sentence.
+
 Like every product module besides the stages, this one talks to them through their tables and files only.
 """
 
@@ -36,6 +42,30 @@ def replay_requested(case: Case, flag: bool) -> bool:
     return bool(flag or (case.config.replay or {}).get("auto"))
 
 
+def rerun_plan(case: Case, asked: bool, from_findings: bool) -> tuple[bool, bool]:
+    """``(rerun, optional)`` for a replay of ``case`` (module docstring): ``asked`` is ``--rerun``,
+    ``from_findings`` whether the replay's steps are the findings' causes (``audit --replay`` and
+    ``replay --from-findings`` both). One rule for both ways in, so that they write the same findings."""
+    if asked:
+        return True, False
+    if not from_findings or case.root is None:
+        return False, False
+    from forensics.replay.readiness import has_optimizer_state
+
+    return has_optimizer_state(case), True
+
+
+def replay_budget(case: Case, budget_s: float | None = None) -> float:
+    """The seconds a replay of the findings' causes may spend: ``budget_s`` (``--replay-budget``), else run.toml
+    ``[replay] budget``, else :data:`BUDGET_S`. ``audit --replay`` and ``replay --from-findings`` both spend it, so
+    that a re-run the budget cannot afford is skipped by both (it decides which step classes a cause)."""
+    table = dict(case.config.replay or {})
+    budget = float(budget_s if budget_s is not None else table.get("budget", BUDGET_S))
+    if budget <= 0:
+        raise ForensicsError(f"--replay-budget must be > 0 seconds; got {budget:g}")
+    return budget
+
+
 def replay_causes(
     case: Case,
     findings: dict[str, Any],
@@ -47,7 +77,7 @@ def replay_causes(
     """Replay the top causes of ``findings`` (the audit's, not yet written; ``plan_steps``: the steps its plan
     holds) and merge the verdicts into them; returns the findings and the :class:`~forensics.replay.ReplayResult`
     (None when nothing could be replayed: why is added to the findings' warnings)."""
-    from forensics.replay.readiness import has_optimizer_state, replay_readiness
+    from forensics.replay.readiness import replay_readiness
 
     ready = replay_readiness(case)
     if not ready.ok:
@@ -57,9 +87,7 @@ def replay_causes(
     from forensics.replay.select import cause_groups
 
     table = dict(case.config.replay or {})
-    budget = float(budget_s if budget_s is not None else table.get("budget", BUDGET_S))
-    if budget <= 0:
-        raise ForensicsError(f"--replay-budget must be > 0 seconds; got {budget:g}")
+    budget = replay_budget(case, budget_s)
     max_causes = int(table.get("max_causes") or MAX_CAUSES)
     groups = cause_groups(findings, plan_steps.__contains__)
     keys = {str(c.get("id")): c.get("key") for c in findings.get("causes") or []}
@@ -67,7 +95,7 @@ def replay_causes(
     if not chosen:
         findings.setdefault("warnings", []).append("--replay: no cause with a batch to replay")
         return findings, None
-    rerun = has_optimizer_state(case)
+    rerun, optional = rerun_plan(case, False, True)
     result = replay_case(
         case,
         ReplayOptions(
@@ -77,7 +105,7 @@ def replay_causes(
             device=device,
             findings=findings,
             rerun=rerun,
-            rerun_optional=True,
+            rerun_optional=optional,
         ),
     )
     not_replayed = [

@@ -20,7 +20,7 @@ import pandas as pd
 from forensics.detect.causes.verdict import verdict
 from forensics.report.cards import finding_cards
 from forensics.report.overview import CAUSE_COLUMNS, SAMPLE_COLUMNS, cause_rows, sample_groups, strip_html, strip_of
-from forensics.report.text import esc, fmt_share
+from forensics.report.text import esc, fmt_share, script_safe_json
 from forensics.schema import EPOCH, STEP, find_loss_key, metric_columns
 
 if TYPE_CHECKING:
@@ -33,13 +33,6 @@ _SECTIONS = (
     ("composition", "Batch composition", ("composition",)),
 )
 _PLOT_CONFIG = {"responsive": True, "displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
-_JSON_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-
-
-def script_safe_json(text: str) -> str:
-    """JSON text made safe inside ``<script>``: ``<``, ``>``, ``&`` only occur in JSON strings, so escaping them as
-    ``\\u`` sequences changes no value."""
-    return text.translate(_JSON_SAFE)
 
 
 def figures_json(figs: dict[str, go.Figure]) -> str:
@@ -250,6 +243,10 @@ _LOADER = """
   Object.keys(figs).forEach(function (name) {
     var el = document.getElementById('fig-' + name);
     if (el) { Plotly.newPlot(el, figs[name].data, figs[name].layout, config); }
+  });
+  document.querySelectorAll('script.card-figure').forEach(function (s) {
+    var fig = JSON.parse(s.textContent), el = document.getElementById(s.dataset.target);
+    if (el) { Plotly.newPlot(el, fig.data, fig.layout, config); }
   });
   document.querySelectorAll('table.sortable th').forEach(function (th) {
     th.style.cursor = 'pointer';

@@ -64,3 +64,12 @@ def fmt_share(value: Any) -> str:
     if 0 < abs(f) < 0.001:
         return f"{100 * f:.3f}%"
     return f"{100 * f:.1f}%"
+
+
+_JSON_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def script_safe_json(text: str) -> str:
+    """JSON text made safe inside ``<script>``: ``<``, ``>``, ``&`` only occur in JSON strings, so escaping them as
+    ``\\u`` sequences changes no value. Here, not in the page's module, because a card embeds its own figures."""
+    return text.translate(_JSON_SAFE)

@@ -18,6 +18,7 @@ from forensics.dashboard.state import LiveRun
 from forensics.dashboard.text import clock, events, md, steps_text
 from forensics.dashboard.views import run as run_view
 from forensics.report import overview
+from forensics.report.rerun import rerun_entries, rerun_figure, rerun_sentence
 from forensics.report.text import fmt_num, snippet
 from forensics.schema import N_TOKENS, SAMPLE_ID, TEXT
 
@@ -218,8 +219,25 @@ def card(run: LiveRun, row: dict[str, Any]) -> None:
         for r in results:
             for e in r.get("evidence") or []:
                 st.markdown(f"- {md(e)}")
+        rerun_section(row, results)
     elif run.replay is None and peak is not None:
         st.caption("No replay results yet (replay/replay.json).")
+
+
+#: Re-run figures per card at most (the cause's first replayed steps), as in the report.
+MAX_RERUN_FIGURES = 3
+
+
+def rerun_section(row: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    """The cause's segment re-runs (``forensics replay --rerun``), as the report's cause card shows them: the class
+    and action sentence, and the per-group update/weight ratio and grad norm around the spike."""
+    entries = rerun_entries(row, {int(r["step"]): r for r in results})[:MAX_RERUN_FIGURES]
+    if not entries:
+        return
+    st.markdown("**Re-run from the checkpoint** (per parameter group):")
+    for e in entries:
+        st.markdown(md(rerun_sentence(e)))
+        st.plotly_chart(rerun_figure(e), width="stretch", key=f"rerun_{row.get('id')}_{int(e['step'])}")
 
 
 def render(run: LiveRun) -> None:

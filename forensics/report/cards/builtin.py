@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import plotly.io as pio
+
 from forensics.detect.rules.composition import plan_words
 from forensics.report.cards.blocks import (
     BatchLookup,
@@ -24,7 +26,8 @@ from forensics.report.cards.blocks import (
     slug,
     value_text,
 )
-from forensics.report.text import esc, fmt_num, fmt_share, snippet, step_span, steps_list
+from forensics.report.rerun import rerun_entries, rerun_figure, rerun_sentence
+from forensics.report.text import esc, fmt_num, fmt_share, script_safe_json, snippet, step_span, steps_list
 from forensics.schema.words import counted
 
 if TYPE_CHECKING:
@@ -374,6 +377,7 @@ def cause_card(
         evidence_list("Evidence", [e for s in spikes[:1] for e in (s.get("evidence") or [])]),
         batch,
         _replay_rows([replay[s] for s in steps if replay and s in replay]),
+        rerun_panel(cause, replay),
         f'<p class="next"><b>Next step:</b> {prose(cause.get("next_step"))}</p>' if cause.get("next_step") else "",
         "</article>",
     ]
@@ -396,6 +400,32 @@ def _replay_rows(results: list[dict]) -> str:
         f"<th>step</th><th>verdict</th><th>checkpoint</th><th>logged / replayed</th><th>evidence</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></div></section>"
     )
+
+
+#: Re-run figures per cause card at most (the cause's first replayed steps).
+MAX_RERUN_FIGURES = 3
+
+
+def rerun_panel(cause: dict, replay: dict[int, dict] | None) -> str:
+    """The cause's segment re-runs (``forensics replay --rerun``): per step, the class and action sentence and a
+    figure of the per-group update/weight ratio and grad norm around the spike, drawn by the page's loader from the
+    JSON beside it (the card carries its own figure, so a card is whole wherever it is placed)."""
+    entries = rerun_entries(cause, replay)[:MAX_RERUN_FIGURES]
+    if not entries:
+        return ""
+    blocks = []
+    for e in entries:
+        target = f"fig-rerun-{slug(cause.get('id'))}-{int(e['step'])}"
+        fig = rerun_figure(e)
+        blocks.append(
+            f'<p class="rerun-class">{prose(rerun_sentence(e))}</p>'
+            f'<div class="plot-frame"><div class="plot rerun" id="{esc(target)}" '
+            f'style="height:{int(fig.layout.height or 300)}px"></div></div>'
+            f'<script type="application/json" class="card-figure" data-target="{esc(target)}">'
+            f"{script_safe_json(pio.to_json(fig, validate=False, pretty=False))}</script>"
+        )
+    head = "<h4>Re-run from the checkpoint (per parameter group)</h4>"
+    return f'<section class="rerun">{head}{"".join(blocks)}</section>'
 
 
 # --- the registry's cards: (items, context) -> cards -----------------------------------------------------------------

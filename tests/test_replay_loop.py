@@ -43,10 +43,18 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _whole_budget(case: Path) -> Path:
+    """The case with a replay budget no re-run reaches: what the replays do then depends on the run alone, not on
+    how busy the machine is (the budget's own path is tested with a budget too small for anything)."""
+    with (case / "run.toml").open("a", encoding="utf-8") as fh:
+        fh.write("\n[replay]\nbudget = 100000\n")
+    return case
+
+
 @pytest.fixture(scope="module")
 def replayed(audited, tmp_path_factory) -> tuple[Path, str]:
     """``forensics replay OUTPUT_DIR --from-findings`` after the audit, as docs/your-run.md gives it: no flag."""
-    case = _copy(audited, tmp_path_factory.mktemp("replayed") / "out")
+    case = _whole_budget(_copy(audited, tmp_path_factory.mktemp("replayed") / "out"))
     import contextlib
     import io
 
@@ -60,7 +68,7 @@ def replayed(audited, tmp_path_factory) -> tuple[Path, str]:
 @pytest.fixture(scope="module")
 def looped(hf_cases, tmp_path_factory) -> tuple[Path, str]:
     """``forensics audit OUTPUT_DIR --replay`` on a fresh copy: one command."""
-    case = hf_cases["static_corrupt"].copy_to(tmp_path_factory.mktemp("looped") / "out")
+    case = _whole_budget(hf_cases["static_corrupt"].copy_to(tmp_path_factory.mktemp("looped") / "out"))
     import contextlib
     import io
 

@@ -10,13 +10,13 @@ user's own model names; they are escaped where they enter HTML or a figure.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-
-from forensics.report.style import HOUSE_TEMPLATE, QUALITATIVE, SPIKE
+from forensics.report.style import QUALITATIVE, SPIKE, house_template
 from forensics.report.text import esc
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 #: Groups drawn per figure at most: the first group whose ratio jumped, then those whose ratio grew most over the
 #: segment. A model with dozens of blocks would otherwise draw a legend no one can read.
@@ -65,6 +65,9 @@ def shown_groups(rerun: dict[str, Any]) -> list[str]:
 def rerun_figure(entry: dict[str, Any]) -> go.Figure:
     """Update/weight ratio (log scale) and grad norm per group across the segment's steps of one replay.json entry,
     with its spike step marked."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     rerun = entry["rerun"]
     segment = [x for x in rerun.get("segment") or [] if isinstance(x, dict) and x.get("step") is not None]
     spike = int(entry["step"])
@@ -101,7 +104,7 @@ def rerun_figure(entry: dict[str, Any]) -> go.Figure:
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_xaxes(title_text="step", dtick=1 if len(steps) <= 12 else None)
     fig.update_layout(
-        template=HOUSE_TEMPLATE,
+        template=house_template(),
         height=300,
         margin={"l": 50, "r": 20, "t": 40, "b": 40},
         legend={"orientation": "h", "y": -0.25},

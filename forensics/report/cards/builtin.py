@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import plotly.io as pio
-
 from forensics.detect.rules.composition import plan_words
 from forensics.report.cards.blocks import (
     BatchLookup,
@@ -413,6 +411,8 @@ def rerun_panel(cause: dict, replay: dict[int, dict] | None) -> str:
     entries = rerun_entries(cause, replay)[:MAX_RERUN_FIGURES]
     if not entries:
         return ""
+    import plotly.io as pio
+
     blocks = []
     for e in entries:
         target = f"fig-rerun-{slug(cause.get('id'))}-{int(e['step'])}"

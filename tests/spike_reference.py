@@ -369,6 +369,13 @@ class ReferenceSpikeRule:
                 below_only = not self.over(x - t, scale, t, z, floor)
                 if below_only and len(self.bucket_resid[b]) < p["bucket_window"]:
                     flag = False  # a young bucket's low offset is not trusted alone
+            young = known and len(self.bucket_resid[b]) < p["bucket_window"]
+            if flag and young and p["use_raw"] == 1 and self.mix:
+                # nor a trend such offsets pulled below the run's level: the view without tags judges the step
+                mix = median(self.mix)
+                scale_raw = max(MAD_TO_SD * median(self.mix_abs), 1e-9 * abs(mix) + 1e-12)
+                if self.over(mix - t, scale, t, z, floor) and not self.over(x - mix, scale_raw, mix, z, floor):
+                    flag = False
             self.note_clean(score, r, base, flag)
             if flag:
                 if below_only:

@@ -115,7 +115,13 @@ The jump condition (``ratio``, ``min_jump``) always applies; the score must then
             (or the same with z_large and ratio_large, with buckets)
 
 The offsets are centred on their mean so that trend and offsets cannot drift together (``T + c`` and ``off - c``
-would explain the data equally well). Flagged rows stay out of every window.
+would explain the data equally well). Flagged rows stay out of every window. A young bucket's offset (fewer than
+``bucket_window`` steps) is not trusted alone: a step flagged only because that offset sits below the trend is not
+flagged (its bucket learns from it); nor is one flagged while the trend itself sits below the run's level (the
+median of the last ``window`` raw values is above the thresholds against ``T``: offsets a rare bucket learned in the
+warm-up's steep descent pulled the mean offset, and the trend with it, down) when the view without tags would not
+flag it. Without the second rule every later step of the rare buckets fires against that trend and, never accepted,
+none of their offsets is ever corrected.
 
 This docstring is the rule's one description. ``tests/spike_reference.py`` is the same rule in plain Python (read it
 top to bottom); the inner loop is compiled with numba (:mod:`forensics.detect.spikes.kernel`) and a property test holds

@@ -221,6 +221,25 @@ def _bucket_push(p, state, b, resid):
 
 
 @_jit
+def _below_a_low_trend(p, n_bucket, v, t, sc, mix, sc_raw, z_thr, ratio_floor):
+    """Whether a flagged step of a young bucket (``n_bucket`` < ``bucket_window`` steps) is flagged only because
+    the trend sits below the run's level: the median of the accepted values (``mix``, the view without tags) is
+    itself above the thresholds against the trend ``t`` (noise ``sc``), and the step is not above them against
+    ``mix`` (noise ``sc_raw``).
+
+    Bucket offsets are relative to the known buckets' mean; a rare bucket first seen in the warm-up's steep
+    descent learns an offset far below the others, the mean offset drops with it and the trend follows it below the
+    run's level. Against that trend every later step of the rare buckets fires, none of them is accepted, so none
+    of their offsets is ever corrected: such a step is judged as the view without tags judges it, and accepted, its
+    bucket learns its level. A mature bucket's offset (``bucket_window`` steps) is trusted as before."""
+    if n_bucket >= p.bucket_window:
+        return False
+    if not _over(p, mix - t, sc, t, z_thr, p.z_large, ratio_floor):
+        return False
+    return not _over(p, v - mix, sc_raw, mix, z_thr, p.z_large, ratio_floor)
+
+
+@_jit
 def run_rows(params, state, rows, out, events):
     """Process ``rows`` in order, writing ``out`` per row and events into ``events``, updating ``state`` in place.
 
@@ -302,6 +321,13 @@ def run_rows(params, state, rows, out, events):
                 if below_only and bw.meta[b, 1] < p.bucket_window:
                     # flagged only because a young bucket's offset sits below the trend: an offset resting on a
                     # few steps (a rare bucket first seen in the warm-up's steep descent) is not trusted alone
+                    flag = False
+            if flag and known and p.use_raw == 1 and state.mix.meta[1] > 0:
+                # nor a trend that such offsets pulled below the run's level: the step is accepted, and its bucket
+                # learns its level from it
+                mix = _win_median(state.mix)
+                sc_raw = max(MAD_TO_SD * _win_median(state.raw_scale), 1e-9 * abs(mix) + 1e-12)
+                if _below_a_low_trend(p, bw.meta[b, 1], v, t, sc, mix, sc_raw, z_thr, ratio_floor):
                     flag = False
             _note_clean(p, c, zz, r, base, flag)
             if flag:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -264,9 +264,24 @@ def _order(f: Finding) -> tuple:
     return (f.step, f.metric or "", f.kind)
 
 
+#: Confidences equal to this many decimals rank as one: two critical spikes at 0.9995 and 0.9996 carry the same
+#: evidence, and a third decimal would order them by float noise (a changed baseline elsewhere in the run).
+CONFIDENCE_DECIMALS = 2
+
+
+def urgency(severity: str, confidence: float | None, steps: Sequence[int] | None) -> tuple:
+    """The sort key that ranks causes and findings, most urgent first (docs/concepts.md, ``severity``): severity,
+    then confidence to :data:`CONFIDENCE_DECIMALS` decimals, then those with steps, the earliest first."""
+    return (
+        -SEVERITIES.index(severity),
+        -round(float(confidence or 0.0), CONFIDENCE_DECIMALS),
+        not steps,
+        list(steps or [])[:1],
+    )
+
+
 def _rank(d: Mapping[str, Any]) -> tuple:
-    """Most urgent first: severity, then confidence, then step (docs/concepts.md, ``severity``)."""
-    return (-SEVERITIES.index(d.get("severity", INFO)), -round(d.get("confidence") or 0.0, 3), d.get("step") or 0)
+    return urgency(d.get("severity", INFO), d.get("confidence"), [d.get("step") or 0])
 
 
 # --- JSON safety ---------------------------------------------------------------------------------------------------

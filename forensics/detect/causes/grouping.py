@@ -29,7 +29,7 @@ from typing import Any
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.causes import wording
 from forensics.detect.causes.severity import assign_severities, most_severe, support_of
-from forensics.detect.findings import CRITICAL, SEVERITIES, Finding
+from forensics.detect.findings import CRITICAL, Finding, urgency
 from forensics.detect.params import fraction
 from forensics.detect.rules.grad_norm import NOT_FOLLOWED, unfollowed
 from forensics.detect.spikes.kernel_state import JOINT_LEAD
@@ -149,9 +149,7 @@ class CauseRule(Rule):
                 continue
             members = [g for g in found if id(g) in quiet] if kind == "grad_norm" else []
             causes.append(self._finding_cause(kind, f, run, members=members, gate=gate))
-        causes.sort(
-            key=lambda c: (-SEVERITIES.index(c["severity"]), -round(c["confidence"], 3), not c["steps"], c["steps"][:1])
-        )
+        causes.sort(key=lambda c: urgency(c["severity"], c["confidence"], c["steps"]))
         for i, c in enumerate(causes, 1):
             c["id"] = f"C{i}"
             c["key"] = cause_key(c["kind"], c["steps"], c.pop("_key_samples", []))

@@ -24,7 +24,7 @@ import shlex
 from typing import Any
 
 from forensics.detect.causes.severity import most_severe, severity_of
-from forensics.detect.findings import SEVERITIES
+from forensics.detect.findings import urgency
 from forensics.schema.steps import step_span, steps_list
 from forensics.schema.words import plural
 
@@ -151,15 +151,7 @@ def _rank(findings: dict[str, Any], causes: list[dict[str, Any]], not_replayed: 
 
 def renumber(findings: dict[str, Any], causes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rank the causes as the cause rule does and renumber them; every ``cause`` reference follows."""
-    order = sorted(
-        causes,
-        key=lambda c: (
-            -SEVERITIES.index(str(c.get("severity"))),
-            -round(float(c.get("confidence") or 0), 3),
-            not c.get("steps"),
-            (c.get("steps") or [])[:1],
-        ),
-    )
+    order = sorted(causes, key=lambda c: urgency(str(c.get("severity")), c.get("confidence"), c.get("steps")))
     new_id = {str(c.get("id")): f"C{i}" for i, c in enumerate(order, 1)}
     for c in order:
         c["id"] = new_id[str(c["id"])]

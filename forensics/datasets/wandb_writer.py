@@ -135,9 +135,32 @@ def write_wandb_run(
             run.finish()
         if not had_service:
             wandb.teardown()
+    wait_until_written(folder)
     if on_row is not None:
         on_row(len(steps))
     return folder
+
+
+def wait_until_written(folder: Path, timeout_s: float = 60.0) -> None:
+    """Return once the run's ``.wandb`` file ends with its exit record. ``run.finish()`` can return while a W&B
+    service that another run of this process started is still writing the file (seen on a busy machine: a reader
+    then found 105 of 120 rows); a writer of fixtures must hand over a whole run."""
+    import time
+
+    from forensics.sources.wandb.run_reader import WandbRunReader
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reader = WandbRunReader(folder)
+        try:
+            reader.read_all()
+            if reader.report.metadata.get("finished"):
+                return
+        except Exception:  # noqa: BLE001 - a file still being written may not parse yet: read it again
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"W&B run {folder}: no exit record {timeout_s:.0f} s after run.finish()")
+        time.sleep(0.2)
 
 
 @dataclass

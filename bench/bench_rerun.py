@@ -11,7 +11,9 @@ steps), built here in a few seconds; the suspect is its corrupted batch's step, 
 
 Ratios are of the best of ``--repeat`` timings after a warm-up (target for ``pass``: <= 1.5x ``bare``).
 
-    OMP_NUM_THREADS=1 python3 bench/bench_rerun.py
+    OMP_NUM_THREADS=1 python3 bench/bench_rerun.py [--write-docs]
+
+``--write-docs`` writes the three timings into docs/accuracy.md between its markers.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's fixtures/, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_docs.py
+from _docs import markdown_table, provenance, write_section
+
 from fixtures.hf_faults import build_fault_run
 from forensics.replay.batches import pad_batch
 from forensics.replay.core import ReplayOptions, _resolved
@@ -72,6 +77,7 @@ def best(fn, repeat: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--write-docs", action="store_true", help="write the timings into docs/accuracy.md")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,6 +103,30 @@ def main() -> None:
         f"whole re-run    {t_rerun * 1e3:8.1f} ms  {t_rerun / t_bare:5.2f}x bare (two passes, replaced batch, "
         "per-sample gradients)"
     )
+    if args.write_docs:
+        rows = [
+            ["bare steps (load the checkpoint, forward, backward, clip, step)", f"{t_bare * 1e3:.1f} ms", "1.00x", ""],
+            [
+                "one pass with every signal recorded",
+                f"{t_pass * 1e3:.1f} ms",
+                f"{t_pass / t_bare:.2f}x",
+                "<= 1.5x: " + ("met" if t_pass / t_bare <= 1.5 else "not met"),
+            ],
+            [
+                "whole re-run (two passes, the replaced batch, per-sample gradients)",
+                f"{t_rerun * 1e3:.1f} ms",
+                f"{t_rerun / t_bare:.2f}x",
+                "",
+            ],
+        ]
+        text = (
+            f"The segment re-run of `forensics replay --rerun` on the `data` fault run of fixtures/hf_faults.py "
+            f"(segment {steps[0]}-{steps[-1]}, {len(steps)} steps, CPU, one thread; best of {args.repeat}):\n\n"
+            + markdown_table(["what", "time", "against bare", "goal"], rows)
+            + "\n\n"
+            + provenance()
+        )
+        write_section("bench_rerun", text)
 
 
 if __name__ == "__main__":

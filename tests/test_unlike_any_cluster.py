@@ -114,14 +114,12 @@ def test_the_fit_keeps_the_supported_clusters_and_rescales_their_shares():
 def test_a_sample_with_content_evidence_is_judged_among_its_own_family(excess, taken):
     """The stopping score of the content family is a chance score over its own size (4 samples: 2.24), not over all
     samples of the plan (400: 3.48): a flagged sample scoring 2.9 is taken, one at 2.0 is not."""
-    n_steps, n_samples = 400, 400
-    w = sp.identity(n_samples, format="csr")[:n_steps]
-    r = np.random.default_rng(0).standard_normal(n_steps) * 0.0
-    r[: n_steps // 2] = np.tile([-1.0, 1.0], n_steps // 4)  # the noise scale: a robust SD of 1 (and 0 median)
-    r[n_steps // 2 :] = np.tile([-1.0, 1.0], n_steps // 4)
-    sigma = 1.4826  # the robust SD of the +-1 residuals
+    n = 400  # steps, one sample each
+    w = sp.identity(n, format="csr")
+    r = np.tile([-1.0, 1.0], n // 2)  # residuals of median 0 and MAD 1: a robust SD of 1.4826
+    sigma = 1.4826
     r[7] = excess * sigma
-    first = np.zeros(n_samples, bool)
+    first = np.zeros(n, bool)
     first[[3, 7, 11, 19]] = True
     beta = _pursuit(w, r, max_pursuit=10, first=first)
     assert bool(beta[7] > 0) is taken

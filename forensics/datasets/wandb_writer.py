@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from forensics.errors import ForensicsError
 from forensics.schema import STEP, TIMESTAMP
 
 PROJECT = "forensics-demo"
@@ -156,7 +157,7 @@ def wait_until_written(folder: Path, timeout_s: float = 60.0) -> None:
             reader.read_all()
             if reader.report.metadata.get("finished"):
                 return
-        except Exception:  # noqa: BLE001 - a file still being written may not parse yet: read it again
+        except ForensicsError:  # a file still being written may not read yet: read it again
             pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"W&B run {folder}: no exit record {timeout_s:.0f} s after run.finish()")

@@ -212,12 +212,12 @@ def expected_table(
     """Each step's expected value from its composition, as the audit's spike rule judged it (the report's expected
     band): the rule is run again on the tables read again, which gives the audit's table (it is deterministic);
     ``spike_metrics``: the metrics the audit judged beside the loss (findings.json ``run.analysed_metrics``)."""
-    from forensics.detect.spikes.rule import SpikeRule
+    from forensics.detect.rules import build_rules
     from forensics.pipeline.run_tables import assemble_run, choose_keys
 
     keys = choose_keys(metrics, case.config, spike_metrics or None)
     run = assemble_run(case, metrics, ingest, keys, tags=tags, plan=plan, samples=samples, boundaries=boundaries)
-    rule = SpikeRule(**dict(case.config.detect.get("spikes", {})))
+    rule = next(r for r in build_rules(case.config.detect) if r.name == "spikes")  # as the audit built it
     rule.detect(run)
     return rule.expected_
 

@@ -24,3 +24,8 @@ def counted(n: int | None, noun: str, many: str | None = None) -> str:
     """``n`` and its noun: ``counted(1, "spike") == "1 spike"``, ``counted(31, "spike without a batch",
     "spikes without a batch") == "31 spikes without a batch"``."""
     return f"{n} {plural(noun, n, many)}"
+
+
+def ids_text(ids: list[int], limit: int = 6) -> str:
+    """Sample ids in a sentence: the first ``limit`` and how many more (``1, 2, 3 +4``)."""
+    return ", ".join(map(str, ids[:limit])) + (f" +{len(ids) - limit}" if len(ids) > limit else "")

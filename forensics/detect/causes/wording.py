@@ -13,14 +13,14 @@ from forensics.detect.base import RunTables
 from forensics.detect.findings import Finding
 from forensics.detect.rules.composition import plan_fix_words, plan_words
 from forensics.schema.steps import step_span, steps_list
-from forensics.schema.words import counted
+from forensics.schema.words import counted, ids_text
 
 #: Suspect samples named in a sentence.
 NAMED = 6
 
 
 def _ids(ids: list[int], limit: int = NAMED) -> str:
-    return ", ".join(map(str, ids[:limit])) + (f" +{len(ids) - limit}" if len(ids) > limit else "")
+    return ids_text(ids, limit)
 
 
 def command_exists(name: str) -> bool:

@@ -10,7 +10,9 @@ carries, each against a reference drawn from the dataset (its own cluster where 
   over and over (flagged from 30%, and well above its cluster).
 - **token entropy**: the entropy of its token distribution, low for repetition, high for noise.
 - **foreign tokens**: the share of its tokens that its cluster almost never uses (in fewer than 1% of the cluster's
-  reference samples): a sample whose words come from nowhere near its neighbours.
+  reference samples): a sample whose words come from nowhere near its neighbours;
+- **unlike every cluster**: the clustering put its text in the cluster of texts far from every centre
+  (:data:`~forensics.schema.ATYPICAL_CLUSTER`); a flag with a reason, no score (``unlike`` lists them).
 
 Each signal is a robust z (median and MAD of the reference); a sample is *flagged* by a signal at ``FLAG_Z`` robust
 SDs or more (or, for near-duplicates, two or more in the dataset), and its ``content_score`` sums the capped
@@ -59,6 +61,8 @@ _HASH_FAMILY = np.random.default_rng(0).integers(1, 1 << 62, size=(N_HASHES, 2),
     np.uint64
 ) | np.uint64(1)
 _WORD = re.compile(r"\S+")
+#: The reason of a sample whose text the clustering found unlike every cluster of the dataset's texts.
+UNLIKE_ANY_CLUSTER = f"its text is unlike every content cluster of the dataset (cluster {ATYPICAL_CLUSTER!r})"
 #: Bump when what a cached near-duplicate count stands for changes (:func:`_minhash`, :func:`_near_duplicates`).
 CACHE_VERSION = 1
 
@@ -78,6 +82,8 @@ class ContentEvidence:
 
     table: pd.DataFrame
     reasons: dict[int, list[str]] = field(default_factory=dict)
+    #: The samples whose text is unlike every content cluster (:func:`atypical_ids`).
+    unlike: set[int] = field(default_factory=set)
 
     def score(self, sample_id: int) -> float:
         return float(self.table["content_score"].get(int(sample_id), 0.0)) if len(self.table) else 0.0
@@ -434,4 +440,7 @@ def content_evidence(
             )
         )
     table = pd.concat(parts, ignore_index=True).set_index(SAMPLE_ID) if parts else pd.DataFrame()
-    return ContentEvidence(table, reasons)
+    unlike = atypical_ids(samples) & set(ids)
+    for sid in sorted(unlike):
+        reasons.setdefault(sid, []).append(UNLIKE_ANY_CLUSTER)
+    return ContentEvidence(table, reasons, unlike)

@@ -12,7 +12,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from forensics.detect.base import RunTables
-from forensics.detect.evidence.content import atypical_ids, content_evidence
+from forensics.detect.evidence.content import content_evidence
 from forensics.detect.evidence.nnls import nnls_normal
 from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, STEP
 from forensics.stats import robust_sd, rolling_median
@@ -92,7 +92,6 @@ def estimate(
         judged = ids[np.argsort(-marginal)[:CONTENT_ALL]]
     content = content_evidence(run.samples, judged, seed=seed)
     flagged = np.isin(ids, np.fromiter(content.reasons, dtype=np.int64, count=len(content.reasons)))
-    flagged |= np.isin(ids, np.fromiter(atypical_ids(run.samples), dtype=np.int64))  # text unlike every cluster
     # noise varies by step (a batch of few tokens is noisier): every row is weighted by its noise scale, so a
     # sample that sits in noisy steps does not pass for a harmful one
     scale = _noise_scale(run, steps, w, ids, tags_only)

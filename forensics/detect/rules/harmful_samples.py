@@ -41,10 +41,10 @@ import numpy as np
 import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
-from forensics.detect.evidence.content import atypical_ids, content_evidence
+from forensics.detect.evidence.content import content_evidence
 from forensics.detect.findings import INFO, Finding
 from forensics.detect.params import at_least, fraction, positive
-from forensics.schema import ATYPICAL_CLUSTER, N_TOKENS, SAMPLE_ID, STEP
+from forensics.schema import N_TOKENS, SAMPLE_ID, STEP
 from forensics.schema.steps import steps_list
 from forensics.schema.words import counted
 
@@ -55,8 +55,6 @@ __all__ = ["HarmfulSamplesRule", "listed_samples"]
 #: clean sample of a harder kind than its batch predicts runs 0.2-0.25 above it (a repetitive motif row at 6% of a
 #: 4-sample step); a noise row runs 0.8-2 above its steps, a static plan's corrupted block 1-2 (fixtures/hf_family.py).
 MIN_EXCESS = 0.5
-#: The content reason of a sample whose text the clustering found unlike every cluster of the run's texts.
-UNLIKE_ANY_CLUSTER = f"its text is unlike every content cluster of the dataset (cluster {ATYPICAL_CLUSTER!r})"
 
 
 def listed_samples(est: pd.DataFrame, q: float, min_excess: float = MIN_EXCESS, limit: int = 50) -> pd.DataFrame:
@@ -131,7 +129,6 @@ class HarmfulSamplesRule(Rule):
         if listed.empty:
             return []
         content = content_evidence(run.samples, listed[SAMPLE_ID].tolist())
-        odd = atypical_ids(run.samples) & set(listed[SAMPLE_ID].astype(int).tolist())
         last = int(run.metrics[STEP].max())
         plan = run.plan_view.rows_holding(listed[SAMPLE_ID])
         plan = plan[plan[SAMPLE_ID].isin(listed[SAMPLE_ID]) & (plan[STEP] <= last)]
@@ -150,7 +147,7 @@ class HarmfulSamplesRule(Rule):
                 reason += (
                     f"; always in the same steps as {r.block - 1} other sample(s), which the run cannot tell apart"
                 )
-            said = list(content.reasons.get(sid, [])) + ([UNLIKE_ANY_CLUSTER] if sid in odd else [])
+            said = list(content.reasons.get(sid, []))
             if said:
                 reason += "; " + "; ".join(said)
             rows.append(
@@ -174,7 +171,7 @@ class HarmfulSamplesRule(Rule):
         rows.sort(
             key=lambda x: (
                 not x["content"],
-                x["sample_id"] not in odd,
+                x["sample_id"] not in content.unlike,
                 -round(x["effect"], 9),
                 -round(x["z"], 6),
                 x["sample_id"],

@@ -34,6 +34,7 @@ from forensics.detect.rules.epoch_boundary import noise_sd
 from forensics.detect.rules.throughput import STEP_TIME
 from forensics.schema import MICRO, RANK, SAMPLE_ID, STEP, metric_columns
 from forensics.schema.keys import choose_key
+from forensics.schema.words import ids_text
 
 #: A rank token in a metric name: ``rank`` then its number, separated from the rest of the name.
 _RANK = re.compile(r"(?:^|(?<=[/_.\- ]))rank[_\-]?(\d+)(?=$|[/_.\- ])", re.IGNORECASE)
@@ -208,7 +209,7 @@ class RankDriftRule(Rule):
                     f.evidence.append(
                         f"At step {peak} the plan gives "
                         + "; ".join(
-                            f"rank {b['rank']} micro-batch {b['micro']} samples {_ids(b['sample_ids'])}"
+                            f"rank {b['rank']} micro-batch {b['micro']} samples {ids_text(b['sample_ids'])}"
                             for b in batches
                         )
                         + (" (the first holds the first suspect)." if f.suspect_samples else ".")
@@ -263,12 +264,6 @@ def rank_batches(
         out.append({"rank": int(rank), "micro": int(m), "sample_ids": ids})
     first = {id(b): min((order.get(i, len(order)) for i in b["sample_ids"]), default=len(order)) for b in out}
     return sorted(out, key=lambda b: first[id(b)])
-
-
-def _ids(ids: list) -> str:
-    """Sample ids in a sentence: the first six and how many more."""
-    shown = ", ".join(map(str, ids[:6]))
-    return shown + (f" +{len(ids) - 6}" if len(ids) > 6 else "")
 
 
 def _same_metric(base: str, metric: str) -> bool:

@@ -401,8 +401,10 @@ WANDB_WRITER = textwrap.dedent("""
         for s in steps:
             # no step=: each call commits its row at once (W&B's _step counts the calls: 0, 1, 2, ...)
             run.log({"loss": spike.get(s, 3.0 - s / 400 + 0.02 * float(rng.standard_normal()))})
-        with open(os.path.join(out, f"logged-{r}"), "w") as fh:
+        # written whole, then renamed: the test reads the time as soon as the name exists
+        with open(os.path.join(out, f"logged-{r}.tmp"), "w") as fh:
             fh.write(repr(time.time()))
+        os.replace(os.path.join(out, f"logged-{r}.tmp"), os.path.join(out, f"logged-{r}"))
         deadline = time.time() + 300  # the test says when to log the next round (a bound: never hang a failing test)
         while not os.path.exists(os.path.join(out, f"go-{r}")) and time.time() < deadline:
             time.sleep(0.01)

@@ -179,3 +179,30 @@ def test_listed_samples_put_content_evidence_first_then_the_score() -> None:
     )
     assert listed_samples(est, q=0.05)["sample_id"].tolist() == [2, 1, 3, 4]
     assert listed_samples(est, q=0.05, limit=2)["sample_id"].tolist() == [2, 1]
+
+
+@pytest.mark.parametrize(
+    ("step_excess", "taken_beta", "want"),
+    [
+        # two suspects hold half of each of their two steps; the pursuit credited the first with the steps' whole
+        # log-excess ln 2 (leaving 0): put back, both carry it (expm1 = 1 over the share of 1 they hold together)
+        ([np.log(2.0), np.log(2.0)], 2 * np.log(2.0), 1.0),
+        # nothing was taken and the steps kept ln 3 and 0: the mean of 2 and 0 over the share held together
+        ([np.log(3.0), 0.0], 0.0, 1.0),
+        # a step that fell below its expectation counts against it
+        ([np.log(2.0), np.log(0.5)], 0.0, 0.25),
+    ],
+)
+def test_an_untaken_suspect_shares_its_steps_excess_with_the_other_suspects(step_excess, taken_beta, want) -> None:
+    """The untaken sample's excess: what its steps kept with the taken suspects' effects put back, over the token
+    share the suspects hold there together, averaged over its appearances (scale 1: the noise weights are neutral)."""
+    from forensics.detect.evidence.sample_effects import _group_excess
+
+    # steps 0 and 1 each hold samples 0 and 1 at half the tokens; sample 2 (not a suspect) holds step 2
+    w = sp.csr_matrix(np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]))
+    beta = np.array([taken_beta, 0.0, 0.0])
+    left = np.array([*step_excess, 0.0]) - w @ beta  # what the steps kept after the taken effect
+    near = np.array([True, True, False])
+    which = np.array([False, True, False])
+    got = _group_excess(w, left, beta, np.ones(3), near, which)
+    assert got == pytest.approx([want])

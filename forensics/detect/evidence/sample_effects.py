@@ -59,8 +59,8 @@ def estimate(
 ) -> pd.DataFrame | None:
     """Per sample of the plan: ``appearances``, ``steps``, ``effect``, ``excess``, ``z``, ``p``, ``q``, ``block``,
     ``content`` (module docstring; ``excess``: how far the sample's own loss ran above what its steps expect of it,
-    its step effect over its token share, 0 for a sample the pursuit gave no effect); None when the run is too short
-    to say anything (fewer than 50 logged values)."""
+    its step effect over its token share, or for a suspect the pursuit did not take :func:`_group_excess`); None
+    when the run is too short to say anything (fewer than 50 logged values)."""
     rows = run.written_rows(run.loss_key)
     steps = rows[STEP].to_numpy(np.int64)
     loss = rows[run.loss_key].to_numpy(np.float64, na_value=np.nan)
@@ -138,6 +138,8 @@ def estimate(
         # alone: what it adds to a step over its token share there (a block's samples share one step's tokens)
         own = share / len(members)
         excess[members] = float(np.mean(np.expm1(col) / own)) if len(col) else 0.0
+    untaken = near & (effect == 0)
+    excess[untaken] = _group_excess(w, r_final, beta, scale, near, untaken)
     step_lists: list[list[int] | None] = [None] * len(ids)
     for j in np.flatnonzero(near):
         step_lists[j] = steps[csc.indices[csc.indptr[j] : csc.indptr[j + 1]]].tolist()
@@ -158,6 +160,34 @@ def estimate(
     )
     out.attrs["stride"], out.attrs["max_entries"] = stride, MAX_ENTRIES
     return out
+
+
+def _group_excess(
+    w: sp.csr_matrix, left: np.ndarray, beta: np.ndarray, scale: np.ndarray, near: np.ndarray, which: np.ndarray
+) -> np.ndarray:
+    """The excess of each sample of ``which`` (samples the pursuit did not take): the log-loss its steps kept after
+    the effects of the samples outside ``near`` (``left`` is what they kept after every taken sample's; the effects
+    of the taken ``near`` samples are put back), over the token share the ``near`` samples hold there together,
+    averaged over its appearances: what each of a step's suspect samples adds had they carried its excess together,
+    as a block's samples do.
+
+    The pursuit stops its family at a score chance reaches among that family and credits a step's excess to the
+    first suspect it takes, so it can leave out a sample the false-discovery limit still finds: a corrupted row first
+    consumed before the model had learnt anything (one of its two steps did not rise), or one of several corrupted
+    samples packed into the same batches."""
+    cols = np.flatnonzero(near)
+    sub = w[:, cols]
+    kept = left + sub @ beta[cols]
+    together = np.asarray(sub.sum(axis=1)).ravel()
+    wc = _views(w)[1]
+    out = []
+    for j in np.flatnonzero(which):
+        rows = wc.indices[wc.indptr[j] : wc.indptr[j + 1]]
+        if not len(rows):
+            out.append(0.0)
+            continue
+        out.append(float(np.mean(np.expm1(kept[rows] * scale[rows]) / (together[rows] * scale[rows]))))
+    return np.asarray(out, dtype=np.float64)
 
 
 def membership_stride(n_rows: int, max_entries: int | None = None) -> int:

@@ -255,6 +255,7 @@ def test_audit_replay_clears_a_logging_glitch_and_confirms_the_data_in_every_out
     card = html[html.index(f'id="cause-{cleared["id"]}"') :]
     card = card[: card.index("</article>")]
     assert '<span class="badge info">' in card and "Replay clears step 54 (logged 55)" in card
+    assert f"<td>{GLITCH_STEP}</td><td><b>normal</b></td><td>100 (after)</td>" in card
 
 
 def test_audit_replay_and_a_replay_after_the_audit_give_the_same_findings(looped, replayed):

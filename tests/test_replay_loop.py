@@ -4,6 +4,13 @@ in the same findings.json, summary and report; and the demo's printed next steps
 The run is fixtures/hf_cases.py's ``static_corrupt``: a real HF Trainer run (GPT-2 with its default dropout 0.1,
 checkpoints at 100/200/300/400, no ``trainer.save_model()``), 12 near-duplicates packed into one batch that comes
 back at steps 84, 189, 208 and 376 (84 is before the first checkpoint). Each fixture below copies the cached case.
+
+The audited copies (``audited``, and ``replayed`` and ``looped`` after it) also carry a logging glitch
+(:func:`_logging_glitch`): the logged loss of clean step 54 raised 1.8x while its batch and the model are clean.
+Its grad norm really rose there, so the audit flags step 54 as a critical batch cause of its own; replayed at
+checkpoint 100 (after the step: no checkpoint before it, so no segment re-run) the batch lies within its controls,
+and the replay clears the cause (``normal``, lowered to ``info``). So both ways of replaying are compared on a data
+cause and a cleared one. Tests that copy ``hf_cases["static_corrupt"]`` themselves read the run as recorded.
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from fixtures.hf_cases import step_losses  # noqa: E402
 from forensics.cli import main  # noqa: E402
 
 CLEAN = (230, 300)  # clean steps: 230 at checkpoint 200 (30 updates on), 300 at its own checkpoint
+GLITCH_STEP, GLITCH_FACTOR = 54, 1.8  # a clean step whose logged loss the glitch raises (module docstring)
 BATCH_KINDS = ("batch", "samples", "event", "nonfinite")
 
 
@@ -30,10 +39,30 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _logging_glitch(case: Path) -> Path:
+    """The copy ``case`` with the logged loss of clean step :data:`GLITCH_STEP` raised :data:`GLITCH_FACTOR` x in
+    every trainer_state.json (the run's and each checkpoint's: HF writes one log_history into both), as a logger
+    that wrote a wrong value would leave it; the batch, the plan and the checkpoints stay the run's.
+
+    trainer_state.json's ``loss`` is the key the audit analyses (tied with the TensorBoard and W&B copies'
+    ``train/loss``, which stay as logged; the audit takes the first): the glitch reaches what the audit and the
+    replay read as the logged loss. HF logs global_step after the update, from 1: canonical step 54 is logged 55."""
+    logged = GLITCH_STEP + 1
+    for path in [case / "trainer_state.json", *case.glob("checkpoint-*/trainer_state.json")]:
+        state = _read(path)
+        rows = [h for h in state["log_history"] if h.get("step") == logged and "loss" in h]
+        if path.parent == case:
+            assert len(rows) == 1, path  # the run's own file holds every logged step
+        for row in rows:
+            row["loss"] *= GLITCH_FACTOR
+        path.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n", encoding="utf-8")  # as HF writes it
+    return case
+
+
 @pytest.fixture(scope="module")
 def audited(hf_cases, tmp_path_factory) -> Path:
-    """The case audited once (findings.json, report.html), no replay yet."""
-    case = hf_cases["static_corrupt"].copy_to(tmp_path_factory.mktemp("loop") / "out")
+    """The case with the logging glitch, audited once (findings.json, report.html), no replay yet."""
+    case = _logging_glitch(hf_cases["static_corrupt"].copy_to(tmp_path_factory.mktemp("loop") / "out"))
     assert main(["audit", str(case)]) == 0
     return case
 
@@ -67,8 +96,9 @@ def replayed(audited, tmp_path_factory) -> tuple[Path, str]:
 
 @pytest.fixture(scope="module")
 def looped(hf_cases, tmp_path_factory) -> tuple[Path, str]:
-    """``forensics audit OUTPUT_DIR --replay`` on a fresh copy: one command."""
-    case = _whole_budget(hf_cases["static_corrupt"].copy_to(tmp_path_factory.mktemp("looped") / "out"))
+    """``forensics audit OUTPUT_DIR --replay`` on a fresh copy with the same logging glitch as ``audited``: one
+    command."""
+    case = _whole_budget(_logging_glitch(hf_cases["static_corrupt"].copy_to(tmp_path_factory.mktemp("looped") / "out")))
     import contextlib
     import io
 
@@ -89,12 +119,12 @@ def test_from_findings_gives_every_batch_cause_a_verdict_and_the_data_its_sample
     case, out = replayed
     before = _read(audited / "findings.json")
     batch_causes = [c for c in before["causes"] if c["kind"] in BATCH_KINDS]
-    # one batch cause: step 54's rise, which replay used to clear as normal, is what its composition predicts now
-    assert len(batch_causes) == 1
+    # two batch causes: the corrupted batch's and the glitched step's
+    assert sorted(c["steps"] for c in batch_causes) == [[GLITCH_STEP], [84, 189, 208, 376]]
     doc = _read(case / "replay" / "replay.json")
     by = {d["step"]: d for d in doc["steps"]}
     suspects = sorted(s for s, d in by.items() if d["role"] == "suspect")
-    assert suspects == [84, 189, 208]  # the cause's first events (at most 3)
+    assert suspects == [GLITCH_STEP, 84, 189, 208]  # each cause's first events (at most 3)
     after = _read(case / "findings.json")
     assert all(c.get("replay") for c in after["causes"] if c["kind"] in BATCH_KINDS)
     # the corrupted batch: data, its near-duplicates first
@@ -111,7 +141,7 @@ def test_from_findings_gives_every_batch_cause_a_verdict_and_the_data_its_sample
 def test_a_step_before_the_first_checkpoint_gets_a_verdict_from_the_next_one(replayed):
     case, out = replayed
     by = {d["step"]: d for d in _read(case / "replay" / "replay.json")["steps"]}
-    for step, verdict, confidence in ((84, "data", 0.8),):
+    for step, verdict, confidence in ((GLITCH_STEP, "normal", 0.6), (84, "data", 0.8)):
         d = by[step]
         assert (d["verdict"], d["checkpoint_step"], d["checkpoint"], d["confidence"]) == (
             verdict,
@@ -185,30 +215,52 @@ def test_steps_as_logged_reads_the_runs_own_numbers(audited, tmp_path, capsys):
     assert "logged steps (the run's own numbering): 301 -> canonical 300" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the fixture's cleared step (54, replay 'normal') is no longer a spike since steps are judged against "
-    "their composition, so this run has no cleared cause to show; the cleared path needs a fixture of its own",
-)
-def test_audit_replay_writes_everything_from_the_replayed_evidence(looped):
+def test_audit_replay_clears_a_logging_glitch_and_confirms_the_data_in_every_output(hf_cases, audited, looped):
+    """``audit --replay`` writes findings.json, the summary and the report from the replayed evidence: the corrupted
+    batch is confirmed as data, and the glitched step (its batch and the model clean) is cleared: replayed at
+    checkpoint 100, the first one, 46 updates after the step (so no segment re-run), its batch lies within its
+    same-bucket controls, so the cause and its events drop to ``info`` and its next step says nothing is to fix."""
     case, out = looped
+    # before the replay the glitch is a critical cause of its own (the grad norm really rose at step 54)
+    (before,) = [c for c in _read(audited / "findings.json")["causes"] if c["steps"] == [GLITCH_STEP]]
+    assert (before["kind"], before["severity"]) == ("batch", "critical")
     f = _read(case / "findings.json")
     top = f["causes"][0]
     assert (top["kind"], top["severity"], top["replay"]["verdict"]) == ("batch", "critical", "data")
     assert "confirmed by replay: data" in out and "confirmed by replay" in f["verdict"]
     cleared = next(c for c in f["causes"] if (c.get("replay") or {}).get("verdict") == "normal")
-    assert cleared["severity"] == "info" and cleared["steps"] == [54]
-    assert {s["severity"] for s in f["spikes"] if s.get("cause") == cleared["id"]} == {"info"}
+    assert cleared["severity"] == "info" and cleared["steps"] == [GLITCH_STEP] and cleared["key"] == before["key"]
+    rv = cleared["replay"]
+    assert (rv["checkpoint_step"], rv["checkpoint"], rv["steps"]) == (100, "after", {str(GLITCH_STEP): "normal"})
+    assert "cause_class" not in cleared  # no checkpoint before the step: nothing to re-run, so no class
+    by = {d["step"]: d for d in _read(case / "replay" / "replay.json")["steps"]}
+    # the replay compared the glitched loss the run logged, and ran no segment
+    recorded = step_losses(hf_cases["static_corrupt"])[GLITCH_STEP]
+    assert (
+        by[GLITCH_STEP]["logged"] == pytest.approx(GLITCH_FACTOR * recorded, rel=1e-4)
+        and "rerun" not in by[GLITCH_STEP]
+    )
+    assert {(s["metric"], s["severity"]) for s in f["spikes"] if s.get("cause") == cleared["id"]} == {
+        ("loss", "info"),
+        ("grad_norm", "info"),
+    }
+    cleared_next = "Replay clears step 54 (logged 55): the batch's loss lies within its same-bucket controls' spread"
+    assert cleared["next_step"].startswith(cleared_next) and "nothing in these samples to fix" in cleared["next_step"]
     steps = out[out.index("next steps") :]
-    assert "forensics replay" not in steps and "Replay confirms the data" in steps
+    assert "forensics replay" not in steps and "Replay confirms the data" in steps and cleared_next in steps
     assert "cleared by replay: normal at checkpoint 100 (after the step)" in out
-    # the report's card shows the verdicts, and its next step is the replayed one
+    # the report's cards show the verdicts, and their next steps are the replayed ones
     html = (case / "report.html").read_text(encoding="utf-8")
     assert "Replay (forensics replay)" in html and "Replay confirms the data" in html
+    card = html[html.index(f'id="cause-{cleared["id"]}"') :]
+    card = card[: card.index("</article>")]
+    assert '<span class="badge info">' in card and "Replay clears step 54 (logged 55)" in card
+    assert f"<td>{GLITCH_STEP}</td><td><b>normal</b></td><td>100 (after)</td>" in card
 
 
 def test_audit_replay_and_a_replay_after_the_audit_give_the_same_findings(looped, replayed):
-    """Both re-run the causes from the checkpoints (they hold optimizer state), so both class the batch cause."""
+    """Both re-run the causes from the checkpoints (they hold optimizer state), so both class the data cause; both
+    clear the glitched step alike, which has no checkpoint before it to re-run from and so no class."""
 
     def told(path: Path) -> list:
         f = _read(path / "findings.json")
@@ -226,7 +278,7 @@ def test_audit_replay_and_a_replay_after_the_audit_give_the_same_findings(looped
     assert told(looped[0]) == told(replayed[0])
     for case, _ in (looped, replayed):
         classes = [c.get("cause_class") for c in _read(case / "findings.json")["causes"] if c["kind"] == "batch"]
-        assert classes == ["data"], classes
+        assert classes == ["data", None], classes
 
 
 def test_a_budget_too_small_lists_the_causes_it_did_not_replay(hf_cases, tmp_path, capsys):

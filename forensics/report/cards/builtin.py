@@ -383,12 +383,14 @@ def cause_card(
 
 
 def _replay_rows(results: list[dict]) -> str:
-    """The replay's verdict per step of the cause (``forensics replay``), with its evidence sentences."""
+    """The replay's verdict per step of the cause (``forensics replay``), with its evidence sentences; a checkpoint
+    saved after the step (none before it) says so, as the terminal's table does: its verdict weighs less."""
     if not results:
         return ""
     rows = "".join(
         f"<tr><td>{esc(r.get('step'))}</td><td><b>{esc(r.get('verdict'))}</b></td>"
-        f"<td>{esc(r.get('checkpoint_step'))}</td><td>{esc(fmt_num(r.get('logged')))} / "
+        f"<td>{esc(r.get('checkpoint_step'))}{' (after)' if r.get('checkpoint') == 'after' else ''}</td>"
+        f"<td>{esc(fmt_num(r.get('logged')))} / "
         f"{esc(fmt_num(r.get('replayed')))}</td>"
         f"<td>{prose(' '.join(map(str, (r.get('evidence') or [])[:3])))}</td></tr>"
         for r in results

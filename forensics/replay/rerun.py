@@ -114,11 +114,16 @@ def build_optimizer(module: Any, state: dict[str, Any], origin: Path) -> tuple[A
 
 class _AttentionLogits:
     """The largest pre-softmax attention logit of a forward, from the query/key projections of GPT-2 style attention
-    modules (``c_attn`` with ``num_heads``/``head_dim``), causal and padding masks applied; None for other models."""
+    modules (``c_attn`` with ``num_heads``/``head_dim``), causal and padding masks applied; None for other models.
+
+    Cheap by construction (it runs in every layer of every step): the mask of blocked positions is built once per
+    batch, the scale multiplies the maximum instead of every score (the same float: rounding is monotonic for a
+    positive scale), and each layer's maximum stays a tensor until :meth:`result`."""
 
     def __init__(self, module: Any) -> None:
-        self.mask: Any = None
-        self.value = -math.inf
+        self._mask: Any = None
+        self._blocked: Any = None
+        self.tops: list[Any] = []
         self.handles = [
             m.c_attn.register_forward_hook(self._hook(m))
             for m in module.modules()
@@ -127,6 +132,20 @@ class _AttentionLogits:
             and hasattr(m, "head_dim")
             and not getattr(m, "is_cross_attention", False)
         ]
+
+    def set_mask(self, mask: Any) -> None:
+        """The padding mask of the next forward's batch (None: no padding)."""
+        self._mask, self._blocked = mask, None
+
+    def _blocked_of(self, t: int, device: Any) -> Any:
+        torch = _torch.torch()
+        if self._blocked is None or self._blocked.shape[-1] != t:
+            ok = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+            if self._mask is not None:
+                m = self._mask.bool().to(device)
+                ok = ok & m[:, None, :, None] & m[:, None, None, :]
+            self._blocked = ~ok
+        return self._blocked
 
     def _hook(self, attn: Any):
         torch = _torch.torch()
@@ -139,19 +158,23 @@ class _AttentionLogits:
                 b, t, _ = qkv.shape
                 q = qkv[..., : h * hd].view(b, t, h, hd).transpose(1, 2)
                 k = qkv[..., h * hd : 2 * h * hd].view(b, t, h, hd).transpose(1, 2)
-                scores = (q @ k.transpose(-1, -2)) * scale
-                ok = torch.ones(t, t, dtype=torch.bool, device=qkv.device).tril()
-                if self.mask is not None:
-                    m = self.mask.bool().to(qkv.device)
-                    ok = ok & m[:, None, :, None] & m[:, None, None, :]
-                top = float(scores.masked_fill(~ok, -math.inf).amax())
-                if top > -math.inf:
-                    self.value = max(self.value, top)
+                scores = q @ k.transpose(-1, -2)
+                if scale > 0:
+                    top = scores.masked_fill_(self._blocked_of(t, qkv.device), -math.inf).amax() * scale
+                else:
+                    top = (scores * scale).masked_fill_(self._blocked_of(t, qkv.device), -math.inf).amax()
+                self.tops.append(top)
 
         return hook
 
     def result(self) -> float | None:
-        return self.value if self.handles else None
+        if not self.handles:
+            return None
+        value = -math.inf
+        for top in _torch.torch().stack(self.tops).tolist() if self.tops else []:
+            if top > -math.inf:  # a layer whose maximum is NaN is left out
+                value = max(value, top)
+        return value
 
     def close(self) -> None:
         for hd in self.handles:
@@ -169,23 +192,27 @@ def _norm(tensors: list[Any]) -> float:
 def _train_step(
     ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr: float | None, max_norm: float | None
 ) -> dict[str, Any]:
-    """One optimizer step on ``seqs`` (module docstring) and its signals."""
+    """One optimizer step on ``seqs`` (module docstring) and its signals; the module is in train mode.
+
+    The signals cost few tensor operations whatever the parameter count (a re-run's time is mostly per-operation
+    overhead on small models): per-tensor norms and maxima come from foreach operations over every parameter at once
+    and are combined per group (a group's norm is the norm of its tensors' norms, as ``clip_grad_norm_`` combines
+    them), and the pre-clip norm is the one the clipping uses."""
     torch = _torch.torch()
-    fwd, module = ses.fwd, ses.model.module
+    fwd = ses.fwd
     params = [p for g in opt.param_groups for p in g["params"]]
     by_group: dict[str, list[int]] = {}
-    for i, n in enumerate(names):
-        by_group.setdefault(param_group(n), []).append(i)
+    for i, name in enumerate(names):
+        by_group.setdefault(param_group(name), []).append(i)
     opt.zero_grad(set_to_none=True)
-    module.train(True)
     n = sum(max(len(s) - 1, 0) for s in seqs) + (len(seqs) if ses.denom == "labels" else 0)
-    attn = _AttentionLogits(module)
+    attn = _AttentionLogits(ses.model.module)
     total, lse = 0.0, -math.inf
     try:
         for chunk in fwd._chunks(seqs, fwd.max_tokens):
             ids, mask = pad_batch(chunk, fwd.pad_id, fwd.pad_side)
             ids, mask = ids.to(fwd.device), mask.to(fwd.device)
-            attn.mask = mask
+            attn.set_mask(mask)
             with torch.enable_grad(), fwd._autocast():
                 logits = ses.model.logits(ids, mask)
                 ok = mask[:, 1:].bool()
@@ -200,61 +227,112 @@ def _train_step(
                 lse = max(lse, float(z.max()))
     finally:
         attn.close()
-        module.train(False)
     grads = [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in params]
-    group_grad = {g: _norm([grads[i] for i in idx]) for g, idx in by_group.items()}
-    pre_clip = _norm(grads)
+    grad_norms = torch.stack(torch._foreach_norm([g.float() for g in grads]))
+    pre_clip = torch.linalg.vector_norm(grad_norms)
     if max_norm:
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        with_grad = [p for p in params if p.grad is not None]
+        if all(p.grad.dtype == torch.float32 for p in with_grad):
+            torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm, pre_clip)
+        else:  # clip_grad_norm_ takes the norm in the gradients' own dtype
+            torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
     if lr is not None:
         for g in opt.param_groups:
             g["lr"] = lr
     hyper_of = {id(p): g for g in opt.param_groups for p in g["params"]}
-    g2v: dict[str, float] = {}
-    for g, idx in by_group.items():
-        worst = 0.0
-        for i in idx:
-            p = params[i]
-            st, hyper = opt.state.get(p) or {}, hyper_of[id(p)]
-            v = st.get("exp_avg_sq")
-            if v is None or p.grad is None:
-                continue
-            t = float(st.get("step", 0))
-            vhat = v / max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else v
-            ratio = (p.grad.detach().float() ** 2) / (vhat.float() + hyper["eps"] ** 2)
-            top = float(ratio.max())  # NaN propagates through max: a non-finite entry makes it non-finite
-            worst = max(worst, top) if math.isfinite(top) else math.inf
-        g2v[g] = worst
-    before = [p.detach().clone() for p in params]
+    g2v = _g2_over_v(opt, params, hyper_of)
+    weights = [p.detach() for p in params]
+    weight_norms = torch.stack(torch._foreach_norm([w.float() for w in weights]))
+    before = torch._foreach_mul(weights, 1.0)
     opt.step()
+    torch._foreach_sub_(before, weights)  # minus the update: the same norm
+    update_norms = torch.stack(torch._foreach_norm([d.float() for d in before]))
+    del before
+    below = _below_eps(opt, params, hyper_of, by_group)
+    per_tensor = torch.stack([grad_norms, weight_norms, update_norms])
+    names_of = list(by_group)
+    combined = torch.stack([torch.linalg.vector_norm(per_tensor[:, by_group[g]], dim=1) for g in names_of]).tolist()
     groups: dict[str, dict[str, float]] = {}
-    for g, idx in by_group.items():
-        upd = _norm([params[i].detach() - before[i] for i in idx])
-        weight = _norm([before[i] for i in idx])
-        below = entries = 0
-        for i in idx:
-            p = params[i]
-            st, hyper = opt.state.get(p) or {}, hyper_of[id(p)]
-            v = st.get("exp_avg_sq")
-            if v is None:
-                continue
-            t = float(st.get("step", 0))
-            vhat = v / max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else v
-            below += int((vhat.sqrt() < hyper["eps"]).sum())
-            entries += v.numel()
+    for g, (grad, weight, upd) in zip(names_of, combined, strict=True):
+        worst = 0.0
+        for i in by_group[g]:
+            top = g2v.get(i)
+            if top is not None:  # NaN propagates through max: a non-finite entry makes it non-finite
+                worst = max(worst, top) if math.isfinite(top) else math.inf
+        count, entries = below[g]
         groups[g] = {
-            "grad_norm": group_grad[g],
+            "grad_norm": grad,
             "update_ratio": upd / weight if weight else math.inf,
-            "eps_share": below / entries if entries else 0.0,
-            "g2_over_v_max": g2v.get(g, 0.0),
+            "eps_share": count / entries if entries else 0.0,
+            "g2_over_v_max": worst,
         }
     return {
         "loss": total / n if n else math.nan,
-        "grad_norm": pre_clip,
+        "grad_norm": float(pre_clip),
         "groups": groups,
         "max_attention_logit": attn.result(),
         "logsumexp": None if lse == -math.inf else lse,
     }
+
+
+def _bias_correction(opt: Any, p: Any, hyper: dict[str, Any]) -> tuple[Any, float] | None:
+    """Adam's second moment of ``p`` and the divisor that bias-corrects it (1 before any step); None without one."""
+    st = opt.state.get(p) or {}
+    v = st.get("exp_avg_sq")
+    if v is None:
+        return None
+    t = float(st.get("step", 0))
+    return v, (max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else 1.0)
+
+
+def _g2_over_v(opt: Any, params: list[Any], hyper_of: dict[int, Any]) -> dict[int, float]:
+    """Per parameter index, the largest g^2 / (v_hat + eps^2) of the (clipped) gradient against the bias-corrected
+    second moment before the step; parameters without a gradient or a moment are left out."""
+    torch = _torch.torch()
+    idx, gs, vs, div, eps2 = [], [], [], [], []
+    for i, p in enumerate(params):
+        moment = _bias_correction(opt, p, hyper_of[id(p)]) if p.grad is not None else None
+        if moment is None:
+            continue
+        idx.append(i)
+        gs.append(p.grad.detach().float())
+        vs.append(moment[0])
+        div.append(moment[1])
+        eps2.append(hyper_of[id(p)]["eps"] ** 2)
+    if not idx:
+        return {}
+    vhat = torch._foreach_div(vs, div)
+    vhat = [x.float() for x in vhat]
+    torch._foreach_add_(vhat, eps2)
+    ratio = torch._foreach_div(torch._foreach_mul(gs, gs), vhat)
+    return dict(zip(idx, torch.stack(torch._foreach_max(ratio)).tolist(), strict=True))
+
+
+def _below_eps(
+    opt: Any, params: list[Any], hyper_of: dict[int, Any], by_group: dict[str, list[int]]
+) -> dict[str, tuple[int, int]]:
+    """Per group, how many second-moment entries have a bias-corrected root below epsilon, and of how many."""
+    torch = _torch.torch()
+    found: dict[int, int] = {}
+    vs, div, eps = [], [], []
+    for i, p in enumerate(params):
+        moment = _bias_correction(opt, p, hyper_of[id(p)])
+        if moment is None:
+            continue
+        found[i] = len(vs)
+        vs.append(moment[0])
+        div.append(moment[1])
+        eps.append(hyper_of[id(p)]["eps"])
+    roots = torch._foreach_div(vs, div) if vs else []
+    if roots:
+        torch._foreach_sqrt_(roots)
+        torch._foreach_sub_(roots, eps)  # a - b < 0 exactly when a < b in IEEE arithmetic
+    out: dict[str, tuple[int, int]] = {}
+    for g, idx in by_group.items():
+        mine = [roots[found[i]].reshape(-1) for i in idx if i in found]
+        count = int((torch.cat(mine) < 0).sum()) if mine else 0
+        out[g] = (count, sum(x.numel() for x in mine))
+    return out
 
 
 @dataclass
@@ -308,16 +386,22 @@ def run_segment(
     with torch.random.fork_rng(devices=[]):
         if rng is not None:
             torch.set_rng_state(rng)
-        for t in steps:
-            seqs = [ses.tokens[i] for i in ses.index.samples_of[t]]
-            if t == suspect:
-                if control is not None:
-                    cseqs = [ses.tokens[i] for i in ses.index.samples_of[control]]
-                    out.replaced_loss = batch_loss(ses.fwd.losses(cseqs), ses.denom)
-                if per_sample:
-                    out.per_sample = per_sample_norms(ses, ses.index.samples_of[t])
-            rec = _train_step(ses, opt, names, seqs, lrs.get(t), max_norm)
-            out.records.append({"step": t} | rec)
+        try:
+            module.train(True)  # once for the segment: switching a model's mode walks every module
+            for t in steps:
+                seqs = [ses.tokens[i] for i in ses.index.samples_of[t]]
+                if t == suspect and (control is not None or per_sample):
+                    module.train(False)  # the counterfactuals are eval-mode forwards
+                    if control is not None:
+                        cseqs = [ses.tokens[i] for i in ses.index.samples_of[control]]
+                        out.replaced_loss = batch_loss(ses.fwd.losses(cseqs), ses.denom)
+                    if per_sample:
+                        out.per_sample = per_sample_norms(ses, ses.index.samples_of[t])
+                    module.train(True)
+                rec = _train_step(ses, opt, names, seqs, lrs.get(t), max_norm)
+                out.records.append({"step": t} | rec)
+        finally:
+            module.train(False)
     for p in module.parameters():
         p.grad = None
     return out

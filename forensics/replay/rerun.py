@@ -116,14 +116,17 @@ class _AttentionLogits:
     """The largest pre-softmax attention logit of a forward, from the query/key projections of GPT-2 style attention
     modules (``c_attn`` with ``num_heads``/``head_dim``), causal and padding masks applied; None for other models.
 
-    Cheap by construction (it runs in every layer of every step): the mask of blocked positions is built once per
-    batch, the scale multiplies the maximum instead of every score (the same float: rounding is monotonic for a
-    positive scale), and each layer's maximum stays a tensor until :meth:`result`."""
+    Cheap by construction (it runs in every layer of every step): the hooks stay for a whole segment and record only
+    between :meth:`begin` and :meth:`result`; the mask is the same for every head, so the heads' maximum is taken
+    first and masked once, with the mask built once per batch; the scale multiplies the maximum instead of every
+    score (the same float: rounding is monotonic for a positive scale); each layer's maximum stays a tensor until
+    :meth:`result`."""
 
     def __init__(self, module: Any) -> None:
         self._mask: Any = None
         self._blocked: Any = None
         self.tops: list[Any] = []
+        self.active = False
         self.handles = [
             m.c_attn.register_forward_hook(self._hook(m))
             for m in module.modules()
@@ -132,6 +135,10 @@ class _AttentionLogits:
             and hasattr(m, "head_dim")
             and not getattr(m, "is_cross_attention", False)
         ]
+
+    def begin(self) -> None:
+        """Record the forwards from now on (until :meth:`result`)."""
+        self.tops, self.active = [], True
 
     def set_mask(self, mask: Any) -> None:
         """The padding mask of the next forward's batch (None: no padding)."""
@@ -143,7 +150,7 @@ class _AttentionLogits:
             ok = torch.ones(t, t, dtype=torch.bool, device=device).tril()
             if self._mask is not None:
                 m = self._mask.bool().to(device)
-                ok = ok & m[:, None, :, None] & m[:, None, None, :]
+                ok = ok & m[:, :, None] & m[:, None, :]
             self._blocked = ~ok
         return self._blocked
 
@@ -153,21 +160,24 @@ class _AttentionLogits:
         scale = float(getattr(attn, "scaling", hd**-0.5 if getattr(attn, "scale_attn_weights", True) else 1.0))
 
         def hook(_mod, _inp, out):
+            if not self.active:
+                return
             with torch.no_grad():
                 qkv = out.detach().float()
                 b, t, _ = qkv.shape
                 q = qkv[..., : h * hd].view(b, t, h, hd).transpose(1, 2)
                 k = qkv[..., h * hd : 2 * h * hd].view(b, t, h, hd).transpose(1, 2)
                 scores = q @ k.transpose(-1, -2)
-                if scale > 0:
-                    top = scores.masked_fill_(self._blocked_of(t, qkv.device), -math.inf).amax() * scale
-                else:
-                    top = (scores * scale).masked_fill_(self._blocked_of(t, qkv.device), -math.inf).amax()
-                self.tops.append(top)
+                if scale <= 0:
+                    scores = scores * scale
+                heads = torch.where(self._blocked_of(t, qkv.device), -math.inf, scores.amax(dim=1))
+                self.tops.append(heads.amax() * scale if scale > 0 else heads.amax())
 
         return hook
 
     def result(self) -> float | None:
+        """The largest logit of the forwards since :meth:`begin` (-inf: every layer's was NaN or masked)."""
+        self.active = False
         if not self.handles:
             return None
         value = -math.inf
@@ -190,7 +200,13 @@ def _norm(tensors: list[Any]) -> float:
 
 
 def _train_step(
-    ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr: float | None, max_norm: float | None
+    ses: Any,
+    opt: Any,
+    by_group: dict[str, list[int]],
+    attn: _AttentionLogits,
+    seqs: list[np.ndarray],
+    lr: float | None,
+    max_norm: float | None,
 ) -> dict[str, Any]:
     """One optimizer step on ``seqs`` (module docstring) and its signals; the module is in train mode.
 
@@ -201,32 +217,24 @@ def _train_step(
     torch = _torch.torch()
     fwd = ses.fwd
     params = [p for g in opt.param_groups for p in g["params"]]
-    by_group: dict[str, list[int]] = {}
-    for i, name in enumerate(names):
-        by_group.setdefault(param_group(name), []).append(i)
     opt.zero_grad(set_to_none=True)
     n = sum(max(len(s) - 1, 0) for s in seqs) + (len(seqs) if ses.denom == "labels" else 0)
-    attn = _AttentionLogits(ses.model.module)
     total, lse = 0.0, -math.inf
-    try:
-        for chunk in fwd._chunks(seqs, fwd.max_tokens):
-            ids, mask = pad_batch(chunk, fwd.pad_id, fwd.pad_side)
-            ids, mask = ids.to(fwd.device), mask.to(fwd.device)
-            attn.set_mask(mask)
-            with torch.enable_grad(), fwd._autocast():
-                logits = ses.model.logits(ids, mask)
-                ok = mask[:, 1:].bool()
-                ce = torch.nn.functional.cross_entropy(
-                    logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none"
-                )
-                summed = (ce * ok).sum()
-                (summed / max(n, 1)).backward()
-            total += float(summed.detach())
-            z = torch.logsumexp(logits.detach().float(), dim=-1).masked_select(mask.bool())
-            if z.numel():
-                lse = max(lse, float(z.max()))
-    finally:
-        attn.close()
+    attn.begin()
+    for chunk in fwd._chunks(seqs, fwd.max_tokens):
+        ids, mask = pad_batch(chunk, fwd.pad_id, fwd.pad_side)
+        ids, mask = ids.to(fwd.device), mask.to(fwd.device)
+        attn.set_mask(mask)
+        with torch.enable_grad(), fwd._autocast():
+            logits = ses.model.logits(ids, mask)
+            ok = mask[:, 1:].bool()
+            ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
+            summed = (ce * ok).sum()
+            (summed / max(n, 1)).backward()
+        total += float(summed.detach())
+        z = torch.logsumexp(logits.detach().float(), dim=-1).masked_select(mask.bool())
+        if z.numel():
+            lse = max(lse, float(z.max()))
     grads = [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in params]
     grad_norms = torch.stack(torch._foreach_norm([g.float() for g in grads]))
     pre_clip = torch.linalg.vector_norm(grad_norms)
@@ -383,6 +391,10 @@ def run_segment(
     opt, names = build_optimizer(module, opt_state, ck.path)
     out = Segment()
     rng = _rng_state(ck)
+    by_group: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        by_group.setdefault(param_group(name), []).append(i)
+    attn = _AttentionLogits(module)
     with torch.random.fork_rng(devices=[]):
         if rng is not None:
             torch.set_rng_state(rng)
@@ -398,9 +410,10 @@ def run_segment(
                     if per_sample:
                         out.per_sample = per_sample_norms(ses, ses.index.samples_of[t])
                     module.train(True)
-                rec = _train_step(ses, opt, names, seqs, lrs.get(t), max_norm)
+                rec = _train_step(ses, opt, by_group, attn, seqs, lrs.get(t), max_norm)
                 out.records.append({"step": t} | rec)
         finally:
+            attn.close()
             module.train(False)
     for p in module.parameters():
         p.grad = None

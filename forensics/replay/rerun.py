@@ -248,7 +248,7 @@ def _train_step(
         for g in opt.param_groups:
             g["lr"] = lr
     hyper_of = {id(p): g for g in opt.param_groups for p in g["params"]}
-    g2v = _g2_over_v(opt, params, hyper_of)
+    g2v = _g2_over_v(opt, params, hyper_of, by_group)
     weights = [p.detach() for p in params]
     weight_norms = torch.stack(torch._foreach_norm([w.float() for w in weights]))
     before = torch._foreach_mul(weights, 1.0)
@@ -262,17 +262,12 @@ def _train_step(
     combined = torch.stack([torch.linalg.vector_norm(per_tensor[:, by_group[g]], dim=1) for g in names_of]).tolist()
     groups: dict[str, dict[str, float]] = {}
     for g, (grad, weight, upd) in zip(names_of, combined, strict=True):
-        worst = 0.0
-        for i in by_group[g]:
-            top = g2v.get(i)
-            if top is not None:  # NaN propagates through max: a non-finite entry makes it non-finite
-                worst = max(worst, top) if math.isfinite(top) else math.inf
         count, entries = below[g]
         groups[g] = {
             "grad_norm": grad,
             "update_ratio": upd / weight if weight else math.inf,
             "eps_share": count / entries if entries else 0.0,
-            "g2_over_v_max": worst,
+            "g2_over_v_max": g2v[g],
         }
     return {
         "loss": total / n if n else math.nan,
@@ -283,37 +278,79 @@ def _train_step(
     }
 
 
-def _bias_correction(opt: Any, p: Any, hyper: dict[str, Any]) -> tuple[Any, float] | None:
-    """Adam's second moment of ``p`` and the divisor that bias-corrects it (1 before any step); None without one."""
-    st = opt.state.get(p) or {}
-    v = st.get("exp_avg_sq")
-    if v is None:
-        return None
-    t = float(st.get("step", 0))
-    return v, (max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else 1.0)
+#: Elements per flat buffer of the second-moment signals: one buffer (a few tensor operations) for a small model,
+#: bounded temporaries (two buffers at a time) for a large one.
+_BUCKET = 1 << 22
 
 
-def _g2_over_v(opt: Any, params: list[Any], hyper_of: dict[int, Any]) -> dict[int, float]:
-    """Per parameter index, the largest g^2 / (v_hat + eps^2) of the (clipped) gradient against the bias-corrected
-    second moment before the step; parameters without a gradient or a moment are left out."""
+def _moments(
+    opt: Any, params: list[Any], hyper_of: dict[int, Any], by_group: dict[str, list[int]], with_grad: bool
+) -> list[tuple[Any, ...]]:
+    """(group, v, divisor, eps, grad) per parameter with Adam's second moment ``v`` (and a gradient when
+    ``with_grad``), in group order; ``v / divisor`` is the bias-corrected v_hat (divisor 1 before any step)."""
+    out = []
+    for g, idx in by_group.items():
+        for i in idx:
+            p = params[i]
+            st = opt.state.get(p) or {}
+            v = st.get("exp_avg_sq")
+            if v is None or (with_grad and p.grad is None):
+                continue
+            hyper = hyper_of[id(p)]
+            t = float(st.get("step", 0))
+            divisor = max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else 1.0
+            out.append((g, v, divisor, hyper["eps"], p.grad))
+    return out
+
+
+def _buckets(moments: list[tuple[Any, ...]]):
+    """Runs of ``moments`` that one flat buffer holds: the same dtypes, device, divisor and epsilon (so each run's
+    arithmetic is the per-tensor arithmetic), at most :data:`_BUCKET` elements unless one tensor alone is larger.
+    Yields (divisor, eps, moments, [(group, start, stop)]), the groups' contiguous slices of the buffer."""
+    run: list[tuple[Any, ...]] = []
+    kind, size = None, 0
+    for m in moments:
+        _, v, divisor, eps, grad = m
+        k = (v.dtype, v.device, None if grad is None else grad.dtype, divisor, eps)
+        if run and (k != kind or size + v.numel() > _BUCKET):
+            yield _slices(run)
+            run, size = [], 0
+        run.append(m)
+        kind, size = k, size + v.numel()
+    if run:
+        yield _slices(run)
+
+
+def _slices(run: list[tuple[Any, ...]]) -> tuple[float, float, list[tuple[Any, ...]], list[tuple[str, int, int]]]:
+    spans: list[tuple[str, int, int]] = []
+    at = 0
+    for g, v, *_ in run:
+        if spans and spans[-1][0] == g:
+            spans[-1] = (g, spans[-1][1], at + v.numel())
+        else:
+            spans.append((g, at, at + v.numel()))
+        at += v.numel()
+    return run[0][2], run[0][3], run, [x for x in spans if x[2] > x[1]]
+
+
+def _g2_over_v(
+    opt: Any, params: list[Any], hyper_of: dict[int, Any], by_group: dict[str, list[int]]
+) -> dict[str, float]:
+    """Per group, the largest g^2 / (v_hat + eps^2) of the (clipped) gradient against the bias-corrected second
+    moment before the step (0 without one; inf when an entry is not finite: NaN propagates through the maximum)."""
     torch = _torch.torch()
-    idx, gs, vs, div, eps2 = [], [], [], [], []
-    for i, p in enumerate(params):
-        moment = _bias_correction(opt, p, hyper_of[id(p)]) if p.grad is not None else None
-        if moment is None:
-            continue
-        idx.append(i)
-        gs.append(p.grad.detach().float())
-        vs.append(moment[0])
-        div.append(moment[1])
-        eps2.append(hyper_of[id(p)]["eps"] ** 2)
-    if not idx:
-        return {}
-    vhat = torch._foreach_div(vs, div)
-    vhat = [x.float() for x in vhat]
-    torch._foreach_add_(vhat, eps2)
-    ratio = torch._foreach_div(torch._foreach_mul(gs, gs), vhat)
-    return dict(zip(idx, torch.stack(torch._foreach_max(ratio)).tolist(), strict=True))
+    names, tops = [], []
+    for divisor, eps, run, spans in _buckets(_moments(opt, params, hyper_of, by_group, with_grad=True)):
+        den = torch.cat([m[1].reshape(-1) for m in run]).div_(divisor).float().add_(eps**2)
+        grad = torch.cat([m[4].detach().reshape(-1) for m in run]).float()
+        ratio = grad.mul_(grad).div_(den)
+        for g, start, stop in spans:
+            names.append(g)
+            tops.append(ratio[start:stop].amax())
+    worst = dict.fromkeys(by_group, 0.0)
+    for g, top in zip(names, torch.stack(tops).tolist() if tops else [], strict=True):
+        worst[g] = max(worst[g], top) if math.isfinite(top) else math.inf
+    return worst
 
 
 def _below_eps(
@@ -321,25 +358,16 @@ def _below_eps(
 ) -> dict[str, tuple[int, int]]:
     """Per group, how many second-moment entries have a bias-corrected root below epsilon, and of how many."""
     torch = _torch.torch()
-    found: dict[int, int] = {}
-    vs, div, eps = [], [], []
-    for i, p in enumerate(params):
-        moment = _bias_correction(opt, p, hyper_of[id(p)])
-        if moment is None:
-            continue
-        found[i] = len(vs)
-        vs.append(moment[0])
-        div.append(moment[1])
-        eps.append(hyper_of[id(p)]["eps"])
-    roots = torch._foreach_div(vs, div) if vs else []
-    if roots:
-        torch._foreach_sqrt_(roots)
-        torch._foreach_sub_(roots, eps)  # a - b < 0 exactly when a < b in IEEE arithmetic
-    out: dict[str, tuple[int, int]] = {}
-    for g, idx in by_group.items():
-        mine = [roots[found[i]].reshape(-1) for i in idx if i in found]
-        count = int((torch.cat(mine) < 0).sum()) if mine else 0
-        out[g] = (count, sum(x.numel() for x in mine))
+    names, sizes, counts = [], [], []
+    for divisor, eps, run, spans in _buckets(_moments(opt, params, hyper_of, by_group, with_grad=False)):
+        below = torch.cat([m[1].reshape(-1) for m in run]).div_(divisor).sqrt_() < eps
+        for g, start, stop in spans:
+            names.append(g)
+            sizes.append(stop - start)
+            counts.append(below[start:stop].sum())
+    out = dict.fromkeys(by_group, (0, 0))
+    for g, size, count in zip(names, sizes, torch.stack(counts).tolist() if counts else [], strict=True):
+        out[g] = (out[g][0] + int(count), out[g][1] + size)
     return out
 
 

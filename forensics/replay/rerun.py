@@ -210,10 +210,11 @@ def _train_step(
 ) -> dict[str, Any]:
     """One optimizer step on ``seqs`` (module docstring) and its signals; the module is in train mode.
 
-    The signals cost few tensor operations whatever the parameter count (a re-run's time is mostly per-operation
-    overhead on small models): per-tensor norms and maxima come from foreach operations over every parameter at once
-    and are combined per group (a group's norm is the norm of its tensors' norms, as ``clip_grad_norm_`` combines
-    them), and the pre-clip norm is the one the clipping uses."""
+    The signals take few tensor calls per step whatever the parameter count (on a small model a step's time is mostly
+    per-call overhead, and the signal pass should cost little more than the bare step): the per-tensor norms come from
+    foreach calls over every parameter at once and are combined per group (a group's norm is the norm of its tensors'
+    norms, as ``clip_grad_norm_`` combines them); the pre-clip norm is the one the clipping uses; the second-moment
+    signals read flat buffers (:func:`_buckets`). Every value is the one the per-tensor arithmetic gives."""
     torch = _torch.torch()
     fwd = ses.fwd
     params = [p for g in opt.param_groups for p in g["params"]]

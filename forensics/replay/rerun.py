@@ -114,11 +114,19 @@ def build_optimizer(module: Any, state: dict[str, Any], origin: Path) -> tuple[A
 
 class _AttentionLogits:
     """The largest pre-softmax attention logit of a forward, from the query/key projections of GPT-2 style attention
-    modules (``c_attn`` with ``num_heads``/``head_dim``), causal and padding masks applied; None for other models."""
+    modules (``c_attn`` with ``num_heads``/``head_dim``), causal and padding masks applied; None for other models.
+
+    Cheap by construction (it runs in every layer of every step): the hooks stay for a whole segment and record only
+    between :meth:`begin` and :meth:`result`; the mask is the same for every head, so the heads' maximum is taken
+    first and masked once, with the mask built once per batch; the scale multiplies the maximum instead of every
+    score (the same float: rounding is monotonic for a positive scale); each layer's maximum stays a tensor until
+    :meth:`result`."""
 
     def __init__(self, module: Any) -> None:
-        self.mask: Any = None
-        self.value = -math.inf
+        self._mask: Any = None
+        self._blocked: Any = None
+        self.tops: list[Any] = []
+        self.active = False
         self.handles = [
             m.c_attn.register_forward_hook(self._hook(m))
             for m in module.modules()
@@ -128,30 +136,55 @@ class _AttentionLogits:
             and not getattr(m, "is_cross_attention", False)
         ]
 
+    def begin(self) -> None:
+        """Record the forwards from now on (until :meth:`result`)."""
+        self.tops, self.active = [], True
+
+    def set_mask(self, mask: Any) -> None:
+        """The padding mask of the next forward's batch (None: no padding)."""
+        self._mask, self._blocked = mask, None
+
+    def _blocked_of(self, t: int, device: Any) -> Any:
+        torch = _torch.torch()
+        if self._blocked is None or self._blocked.shape[-1] != t:
+            ok = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+            if self._mask is not None:
+                m = self._mask.bool().to(device)
+                ok = ok & m[:, :, None] & m[:, None, :]
+            self._blocked = ~ok
+        return self._blocked
+
     def _hook(self, attn: Any):
         torch = _torch.torch()
         h, hd = int(attn.num_heads), int(attn.head_dim)
         scale = float(getattr(attn, "scaling", hd**-0.5 if getattr(attn, "scale_attn_weights", True) else 1.0))
 
         def hook(_mod, _inp, out):
+            if not self.active:
+                return
             with torch.no_grad():
                 qkv = out.detach().float()
                 b, t, _ = qkv.shape
                 q = qkv[..., : h * hd].view(b, t, h, hd).transpose(1, 2)
                 k = qkv[..., h * hd : 2 * h * hd].view(b, t, h, hd).transpose(1, 2)
-                scores = (q @ k.transpose(-1, -2)) * scale
-                ok = torch.ones(t, t, dtype=torch.bool, device=qkv.device).tril()
-                if self.mask is not None:
-                    m = self.mask.bool().to(qkv.device)
-                    ok = ok & m[:, None, :, None] & m[:, None, None, :]
-                top = float(scores.masked_fill(~ok, -math.inf).amax())
-                if top > -math.inf:
-                    self.value = max(self.value, top)
+                scores = q @ k.transpose(-1, -2)
+                if scale <= 0:
+                    scores = scores * scale
+                heads = torch.where(self._blocked_of(t, qkv.device), -math.inf, scores.amax(dim=1))
+                self.tops.append(heads.amax() * scale if scale > 0 else heads.amax())
 
         return hook
 
     def result(self) -> float | None:
-        return self.value if self.handles else None
+        """The largest logit of the forwards since :meth:`begin` (-inf: every layer's was NaN or masked)."""
+        self.active = False
+        if not self.handles:
+            return None
+        value = -math.inf
+        for top in _torch.torch().stack(self.tops).tolist() if self.tops else []:
+            if top > -math.inf:  # a layer whose maximum is NaN is left out
+                value = max(value, top)
+        return value
 
     def close(self) -> None:
         for hd in self.handles:
@@ -167,94 +200,176 @@ def _norm(tensors: list[Any]) -> float:
 
 
 def _train_step(
-    ses: Any, opt: Any, names: list[str], seqs: list[np.ndarray], lr: float | None, max_norm: float | None
+    ses: Any,
+    opt: Any,
+    by_group: dict[str, list[int]],
+    attn: _AttentionLogits,
+    seqs: list[np.ndarray],
+    lr: float | None,
+    max_norm: float | None,
 ) -> dict[str, Any]:
-    """One optimizer step on ``seqs`` (module docstring) and its signals."""
+    """One optimizer step on ``seqs`` (module docstring) and its signals; the module is in train mode.
+
+    The signals take few tensor calls per step whatever the parameter count (on a small model a step's time is mostly
+    per-call overhead, and the signal pass should cost little more than the bare step): the per-tensor norms come from
+    foreach calls over every parameter at once and are combined per group (a group's norm is the norm of its tensors'
+    norms, as ``clip_grad_norm_`` combines them); the pre-clip norm is the one the clipping uses; the second-moment
+    signals read flat buffers (:func:`_buckets`). Every value is the one the per-tensor arithmetic gives."""
     torch = _torch.torch()
-    fwd, module = ses.fwd, ses.model.module
+    fwd = ses.fwd
     params = [p for g in opt.param_groups for p in g["params"]]
-    by_group: dict[str, list[int]] = {}
-    for i, n in enumerate(names):
-        by_group.setdefault(param_group(n), []).append(i)
     opt.zero_grad(set_to_none=True)
-    module.train(True)
     n = sum(max(len(s) - 1, 0) for s in seqs) + (len(seqs) if ses.denom == "labels" else 0)
-    attn = _AttentionLogits(module)
     total, lse = 0.0, -math.inf
-    try:
-        for chunk in fwd._chunks(seqs, fwd.max_tokens):
-            ids, mask = pad_batch(chunk, fwd.pad_id, fwd.pad_side)
-            ids, mask = ids.to(fwd.device), mask.to(fwd.device)
-            attn.mask = mask
-            with torch.enable_grad(), fwd._autocast():
-                logits = ses.model.logits(ids, mask)
-                ok = mask[:, 1:].bool()
-                ce = torch.nn.functional.cross_entropy(
-                    logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none"
-                )
-                summed = (ce * ok).sum()
-                (summed / max(n, 1)).backward()
-            total += float(summed.detach())
-            z = torch.logsumexp(logits.detach().float(), dim=-1).masked_select(mask.bool())
-            if z.numel():
-                lse = max(lse, float(z.max()))
-    finally:
-        attn.close()
-        module.train(False)
+    attn.begin()
+    for chunk in fwd._chunks(seqs, fwd.max_tokens):
+        ids, mask = pad_batch(chunk, fwd.pad_id, fwd.pad_side)
+        ids, mask = ids.to(fwd.device), mask.to(fwd.device)
+        attn.set_mask(mask)
+        with torch.enable_grad(), fwd._autocast():
+            logits = ses.model.logits(ids, mask)
+            ok = mask[:, 1:].bool()
+            ce = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
+            summed = (ce * ok).sum()
+            (summed / max(n, 1)).backward()
+        total += float(summed.detach())
+        z = torch.logsumexp(logits.detach().float(), dim=-1).masked_select(mask.bool())
+        if z.numel():
+            lse = max(lse, float(z.max()))
     grads = [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in params]
-    group_grad = {g: _norm([grads[i] for i in idx]) for g, idx in by_group.items()}
-    pre_clip = _norm(grads)
+    grad_norms = torch.stack(torch._foreach_norm([g.float() for g in grads]))
+    pre_clip = torch.linalg.vector_norm(grad_norms)
     if max_norm:
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        with_grad = [p for p in params if p.grad is not None]
+        if all(p.grad.dtype == torch.float32 for p in with_grad):
+            torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm, pre_clip)
+        else:  # clip_grad_norm_ takes the norm in the gradients' own dtype
+            torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
     if lr is not None:
         for g in opt.param_groups:
             g["lr"] = lr
     hyper_of = {id(p): g for g in opt.param_groups for p in g["params"]}
-    g2v: dict[str, float] = {}
-    for g, idx in by_group.items():
-        worst = 0.0
-        for i in idx:
-            p = params[i]
-            st, hyper = opt.state.get(p) or {}, hyper_of[id(p)]
-            v = st.get("exp_avg_sq")
-            if v is None or p.grad is None:
-                continue
-            t = float(st.get("step", 0))
-            vhat = v / max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else v
-            ratio = (p.grad.detach().float() ** 2) / (vhat.float() + hyper["eps"] ** 2)
-            top = float(ratio.max())  # NaN propagates through max: a non-finite entry makes it non-finite
-            worst = max(worst, top) if math.isfinite(top) else math.inf
-        g2v[g] = worst
-    before = [p.detach().clone() for p in params]
+    g2v = _g2_over_v(opt, params, hyper_of, by_group)
+    weights = [p.detach() for p in params]
+    weight_norms = torch.stack(torch._foreach_norm([w.float() for w in weights]))
+    before = torch._foreach_mul(weights, 1.0)
     opt.step()
+    torch._foreach_sub_(before, weights)  # minus the update: the same norm
+    update_norms = torch.stack(torch._foreach_norm([d.float() for d in before]))
+    del before
+    below = _below_eps(opt, params, hyper_of, by_group)
+    per_tensor = torch.stack([grad_norms, weight_norms, update_norms])
+    names_of = list(by_group)
+    combined = torch.stack([torch.linalg.vector_norm(per_tensor[:, by_group[g]], dim=1) for g in names_of]).tolist()
     groups: dict[str, dict[str, float]] = {}
-    for g, idx in by_group.items():
-        upd = _norm([params[i].detach() - before[i] for i in idx])
-        weight = _norm([before[i] for i in idx])
-        below = entries = 0
-        for i in idx:
-            p = params[i]
-            st, hyper = opt.state.get(p) or {}, hyper_of[id(p)]
-            v = st.get("exp_avg_sq")
-            if v is None:
-                continue
-            t = float(st.get("step", 0))
-            vhat = v / max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else v
-            below += int((vhat.sqrt() < hyper["eps"]).sum())
-            entries += v.numel()
+    for g, (grad, weight, upd) in zip(names_of, combined, strict=True):
+        count, entries = below[g]
         groups[g] = {
-            "grad_norm": group_grad[g],
+            "grad_norm": grad,
             "update_ratio": upd / weight if weight else math.inf,
-            "eps_share": below / entries if entries else 0.0,
-            "g2_over_v_max": g2v.get(g, 0.0),
+            "eps_share": count / entries if entries else 0.0,
+            "g2_over_v_max": g2v[g],
         }
     return {
         "loss": total / n if n else math.nan,
-        "grad_norm": pre_clip,
+        "grad_norm": float(pre_clip),
         "groups": groups,
         "max_attention_logit": attn.result(),
         "logsumexp": None if lse == -math.inf else lse,
     }
+
+
+#: Elements per flat buffer of the second-moment signals: one buffer (a few tensor operations) for a small model,
+#: bounded temporaries (two buffers at a time) for a large one.
+_BUCKET = 1 << 22
+
+
+def _moments(
+    opt: Any, params: list[Any], hyper_of: dict[int, Any], by_group: dict[str, list[int]], with_grad: bool
+) -> list[tuple[Any, ...]]:
+    """(group, v, divisor, eps, grad) per parameter with Adam's second moment ``v`` (and a gradient when
+    ``with_grad``), in group order; ``v / divisor`` is the bias-corrected v_hat (divisor 1 before any step)."""
+    out = []
+    for g, idx in by_group.items():
+        for i in idx:
+            p = params[i]
+            st = opt.state.get(p) or {}
+            v = st.get("exp_avg_sq")
+            if v is None or (with_grad and p.grad is None):
+                continue
+            hyper = hyper_of[id(p)]
+            t = float(st.get("step", 0))
+            divisor = max(1.0 - hyper["betas"][1] ** t, 1e-12) if t else 1.0
+            out.append((g, v, divisor, hyper["eps"], p.grad))
+    return out
+
+
+def _buckets(moments: list[tuple[Any, ...]]):
+    """Runs of ``moments`` that one flat buffer holds: the same dtypes, device, divisor and epsilon (so each run's
+    arithmetic is the per-tensor arithmetic), at most :data:`_BUCKET` elements unless one tensor alone is larger.
+    Yields (divisor, eps, moments, [(group, start, stop)]), the groups' contiguous slices of the buffer."""
+    run: list[tuple[Any, ...]] = []
+    kind, size = None, 0
+    for m in moments:
+        _, v, divisor, eps, grad = m
+        k = (v.dtype, v.device, None if grad is None else grad.dtype, divisor, eps)
+        if run and (k != kind or size + v.numel() > _BUCKET):
+            yield _slices(run)
+            run, size = [], 0
+        run.append(m)
+        kind, size = k, size + v.numel()
+    if run:
+        yield _slices(run)
+
+
+def _slices(run: list[tuple[Any, ...]]) -> tuple[float, float, list[tuple[Any, ...]], list[tuple[str, int, int]]]:
+    spans: list[tuple[str, int, int]] = []
+    at = 0
+    for g, v, *_ in run:
+        if spans and spans[-1][0] == g:
+            spans[-1] = (g, spans[-1][1], at + v.numel())
+        else:
+            spans.append((g, at, at + v.numel()))
+        at += v.numel()
+    return run[0][2], run[0][3], run, [x for x in spans if x[2] > x[1]]
+
+
+def _g2_over_v(
+    opt: Any, params: list[Any], hyper_of: dict[int, Any], by_group: dict[str, list[int]]
+) -> dict[str, float]:
+    """Per group, the largest g^2 / (v_hat + eps^2) of the (clipped) gradient against the bias-corrected second
+    moment before the step (0 without one; inf when an entry is not finite: NaN propagates through the maximum)."""
+    torch = _torch.torch()
+    names, tops = [], []
+    for divisor, eps, run, spans in _buckets(_moments(opt, params, hyper_of, by_group, with_grad=True)):
+        den = torch.cat([m[1].reshape(-1) for m in run]).div_(divisor).float().add_(eps**2)
+        grad = torch.cat([m[4].detach().reshape(-1) for m in run]).float()
+        ratio = grad.mul_(grad).div_(den)
+        for g, start, stop in spans:
+            names.append(g)
+            tops.append(ratio[start:stop].amax())
+    worst = dict.fromkeys(by_group, 0.0)
+    for g, top in zip(names, torch.stack(tops).tolist() if tops else [], strict=True):
+        worst[g] = max(worst[g], top) if math.isfinite(top) else math.inf
+    return worst
+
+
+def _below_eps(
+    opt: Any, params: list[Any], hyper_of: dict[int, Any], by_group: dict[str, list[int]]
+) -> dict[str, tuple[int, int]]:
+    """Per group, how many second-moment entries have a bias-corrected root below epsilon, and of how many."""
+    torch = _torch.torch()
+    names, sizes, counts = [], [], []
+    for divisor, eps, run, spans in _buckets(_moments(opt, params, hyper_of, by_group, with_grad=False)):
+        below = torch.cat([m[1].reshape(-1) for m in run]).div_(divisor).sqrt_() < eps
+        for g, start, stop in spans:
+            names.append(g)
+            sizes.append(stop - start)
+            counts.append(below[start:stop].sum())
+    out = dict.fromkeys(by_group, (0, 0))
+    for g, size, count in zip(names, sizes, torch.stack(counts).tolist() if counts else [], strict=True):
+        out[g] = (out[g][0] + int(count), out[g][1] + size)
+    return out
 
 
 @dataclass
@@ -305,19 +420,30 @@ def run_segment(
     opt, names = build_optimizer(module, opt_state, ck.path)
     out = Segment()
     rng = _rng_state(ck)
+    by_group: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        by_group.setdefault(param_group(name), []).append(i)
+    attn = _AttentionLogits(module)
     with torch.random.fork_rng(devices=[]):
         if rng is not None:
             torch.set_rng_state(rng)
-        for t in steps:
-            seqs = [ses.tokens[i] for i in ses.index.samples_of[t]]
-            if t == suspect:
-                if control is not None:
-                    cseqs = [ses.tokens[i] for i in ses.index.samples_of[control]]
-                    out.replaced_loss = batch_loss(ses.fwd.losses(cseqs), ses.denom)
-                if per_sample:
-                    out.per_sample = per_sample_norms(ses, ses.index.samples_of[t])
-            rec = _train_step(ses, opt, names, seqs, lrs.get(t), max_norm)
-            out.records.append({"step": t} | rec)
+        try:
+            module.train(True)  # once for the segment: switching a model's mode walks every module
+            for t in steps:
+                seqs = [ses.tokens[i] for i in ses.index.samples_of[t]]
+                if t == suspect and (control is not None or per_sample):
+                    module.train(False)  # the counterfactuals are eval-mode forwards
+                    if control is not None:
+                        cseqs = [ses.tokens[i] for i in ses.index.samples_of[control]]
+                        out.replaced_loss = batch_loss(ses.fwd.losses(cseqs), ses.denom)
+                    if per_sample:
+                        out.per_sample = per_sample_norms(ses, ses.index.samples_of[t])
+                    module.train(True)
+                rec = _train_step(ses, opt, by_group, attn, seqs, lrs.get(t), max_norm)
+                out.records.append({"step": t} | rec)
+        finally:
+            attn.close()
+            module.train(False)
     for p in module.parameters():
         p.grad = None
     return out

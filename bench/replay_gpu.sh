@@ -2,8 +2,10 @@
 # Replay at scale: a ~125M-parameter GPT-2 from a config with random weights, 20 suspect steps and their
 # control batches (2 same-bucket and 2 other-bucket per suspect, the fewest a z-score allows: 80 in all)
 # replayed through two HF checkpoint folders in bf16 autocast with SDPA attention; prints tokens/s and
-# model-FLOPs utilisation against the bf16 matmul ceiling measured on the same device. One prepared script for a
-# GPU machine, inside 5 minutes:
+# model-FLOPs utilisation against the bf16 matmul ceiling measured on the same device. Then the segment re-run
+# (``--rerun``) of one suspect from the middle checkpoint, given the optimizer state of one AdamW step: its time
+# against the bare training steps it repeats (forward, backward, clip, step; best of 3), and the class it gives. One
+# prepared script for a GPU machine, inside 5 minutes:
 #
 #   bash bench/replay_gpu.sh                      # cuda, 125M, bf16
 #   bash bench/replay_gpu.sh --device cpu --tiny  # the same path on CPU with a 2-layer model (known to work first)
@@ -128,5 +130,53 @@ print(f"replayed {sum(d.get('role') == 'suspect' for d in res.steps)} suspect st
 print(f"tokens/s: {tps:,.0f}")
 print(f"matmul ceiling ({mm_dtype}): {ceiling / 1e12:.2f} TFLOP/s; replay achieves {tps * flops_tok / 1e12:.3f} "
       f"TFLOP/s = MFU {mfu:.1%}")
-print(f"verdicts: {verdicts}; case at {root}")
+print(f"verdicts: {verdicts}")
+
+# --- the segment re-run: optimizer state in the middle checkpoint, one suspect 3 steps after it ------------------------
+from forensics.replay.batches import pad_batch  # noqa: E402
+
+model.to(device)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+ids, mask = pad_batch([np.asarray(toks[i]) for i in batches[perm[0]]], 0, "right")
+with torch.autocast(device.split(":")[0], dtype=mm_dtype, enabled=dtype == "bfloat16"):
+    model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=ids.to(device)).loss.backward()
+opt.step()
+opt.zero_grad(set_to_none=True)
+torch.save(opt.state_dict(), root / f"checkpoint-{mid}" / "optimizer.pt")
+model.save_pretrained(root / f"checkpoint-{mid}")
+suspect = mid + 3
+ropts = ReplayOptions(steps=[suspect], controls=2, earlier=0, device=device, dtype=dtype, probes=False,
+                      max_tokens_per_forward=budget, rerun=True)
+sync()
+t0 = time.perf_counter()
+rres = replay_case(root, ropts)
+sync()
+rerun_wall = time.perf_counter() - t0
+rerun = next(d["rerun"] for d in rres.steps if d.get("rerun"))
+
+
+def bare() -> float:
+    """The segment's steps with nothing recorded: load the checkpoint's weights and optimizer, then per step one
+    forward and backward of its batch (autocast as the replay), the clipping and the optimizer's step."""
+    m = transformers.GPT2LMHeadModel.from_pretrained(root / f"checkpoint-{mid}").to(device)
+    o = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    o.load_state_dict(torch.load(root / f"checkpoint-{mid}" / "optimizer.pt", weights_only=True))
+    sync()
+    t = time.perf_counter()
+    for s in range(mid, suspect + 1):
+        ids, mask = pad_batch([np.asarray(toks[i]) for i in plan.loc[plan.step == s, "sample_id"]], 0, "right")
+        with torch.autocast(device.split(":")[0], dtype=mm_dtype, enabled=dtype == "bfloat16"):
+            m(input_ids=ids.to(device), attention_mask=mask.to(device), labels=ids.to(device)).loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        o.step()
+        o.zero_grad(set_to_none=True)
+    sync()
+    return time.perf_counter() - t
+
+
+bare_s = min(bare() for _ in range(3))
+print(f"re-run of step {suspect} from checkpoint {mid} ({suspect - mid + 1} steps, two passes, the replaced batch, "
+      f"per-sample gradients; replay of its batch included): {rerun_wall:.1f} s; bare steps {bare_s:.2f} s; "
+      f"class {rerun.get('cause_class')}, reproduced {rerun.get('reproduced')}")
+print(f"case at {root}")
 PY

@@ -9,7 +9,8 @@ gradient entries turning to exactly 0 is an fp16 underflow's mark.
 
 **Rule.** Each signal goes through the grad norm's precedence rule (:func:`forensics.detect.evidence.precedence.rise`:
 a robust baseline before the window, elevated rows at ``factor`` x the baseline and ``z`` robust SDs above it, the
-elevated run reaching furthest into the spike): ``leads``/``with``/``lags``/``none``, ``lead_steps``. A count that
+elevated run reaching furthest into the spike): ``leads``/``with``/``lags``/``none``, ``lead_steps``. The params norm
+takes its own factor, :data:`PARAMS_NORM_FACTOR` (the weights' norm barely moves in a healthy run). A count that
 sits at 0 (``num zeros`` in a healthy run) is elevated by any value above 0. What a rise says:
 
 - **update norm**, **params norm**: ``optimizer`` when it ``leads`` (the update before the spiking step made its
@@ -44,11 +45,25 @@ class Signal:
     cause: str
     counts: frozenset[str]
     meaning: str
+    #: The elevated-row factor when the caller's (the grad norm's) does not fit the quantity; None: the caller's.
+    factor: float | None = None
 
+
+#: The norm of all the weights moves by a fraction of a percent over many steps in a healthy run (it drifts with
+#: weight decay and the learning rate), so growing by 5% within the window around a spike is already far out of its
+#: range, where the grad norm's 1.5x would need the weights to grow by half; the z test still applies.
+PARAMS_NORM_FACTOR = 1.05
 
 SIGNALS = (
     Signal("update_norm", update_norm_column, "optimizer", frozenset({"leads"}), "the updates grew before the loss"),
-    Signal("params_norm", params_norm_column, "optimizer", frozenset({"leads"}), "the weights grew before the loss"),
+    Signal(
+        "params_norm",
+        params_norm_column,
+        "optimizer",
+        frozenset({"leads"}),
+        "the weights grew before the loss",
+        factor=PARAMS_NORM_FACTOR,
+    ),
     Signal("z_loss", z_loss_column, "numerics", frozenset({"leads", "with"}), "the output logits grew"),
     Signal("num_zeros", num_zeros_column, "numerics", frozenset({"leads", "with"}), "gradient entries went to 0"),
 )
@@ -74,7 +89,7 @@ def log_signals(
         column = sig.column(cols)
         if not column:
             continue
-        r = rise(metrics, column, start, end, lead_window=lead_window, factor=factor, z=z)
+        r = rise(metrics, column, start, end, lead_window=lead_window, factor=sig.factor or factor, z=z)
         found[sig.name] = {
             "column": column,
             "relation": r["relation"],

@@ -19,8 +19,11 @@ from forensics.schema.keys import (
     loss_scale_column,
     max_loss_column,
     nan_iterations_column,
+    num_zeros_column,
+    params_norm_column,
     skipped_iterations_column,
     update_norm_column,
+    z_loss_column,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,14 +33,15 @@ MEGATRON = [
     "loss scale",
     "grad norm",
     "num zeros",
+    "params norm",
     "number of skipped iterations",
     "number of nan iterations",
     "learning rate",
 ]
 TORCHTITAN = ["loss_metrics/global_avg_loss", "loss_metrics/global_max_loss", "grad_norm", "lr"]
 OLMO_CORE = [
-    "train/CE loss",
     "train/Z loss",
+    "train/CE loss",
     "optim/total grad norm",
     "optim/LR (group 0)",
     "optim/step skipped",
@@ -59,8 +63,25 @@ OLMO_CORE = [
         (max_loss_column, MEGATRON, None),
         (update_norm_column, OLMO_CORE, "optim/update norm"),
         (update_norm_column, MEGATRON, None),
+        (params_norm_column, MEGATRON, "params norm"),
+        (params_norm_column, ["param_norm", "grad_norm"], "param_norm"),
+        (params_norm_column, ["parameter norm"], "parameter norm"),
+        (params_norm_column, ["train/weight_norm"], "train/weight_norm"),
+        (params_norm_column, ["param_update_norm", "param_grad_norm"], None),  # an update or a gradient's norm
+        (params_norm_column, OLMO_CORE, None),
+        (num_zeros_column, MEGATRON, "num zeros"),
+        (num_zeros_column, ["num_zeros_in_grad", "grad_norm"], "num_zeros_in_grad"),
+        (num_zeros_column, OLMO_CORE, None),
+        (z_loss_column, OLMO_CORE, "train/Z loss"),
+        (z_loss_column, ["z_loss", "loss"], "z_loss"),
+        (z_loss_column, MEGATRON, None),
+        (update_norm_column, ["param_update_norm", "params norm"], "param_update_norm"),
         # the loss and grad-norm lookups are not misled by them
         (find_loss_key, MEGATRON, "lm loss"),
+        (find_loss_key, OLMO_CORE, "train/CE loss"),  # the z loss listed first is not the loss
+        (find_loss_key, ["z_loss", "loss"], "loss"),
+        (grad_norm_column, MEGATRON, "grad norm"),
+        (grad_norm_column, ["num_zeros_in_grad", "param_norm", "grad_norm"], "grad_norm"),
         (find_loss_key, TORCHTITAN, "loss_metrics/global_avg_loss"),
         (grad_norm_column, OLMO_CORE, "optim/total grad norm"),
     ],

@@ -51,6 +51,20 @@ ROWS = [
     (E(reproduced=True, spike_gone=None, logits_past_range=True), "numerics"),
     (E(reproduced=True, spike_gone=None), "unknown"),
     (E(), "unknown"),
+    # the logged update or params norm leading the loss: optimizer, where the re-run's jumps decide
+    (E(reproduced=True, spike_gone=None, logged_update_rise=True), "optimizer"),
+    (E(logged_update_rise=True, logits_past_range=True), "optimizer"),
+    (E(reproduced=True, spike_gone=True, logged_update_rise=True), "data"),
+    (E(reproduced=False, deterministic=True, logged_update_rise=True), "hardware"),
+    (E(loss_scale_drop=True, logged_update_rise=True), "numerics"),
+    (E(spike=False, logged_update_rise=True), None),
+    # the logged z loss or zero-gradient count at or before it: numerics, only when nothing above decides
+    (E(reproduced=True, spike_gone=None, logged_numerics_rise=True), "numerics"),
+    (E(logged_numerics_rise=True, optimizer_jump=True), "optimizer"),
+    (E(logged_numerics_rise=True, logged_update_rise=True), "optimizer"),
+    (E(reproduced=True, spike_gone=True, logged_numerics_rise=True), "data"),
+    (E(reproduced=True, spike_gone=False, logged_numerics_rise=True), "optimizer"),
+    (E(spike=False, logged_numerics_rise=True), None),
 ]
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from forensics.detect.evidence.log_signals import log_signals
 from forensics.replay.checkpoints import Checkpoint
 from forensics.replay.rerun import Segment
 from forensics.replay.rerun_judge import (
@@ -19,6 +22,7 @@ from forensics.replay.rerun_judge import (
     SPIKE_MIN_REL,
     judge,
     logged_numerics,
+    logged_signals,
     loss_noise,
 )
 
@@ -182,3 +186,50 @@ def test_logged_loss_scale_drop_classes_a_reproduced_spike_numerics(logs: dict |
     r = judge(13, CK, first, copy.deepcopy(first), logged, {}, 99, False, None, logs)
     assert r["cause_class"] == cls
     assert any("(numerics)" in e for e in r["evidence"]) is (logs is not None)
+
+
+def _signals(column: str, first: int) -> dict:
+    """What the audit writes for a cause (``details.logged_signals``): the real rule on a logged ``column`` that sits
+    at 1.0 (+-0.1%) and is 3x that from step ``first`` on, around a loss spike at 13."""
+    steps = np.arange(-60, 20)
+    values = 1.0 + 0.001 * (-1.0) ** steps
+    values[steps >= first] = 3.0
+    return log_signals(pd.DataFrame({"step": steps, "lm loss": 3.0, column: values}), 13)
+
+
+@pytest.mark.parametrize(
+    ("column", "first", "cls"),
+    [
+        # an update or params norm rising one step before the spike: optimizer; with it or after: undecided
+        ("optim/update norm", 12, "optimizer"),
+        ("optim/update norm", 13, "unknown"),
+        ("params norm", 12, "optimizer"),
+        ("params norm", 14, "unknown"),
+        # a z loss or zero-gradient count rising at or before it: numerics; after it: undecided
+        ("train/Z loss", 12, "numerics"),
+        ("train/Z loss", 13, "numerics"),
+        ("train/Z loss", 14, "unknown"),
+        ("num zeros", 13, "numerics"),
+        ("num zeros", 14, "unknown"),
+    ],
+)
+def test_logged_signals_class_a_reproduced_spike_no_experiment_decided(column: str, first: int, cls: str) -> None:
+    signals = _signals(column, first)
+    findings = {"causes": [{"id": "C1", "steps": [13], "details": {"logged_signals": signals}}]}
+    assert logged_signals(findings, 13) == signals
+    first_pass = _segment([3.0, 3.0, 3.0, 6.0])  # no replaced batch: nothing on the re-run decides
+    steps = [r["step"] for r in first_pass.records]
+    logged = {s: r["loss"] for s, r in zip(steps, first_pass.records, strict=True)}
+    r = judge(13, CK, first_pass, copy.deepcopy(first_pass), logged, {}, 99, False, findings, None, signals)
+    assert r["cause_class"] == cls
+    tagged = [e for e in r["evidence"] if e.startswith(column) and e.endswith(f"({cls}).")]
+    assert len(tagged) == (0 if cls == "unknown" else 1)
+
+
+def test_logged_update_rise_does_not_beat_a_replaced_batch() -> None:
+    first_pass = _segment([3.0, 3.0, 3.0, 6.0], replaced=3.0)
+    steps = [r["step"] for r in first_pass.records]
+    logged = {s: r["loss"] for s, r in zip(steps, first_pass.records, strict=True)}
+    signals = _signals("optim/update norm", 12)
+    r = judge(13, CK, first_pass, copy.deepcopy(first_pass), logged, {}, 99, False, None, None, signals)
+    assert r["cause_class"] == "data"

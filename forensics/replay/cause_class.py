@@ -19,9 +19,13 @@ The rules, in order (the first that holds decides; the order is the argument):
 7. ``data``: reproduced, and the spike is gone with the suspect batch replaced by a same-bucket control.
 8. ``optimizer``: reproduced, and the spike persists with the batch replaced (the state, not the batch, is bad).
 9. ``optimizer``: a group's update/weight ratio, Adam's epsilon share or the largest g^2/v jumped *before* the step
-   (the update that produced the step's state; a jump at the step itself is the batch's gradient, which says data).
-10. ``numerics``: the largest attention logit or the logits' log-sum-exp grew past the segment's range (weaker than
-   the rules above: an optimizer step too large also grows the logits, so it decides only when nothing else does).
+   (the update that produced the step's state; a jump at the step itself is the batch's gradient, which says data),
+   or the logs show the update norm or the params norm rising before it (the same evidence, as the trainer measured
+   it: :mod:`forensics.detect.evidence.log_signals`).
+10. ``numerics``: the largest attention logit or the logits' log-sum-exp grew past the segment's range, or the logs
+   show the z loss (the logits' squared log-sum-exp) or the count of zero gradients rising at or before the step
+   (weaker than the rules above: an optimizer step too large also grows the logits, and a bad batch raises the z
+   loss with the loss, so it decides only when nothing else does).
 11. ``unknown``.
 """
 
@@ -62,6 +66,10 @@ class ClassEvidence:
     spike_gone: bool | None = None
     optimizer_jump: bool = False
     logits_past_range: bool = False
+    #: The logged update norm or params norm rose before the step (findings.json ``logged_signals.optimizer``).
+    logged_update_rise: bool = False
+    #: The logged z loss or zero-gradient count rose at or before the step (``logged_signals.numerics``).
+    logged_numerics_rise: bool = False
 
 
 def cause_class(ev: ClassEvidence) -> tuple[str | None, str]:
@@ -89,8 +97,12 @@ def cause_class(ev: ClassEvidence) -> tuple[str | None, str]:
         return "optimizer", "reproduced, and still there with the batch replaced by a same-bucket control"
     if ev.optimizer_jump:
         return "optimizer", "an update ratio, epsilon share or g^2/v jumped before the step"
+    if ev.logged_update_rise:
+        return "optimizer", "the logged update norm or params norm rose before the step"
     if ev.logits_past_range:
         return "numerics", "attention logits or the logits' log-sum-exp grew past the segment's range"
+    if ev.logged_numerics_rise:
+        return "numerics", "the logged z loss or count of zero gradients rose at or before the step"
     return "unknown", "no experiment decided"
 
 

@@ -506,7 +506,7 @@ def rerun_step(ses: Any, suspect: int, exclude: set[int], findings: dict[str, An
     max_norm = ses.case.config.max_grad_norm
     first = run_segment(ses, ck, steps, suspect, lrs, max_norm, control=control, per_sample=True)
     second = run_segment(ses, ck, steps, suspect, lrs, max_norm)
-    from forensics.replay.rerun_judge import judge, logged_numerics
+    from forensics.replay.rerun_judge import judge, logged_numerics, logged_signals
 
     return judge(
         suspect,
@@ -519,6 +519,7 @@ def rerun_step(ses: Any, suspect: int, exclude: set[int], findings: dict[str, An
         _has_dropout(ses.model.module),
         findings,
         logged_numerics(findings, suspect),
+        logged_signals(findings, suspect),
     )
 
 

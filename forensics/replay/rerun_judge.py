@@ -111,6 +111,19 @@ def logged_numerics(findings: dict[str, Any] | None, step: int) -> dict[str, Any
     return None
 
 
+def logged_signals(findings: dict[str, Any] | None, step: int) -> dict[str, Any] | None:
+    """The update norm, params norm, z loss and zero-gradient count the audit read from the logs around ``step``:
+    the ``details.logged_signals`` of the findings.json cause that holds it (present when one of them rose), or
+    None; read from findings.json for the same reason as :func:`logged_numerics`."""
+    for c in (findings or {}).get("causes") or []:
+        if not isinstance(c, dict) or step not in (c.get("steps") or []):
+            continue
+        found = (c.get("details") or {}).get("logged_signals")
+        if isinstance(found, dict):
+            return found
+    return None
+
+
 def _crash_near(findings: dict[str, Any] | None, step: int) -> str | None:
     for f in (findings or {}).get("findings") or []:
         if (
@@ -136,9 +149,12 @@ def judge(
     dropout: bool,
     findings: dict[str, Any] | None,
     logs: dict[str, Any] | None = None,
+    signals: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``rerun`` object of replay.json for ``suspect`` from two passes over its segment; ``logs``: the numerics
-    the run's logs hold around it (:func:`forensics.detect.evidence.log_numerics.log_numerics`)."""
+    the run's logs hold around it (:func:`forensics.detect.evidence.log_numerics.log_numerics`); ``signals``: the
+    update norm, params norm, z loss and zero-gradient count there
+    (:func:`forensics.detect.evidence.log_signals.log_signals`)."""
     recs = first.records
     for r in recs:
         r["logged"] = logged.get(r["step"])
@@ -260,6 +276,10 @@ def judge(
     nan_logged = bool(logs and logs.get("nan_iterations"))
     if drop or nan_logged:
         evidence += [e for e in logs["evidence"] if "(numerics)" in e]
+    update_rise = bool(signals and signals.get("optimizer"))
+    numerics_rise = bool(signals and signals.get("numerics"))
+    if update_rise or numerics_rise:
+        evidence += [e for e in signals["evidence"] if e.endswith(("(optimizer).", "(numerics)."))]
     ev = ClassEvidence(
         nonfinite=nonfinite,
         spike=spike,
@@ -272,6 +292,8 @@ def judge(
         spike_gone=spike_gone,
         optimizer_jump=bool(before_jumps),
         logits_past_range=past,
+        logged_update_rise=update_rise,
+        logged_numerics_rise=numerics_rise,
     )
     cls, why = cause_class(ev)
     evidence.append(f"cause class {cls}: {why}" if cls else f"no cause class: {why}")

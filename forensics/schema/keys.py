@@ -126,13 +126,18 @@ class Role:
         return frozenset(["".join(p) for p in self.phrases + self.weaker] + list(self.loose))
 
 
+#: Words that make a "loss" the fp16 scaler's setting (``loss scale``), not a quantity that goes wrong.
+_SCALE_WORDS = frozenset({"scale", "scaler", "scaling"})
+#: Words that make a "loss" the auxiliary z loss (OLMo-core's ``train/Z loss`` beside ``train/CE loss``, PaLM's
+#: ``z_loss``: the squared log-sum-exp of the output logits), never the loss to analyse.
+_Z_WORDS = frozenset({"z", "zloss"})
 LOSS = Role(
     "loss",
     (("loss",),),
     loose=("loss",),
-    exclude=frozenset({"scale", "scaler", "scaling"}),
+    exclude=_SCALE_WORDS | _Z_WORDS,
     flag="--loss-key or run.toml loss_key",
-    note=" (a loss scale is not a loss)",
+    note=" (a loss scale or a z loss is not the loss)",
 )
 GRAD_NORM = Role(
     "grad_norm",
@@ -172,7 +177,7 @@ EVAL_LOSS = Role(
     "eval_loss",
     (("loss",),),
     loose=("loss",),
-    exclude=frozenset({"scale", "scaler", "scaling", "ppl", "perplexity"}),
+    exclude=_SCALE_WORDS | _Z_WORDS | {"ppl", "perplexity"},
     require=EVAL_WORDS,
     also=(("lm", "loss", "value"),),
     last=frozenset({"test", "testing"}),
@@ -218,6 +223,33 @@ UPDATE_NORM = Role(
     loose=("updatenorm",),
     label="update norm",
 )
+#: Megatron's ``params norm`` (the L2 norm of all the weights, printed when ``--log-params-norm`` is on); an update
+#: norm or a grad norm of the parameters is another quantity.
+PARAMS_NORM = Role(
+    "params_norm",
+    (
+        ("params", "norm"),
+        ("param", "norm"),
+        ("parameter", "norm"),
+        ("parameters", "norm"),
+        ("weight", "norm"),
+        ("weights", "norm"),
+    ),
+    loose=("paramsnorm", "paramnorm", "parameternorm", "weightnorm"),
+    exclude=frozenset({"update", "updates", "grad", "grads", "gradient", "gradients"}),
+    label="params norm",
+)
+#: Megatron's ``num zeros`` (``num_zeros_in_grad``: gradient entries that are exactly 0, an fp16 underflow's mark).
+NUM_ZEROS = Role(
+    "num_zeros",
+    (("num", "zeros"), ("number", "of", "zeros"), ("zeros", "in", "grad"), ("numzeros",)),
+    loose=("numzeros",),
+    neutral=_COUNT_WORDS | {"in", "grad", "grads", "gradient"},
+    label="num zeros",
+)
+#: The z loss (OLMo-core's ``train/Z loss``, ``z_loss``): the squared log-sum-exp of the output logits, so it grows
+#: with them.
+Z_LOSS = Role("z_loss", (("z", "loss"), ("zloss",)), loose=("zloss",), label="z loss")
 #: The roles by name.
 ROLES = {
     r.name: r
@@ -232,6 +264,9 @@ ROLES = {
         NAN_ITERATIONS,
         MAX_LOSS,
         UPDATE_NORM,
+        PARAMS_NORM,
+        NUM_ZEROS,
+        Z_LOSS,
     )
 }
 # Kept for callers that list the spellings (the CLI help); the lookup itself reads names as words.
@@ -548,6 +583,21 @@ def update_norm_column(columns: Iterable[str]) -> str | None:
     return choose_key(columns, UPDATE_NORM).key
 
 
+def params_norm_column(columns: Iterable[str]) -> str | None:
+    """The norm of the weights (Megatron's ``params norm``, ``param_norm``, ``weight norm``)."""
+    return choose_key(columns, PARAMS_NORM).key
+
+
+def num_zeros_column(columns: Iterable[str]) -> str | None:
+    """The count of zero gradient entries (Megatron's ``num zeros``, ``num_zeros_in_grad``)."""
+    return choose_key(columns, NUM_ZEROS).key
+
+
+def z_loss_column(columns: Iterable[str]) -> str | None:
+    """The z loss (OLMo-core's ``train/Z loss``, ``z_loss``)."""
+    return choose_key(columns, Z_LOSS).key
+
+
 def key_choices_section(*choices: KeyChoice) -> dict[str, Any]:
     """findings.json ``run`` fields for the chosen keys: ``loss_key``, ``grad_norm_key`` and ``key_choice``."""
     out: dict[str, Any] = {}
@@ -583,6 +633,6 @@ def is_training_quantity(name: str, loss_key: str | None, grad_norm_key: str | N
     if name in (loss_key, grad_norm_key):
         return True
     words = tokens(name)
-    if EVAL_WORDS.intersection(words) or LOSS.exclude.intersection(words):
+    if EVAL_WORDS.intersection(words) or _SCALE_WORDS.intersection(words):
         return False
     return any(w.endswith(("loss", "norm", "losses", "norms")) for w in words)

@@ -288,6 +288,15 @@ class CauseRule(Rule):
             ),
             None,
         )
+        # the signals the logs hold around the event, when one of them rose (the re-run judge reads them)
+        signals = next(
+            (
+                (f.details.get("attribution") or {}).get("logged_signals")
+                for f in members
+                if ((f.details.get("attribution") or {}).get("logged_signals") or {}).get("evidence")
+            ),
+            None,
+        )
         return {
             "kind": kind,
             "steps": steps,
@@ -309,6 +318,7 @@ class CauseRule(Rule):
                 "spiked_in": {str(i): counts[i] for i in suspects if counts.get(i, 0) >= 2},
             }
             | ({"numerics": numerics} if numerics else {})
+            | ({"logged_signals": signals} if signals else {})
             | ({"ranks": list(lead.tags["ranks"])} if lead.tags.get("ranks") else {})
             | ({"rank_batch": lead.details["rank_batches"][0]} if lead.details.get("rank_batches") else {}),
         }

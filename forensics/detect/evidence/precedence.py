@@ -134,28 +134,65 @@ def precedence(
 def _grad(
     grad: _Series | None, start: int, end: int, lead: int, lag: int, n_base: int, factor: float, z: float
 ) -> dict[str, Any]:
-    none = {
-        "grad_norm": "none",
-        "lead_steps": None,
-        "grad_norm_first_step": None,
-        "grad_norm_baseline": None,
-        "grad_norm_baseline_rows": 0,
-        "grad_norm_peak": None,
-        "grad_norm_peak_ratio": None,
+    r = _rise(grad, start, end, lead, lag, n_base, factor, z)
+    return {
+        "grad_norm": r["relation"],
+        "lead_steps": r["lead_steps"],
+        "grad_norm_first_step": r["first_step"],
+        "grad_norm_baseline": r["baseline"],
+        "grad_norm_baseline_rows": r["baseline_rows"],
+        "grad_norm_peak": r["peak"],
+        "grad_norm_peak_ratio": r["peak_ratio"],
     }
-    if grad is None:
+
+
+def rise(
+    metrics: pd.DataFrame,
+    column: str,
+    start: int,
+    end: int | None = None,
+    *,
+    lead_window: int = 10,
+    lag_window: int = 3,
+    baseline_rows: int = 50,
+    factor: float = PRECEDENCE_FACTOR,
+    z: float = PRECEDENCE_Z,
+) -> dict[str, Any]:
+    """The grad norm's rule (module docstring) applied to any logged ``column`` around a loss spike over steps
+    ``start``-``end``: one rule for every signal that may rise before the loss (the update norm, the params norm,
+    the z loss, the count of zero gradients), so "leads" means the same thing for each. ``{relation}``
+    (``leads``/``with``/``lags``/``none``), ``lead_steps``, ``first_step``, ``baseline``, ``baseline_rows``,
+    ``peak``, ``peak_ratio`` (null when the baseline is 0: a count rising from 0 is elevated by any value above it).
+    """
+    series = _Series(metrics, column) if column in metrics.columns else None
+    return _rise(series, start, start if end is None else end, lead_window, lag_window, baseline_rows, factor, z)
+
+
+def _rise(
+    series: _Series | None, start: int, end: int, lead: int, lag: int, n_base: int, factor: float, z: float
+) -> dict[str, Any]:
+    none = {
+        "relation": "none",
+        "lead_steps": None,
+        "first_step": None,
+        "baseline": None,
+        "baseline_rows": 0,
+        "peak": None,
+        "peak_ratio": None,
+    }
+    if series is None:
         return none
     lo, hi = start - lead, max(start, end) + lag
-    med, sd = _baseline(grad.before(lo, n_base))
-    steps, values = grad.between(lo, hi)
+    med, sd = _baseline(series.before(lo, n_base))
+    steps, values = series.between(lo, hi)
     if not np.isfinite(med) or len(values) == 0:
         return none
     peak_i = int(np.argmax(values))
     info = {
-        "grad_norm_baseline": med,
-        "grad_norm_baseline_rows": int(len(grad.before(lo, n_base))),
-        "grad_norm_peak": float(values[peak_i]),
-        "grad_norm_peak_ratio": float(values[peak_i] / med) if med > 0 else None,
+        "baseline": med,
+        "baseline_rows": int(len(series.before(lo, n_base))),
+        "peak": float(values[peak_i]),
+        "peak_ratio": float(values[peak_i] / med) if med > 0 else None,
     }
     up = _elevated(values, med, sd, factor, z)
     if not up.any():
@@ -172,7 +209,7 @@ def _grad(
 
     first = int(steps[min(runs, key=distance)[0]])
     kind = "leads" if first < start else ("with" if first == start else "lags")
-    return {**none, **info, "grad_norm": kind, "lead_steps": start - first, "grad_norm_first_step": first}
+    return {**none, **info, "relation": kind, "lead_steps": start - first, "first_step": first}
 
 
 def _lr(lr: _Series | None, start: int, window: int, jump: float, drift: float) -> dict[str, Any]:

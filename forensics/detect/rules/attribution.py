@@ -19,7 +19,9 @@ writes it onto a copy of the finding:
    ``baseline``, ``ratio``, ``overlap``, ``jaccard``, ``is_spike``) that the report draws.
 4. **Precedence**: grad norm before/with/after the loss, lr and tokens/s (:mod:`forensics.detect.evidence.precedence`);
    and the numerics the logs hold around a loss spike (a loss-scale drop, nan or skipped iterations, the worst rank's
-   loss: :mod:`forensics.detect.evidence.log_numerics`), which set ``support["numerics"]`` when they say numerics.
+   loss: :mod:`forensics.detect.evidence.log_numerics`), which set ``support["numerics"]`` when they say numerics;
+   and the update norm, params norm, z loss and zero-gradient count that rose before it, by the grad norm's rule
+   (:mod:`forensics.detect.evidence.log_signals`, ``details["attribution"]["logged_signals"]``).
 5. **Next step** in words: which step to replay from which checkpoint (grad-norm-led events: the steps from where
    the grad norm started to grow), which samples to inspect, and the plan fix when the batches are static (the gate
    says so, or the spike batch recurs in several epochs), with the what-if throughput when given.
@@ -40,6 +42,7 @@ import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
 from forensics.detect.evidence.log_numerics import log_numerics
+from forensics.detect.evidence.log_signals import log_signals
 from forensics.detect.evidence.precedence import PRECEDENCE_FACTOR, PRECEDENCE_Z, precedence
 from forensics.detect.evidence.suspects import rank_all
 from forensics.detect.findings import Finding, spike_span
@@ -200,6 +203,10 @@ def _attribute_group(
             evidence.extend(numerics["evidence"])
             if numerics["numerics"]:
                 f.details.setdefault("support", {})["numerics"] = True
+        signals = log_signals(metrics, *spike_span(f)[:2], **prec_params) if is_loss else None
+        if signals is not None:
+            attribution["logged_signals"] = signals
+            evidence.extend(signals["evidence"])
         f.evidence = list(f.evidence) + evidence
         f.details["attribution"] = attribution
         f.next_step = _next_step(f, p, r, sample_rows, gate, whatif, every, saved, has_plan)

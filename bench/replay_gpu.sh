@@ -132,8 +132,8 @@ print(f"matmul ceiling ({mm_dtype}): {ceiling / 1e12:.2f} TFLOP/s; replay achiev
       f"TFLOP/s = MFU {mfu:.1%}")
 print(f"verdicts: {verdicts}")
 
-# --- the segment re-run: optimizer state in the middle checkpoint, one suspect 3 steps after it ------------------------
-from forensics.replay.batches import pad_batch  # noqa: E402
+# --- the segment re-run: optimizer state in the middle checkpoint, one suspect 3 steps after it ----------------------
+from forensics.replay.batches import pad_batch
 
 model.to(device)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

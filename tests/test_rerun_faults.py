@@ -211,6 +211,15 @@ def test_audit_replay_reruns_the_main_cause_and_names_its_class(runs, tmp_path):
     assert main_cause["cause_class"] == "data"
     assert main_cause["action"].startswith("Skip the suspect samples")
     assert findings["verdict"].endswith(f"; re-run: cause class data ({main_cause['action'].rstrip('.')}).")
+    # the action's command names this case and runs as printed
+    import re
+    import shlex
+
+    (command,) = re.findall(r"\((forensics skip [^)]*)\)", main_cause["action"])
+    argv = shlex.split(command)
+    assert argv[2] == str(case)
+    assert main([*argv[1:], "-o", str(tmp_path / "skip.json")]) == 0
+    assert set(run.corrupt_ids) <= set(json.loads((tmp_path / "skip.json").read_text())["sample_ids"])
     replay = json.loads((case / "replay" / "replay.json").read_text(encoding="utf-8"))
     assert next(d for d in replay["steps"] if d["step"] == run.spike_step)["rerun"]["cause_class"] == "data"
 

@@ -39,7 +39,7 @@ CAUSE_CLASSES = ("data", "optimizer", "numerics", "hardware", "unknown")
 
 #: The fix each class implies (one sentence, formatted with the step, checkpoint and group when known).
 ACTIONS = {
-    "data": "Skip the suspect samples (forensics skip CASE --format ids) and resume from checkpoint {checkpoint}.",
+    "data": "Skip the suspect samples (forensics skip {case} --format ids) and resume from checkpoint {checkpoint}.",
     "optimizer": "Lower the learning rate, raise Adam's epsilon or clip the update around step {step}{group}, and "
     "resume from checkpoint {checkpoint}.",
     "numerics": "Train in bf16 (or keep {group_or_model} in fp32) or set a loss-scale floor, and resume from "
@@ -106,9 +106,13 @@ def cause_class(ev: ClassEvidence) -> tuple[str | None, str]:
     return "unknown", "no experiment decided"
 
 
-def action(cls: str, step: int, checkpoint: int | None, group: str | None = None) -> str:
-    """The one-sentence fix for class ``cls`` at ``step`` (``group``: the first group that moved, when known)."""
+def action(cls: str, step: int, checkpoint: int | None, group: str | None = None, case: str | None = None) -> str:
+    """The one-sentence fix for class ``cls`` at ``step`` (``group``: the first group that moved, when known;
+    ``case``: the case folder, so that a command in it runs as printed, else the placeholder ``CASE``)."""
+    import shlex
+
     return ACTIONS[cls].format(
+        case=shlex.quote(case) if case else "CASE",
         step=step,
         checkpoint=checkpoint if checkpoint is not None else "before it",
         group=f" (first in {group})" if group else "",

@@ -520,6 +520,7 @@ def rerun_step(ses: Any, suspect: int, exclude: set[int], findings: dict[str, An
         findings,
         logged_numerics(findings, suspect),
         logged_signals(findings, suspect),
+        case=str(ses.root) if ses.root is not None else None,
     )
 
 

@@ -150,11 +150,13 @@ def judge(
     findings: dict[str, Any] | None,
     logs: dict[str, Any] | None = None,
     signals: dict[str, Any] | None = None,
+    case: str | None = None,
 ) -> dict[str, Any]:
     """The ``rerun`` object of replay.json for ``suspect`` from two passes over its segment; ``logs``: the numerics
     the run's logs hold around it (:func:`forensics.detect.evidence.log_numerics.log_numerics`); ``signals``: the
     update norm, params norm, z loss and zero-gradient count there
-    (:func:`forensics.detect.evidence.log_signals.log_signals`)."""
+    (:func:`forensics.detect.evidence.log_signals.log_signals`); ``case``: the case folder its action's command
+    names."""
     recs = first.records
     for r in recs:
         r["logged"] = logged.get(r["step"])
@@ -306,7 +308,7 @@ def judge(
         "per_sample": first.per_sample,
         "first_group": fg[0] if fg else None,
         "cause_class": cls,
-        "action": action(cls, suspect, ck.step, fg[0] if fg else None) if cls else None,
+        "action": action(cls, suspect, ck.step, fg[0] if fg else None, case) if cls else None,
         "spike": spike,
         "evidence": evidence,
     }

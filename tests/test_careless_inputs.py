@@ -213,7 +213,7 @@ def test_ci_logs_show_a_line_per_stage_on_stderr(demo_small, tmp_path):
         "loading the plan",
         "tagging steps",
         "checking batch composition",
-        "rule spikes",
+        "rules",
         "writing the report",
     ):
         assert any(line.startswith(name) for line in stages), (name, proc.stderr)

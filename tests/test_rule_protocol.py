@@ -83,3 +83,19 @@ def test_a_missing_column_is_reported_from_the_rules_declaration():
         "detect.needs_cluster: the tags table lacks column 'cluster' (this rule reads step, cluster)"
     )
     assert NeedsCluster().detect(RunTables(metrics=metrics, loss_key="loss", analysed=["loss"])) == []
+
+
+@pytest.mark.parametrize(
+    ("seconds", "want"),
+    [
+        ({}, ""),
+        ({"spikes": 0.049, "samples": 0.0}, ""),  # under the floor: nothing worth naming
+        ({"spikes": 0.05}, "spikes 0.1 s"),  # at the floor
+        ({"a": 1.0, "b": 2.0, "c": 0.5, "d": 0.7, "e": 0.6}, "b 2.0 s, a 1.0 s, d 0.7 s, e 0.6 s"),  # the top 4
+        ({"b": 1.0, "a": 1.0}, "a 1.0 s, b 1.0 s"),  # a tie: by name
+    ],
+)
+def test_the_rules_stage_line_names_the_slowest_rules(seconds, want):
+    from forensics.detect.rules import slowest_rules
+
+    assert slowest_rules(seconds) == want

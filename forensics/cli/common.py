@@ -230,19 +230,33 @@ def write_json(obj: Any, path: str | Path) -> None:
     path.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
 
+class StageNote:
+    """What a stage adds to its line (``detail``: a few words, e.g. where inside it the time went)."""
+
+    detail: str = ""
+
+
+def _stage_line(name: str, note: StageNote, t0: float) -> str:
+    """``name (detail): T s``: the time last, as every stage line ends, for a log reader looking for the times."""
+    return f"{name}{f' ({note.detail})' if note.detail else ''}: {time.perf_counter() - t0:.1f} s"
+
+
 @contextmanager
-def stage(name: str) -> Iterator[None]:
+def stage(name: str) -> Iterator[StageNote]:
     """One stage of a long command: a spinner on a terminal, and always one line with its elapsed time on stderr
-    (so CI logs show where the time goes)."""
+    (so CI logs show where the time goes), with the note's ``detail`` after its name when the stage set one."""
     err = console(stderr=True)
     t0 = time.perf_counter()
+    note = StageNote()
     if err.is_terminal:
         with err.status(f"{name} ..."):
-            yield
-        err.print(f"[dim]{name}: {time.perf_counter() - t0:.1f} s[/]")
+            yield note
+        line = _stage_line(name, note, t0)
+        err.print(line, style="dim", markup=False, highlight=False)
     else:
-        yield
-        err.print(f"{name}: {time.perf_counter() - t0:.1f} s", markup=False, highlight=False)
+        yield note
+        line = _stage_line(name, note, t0)
+        err.print(line, markup=False, highlight=False)
 
 
 @contextmanager

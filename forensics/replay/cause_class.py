@@ -32,6 +32,7 @@ The rules, in order (the first that holds decides; the order is the argument):
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,8 +110,6 @@ def cause_class(ev: ClassEvidence) -> tuple[str | None, str]:
 def action(cls: str, step: int, checkpoint: int | None, group: str | None = None, case: str | None = None) -> str:
     """The one-sentence fix for class ``cls`` at ``step`` (``group``: the first group that moved, when known;
     ``case``: the case folder, so that a command in it runs as printed, else the placeholder ``CASE``)."""
-    import shlex
-
     return ACTIONS[cls].format(
         case=shlex.quote(case) if case else "CASE",
         step=step,

@@ -98,30 +98,29 @@ def _first_group(jumps: list[tuple[int, str, str, float]]) -> tuple[str, int, fl
     return g, s, f
 
 
+def _cause_detail(findings: dict[str, Any] | None, step: int, key: str) -> dict[str, Any] | None:
+    """The ``details[key]`` of the findings.json cause that holds ``step`` (the first such cause that has it)."""
+    for c in (findings or {}).get("causes") or []:
+        if not isinstance(c, dict) or step not in (c.get("steps") or []):
+            continue
+        found = (c.get("details") or {}).get(key)
+        if isinstance(found, dict):
+            return found
+    return None
+
+
 def logged_numerics(findings: dict[str, Any] | None, step: int) -> dict[str, Any] | None:
     """What the audit read from the logs around ``step``: the ``details.numerics`` of the findings.json cause that
     holds it (a loss-scale drop, NaN iterations), or None. Read from findings.json, not from the metrics again: the
     audit's window around the spike is the one rule."""
-    for c in (findings or {}).get("causes") or []:
-        if not isinstance(c, dict) or step not in (c.get("steps") or []):
-            continue
-        found = (c.get("details") or {}).get("numerics")
-        if isinstance(found, dict):
-            return found
-    return None
+    return _cause_detail(findings, step, "numerics")
 
 
 def logged_signals(findings: dict[str, Any] | None, step: int) -> dict[str, Any] | None:
     """The update norm, params norm, z loss and zero-gradient count the audit read from the logs around ``step``:
     the ``details.logged_signals`` of the findings.json cause that holds it (present when one of them rose), or
     None; read from findings.json for the same reason as :func:`logged_numerics`."""
-    for c in (findings or {}).get("causes") or []:
-        if not isinstance(c, dict) or step not in (c.get("steps") or []):
-            continue
-        found = (c.get("details") or {}).get("logged_signals")
-        if isinstance(found, dict):
-            return found
-    return None
+    return _cause_detail(findings, step, "logged_signals")
 
 
 def _crash_near(findings: dict[str, Any] | None, step: int) -> str | None:

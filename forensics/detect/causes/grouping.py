@@ -280,23 +280,9 @@ class CauseRule(Rule):
         recurs = len(group) > 1
         lead = next((f for f in members if f.metric == run.loss_key), members[0])
         kind = "batch" if suspects else "event"
-        numerics = next(
-            (
-                (f.details.get("attribution") or {}).get("numerics")
-                for f in members
-                if ((f.details.get("attribution") or {}).get("numerics") or {}).get("numerics")
-            ),
-            None,
-        )
+        numerics = _first_attribution(members, "numerics", "numerics")
         # the signals the logs hold around the event, when one of them rose (the re-run judge reads them)
-        signals = next(
-            (
-                (f.details.get("attribution") or {}).get("logged_signals")
-                for f in members
-                if ((f.details.get("attribution") or {}).get("logged_signals") or {}).get("evidence")
-            ),
-            None,
-        )
+        signals = _first_attribution(members, "logged_signals", "evidence")
         return {
             "kind": kind,
             "steps": steps,
@@ -405,3 +391,12 @@ class CauseRule(Rule):
             "next_step": wording.finding_next_step(kind, f, gate, run),
             "details": {},
         }
+
+
+def _first_attribution(members: list[Finding], key: str, said: str) -> dict[str, Any] | None:
+    """The first member's ``details["attribution"][key]`` whose ``said`` entry holds something (the logs said it)."""
+    for f in members:
+        found = (f.details.get("attribution") or {}).get(key) or {}
+        if found.get(said):
+            return found
+    return None

@@ -131,15 +131,7 @@ def test_steps_with_three_corrupted_longest_samples_are_found_and_rank_them_firs
     [
         "random_corrupt",
         "random_accum2_corrupt",
-        pytest.param(
-            "grouped_longest_corrupt",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="open: 8 corrupted samples pass q <= 0.05; several share each batch, and those the pursuit did "
-                "not take carry their steps' excess together with the others (0.37-0.62 each), so the effect-size "
-                "floor (min_excess 0.5) lists 7",
-            ),
-        ),
+        "grouped_longest_corrupt",
     ],
 )
 def test_harmful_samples_are_the_corrupted_ones(audited, hf_cases, name):

@@ -13,6 +13,12 @@ import scipy.sparse as sp
 
 from forensics.detect.base import RunTables
 from forensics.detect.evidence.content import content_evidence
+from forensics.detect.evidence.local_reference import (
+    MIN_HALF_WINDOW,
+    cluster_token_shares,
+    local_residuals,
+    relative_noise,
+)
 from forensics.detect.evidence.nnls import nnls_normal
 from forensics.schema import CLUSTER, N_TOKENS, SAMPLE_ID, STEP
 from forensics.stats import robust_sd, rolling_median
@@ -37,6 +43,10 @@ NULL_SIZE = 4_000_000
 MAX_ENTRIES = 20_000_000
 #: A sample without content evidence must keep this score with its largest appearance left out ("each time").
 ONCE_FLOOR = 2.0
+#: A suspect the pursuit did not take is sized by its steps' shared excess only when its own score reaches this (the
+#: untaken corrupted rows of a length-grouped run whose longest samples are corrupted score 8.6-10.8; clean rows with
+#: content flags of their own that the false-discovery limit lets through on a random-sampler run, 1.9-2.0).
+UNTAKEN_MIN_Z = 3.0
 #: The share of steps the tag fit is made on in the end (the best-fitting ones: trimmed squares).
 TRIM_KEEP = 0.8
 
@@ -70,20 +80,28 @@ def estimate(
         return None
     y = np.log(loss)
     win = min(window, max(5, len(y) // 4) | 1)
-    e = y - rolling_median(y, win)
-    composition = composition_log_factor(run, steps, loss)
     # the trend is not known at the run's start (a centred median lags a steep warm-up descent): those rows are left
     # out, as the spike rule leaves its warm-up to a rule of its own
     start = min(win // 2, len(y) // 10)
-    steps, e = steps[start:], e[start:]
-    composition = composition[start:] if composition is not None else None
     stride = membership_stride(run.plan_view.n_rows())
-    if stride > 1:  # a logged step left out leaves out its window's plan steps too (they map to no kept row)
-        steps, e = steps[::stride], e[::stride]
-        composition = composition[::stride] if composition is not None else None
-    w, ids, counts = _membership(run, steps)
+    # a logged step left out leaves out its window's plan steps too (they map to no kept row)
+    kept = np.arange(start, len(y), stride)
+    w, ids, counts = _membership(run, steps[kept])
     if w.shape[1] == 0:
         return None
+    clusters = _sample_clusters(run, ids)
+    noise = None
+    if clusters is not None and win >= MIN_HALF_WINDOW:
+        # each content type's level, and the length's effect, refitted on the rows around each step: the types
+        # learn at different speeds, and a length-grouped sampler moves the length fast
+        local = np.column_stack([cluster_token_shares(w, clusters), w @ _log_lengths(run, ids)])
+        e, noise = local_residuals(y[kept], local, half_window=win)
+        composition = None
+    else:
+        e = (y - rolling_median(y, win))[kept]
+        composition = composition_log_factor(run, steps, loss)
+        composition = composition[kept] if composition is not None else None
+    steps = steps[kept]
     x = _covariates(run, steps, w, ids, composition)
     judged = ids
     tags_only = e - x @ _huber(x, e)  # the residuals of the tags' fit alone
@@ -95,6 +113,8 @@ def estimate(
     # noise varies by step (a batch of few tokens is noisier): every row is weighted by its noise scale, so a
     # sample that sits in noisy steps does not pass for a harmful one
     scale = _noise_scale(run, steps, w, ids, tags_only)
+    if noise is not None:  # and by the run's phase (its early descent is noisier than its plateau)
+        scale = scale * relative_noise(noise)
     e, x = e / scale, x / scale[:, None]
     w = sp.diags(1.0 / scale) @ w
     w = w.tocsr()
@@ -138,7 +158,7 @@ def estimate(
         # alone: what it adds to a step over its token share there (a block's samples share one step's tokens)
         own = share / len(members)
         excess[members] = float(np.mean(np.expm1(col) / own)) if len(col) else 0.0
-    untaken = near & (effect == 0)
+    untaken = near & (effect == 0) & (z >= UNTAKEN_MIN_Z)
     excess[untaken] = _group_excess(w, r_final, beta, scale, near, untaken)
     step_lists: list[list[int] | None] = [None] * len(ids)
     for j in np.flatnonzero(near):
@@ -160,6 +180,20 @@ def estimate(
     )
     out.attrs["stride"], out.attrs["max_entries"] = stride, MAX_ENTRIES
     return out
+
+
+def _log_lengths(run: RunTables, ids: np.ndarray) -> np.ndarray:
+    """Each sample's log token count (0 where unknown or under 1 token)."""
+    smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
+    return np.log(np.maximum(np.nan_to_num(smp[N_TOKENS].reindex(ids).to_numpy(np.float64), nan=1.0), 1.0))
+
+
+def _sample_clusters(run: RunTables, ids: np.ndarray) -> np.ndarray | None:
+    """Each sample's content cluster (NaN where it has none), or None when the samples carry no clusters."""
+    if CLUSTER not in run.samples.columns:
+        return None
+    smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
+    return pd.to_numeric(smp[CLUSTER].reindex(ids), errors="coerce").to_numpy(np.float64)
 
 
 def _group_excess(
@@ -375,8 +409,7 @@ def _covariates(
     step's composition predicts (:func:`composition_log_factor`) when there is one: a sample is judged against what
     its steps' batches predict, not only their trend and tags."""
     smp = run.samples.drop_duplicates(SAMPLE_ID).set_index(SAMPLE_ID)
-    loglen = np.log(np.maximum(smp[N_TOKENS].reindex(ids).to_numpy(np.float64), 1.0))
-    m = w @ loglen
+    m = w @ _log_lengths(run, ids)
     m = m - np.mean(m)
     n_samples = np.asarray((w > 0).sum(axis=1)).ravel().astype(np.float64)
     cols = [np.ones(len(steps)), m, np.log(np.maximum(n_samples, 1.0))]

@@ -4,13 +4,19 @@ A step must clear the spike thresholds before a step-by-step rule suspects anyth
 (a sample that lifts its step's loss 1.2-1.5x, 3 times, each time beside other batch-mates). The plan says which
 samples every step consumed, so the run can be asked directly which samples the loss went up with.
 
-**The residual.** For every logged step, ``y = log(loss)`` less a centred rolling median of it (``window`` logged
-values: the trend), less what the step's tags explain: its mean log sample length, its log number of
-samples, its shares of the large clusters and, with step tags, the log of what its composition predicts (the spike
-detector's causal expectation, :mod:`forensics.detect.evidence.expected_loss`: a batch of a harder content type is
-expected higher), fitted robustly (Huber weights) *together* with the sample effects below, and trimmed (refitted on
-the 80% of steps it fits best), so that a bucket or cluster made mostly of corrupted batches cannot absorb them: the
-length relation is a smooth one the clean steps fix.
+**The residual.** For every logged step, ``y = log(loss)`` less what the rows around it say of a step of its
+content: a robust fit of ``y`` on a linear trend, the step's token shares of the large content clusters and its
+mean log sample length, made on the ``window`` logged values either side of it
+(:mod:`forensics.detect.evidence.local_reference`). The types of a run learn at different speeds, so the gap between
+their losses moves; refitted locally, each type's level follows its own learning curve. A whole-run fit against a
+centred median (which follows whichever type a length-grouped sampler is serving) put an easy type's ordinary batch
+0.3 above its reference or 0.7 below, by its neighbours. Each step is then weighted by the noise of its phase (the
+local fit's robust SD: an early descent is noisier than a plateau) and by its tokens. What the step's tags still
+explain (its mean log sample length, its log number of samples, its shares of the large clusters) is fitted robustly
+(Huber weights) *together* with the sample effects below, and trimmed (refitted on the 80% of steps it fits best),
+so that a bucket or cluster made mostly of corrupted batches cannot absorb them. Without content clusters the
+reference is a centred rolling median of ``y``, and the tags include the log of what the step's composition predicts
+(the spike detector's causal expectation, :mod:`forensics.detect.evidence.expected_loss`).
 
 **The effects.** Each step's residual is shared among its samples by their token share ``w`` (a value logged over a
 window of ``logging_steps`` steps holds the union of their samples; grad accumulation and ranks come through the
@@ -68,9 +74,10 @@ def listed_samples(est: pd.DataFrame, q: float, min_excess: float = MIN_EXCESS, 
 class HarmfulSamplesRule(Rule):
     """The ``harmful_samples`` section and finding (module docstring).
 
-    Parameters: ``q`` 0.05 (the false-discovery limit), ``window`` 101 (logged values in the trend's rolling median),
-    ``permutations`` 20 (random re-assignments of the residuals for the null), ``max_pursuit`` 200 (samples the
-    greedy pursuit may take), ``max_listed`` 50, ``seed`` 1, ``min_excess`` 0.5 (:data:`MIN_EXCESS`).
+    Parameters: ``q`` 0.05 (the false-discovery limit), ``window`` 101 (logged values either side of a step that its
+    reference is fitted on; without clusters, the rolling median's length), ``permutations`` 20 (random
+    re-assignments of the residuals for the null), ``max_pursuit`` 200 (samples the greedy pursuit may take),
+    ``max_listed`` 50, ``seed`` 1, ``min_excess`` 0.5 (:data:`MIN_EXCESS`).
     """
 
     name = "samples"

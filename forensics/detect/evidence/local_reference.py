@@ -24,9 +24,9 @@ from forensics.stats import robust_sd
 MIN_CLUSTER_SHARE = 0.05
 #: Rows either side of a block that its fit is made on.
 HALF_WINDOW = 96
-#: The fewest rows either side that the fit needs (10 or more rows per coefficient of a run of a few clusters); with
-#: fewer (a run of under 200 logged values: 60 rows, whose warm-up descent a window of 15 either side cannot follow
-#: with a line) the estimate keeps a centred median.
+#: The fewest rows either side that the fit needs (10 or more rows per coefficient of a run of a few clusters). A run
+#: of under 200 logged values gets fewer (a 60-row run, 15 either side: a line cannot follow its warm-up descent
+#: there), and the estimate keeps a centred median.
 MIN_HALF_WINDOW = 50
 #: Rows judged by one fit, at the least; a longer run judges more rows per fit, so that it makes at most
 #: :data:`MAX_FITS` fits (a 100K-row run: 50 rows a fit, about a second).

@@ -22,8 +22,6 @@ from forensics.stats import robust_sd
 
 #: A cluster below this share of the samples is no column (it would explain its own samples away).
 MIN_CLUSTER_SHARE = 0.05
-#: Rows either side of a block that its fit is made on.
-HALF_WINDOW = 96
 #: The fewest rows either side that the fit needs (10 or more rows per coefficient of a run of a few clusters). A run
 #: of under 200 logged values gets fewer (a 60-row run, 15 either side: a line cannot follow its warm-up descent
 #: there), and the estimate keeps a centred median.
@@ -52,16 +50,13 @@ def cluster_token_shares(w: sp.csr_matrix, clusters: np.ndarray) -> np.ndarray:
     return np.column_stack(columns) if columns else np.zeros((w.shape[0], 0))
 
 
-def local_residuals(
-    y: np.ndarray, columns: np.ndarray, half_window: int = HALF_WINDOW
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(residual, noise)``: ``y`` (log loss per row) less its local fit on a linear trend and ``columns`` (the
-    rows' cluster token shares, and any other tag whose effect may move: module docstring), and the robust SD of
-    the residuals of the fit each row was judged by; rows in order."""
+def local_residuals(y: np.ndarray, columns: np.ndarray, half_window: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(residual, noise)``: ``y`` (log loss per row) less its fit on a linear trend and ``columns`` (the rows'
+    cluster token shares, and any other tag whose effect may move: module docstring) made on the ``half_window``
+    rows either side of its block, and the robust SD of that fit's residuals; rows in order."""
     n = len(y)
     out = np.full(n, np.nan)
     noise = np.full(n, np.nan)
-    content = np.zeros(n)
     penalty = np.r_[0.0, 0.0, np.full(columns.shape[1], RIDGE_ROWS)]
     block = max(BLOCK, -(-n // MAX_FITS))
     for a in range(0, n, block):
@@ -73,7 +68,6 @@ def local_residuals(
         beta = _robust_fit(x, y[lo:hi], penalty)
         r = y[lo:hi] - x @ beta
         out[a:b] = r[a - lo : b - lo]
-        content[a:b] = x[a - lo : b - lo, 2:] @ beta[2:]
         r = r[np.isfinite(r)]
         noise[a:b] = robust_sd(r) if len(r) else np.nan
     return out, noise

@@ -180,26 +180,7 @@ def test_a_corrupted_twin_finds_every_corrupted_step_and_at_most_two_other_cause
     assert len([c for c in loud if not set(c["steps"]) & bad]) <= 2
 
 
-#: Twins whose first cause does not rank the 12 corrupted samples first: in static-s1, one clean sample whose text is
-#: unlike every cluster (content flags of its own) always shares its batch with a corrupted one, so the run cannot
-#: tell them apart (11 of 12; a replay of the batch can).
-NOT_RANKED_FIRST = {"static-s1-corrupt"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(
-                strict=True, reason="clean samples ranked among the corrupted ones (see NOT_RANKED_FIRST)"
-            ),
-        )
-        if n in NOT_RANKED_FIRST
-        else n
-        for n in CORRUPT
-    ],
-)
+@pytest.mark.parametrize("name", CORRUPT)
 def test_a_corrupted_twin_ranks_the_corrupted_samples_first(hf_family, tmp_path, capsys, name):
     case = hf_family(name)
     findings = _audit(case, tmp_path)

@@ -163,3 +163,32 @@ def test_words_are_one_vocabulary_across_samples(monkeypatch, tmp_path) -> None:
     texts[8] = " ".join(words[:60][::-1])  # the most common words, in an order of its own
     samples = pd.DataFrame({"sample_id": np.arange(600), "n_tokens": 60, "text": texts})
     assert content_evidence(samples, [8]).table.loc[8, "foreign_share"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [
+        ([0, 0], np.log(5 / 4.5)),  # a token every one of the 4 reference samples uses
+        ([1], np.log(5 / 2.5)),  # one half of them use
+        ([9], np.log(5 / 0.5)),  # one none of them uses: the rarest a token can be
+        ([0, 9], (np.log(5 / 4.5) + np.log(5 / 0.5)) / 2),  # the mean over the sample's tokens
+        ([], np.nan),  # no tokens: not measured
+    ],
+)
+def test_rarity_is_the_mean_log_inverse_share_of_reference_samples_using_each_token(tokens, expected) -> None:
+    reference = content._Tokens.of([np.array([0, 1]), np.array([0, 1, 1]), np.array([0, 2]), np.array([0])])
+    vocab, doc_freq = content._document_frequency(reference)
+    got = content._rarity(content._Tokens.of([np.array(tokens, np.int64)]), vocab, doc_freq, len(reference))
+    np.testing.assert_allclose(got, [expected])
+
+
+def test_a_noise_row_is_rarer_than_its_repetitive_and_ordinary_batch_mates() -> None:
+    rng = np.random.default_rng(3)
+    ordinary = [rng.integers(0, 50, size=40).tolist() for _ in range(300)]
+    noise = rng.integers(50, 5000, size=40).tolist()
+    motif = ([1, 2, 3] * 14)[:40]
+    samples = pd.DataFrame({"sample_id": np.arange(302), "input_ids": [*ordinary, noise, motif]})
+    samples["n_tokens"] = samples["input_ids"].map(len)
+    ev = content_evidence(samples, [0, 300, 301])
+    assert ev.rarity(300) > 3 * max(ev.rarity(0), ev.rarity(301))
+    assert ev.rarity(12345) == 0.0  # a sample that was not asked for

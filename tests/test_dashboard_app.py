@@ -109,7 +109,7 @@ def test_static_demo_shows_its_spikes_in_every_view(demo_small: Path) -> None:
     assert cause_table(at)["id"].tolist() == ["C1", "C2"]
     assert "The batch of step 254 (3 samples, suspects first)" in text
     samples = next(d.value for d in at.dataframe if "appearances" in d.value.columns)
-    assert samples["samples"].tolist() == ["4483, 1034, 2300", "6567, 6768, 147"]
+    assert samples["samples"].tolist() == ["2300, 4483, 1034", "6567, 147, 6768"]
     assert samples["appearances"].tolist() == [6, 6]
     shown = {}
     for view in ("Buckets & clusters", "Composition", "Step inspector"):

@@ -14,6 +14,11 @@ carries, each against a reference drawn from the dataset (its own cluster where 
 - **unlike every cluster**: the clustering put its text in the cluster of texts far from every centre
   (:data:`~forensics.schema.ATYPICAL_CLUSTER`); a flag with a reason, no score (``unlike`` lists them).
 
+Beside the flags, each sample's ``rarity``: the mean over its tokens of how rare the token is in the whole dataset
+(minus the log of the share of reference samples that use it). It flags nothing: it orders samples the run cannot
+tell apart (always in the same batches), since the tokens a model has met least are those it predicts worst, so of a
+noise row and its repetitive batch-mate the noise row carries the batch's loss.
+
 Each signal is a robust z (median and MAD of the reference); a sample is *flagged* by a signal at ``FLAG_Z`` robust
 SDs or more (or, for near-duplicates, two or more in the dataset), and its ``content_score`` sums the capped
 excesses. A near-duplicate family counts against the families ordinary samples of its cluster have (templated text has
@@ -90,6 +95,13 @@ class ContentEvidence:
 
     def flagged(self, sample_id: int) -> bool:
         return bool(self.reasons.get(int(sample_id)))
+
+    def rarity(self, sample_id: int) -> float:
+        """The sample's mean token rarity (module docstring); 0 when it was not measured."""
+        if not len(self.table) or "rarity" not in self.table.columns:
+            return 0.0
+        value = float(self.table["rarity"].get(int(sample_id), 0.0))
+        return value if np.isfinite(value) else 0.0
 
 
 @dataclass(frozen=True)
@@ -287,20 +299,35 @@ def _near_duplicates(signatures: list[np.ndarray | None]) -> np.ndarray:
 
 def _foreign_shares(tokens: _Tokens, vocab: np.ndarray, doc_freq: np.ndarray, floor: float) -> np.ndarray:
     """Each sample's share of tokens its reference's samples use in fewer than ``floor`` of them (``vocab``: the
-    reference's sorted tokens, ``doc_freq`` their document counts); NaN for a sample without tokens. One search over
-    every sample's tokens at once."""
-    lengths, flat = tokens.lengths, tokens.flat
+    reference's sorted tokens, ``doc_freq`` their document counts); NaN for a sample without tokens."""
+    return _sample_means(tokens, (_reference_counts(tokens.flat, vocab, doc_freq) < floor).astype(np.float64))
+
+
+def _rarity(tokens: _Tokens, vocab: np.ndarray, doc_freq: np.ndarray, n_reference: int) -> np.ndarray:
+    """Each sample's mean over its tokens of ``log((n + 1) / (d + 0.5))``, ``d`` the number of the ``n`` reference
+    samples that use the token (``vocab`` sorted, ``doc_freq`` their counts): 0.7 for a token every reference sample
+    uses, ``log(2n + 2)`` for one none does; NaN for a sample without tokens."""
+    known = _reference_counts(tokens.flat, vocab, doc_freq)
+    return _sample_means(tokens, np.log((n_reference + 1) / (known + 0.5)))
+
+
+def _reference_counts(flat: np.ndarray, vocab: np.ndarray, doc_freq: np.ndarray) -> np.ndarray:
+    """For each token of ``flat``: how many reference samples use it (``vocab`` sorted, ``doc_freq`` their counts;
+    0 for a token the reference never uses). One search over every token at once."""
+    if not len(vocab):
+        return np.zeros(len(flat), np.int64)
+    at = np.minimum(np.searchsorted(vocab, flat), len(vocab) - 1)
+    return np.where(vocab[at] == flat, doc_freq[at], 0)
+
+
+def _sample_means(tokens: _Tokens, per_token: np.ndarray) -> np.ndarray:
+    """Each sample's mean of ``per_token`` (one value per token of ``tokens.flat``); NaN for a sample without tokens."""
+    lengths = tokens.lengths
     out = np.full(len(lengths), np.nan)
     filled = lengths > 0
-    if not filled.any():
-        return out
-    if len(vocab):
-        at = np.minimum(np.searchsorted(vocab, flat), len(vocab) - 1)
-        known = np.where(vocab[at] == flat, doc_freq[at], 0)
-    else:
-        known = np.zeros(len(flat), np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths[filled])[:-1]])
-    out[filled] = np.add.reduceat((known < floor).astype(np.int64), starts) / lengths[filled]
+    if filled.any():
+        starts = np.concatenate([[0], np.cumsum(lengths[filled])[:-1]])
+        out[filled] = np.add.reduceat(per_token, starts) / lengths[filled]
     return out
 
 
@@ -440,6 +467,11 @@ def content_evidence(
             )
         )
     table = pd.concat(parts, ignore_index=True).set_index(SAMPLE_ID) if parts else pd.DataFrame()
+    if len(table):
+        # its own draw, after the others: the reference samples of the flags stay what they were
+        whole = np.random.default_rng([seed, 1]).choice(len(smp), min(REFERENCE, len(smp)), replace=False)
+        rarity = _rarity(data.tokens_of(wanted), *_document_frequency(data.tokens_of(whole)), len(whole))
+        table["rarity"] = pd.Series(rarity, index=sample_ids[wanted]).reindex(table.index).to_numpy()
     unlike = atypical_ids(samples) & set(ids)
     for sid in sorted(unlike):
         reasons.setdefault(sid, []).append(UNLIKE_ANY_CLUSTER)

@@ -35,10 +35,10 @@ at 6% above its 4-sample steps, twice, is q < 0.002 on a quiet run). A sample is
 ``q <= q``, its own loss ran at least ``min_excess`` (0.5) above what its steps expect of it: its ``excess``, the
 share it added to its steps' loss over its token share there (a block's samples each over their share of the block).
 
-``harmful_samples`` lists those, most harmful first, each ``{sample_id, appearances, steps, logged_steps, effect,
-excess, z, q, reason}``; ``effect`` is the mean share of the step loss the sample added above what the step's trend,
-tags and composition expect. One ``harmful_samples`` finding
-carries them (cause kind ``samples``): several appearances that agree are its second line of evidence.
+``harmful_samples`` lists those, most harmful first (:func:`most_harmful_first`), each ``{sample_id, appearances,
+steps, logged_steps, effect, excess, z, q, reason}``; ``effect`` is the mean share of the step loss the sample added
+above what the step's trend, tags and composition expect. One ``harmful_samples`` finding carries them (cause kind
+``samples``): several appearances that agree are its second line of evidence.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from forensics.detect.base import Rule, RunTables
-from forensics.detect.evidence.content import content_evidence
+from forensics.detect.evidence.content import ContentEvidence, content_evidence
 from forensics.detect.findings import INFO, Finding
 from forensics.detect.params import at_least, fraction, positive
 from forensics.schema import N_TOKENS, SAMPLE_ID, STEP
@@ -69,6 +69,36 @@ def listed_samples(est: pd.DataFrame, q: float, min_excess: float = MIN_EXCESS, 
     not one that hurts), those with content evidence first, then by score; at most ``limit``."""
     chosen = est[(est["q"] <= q) & (est["excess"] >= min_excess)]
     return chosen.sort_values(["content", "z", SAMPLE_ID], ascending=[False, False, True], kind="stable").head(limit)
+
+
+def most_harmful_first(rows: list[dict], content: ContentEvidence) -> list[dict]:
+    """``rows`` (listed samples: ``sample_id``, ``steps``, ``content``, ``effect``, ``z``) in the order they are named.
+
+    Content evidence first, and of it a text unlike every cluster first: a block of samples the run cannot tell apart
+    (always in the same steps: a static plan's batch) holds the noise row and its clean batch-mates, whose own
+    oddities (a repetitive motif, a templated near-duplicate) are those of their content type. Within each of those
+    classes, one sample per block before any block's second: a block is one piece of evidence that one of its samples
+    hurts, and its likeliest carrier is the sample with the rarest tokens (the text a model predicts worst). Then by
+    effect (a block's samples share it, and its score up to float noise), rarity, score and id."""
+    blocks: dict[tuple[int, ...], list[dict]] = {}
+    for x in rows:
+        blocks.setdefault(tuple(x["steps"]), []).append(x)
+    place: dict[int, int] = {}
+    for members in blocks.values():
+        members.sort(key=lambda x: (-round(content.rarity(x["sample_id"]), 6), x["sample_id"]))
+        place.update({x["sample_id"]: k for k, x in enumerate(members)})
+    return sorted(
+        rows,
+        key=lambda x: (
+            not x["content"],
+            x["sample_id"] not in content.unlike,
+            place[x["sample_id"]],
+            -round(x["effect"], 9),
+            -round(content.rarity(x["sample_id"]), 6),
+            -round(x["z"], 6),
+            x["sample_id"],
+        ),
+    )
 
 
 class HarmfulSamplesRule(Rule):
@@ -171,19 +201,7 @@ class HarmfulSamplesRule(Rule):
                     "content": said,
                 }
             )
-        # content evidence first, and of it a text unlike every cluster first: a block of samples the run cannot
-        # tell apart (a static plan's batch) holds the noise row and its clean batch-mates, whose own oddities
-        # (a repetitive motif, a templated near-duplicate) are those of their content type; then by effect (a
-        # block's samples share its effect and score up to float noise: listed by id among themselves)
-        rows.sort(
-            key=lambda x: (
-                not x["content"],
-                x["sample_id"] not in content.unlike,
-                -round(x["effect"], 9),
-                -round(x["z"], 6),
-                x["sample_id"],
-            )
-        )
+        rows = most_harmful_first(rows, content)
         self.section_ = rows
         all_steps = sorted({s for x in rows for s in x["steps"]})
         # a second line of evidence: the samples' own content, or several samples whose appearances all agree

@@ -9,6 +9,8 @@ members whose fitted buckets cut through a content type; ``--no-composition`` ha
 step against its length bucket's baseline alone, as it did before it judged steps against their composition (the
 false alarms it is measured against; the harmful-samples estimate keeps the composition among its covariates);
 ``--write-docs`` measures both and writes the worst member of each mix into docs/accuracy.md between its markers.
+``--seeds`` and ``--cut-seeds`` build the family over other seeds (members the tests never saw: their clean rows,
+noise rows, content mix and sampler order are all drawn from the seed).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from unittest import mock
 import pandas as pd
 from _docs import provenance, write_section
 
-from fixtures.hf_family import family_member, members
+from fixtures.hf_family import CUT_SEEDS, SEEDS, family_member, members
 from forensics.cli import main
 
 LOUD = ("critical", "warning")
@@ -116,8 +118,13 @@ def main_bench(argv: list[str] | None = None) -> None:
     ap.add_argument("--mix", choices=("all", "overlap", "cut"), default="all")
     ap.add_argument("--no-composition", action="store_true", help="only the bucket-baseline setting")
     ap.add_argument("--write-docs", action="store_true", help="both settings, written into docs/accuracy.md")
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="the overlap mix's seeds")
+    ap.add_argument("--cut-seeds", type=int, nargs="+", default=list(CUT_SEEDS), help="the cut mix's seeds")
     args = ap.parse_args(argv)
-    chosen = [m for m in members() if args.mix in ("all", m.mix)]
+    if args.write_docs and (args.seeds != list(SEEDS) or args.cut_seeds != list(CUT_SEEDS)):
+        ap.error("--write-docs writes the figures of the tested family: leave --seeds and --cut-seeds out")
+    family = members(tuple(args.seeds), tuple(args.cut_seeds))
+    chosen = [m for m in family if args.mix in ("all", m.mix)]
     tmp = Path(tempfile.mkdtemp())
     settings = [False, True] if args.write_docs else [not args.no_composition]
     figures = {}

@@ -1,6 +1,6 @@
-"""The order the harmful samples are named in (forensics.detect.rules.harmful_samples.most_harmful_first): content
-evidence first, a text unlike every cluster first, one sample per block (samples always in the same steps) before any
-block's second, the block's rarest text first; then by effect."""
+"""The harmful samples' second line of evidence and the order they are named in
+(forensics.detect.rules.harmful_samples): content evidence first, a text unlike every cluster first, one sample per
+block (samples always in the same steps) before any block's second, the block's rarest text first; then by effect."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from forensics.detect.evidence.content import ContentEvidence
-from forensics.detect.rules.harmful_samples import most_harmful_first
+from forensics.detect.rules.harmful_samples import corroborated, most_harmful_first
 
 
 def _row(sid: int, steps: tuple[int, ...], effect: float, flagged: bool = True, z: float = 5.0) -> dict:
@@ -67,3 +67,26 @@ A, B, C = (1, 9), (2, 8), (3, 7)  # three blocks' steps
 )
 def test_most_harmful_first(rows, rarity, unlike, expected) -> None:
     assert [x["sample_id"] for x in most_harmful_first(rows, _evidence(rarity, unlike))] == expected
+
+
+def _scored(scores: dict[int, float]) -> ContentEvidence:
+    table = pd.DataFrame({"content_score": pd.Series(scores, dtype=float)})
+    table.index.name = "sample_id"
+    return ContentEvidence(table)
+
+
+@pytest.mark.parametrize(
+    ("appearances", "scores", "expected"),
+    [
+        ([2], {1: 2.0}, True),  # one sample back twice, its text strongly odd
+        ([2], {1: 1.99}, False),  # a weak flag (just past the flagging SDs) is not proof
+        ([1], {1: 6.0}, False),  # strongly odd, but consumed once: nothing came back
+        ([2, 2], {}, True),  # two samples whose appearances agree
+        ([2, 1], {}, False),  # only one of them came back
+        ([2, 1], {2: 6.0}, False),  # the odd one was consumed once
+        ([], {}, False),
+    ],
+)
+def test_a_second_line_of_evidence(appearances, scores, expected) -> None:
+    rows = [{"sample_id": i + 1, "appearances": a} for i, a in enumerate(appearances)]
+    assert corroborated(rows, _scored(scores)) is expected

@@ -61,6 +61,11 @@ __all__ = ["HarmfulSamplesRule", "listed_samples"]
 #: clean sample of a harder kind than its batch predicts runs 0.2-0.25 above it (a repetitive motif row at 6% of a
 #: 4-sample step); a noise row runs 0.8-2 above its steps, a static plan's corrupted block 1-2 (fixtures/hf_family.py).
 MIN_EXCESS = 0.5
+#: The content score (:mod:`forensics.detect.evidence.content`) from which a sample's own text is a second line of
+#: evidence that makes its cause critical: 2, one signal at twice the flagging robust SDs or two signals. A noise,
+#: repetition or near-duplicate row scores 3 or more; a clean row of a real Trainer run whose tokens were a little more
+#: varied than its cluster's (5 robust SDs: 1.25) was listed once, and a flag that weak is a reason to look, not proof.
+STRONG_CONTENT = 2.0
 
 
 def listed_samples(est: pd.DataFrame, q: float, min_excess: float = MIN_EXCESS, limit: int = 50) -> pd.DataFrame:
@@ -69,6 +74,14 @@ def listed_samples(est: pd.DataFrame, q: float, min_excess: float = MIN_EXCESS, 
     not one that hurts), those with content evidence first, then by score; at most ``limit``."""
     chosen = est[(est["q"] <= q) & (est["excess"] >= min_excess)]
     return chosen.sort_values(["content", "z", SAMPLE_ID], ascending=[False, False, True], kind="stable").head(limit)
+
+
+def corroborated(rows: list[dict], content: ContentEvidence) -> bool:
+    """Whether the listed samples (``sample_id``, ``appearances``) carry a second line of evidence beside the loss:
+    among those consumed twice or more, one whose own text is strongly odd (content score at least
+    :data:`STRONG_CONTENT`), or several (their appearances all agree)."""
+    repeated = [x for x in rows if x["appearances"] >= 2]
+    return len(repeated) >= 2 or any(content.score(x["sample_id"]) >= STRONG_CONTENT for x in repeated)
 
 
 def most_harmful_first(rows: list[dict], content: ContentEvidence) -> list[dict]:
@@ -204,9 +217,7 @@ class HarmfulSamplesRule(Rule):
         rows = most_harmful_first(rows, content)
         self.section_ = rows
         all_steps = sorted({s for x in rows for s in x["steps"]})
-        # a second line of evidence: the samples' own content, or several samples whose appearances all agree
-        repeated = [x for x in rows if x["appearances"] >= 2]
-        support = {"critical": True} if any(x["content"] for x in repeated) or len(repeated) >= 2 else {}
+        support = {"critical": True} if corroborated(rows, content) else {}
         n = len(rows)
         ids = ", ".join(str(x["sample_id"]) for x in rows[:8]) + (" ..." if n > 8 else "")
         summary = (

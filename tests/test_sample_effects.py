@@ -206,3 +206,30 @@ def test_an_untaken_suspect_shares_its_steps_excess_with_the_other_suspects(step
     which = np.array([False, True, False])
     got = _group_excess(w, left, beta, np.ones(3), near, which)
     assert got == pytest.approx([want])
+
+
+def _decoy_run(seed: int) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+    """Two corrupted samples, A (steps 10 and 30) and B (step 20; its other step fell before the logged rows), and a
+    clean decoy D whose two batches were those of steps 10 and 20, a touch hotter than 30: the greedy pursuit takes
+    D first. Columns: D, a clean C (steps 30 and 40), A, B, then one clean sample per other step; all with content
+    evidence but the fillers."""
+    rng = np.random.default_rng(seed)
+    n = 80
+    r = 0.05 * rng.standard_normal(n)
+    r[[10, 20, 30, 40]] = [1.02, 1.03, 1.0, 0.0]  # the noise elsewhere (its robust SD is the pursuit's scale)
+    steps = {0: [10, 20], 1: [30, 40], 2: [10, 30], 3: [20]}
+    fillers = [s for s in range(n) if s not in (10, 20, 30, 40)]
+    rows = [s for c in steps for s in steps[c]] + fillers
+    cols = [c for c in steps for _ in steps[c]] + list(range(4, 4 + len(fillers)))
+    w = sp.csr_matrix((np.full(len(rows), 0.25), (rows, cols)), shape=(n, 4 + len(fillers)))
+    first = np.zeros(w.shape[1], bool)
+    first[:4] = True
+    return w, r, first
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_pursuits_exchanges_undo_a_decoy_the_greedy_order_took(seed: int, monkeypatch) -> None:
+    w, r, first = _decoy_run(seed)
+    assert np.flatnonzero(sample_effects._pursuit(w, r, 50, first=first) > 0).tolist() == [2, 3]
+    monkeypatch.setattr(sample_effects, "EXCHANGE_ROUNDS", 0)  # the greedy order alone keeps the decoy
+    assert np.flatnonzero(sample_effects._pursuit(w, r, 50, first=first) > 0).tolist() == [0, 2, 3]

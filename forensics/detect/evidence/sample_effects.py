@@ -47,6 +47,9 @@ ONCE_FLOOR = 2.0
 #: untaken corrupted rows of a length-grouped run whose longest samples are corrupted score 8.6-10.8; clean rows with
 #: content flags of their own that the false-discovery limit lets through on a random-sampler run, 1.9-2.0).
 UNTAKEN_MIN_Z = 3.0
+#: The pursuit's exchanges (:func:`_pursuit`): at most this many rounds over the taken samples, and this many trials
+#: in all (each a completion of the pursuit, a few products of the step-by-sample matrix: bounded on a large run).
+EXCHANGE_ROUNDS, EXCHANGE_TRIALS = 2, 256
 #: The share of steps the tag fit is made on in the end (the best-fitting ones: trimmed squares).
 TRIM_KEEP = 0.8
 
@@ -520,41 +523,74 @@ def _huber_weighted(x: np.ndarray, y: np.ndarray, iterations: int = 20) -> np.nd
 def _pursuit(w: sp.csr_matrix, r: np.ndarray, max_pursuit: int, first: np.ndarray | None = None) -> np.ndarray:
     """Non-negative pursuit of the sample effects (module docstring): the sample whose steps hold the most excess
     is taken, all taken samples' effects are refitted together (non-negative least squares), and again; samples
-    with content evidence (``first``) are taken first, the rest only for what those leave."""
+    with content evidence (``first``) are taken first, the rest only for what those leave.
+
+    The greedy order can be fooled where a sample is consumed only a few times: a clean sample whose batches each held
+    a different corrupted one carries as much excess as they do, and taken first it leaves each of them one step.
+    So the content family's choice is then improved by exchanges (:data:`EXCHANGE_TRIALS` at most): each taken
+    sample is left out and the pursuit completed without it, and the result kept when it explains the steps better at
+    the pursuit's own price of a sample (its squared stopping score: the least gain for which it takes one)."""
     from statistics import NormalDist
 
     sigma = _robust_sd(r)
     wt, wc, norms2 = _views(w)
     norms = np.sqrt(np.where(norms2 > 0, norms2, np.inf))
-    beta = np.zeros(w.shape[1])
-    taken: list[int] = []
-    resid = r.copy()
 
     # a score a clean sample reaches by chance over the samples of its family (a Gaussian's: the stopping rule);
     # the content family is judged among its own, as its false discoveries are (the q-values are stratified)
     def chance(n: int) -> float:
         return NormalDist().inv_cdf(1.0 - 0.05 / max(n, 1))
 
-    phase_one = first is not None and bool(first.any())
-    stop_first = chance(int(first.sum())) if phase_one else np.inf
-    stop = chance(w.shape[1])
-    while len(taken) < max_pursuit:
-        score = (wt @ resid) / (sigma * norms)
-        score[taken] = -np.inf
-        if phase_one:
-            score[~first] = -np.inf
-        j = int(np.argmax(score))
-        if not score[j] >= (stop_first if phase_one else stop):
-            if phase_one:
-                phase_one = False
-                continue
-            break
-        taken.append(j)
+    def refit(taken: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        if not taken:
+            return np.zeros(0), r.copy()
         cols = wc[:, taken]
         fit = nnls_normal((cols.T @ cols).toarray(), cols.T @ r)
-        beta[:] = 0.0
-        beta[taken] = fit
-        resid = r - cols @ fit
+        return fit, r - cols @ fit
+
+    def complete(taken: list[int], allowed: np.ndarray, stop: float, left_out: int = -1):
+        taken = list(taken)
+        fit, resid = refit(taken)
+        while len(taken) < max_pursuit:
+            score = (wt @ resid) / (sigma * norms)
+            score[taken] = -np.inf
+            score[~allowed] = -np.inf
+            if left_out >= 0:
+                score[left_out] = -np.inf
+            j = int(np.argmax(score))
+            if not score[j] >= stop:
+                break
+            taken.append(j)
+            fit, resid = refit(taken)
+        kept = [k for k, f in zip(taken, fit) if f > 0]  # a sample the joint fit left at 0 explains nothing
+        if len(kept) < len(taken):
+            fit, resid = refit(kept)
+        return kept, fit, resid
+
+    taken: list[int] = []
+    if first is not None and first.any():
+        stop = chance(int(first.sum()))
+        taken, _, resid = complete([], first, stop)
+        price = stop**2
+
+        def cost(res: np.ndarray, n: int) -> float:
+            return float(res @ res) / sigma**2 + price * n
+
+        best, trials = cost(resid, len(taken)), 0
+        for _ in range(EXCHANGE_ROUNDS):
+            better = False
+            for j in list(taken):
+                if j not in taken or trials >= EXCHANGE_TRIALS:
+                    continue
+                trials += 1
+                trial, _, resid = complete([k for k in taken if k != j], first, stop, left_out=j)
+                if cost(resid, len(trial)) < best - 1e-9:
+                    taken, best, better = trial, cost(resid, len(trial)), True
+            if not better:
+                break
+    taken, fit, _ = complete(taken, np.ones(w.shape[1], bool), chance(w.shape[1]))
+    beta = np.zeros(w.shape[1])
+    beta[taken] = fit
     return beta
 
 

@@ -23,8 +23,10 @@ window of ``logging_steps`` steps holds the union of their samples; grad accumul
 plan's step mapping): ``r_s = sum_i w_si b_i + noise``. The effects are estimated sparsely and non-negatively by
 greedy pursuit: the sample whose steps' residuals are highest (the score ``z_i = sum_s w_si r_s / (sigma
 sqrt(sum_s w_si^2))``) is taken, its effect removed from its steps, and the scores of its co-members recomputed, so a
-clean batch-mate of a corrupted sample does not borrow its evidence. Samples that were always in the same steps
-(a static batch) cannot be told apart by the run and are judged as one block.
+clean batch-mate of a corrupted sample does not borrow its evidence. The greedy order is then corrected by exchanges
+(a clean sample whose batches each held a different corrupted one scores as they do: each taken sample is left out
+and the pursuit completed without it, kept when that explains the steps better). Samples that were always in the
+same steps (a static batch) cannot be told apart by the run and are judged as one block.
 
 **The false-discovery limit.** The null comes from the run itself: the final residuals re-assigned to steps at random
 (``permutations`` times) give each sample's score distribution under "no effect"; the p-values are its tail, the

@@ -40,7 +40,8 @@ share it added to its steps' loss over its token share there (a block's samples 
 ``harmful_samples`` lists those, most harmful first (:func:`most_harmful_first`), each ``{sample_id, appearances,
 steps, logged_steps, effect, excess, z, q, reason}``; ``effect`` is the mean share of the step loss the sample added
 above what the step's trend, tags and composition expect. One ``harmful_samples`` finding carries them (cause kind
-``samples``): several appearances that agree are its second line of evidence.
+``samples``): a strongly odd text or several samples whose appearances agree are its second line of evidence
+(:func:`corroborated`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from forensics.schema import N_TOKENS, SAMPLE_ID, STEP
 from forensics.schema.steps import steps_list
 from forensics.schema.words import counted
 
-__all__ = ["HarmfulSamplesRule", "listed_samples"]
+__all__ = ["HarmfulSamplesRule", "corroborated", "listed_samples", "most_harmful_first"]
 
 #: The least excess of a sample's own loss over what its steps' trend, tags and composition expect of it (its step
 #: effect over its token share) for it to be listed: 0.5, its loss at least 1.5x what its steps predict for it. A
@@ -79,9 +80,10 @@ def listed_samples(est: pd.DataFrame, q: float, min_excess: float = MIN_EXCESS, 
 
 
 def corroborated(rows: list[dict], content: ContentEvidence) -> bool:
-    """Whether the listed samples (``sample_id``, ``appearances``) carry a second line of evidence beside the loss:
-    among those consumed twice or more, one whose own text is strongly odd (content score at least
-    :data:`STRONG_CONTENT`), or several (their appearances all agree)."""
+    """Whether the listed samples (``sample_id``, ``appearances``: how many of its steps the estimate judged) carry
+    a second line of evidence beside the loss: among those judged twice or more, one whose own text is strongly odd
+    (content score at least :data:`STRONG_CONTENT`), or several (their appearances all agree). A sample whose other
+    appearances fell before the trend was known was judged once: one hot step is no recurrence."""
     repeated = [x for x in rows if x["appearances"] >= 2]
     return len(repeated) >= 2 or any(content.score(x["sample_id"]) >= STRONG_CONTENT for x in repeated)
 
@@ -219,7 +221,8 @@ class HarmfulSamplesRule(Rule):
         rows = most_harmful_first(rows, content)
         self.section_ = rows
         all_steps = sorted({s for x in rows for s in x["steps"]})
-        support = {"critical": True} if corroborated(rows, content) else {}
+        judged = [{"sample_id": int(r.sample_id), "appearances": int(r.appearances)} for r in listed.itertuples()]
+        support = {"critical": True} if corroborated(judged, content) else {}
         n = len(rows)
         ids = ", ".join(str(x["sample_id"]) for x in rows[:8]) + (" ..." if n > 8 else "")
         summary = (

@@ -192,3 +192,18 @@ def test_a_noise_row_is_rarer_than_its_repetitive_and_ordinary_batch_mates() -> 
     ev = content_evidence(samples, [0, 300, 301])
     assert ev.rarity(300) > 3 * max(ev.rarity(0), ev.rarity(301))
     assert ev.rarity(12345) == 0.0  # a sample that was not asked for
+
+
+@pytest.mark.parametrize(
+    ("z_foreign", "share", "expected"),
+    [
+        (content.FLAG_Z, content.FOREIGN_FLAG, True),  # both at their thresholds
+        (content.FLAG_Z - 0.01, 0.9, False),  # within its reference's spread
+        (20.0, content.FOREIGN_FLAG - 0.01, False),  # a few rare names are ordinary
+        (float("nan"), float("nan"), False),  # not measured
+    ],
+)
+def test_foreign_to_its_reference(z_foreign, share, expected) -> None:
+    table = pd.DataFrame({"z_foreign": [z_foreign], "foreign_share": [share]}, index=pd.Index([7], name="sample_id"))
+    ev = content.ContentEvidence(table)
+    assert ev.foreign(np.array([7, 8])).tolist() == [expected, False]  # 8: a sample it did not read

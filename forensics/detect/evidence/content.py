@@ -96,6 +96,14 @@ class ContentEvidence:
     def flagged(self, sample_id: int) -> bool:
         return bool(self.reasons.get(int(sample_id)))
 
+    def foreign(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``ids`` was flagged for tokens foreign to its reference (its cluster, or the dataset)."""
+        if not len(self.table):
+            return np.zeros(len(ids), bool)
+        t = self.table.reindex(np.asarray(ids, np.int64))
+        flagged = (t["z_foreign"] >= FLAG_Z) & (t["foreign_share"] >= FOREIGN_FLAG)
+        return flagged.fillna(False).to_numpy(bool)
+
     def rarity(self, sample_id: int) -> float:
         """The sample's mean token rarity (module docstring); 0 when it was not measured."""
         if not len(self.table) or "rarity" not in self.table.columns:

@@ -93,6 +93,11 @@ def estimate(
     if w.shape[1] == 0:
         return None
     clusters = _sample_clusters(run, ids)
+    early = content_evidence(run.samples, ids, seed=seed) if clusters is not None and len(ids) <= CONTENT_ALL else None
+    if early is not None:
+        # a sample whose tokens are foreign to its cluster is no sample of it (the clustering may put noise rows with
+        # a content type of a broad vocabulary): its cluster's level does not predict its loss
+        clusters[early.foreign(ids)] = np.nan
     noise = None
     if clusters is not None and win >= MIN_HALF_WINDOW:
         # each content type's level, and the length's effect, refitted on the rows around each step: the types
@@ -111,7 +116,7 @@ def estimate(
     if len(ids) > CONTENT_ALL:  # past this many samples, the content of those whose steps ran high is read
         marginal = (w > 0).astype(np.float64).T @ tags_only
         judged = ids[np.argsort(-marginal)[:CONTENT_ALL]]
-    content = content_evidence(run.samples, judged, seed=seed)
+    content = early if early is not None else content_evidence(run.samples, judged, seed=seed)
     flagged = np.isin(ids, np.fromiter(content.reasons, dtype=np.int64, count=len(content.reasons)))
     # noise varies by step (a batch of few tokens is noisier): every row is weighted by its noise scale, so a
     # sample that sits in noisy steps does not pass for a harmful one

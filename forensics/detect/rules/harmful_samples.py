@@ -5,8 +5,9 @@ A step must clear the spike thresholds before a step-by-step rule suspects anyth
 samples every step consumed, so the run can be asked directly which samples the loss went up with.
 
 **The residual.** For every logged step, ``y = log(loss)`` less what the rows around it say of a step of its
-content: a robust fit of ``y`` on a linear trend, the step's token shares of the large content clusters and its
-mean log sample length, made on the ``window`` logged values either side of it
+content: a robust fit of ``y`` on a linear trend, the step's token shares of the large content clusters (a sample
+whose tokens are foreign to its cluster counts in none: its cluster's level does not predict it) and its mean log
+sample length, made on the ``window`` logged values either side of it
 (:mod:`forensics.detect.evidence.local_reference`). The types of a run learn at different speeds, so the gap between
 their losses moves; refitted locally, each type's level follows its own learning curve. A whole-run fit against a
 centred median (which follows whichever type a length-grouped sampler is serving) put an easy type's ordinary batch

@@ -313,8 +313,8 @@ def _foreign_shares(tokens: _Tokens, vocab: np.ndarray, doc_freq: np.ndarray, fl
 
 def _rarity(tokens: _Tokens, vocab: np.ndarray, doc_freq: np.ndarray, n_reference: int) -> np.ndarray:
     """Each sample's mean over its tokens of ``log((n + 1) / (d + 0.5))``, ``d`` the number of the ``n`` reference
-    samples that use the token (``vocab`` sorted, ``doc_freq`` their counts): 0.7 for a token every reference sample
-    uses, ``log(2n + 2)`` for one none does; NaN for a sample without tokens."""
+    samples that use the token (``vocab`` sorted, ``doc_freq`` their counts): near 0 for a token every reference
+    sample uses, ``log(2n + 2)`` for one none does; NaN for a sample without tokens."""
     known = _reference_counts(tokens.flat, vocab, doc_freq)
     return _sample_means(tokens, np.log((n_reference + 1) / (known + 0.5)))
 

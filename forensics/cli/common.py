@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -248,15 +248,9 @@ def stage(name: str) -> Iterator[StageNote]:
     err = console(stderr=True)
     t0 = time.perf_counter()
     note = StageNote()
-    if err.is_terminal:
-        with err.status(f"{name} ..."):
-            yield note
-        line = _stage_line(name, note, t0)
-        err.print(line, style="dim", markup=False, highlight=False)
-    else:
+    with err.status(f"{name} ...") if err.is_terminal else nullcontext():
         yield note
-        line = _stage_line(name, note, t0)
-        err.print(line, markup=False, highlight=False)
+    err.print(_stage_line(name, note, t0), style="dim" if err.is_terminal else None, markup=False, highlight=False)
 
 
 @contextmanager

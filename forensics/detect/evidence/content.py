@@ -101,8 +101,7 @@ class ContentEvidence:
         if not len(self.table):
             return np.zeros(len(ids), bool)
         t = self.table.reindex(np.asarray(ids, np.int64))
-        flagged = (t["z_foreign"] >= FLAG_Z) & (t["foreign_share"] >= FOREIGN_FLAG)
-        return flagged.fillna(False).to_numpy(bool)
+        return _is_foreign(t["z_foreign"].to_numpy(np.float64), t["foreign_share"].to_numpy(np.float64))
 
     def rarity(self, sample_id: int) -> float:
         """The sample's mean token rarity (module docstring); 0 when it was not measured."""
@@ -305,6 +304,12 @@ def _near_duplicates(signatures: list[np.ndarray | None]) -> np.ndarray:
     return counts
 
 
+def _is_foreign(z_foreign: np.ndarray, share: np.ndarray) -> np.ndarray:
+    """The foreign-token flag: at least :data:`FLAG_Z` robust SDs above the reference and at least
+    :data:`FOREIGN_FLAG` of its tokens (False where either is NaN)."""
+    return (z_foreign >= FLAG_Z) & (share >= FOREIGN_FLAG)
+
+
 def _foreign_shares(tokens: _Tokens, vocab: np.ndarray, doc_freq: np.ndarray, floor: float) -> np.ndarray:
     """Each sample's share of tokens its reference's samples use in fewer than ``floor`` of them (``vocab``: the
     reference's sorted tokens, ``doc_freq`` their document counts); NaN for a sample without tokens."""
@@ -438,7 +443,7 @@ def content_evidence(
         by_dup = (n_dup >= NEAR_DUPS) & (zd >= FLAG_Z)  # templates make families too: judged against its cluster's
         by_repeat = (zc >= FLAG_Z) & (vals[:, 0] >= REPEAT_FLAG)
         by_entropy = np.abs(ze) >= FLAG_Z
-        by_foreign = (zf >= FLAG_Z) & (vals[:, 2] >= FOREIGN_FLAG)
+        by_foreign = _is_foreign(zf, vals[:, 2])
         score = np.zeros(len(mine))  # the capped excesses added in this order, as one sample's sum is
         score += np.where(by_dup, np.minimum(zd, CAP_Z) / FLAG_Z, 0.0)
         for zz, flagging in ((zc, by_repeat), (ze, by_entropy), (zf, by_foreign)):
